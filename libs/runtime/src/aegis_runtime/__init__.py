@@ -1,0 +1,1 @@
+"""AEGIS runtime library."""

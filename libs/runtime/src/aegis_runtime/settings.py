@@ -1,0 +1,59 @@
+"""Settings every AEGIS service shares, read from the environment with the ``AEGIS_`` prefix.
+
+A service subclasses :class:`AegisSettings` and adds its own fields; ``create_app(settings=None)``
+builds one and passes it down, so nothing reads the environment twice and tests pass keywords.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from aegis_contracts.ttl import TtlSettings
+
+
+class AegisSettings(BaseSettings):
+    """The settings of DESIGN §9. Unknown ``AEGIS_*`` variables are ignored, not fatal."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="AEGIS_",
+        env_file=None,
+        extra="ignore",
+        secrets_dir=None,
+        validate_default=True,
+    )
+
+    service: str = "aegis"
+    aws_endpoint_url: str | None = None
+    region: str = "ap-south-1"
+    bucket: str = "aegis-bucket-data"
+    table: str = "AEGIS-DynamoDB-FactoryStatus"
+    mqtt_url: str = "mqtt://127.0.0.1:1883"
+    nats_url: str = "nats://127.0.0.1:4222"
+    slack_webhook_url: SecretStr | None = None
+    dashboard_url: str = "http://127.0.0.1:8080"
+
+    # TTLs keep the seed's names (infra/data-pipeline/variables.tf) and defaults.
+    history_ttl_hours: float = Field(default=2, gt=0)
+    graph_bucket_ttl_hours: float = Field(default=48, gt=0)
+    cloud_fast_history_ttl_hours: float = Field(default=6, gt=0)
+    cloud_slow_history_ttl_hours: float = Field(default=24, gt=0)
+    alert_state_ttl_seconds: int = Field(default=604_800, gt=0)
+
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: str = "INFO"
+    health_host: str = "127.0.0.1"
+    health_port: int = Field(default=0, ge=0, le=65535)
+    max_concurrency: int = Field(default=64, ge=1, le=4096)
+
+    @property
+    def ttl(self) -> TtlSettings:
+        return TtlSettings(
+            history_ttl_hours=self.history_ttl_hours,
+            graph_bucket_ttl_hours=self.graph_bucket_ttl_hours,
+            cloud_fast_history_ttl_hours=self.cloud_fast_history_ttl_hours,
+            cloud_slow_history_ttl_hours=self.cloud_slow_history_ttl_hours,
+            alert_state_ttl_seconds=self.alert_state_ttl_seconds,
+        )
