@@ -1,0 +1,65 @@
+"""Events on the queue between services (:mod:`aegis_contracts.subjects` says where each goes)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from aegis_contracts.ids import FactoryId, MessageId, SourceType
+from aegis_contracts.times import Timestamp
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RawArchived(_Event):
+    """ingest -> processor: a device message is in raw/ (``key``); its bytes are read from S3."""
+
+    message_id: MessageId
+    message_id_derived: bool = False
+    factory_id: FactoryId
+    source_type: SourceType
+    topic: str
+    bucket: str
+    key: str
+    received_at: Timestamp
+    size_bytes: int = Field(ge=0)
+    qos: int = Field(ge=0, le=2)
+    # the payload itself when it is small UTF-8 text, which saves the processor a GET per message;
+    # otherwise None and the processor reads ``key``
+    payload_text: str | None = None
+
+
+class ObjectCreated(_Event):
+    """What S3 would send on ObjectCreated: the bucket and key, plus who wrote it."""
+
+    bucket: str
+    key: str
+    size_bytes: int = Field(ge=0)
+    etag: str | None = None
+    producer: str
+    created_at: Timestamp
+
+
+class ChangeEvent(_Event):
+    """A read-model item changed (the table stream's shape: old and new images)."""
+
+    table: str
+    pk: str
+    sk: str
+    event_name: Literal["INSERT", "MODIFY", "REMOVE"]
+    old_image: dict[str, Any] | None = None
+    new_image: dict[str, Any] | None = None
+    producer: str
+    at: Timestamp
+
+
+class SystemEvent(_Event):
+    """Alert sent, report generated, service up/down: the orchestrator's Automation triggers."""
+
+    kind: str = Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    producer: str
+    at: Timestamp
+    detail: dict[str, Any] = Field(default_factory=dict)

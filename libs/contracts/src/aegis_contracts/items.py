@@ -1,0 +1,119 @@
+"""DynamoDB item families of the read model (DESIGN §5), one model each.
+
+Items are dumped with ``model_dump(mode="json")``: datetimes become fixed-width UTC strings, so a
+condition such as "only if newer" compares strings and sort keys sort by time. ``ttl`` is epoch
+seconds; DynamoDB deletes expired items late, so every reader filters ``ttl > now`` as well.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from aegis_contracts.keys import CLOUD_PK, LATEST_SK
+from aegis_contracts.state import (
+    FactoryState,
+    ImageSnapshotRef,
+    InfraState,
+    Level,
+    PipelineStatus,
+    Risk,
+)
+from aegis_contracts.times import Timestamp
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pk: str
+    sk: str
+
+
+class FactoryLatest(_Item):
+    """``FACTORY#{f}`` / ``LATEST``: the current state, updated partially per field group."""
+
+    sk: str = LATEST_SK
+    factory_id: str
+    factory_state: FactoryState | None = None
+    infra_state: InfraState | None = None
+    risk: Risk | None = None
+    pipeline_status: PipelineStatus | None = None
+    latest_image_snapshot: ImageSnapshotRef | None = None
+    last_factory_state_at: Timestamp | None = None
+    last_infra_state_at: Timestamp | None = None
+    last_image_snapshot_at: Timestamp | None = None
+    updated_at: Timestamp | None = None
+
+
+class HistoryState(FactoryLatest):
+    """``FACTORY#{f}`` / ``HISTORY#STATE#{updated_at}``: a LATEST snapshot plus ``ttl``."""
+
+    ttl: int
+
+
+class Graph5m(_Item):
+    """``FACTORY#{f}`` / ``GRAPH#5M#{bucket_start}``: one 5-minute window's statistics."""
+
+    factory_id: str
+    bucket_start: Timestamp
+    bucket_end: Timestamp
+    stats: dict[str, Any] = Field(default_factory=dict)
+    ttl: int
+
+
+class CloudLatest(_Item):
+    """``CLOUD#infra`` / ``LATEST``: each collector owns its own fields."""
+
+    pk: str = CLOUD_PK
+    sk: str = LATEST_SK
+    fast: dict[str, Any] | None = None
+    fast_updated_at: Timestamp | None = None
+    slow: dict[str, Any] | None = None
+    slow_updated_at: Timestamp | None = None
+    overall_status: Level = Level.NORMAL
+
+
+class CloudHistory(_Item):
+    """``CLOUD#infra`` / ``HISTORY#FAST#…`` or ``HISTORY#SLOW#…``."""
+
+    pk: str = CLOUD_PK
+    tier: Literal["fast", "slow"]
+    updated_at: Timestamp
+    snapshot: dict[str, Any]
+    status: Level
+    ttl: int
+
+
+class AlertState(_Item):
+    """``ALERT#{scope}`` / ``{severity}#{reason}#{status}``: cooldown and dedupe state."""
+
+    scope: str
+    severity: Literal["INFO", "WARNING", "CRITICAL"]
+    reason: str
+    status: str
+    firing: bool
+    last_sent_at: Timestamp | None = None
+    last_snapshot_at: Timestamp | None = None
+    sent_count: int = 0
+    ttl: int
+
+
+class AlertObservation(_Item):
+    """``ALERT#{scope}`` / ``OBSERVATION#…``: consecutive observations of a cloud warning."""
+
+    scope: str
+    count: int = Field(ge=0)
+    first_observed_at: Timestamp
+    last_observed_at: Timestamp
+    ttl: int
+
+
+class WindowClaim(_Item):
+    """``CLAIM#{job}`` / ``{window_start}``: the replica that runs one window of periodic work."""
+
+    job: str
+    window_start: Timestamp
+    owner: str
+    claimed_at: Timestamp
+    ttl: int

@@ -1,0 +1,432 @@
+"""The one module of key builders: every S3 prefix of DESIGN §4 and every pk/sk of §5.
+
+Every service builds keys here and nowhere else. Each builder validates the ids it is given
+before it puts them in a key, so a hostile id cannot escape its prefix or collide with a
+reserved name.
+:func:`parse_key` does the reverse for keys that arrive from outside (events, listings, migration).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from enum import StrEnum
+
+from aegis_contracts.errors import ContractError
+from aegis_contracts.ids import (
+    SourceType,
+    validate_factory_id,
+    validate_filename,
+    validate_message_id,
+    validate_source_type,
+)
+from aegis_contracts.times import Partition, day_path, ensure_utc, format_ts, parse_ts
+
+# ---------------------------------------------------------------------------------------------
+# S3 (DESIGN §4)
+
+RAW_PREFIX = "raw/"
+PROCESSED_PREFIX = "processed/"
+PROCESSED_AGG_PREFIX = "processed_agg/"
+IMAGE_SNAPSHOT_PREFIX = "image_snapshot/"
+REPORTS_DAILY_PREFIX = "reports/daily/"
+LEGACY_LATEST_PREFIX = "latest/"
+CLOUD_INFRA = "cloud_infra"
+# the report target and alert scope of the cloud infrastructure; refused as a factory id
+CLOUD_INFRA_TARGET = "cloud-infra"
+RAW_METADATA_NAME = "raw_metadata.json"
+GRAPH_BUCKET = timedelta(minutes=5)
+
+
+class Dataset(StrEnum):
+    """processed/{factory_id}/{dataset}/ families."""
+
+    FACTORY_STATE = "factory_state"
+    RISK_SCORE = "risk_score"
+    INFRA_STATE = "infra_state"
+    IMAGE_SNAPSHOT = "image_snapshot"
+    STATE_SNAPSHOT = "state_snapshot"
+
+
+# datasets keyed by message_id; state_snapshot is keyed by updated_at
+MESSAGE_DATASETS = frozenset(
+    {Dataset.FACTORY_STATE, Dataset.RISK_SCORE, Dataset.INFRA_STATE, Dataset.IMAGE_SNAPSHOT}
+)
+
+
+class CloudTier(StrEnum):
+    FAST = "fast"
+    SLOW = "slow"
+
+
+class ReportArtifact(StrEnum):
+    FACTORY_SUMMARY = "factory-daily-summary.json"
+    CLOUD_SUMMARY = "cloud-infra-daily-summary.json"
+    CONTEXT = "report-context.json"
+    REPORT = "report.md"
+    METADATA = "generation-metadata.json"
+
+
+def factory(factory_id: str) -> str:
+    """A factory id fit for keys: the contract pattern, and not a reserved target name."""
+    fid = validate_factory_id(factory_id)
+    if fid == CLOUD_INFRA_TARGET:
+        raise ContractError("reserved_factory_id", f"factory_id {fid!r} is reserved")
+    return fid
+
+
+def raw_key(
+    factory_id: str, source_type: SourceType | str, received_at: datetime, message_id: str
+) -> str:
+    """``raw/{f}/{source_type}/yyyy=/mm=/dd=/{message_id}.json``, partitioned by arrival (no hh)."""
+    st = validate_source_type(source_type)
+    return (
+        f"{raw_prefix(factory_id, st)}{Partition.of(received_at).day_path}/"
+        f"{validate_message_id(message_id)}.json"
+    )
+
+
+def raw_prefix(factory_id: str, source_type: SourceType | str | None = None) -> str:
+    prefix = f"{RAW_PREFIX}{factory(factory_id)}/"
+    return prefix if source_type is None else f"{prefix}{validate_source_type(source_type).value}/"
+
+
+def raw_day_prefix(factory_id: str, source_type: SourceType | str, day: date) -> str:
+    return f"{raw_prefix(factory_id, source_type)}{day_path(day)}/"
+
+
+def raw_metadata_key(factory_id: str, source_type: SourceType | str, day: date) -> str:
+    """The sealer's manifest at the root of one raw partition (DESIGN §8, seed 004)."""
+    return f"{raw_day_prefix(factory_id, source_type, day)}{RAW_METADATA_NAME}"
+
+
+def processed_key(
+    factory_id: str, dataset: Dataset | str, event_time: datetime, message_id: str
+) -> str:
+    """``processed/{f}/{dataset}/yyyy=/mm=/dd=/hh=/{message_id}.json``, by event time."""
+    ds = _dataset(dataset)
+    if ds not in MESSAGE_DATASETS:
+        raise ContractError("invalid_dataset", f"{ds.value} is not keyed by message_id")
+    return (
+        f"{processed_prefix(factory_id, ds)}{Partition.of(event_time).hour_path}/"
+        f"{validate_message_id(message_id)}.json"
+    )
+
+
+def state_snapshot_key(factory_id: str, updated_at: datetime) -> str:
+    """``processed/{f}/state_snapshot/yyyy=/mm=/dd=/hh=/{updated_at}.json``."""
+    return (
+        f"{processed_prefix(factory_id, Dataset.STATE_SNAPSHOT)}"
+        f"{Partition.of(updated_at).hour_path}/{format_ts(updated_at)}.json"
+    )
+
+
+def processed_prefix(factory_id: str, dataset: Dataset | str | None = None) -> str:
+    prefix = f"{PROCESSED_PREFIX}{factory(factory_id)}/"
+    return prefix if dataset is None else f"{prefix}{_dataset(dataset).value}/"
+
+
+def processed_hour_prefix(factory_id: str, dataset: Dataset | str, hour: datetime) -> str:
+    return f"{processed_prefix(factory_id, dataset)}{Partition.of(hour).hour_path}/"
+
+
+def cloud_infra_key(tier: CloudTier | str, updated_at: datetime) -> str:
+    """``processed/cloud_infra/{fast|slow}/yyyy=/mm=/dd=/hh=/{updated_at}.json``."""
+    hour = Partition.of(updated_at).hour_path
+    return f"{cloud_infra_prefix(tier)}{hour}/{format_ts(updated_at)}.json"
+
+
+def cloud_infra_prefix(tier: CloudTier | str) -> str:
+    return f"{PROCESSED_PREFIX}{CLOUD_INFRA}/{_tier(tier).value}/"
+
+
+def cloud_infra_hour_prefix(tier: CloudTier | str, hour: datetime) -> str:
+    return f"{cloud_infra_prefix(tier)}{Partition.of(hour).hour_path}/"
+
+
+def processed_agg_key(factory_id: str, bucket_start: datetime) -> str:
+    """``processed_agg/{f}/metrics_5m/yyyy=/mm=/dd=/hh=/mm=MM.json`` for an aligned start."""
+    start = graph_bucket_start(bucket_start)
+    return (
+        f"{PROCESSED_AGG_PREFIX}{factory(factory_id)}/metrics_5m/"
+        f"{Partition.of(start).hour_path}/mm={start.minute:02d}.json"
+    )
+
+
+def image_snapshot_key(factory_id: str, captured_at: datetime, filename: str) -> str:
+    """``image_snapshot/factory_id={f}/yyyy=/mm=/dd=/hh=/{filename}``."""
+    return (
+        f"{IMAGE_SNAPSHOT_PREFIX}factory_id={factory(factory_id)}/"
+        f"{Partition.of(captured_at).hour_path}/{validate_filename(filename)}"
+    )
+
+
+def report_target(target: str) -> str:
+    """A report target: a factory id, or ``cloud-infra``."""
+    return CLOUD_INFRA_TARGET if target == CLOUD_INFRA_TARGET else factory(target)
+
+
+def report_prefix(report_date: date, target: str | None = None) -> str:
+    prefix = f"{REPORTS_DAILY_PREFIX}{day_path(report_date)}/"
+    return prefix if target is None else f"{prefix}{report_target(target)}/"
+
+
+def report_key(report_date: date, target: str, artifact: ReportArtifact | str) -> str:
+    """``reports/daily/yyyy=/mm=/dd=/{target}/{artifact}``; the date is the KST report date."""
+    try:
+        art = ReportArtifact(artifact)
+    except ValueError:
+        raise ContractError("invalid_artifact", f"{artifact!r} is not a report artifact") from None
+    return f"{report_prefix(report_date, target)}{art.value}"
+
+
+def report_hourly_key(report_date: date, target: str, kst_hour: int) -> str:
+    """``…/{target}/intermediate/hourly/hh=HH.json`` for KST hour ``kst_hour`` (0-23)."""
+    if not isinstance(kst_hour, int) or isinstance(kst_hour, bool) or not 0 <= kst_hour <= 23:
+        raise ContractError("invalid_hour", f"KST hour {kst_hour!r} is not 0..23")
+    return f"{report_prefix(report_date, target)}intermediate/hourly/hh={kst_hour:02d}.json"
+
+
+def graph_bucket_start(value: datetime) -> datetime:
+    """A 5-minute window start; anything not on the grid is refused rather than silently moved."""
+    v = ensure_utc(value)
+    if v.second or v.microsecond or v.minute % 5:
+        raise ContractError("unaligned_bucket", f"{v.isoformat()} is not a 5-minute window start")
+    return v
+
+
+def _dataset(value: Dataset | str) -> Dataset:
+    try:
+        return Dataset(value)
+    except ValueError:
+        raise ContractError("invalid_dataset", f"{value!r} is not a processed dataset") from None
+
+
+def _tier(value: CloudTier | str) -> CloudTier:
+    try:
+        return CloudTier(value)
+    except ValueError:
+        raise ContractError("invalid_tier", f"{value!r} is not fast or slow") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing keys that arrive from outside
+
+
+class KeyFamily(StrEnum):
+    RAW = "raw"
+    RAW_METADATA = "raw_metadata"
+    PROCESSED = "processed"
+    STATE_SNAPSHOT = "state_snapshot"
+    CLOUD_INFRA = "cloud_infra"
+    PROCESSED_AGG = "processed_agg"
+    IMAGE_SNAPSHOT = "image_snapshot"
+    REPORT = "report"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """What a contract key names. Fields not part of the family are ``None``."""
+
+    family: KeyFamily
+    factory_id: str | None = None
+    source_type: SourceType | None = None
+    dataset: Dataset | None = None
+    tier: CloudTier | None = None
+    message_id: str | None = None
+    at: datetime | None = None
+    day: date | None = None
+    filename: str | None = None
+    target: str | None = None
+    artifact: str | None = None
+
+
+_DAY = r"yyyy=(?P<y>\d{4})/mm=(?P<m>\d{2})/dd=(?P<d>\d{2})"
+_HOUR = _DAY + r"/hh=(?P<h>\d{2})"
+_F = r"(?P<f>[a-z0-9][a-z0-9-]{0,62})"
+_TS = r"(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z)"
+_MID = r"(?P<mid>[A-Za-z0-9-]{8,64})"
+_PATTERNS: tuple[tuple[KeyFamily, re.Pattern[str]], ...] = (
+    (KeyFamily.RAW, re.compile(rf"raw/{_F}/(?P<st>[a-z_]+)/{_DAY}/{_MID}\.json")),
+    (KeyFamily.RAW_METADATA, re.compile(rf"raw/{_F}/(?P<st>[a-z_]+)/{_DAY}/raw_metadata\.json")),
+    (
+        KeyFamily.CLOUD_INFRA,
+        re.compile(rf"processed/cloud_infra/(?P<tier>fast|slow)/{_HOUR}/{_TS}\.json"),
+    ),
+    (KeyFamily.STATE_SNAPSHOT, re.compile(rf"processed/{_F}/state_snapshot/{_HOUR}/{_TS}\.json")),
+    (KeyFamily.PROCESSED, re.compile(rf"processed/{_F}/(?P<ds>[a-z_]+)/{_HOUR}/{_MID}\.json")),
+    (
+        KeyFamily.PROCESSED_AGG,
+        re.compile(rf"processed_agg/{_F}/metrics_5m/{_HOUR}/mm=(?P<mi>\d{{2}})\.json"),
+    ),
+    (
+        KeyFamily.IMAGE_SNAPSHOT,
+        re.compile(
+            rf"image_snapshot/factory_id={_F}/{_HOUR}/(?P<fn>[A-Za-z0-9][A-Za-z0-9._-]{{0,199}})"
+        ),
+    ),
+    (
+        KeyFamily.REPORT,
+        re.compile(rf"reports/daily/{_DAY}/(?P<target>[a-z0-9][a-z0-9-]{{0,62}})/(?P<art>.+)"),
+    ),
+)
+
+
+def parse_key(key: str) -> KeyInfo:
+    """Classify an S3 key of the contract and check it is exactly what the builders would make."""
+    if not isinstance(key, str) or not key or len(key) > 1024 or not key.isascii():
+        raise ContractError("invalid_key", f"{key!r:.80} is not a contract key")
+    for family, pattern in _PATTERNS:
+        match = pattern.fullmatch(key)
+        if match is None:
+            continue
+        info = _info(family, match)
+        if _rebuild(info) != key:
+            raise ContractError("invalid_key", f"{key!r:.80} is not canonical for {family.value}")
+        return info
+    raise ContractError("invalid_key", f"{key!r:.80} matches no prefix of the storage contract")
+
+
+def _info(family: KeyFamily, m: re.Match[str]) -> KeyInfo:
+    g = m.groupdict()
+    try:
+        day = date(int(g["y"]), int(g["m"]), int(g["d"]))
+        hour = int(g["h"]) if g.get("h") else None
+        at = (
+            parse_ts(g["ts"])
+            if g.get("ts")
+            else datetime(
+                day.year, day.month, day.day, hour or 0, int(g.get("mi") or 0), tzinfo=UTC
+            )
+        )
+    except ValueError as err:
+        raise ContractError("invalid_key", f"bad date in key: {err}") from None
+    return KeyInfo(
+        family=family,
+        factory_id=g.get("f"),
+        source_type=validate_source_type(g["st"]) if g.get("st") else None,
+        dataset=_dataset(g["ds"]) if g.get("ds") else None,
+        tier=CloudTier(g["tier"]) if g.get("tier") else None,
+        message_id=g.get("mid"),
+        at=at,
+        day=day,
+        filename=g.get("fn"),
+        target=g.get("target"),
+        artifact=g.get("art"),
+    )
+
+
+def _rebuild(info: KeyInfo) -> str:  # noqa: PLR0911 - one return per family reads best
+    assert info.at is not None and info.day is not None
+    match info.family:
+        case KeyFamily.RAW:
+            assert info.factory_id and info.source_type and info.message_id
+            return raw_key(info.factory_id, info.source_type, info.at, info.message_id)
+        case KeyFamily.RAW_METADATA:
+            assert info.factory_id and info.source_type
+            return raw_metadata_key(info.factory_id, info.source_type, info.day)
+        case KeyFamily.CLOUD_INFRA:
+            assert info.tier
+            return cloud_infra_key(info.tier, info.at)
+        case KeyFamily.STATE_SNAPSHOT:
+            assert info.factory_id
+            return state_snapshot_key(info.factory_id, info.at)
+        case KeyFamily.PROCESSED:
+            assert info.factory_id and info.dataset and info.message_id
+            if info.dataset is Dataset.STATE_SNAPSHOT:
+                raise ContractError("invalid_key", "state_snapshot objects are named by updated_at")
+            return processed_key(info.factory_id, info.dataset, info.at, info.message_id)
+        case KeyFamily.PROCESSED_AGG:
+            assert info.factory_id
+            return processed_agg_key(info.factory_id, info.at)
+        case KeyFamily.IMAGE_SNAPSHOT:
+            assert info.factory_id and info.filename
+            return image_snapshot_key(info.factory_id, info.at, info.filename)
+        case KeyFamily.REPORT:
+            assert info.target and info.artifact
+            hourly = re.fullmatch(r"intermediate/hourly/hh=(\d{2})\.json", info.artifact)
+            if hourly:
+                return report_hourly_key(info.day, info.target, int(hourly.group(1)))
+            return report_key(info.day, info.target, info.artifact)
+    raise AssertionError(info.family)  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------------------------
+# DynamoDB (DESIGN §5)
+
+LATEST_SK = "LATEST"
+CLOUD_PK = "CLOUD#infra"
+HISTORY_STATE_PREFIX = "HISTORY#STATE#"
+GRAPH_5M_PREFIX = "GRAPH#5M#"
+HISTORY_FAST_PREFIX = "HISTORY#FAST#"
+HISTORY_SLOW_PREFIX = "HISTORY#SLOW#"
+OBSERVATION_PREFIX = "OBSERVATION#"
+# the window-claim family of periodic work (refresh minutes, aggregator windows, report days)
+CLAIM_PK_PREFIX = "CLAIM#"
+
+_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+_STATUS = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
+SEVERITIES = ("INFO", "WARNING", "CRITICAL")
+
+
+def factory_pk(factory_id: str) -> str:
+    return f"FACTORY#{factory(factory_id)}"
+
+
+def history_state_sk(updated_at: datetime) -> str:
+    return f"{HISTORY_STATE_PREFIX}{format_ts(updated_at)}"
+
+
+def graph_5m_sk(bucket_start: datetime) -> str:
+    return f"{GRAPH_5M_PREFIX}{format_ts(graph_bucket_start(bucket_start))}"
+
+
+def cloud_history_sk(tier: CloudTier | str, updated_at: datetime) -> str:
+    prefix = HISTORY_FAST_PREFIX if _tier(tier) is CloudTier.FAST else HISTORY_SLOW_PREFIX
+    return f"{prefix}{format_ts(updated_at)}"
+
+
+def alert_scope(scope: str) -> str:
+    """An alert scope: a factory id, or ``cloud-infra``."""
+    return report_target(scope)
+
+
+def alert_pk(scope: str) -> str:
+    return f"ALERT#{alert_scope(scope)}"
+
+
+def alert_sk(severity: str, reason: str, status: str) -> str:
+    """``{severity}#{reason}#{status}``: the cooldown/dedupe key of one alert."""
+    return (
+        f"{_severity(severity)}#{_word(_CODE, reason, 'reason')}#{_word(_STATUS, status, 'status')}"
+    )
+
+
+def observation_sk(severity: str, reason: str, status: str) -> str:
+    return f"{OBSERVATION_PREFIX}{alert_sk(severity, reason, status)}"
+
+
+def claim_pk(job: str) -> str:
+    """``CLAIM#{job}``: one item per (job, window) so N replicas run each window once."""
+    return f"{CLAIM_PK_PREFIX}{_word(re.compile(r'[a-z][a-z0-9_-]{0,63}'), job, 'job')}"
+
+
+def claim_sk(window_start: datetime) -> str:
+    return format_ts(window_start)
+
+
+def _severity(value: str) -> str:
+    if value not in SEVERITIES:
+        raise ContractError(
+            "invalid_severity", f"severity {value!r:.40} is not one of {SEVERITIES}"
+        )
+    return value
+
+
+def _word(pattern: re.Pattern[str], value: str, what: str) -> str:
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        raise ContractError(
+            f"invalid_{what}", f"{what} {value!r:.80} does not match {pattern.pattern}"
+        )
+    return value

@@ -1,0 +1,231 @@
+"""MQTT payloads (DESIGN §3): the envelope and the three bodies, and strict parsing of raw bytes.
+
+:func:`parse_device_message` is what the processor calls on an archived payload: it refuses
+oversize payloads, malformed JSON (including NaN, Infinity and duplicate keys), payloads that are
+not objects, schema violations and a factory_id that contradicts the topic, each with a
+:class:`ContractError` whose ``code`` is the dead-letter reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from aegis_contracts.errors import ContractError
+from aegis_contracts.ids import (
+    MAX_PAYLOAD_BYTES,
+    DeviceId,
+    FactoryId,
+    Filename,
+    SourceType,
+    validate_source_type,
+)
+from aegis_contracts.keys import image_snapshot_key
+from aegis_contracts.times import ensure_utc
+
+SENSOR_NAME = r"^[a-z][a-z0-9_]{0,63}$"
+LABEL = r"^[a-z][a-z0-9_]{0,63}$"
+STAGE = r"^[a-z][a-z0-9_-]{0,63}$"
+MAX_SENSORS = 256
+MAX_DETECTIONS = 512
+MAX_CAMERAS = 256
+MAX_IMAGE_BYTES = 50 * 1024 * 1024
+
+# the sensors risk rules know; other names are kept and aggregated, not scored
+KNOWN_SENSORS = (
+    "temperature_c",
+    "humidity_pct",
+    "co_ppm",
+    "smoke_obscuration_pct",
+    "vibration_mm_s",
+    "noise_db",
+)
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+def _utc(value: datetime) -> datetime:
+    return ensure_utc(value)
+
+
+Finite = Annotated[float, Field(strict=False), AfterValidator(_finite)]
+UtcDatetime = Annotated[datetime, AfterValidator(_utc)]
+Pct = Annotated[float, Field(ge=0, le=100)]
+CameraId = DeviceId
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_max_length=4096)
+
+
+class Envelope(_Model):
+    """Fields every device message carries. ``message_id`` is optional on the wire: ingest derives a
+    deterministic one when it is missing or invalid, and that effective id travels in the queue
+    event, so here any string is accepted and the event's id is authoritative."""
+
+    message_id: str | None = Field(default=None, max_length=256)
+    factory_id: FactoryId
+    device_id: DeviceId
+    emitted_at: UtcDatetime
+    schema_version: str = Field(pattern=r"^\d{1,3}(\.\d{1,3}){0,2}$")
+
+
+class Detection(_Model):
+    label: str = Field(pattern=LABEL)
+    confidence: float = Field(ge=0, le=1)
+    camera_id: CameraId
+    bbox: tuple[Finite, Finite, Finite, Finite] | None = None
+
+
+class AiBlock(_Model):
+    model_version: str = Field(min_length=1, max_length=128)
+    detections: list[Detection] = Field(default_factory=list, max_length=MAX_DETECTIONS)
+
+
+class FactoryStateMessage(Envelope):
+    sensors: dict[Annotated[str, Field(pattern=SENSOR_NAME)], Finite] = Field(
+        default_factory=dict, max_length=MAX_SENSORS
+    )
+    ai: AiBlock | None = None
+
+    @field_validator("sensors", mode="before")
+    @classmethod
+    def _no_booleans(cls, value: Any) -> Any:
+        # JSON true/false would otherwise pass as 1.0/0.0
+        if isinstance(value, dict) and any(isinstance(v, bool) for v in value.values()):
+            raise ValueError("sensor values must be numbers, not booleans")
+        return value
+
+
+class HostStats(_Model):
+    cpu_pct: Pct | None = None
+    mem_pct: Pct | None = None
+    disk_pct: Pct | None = None
+    temperature_c: Finite | None = None
+    uptime_s: float | None = Field(default=None, ge=0)
+
+
+class NetworkStats(_Model):
+    rtt_ms: float | None = Field(default=None, ge=0)
+    loss_pct: Pct | None = None
+
+
+class InfraStateMessage(Envelope):
+    host: HostStats = Field(default_factory=HostStats)
+    network: NetworkStats = Field(default_factory=NetworkStats)
+    cameras: dict[CameraId, Literal["online", "offline"]] = Field(
+        default_factory=dict, max_length=MAX_CAMERAS
+    )
+    pipeline: dict[Annotated[str, Field(pattern=STAGE)], Literal["ok", "degraded", "down"]] = Field(
+        default_factory=dict, max_length=64
+    )
+
+
+class ImageSnapshotMessage(Envelope):
+    camera_id: CameraId
+    filename: Filename
+    content_type: Literal["image/jpeg", "image/png", "image/webp"]
+    size_bytes: int = Field(gt=0, le=MAX_IMAGE_BYTES)
+    captured_at: UtcDatetime
+    s3_key: str = Field(max_length=1024)
+
+    @model_validator(mode="after")
+    def _key_is_the_contract_key(self) -> ImageSnapshotMessage:
+        expected = image_snapshot_key(self.factory_id, self.captured_at, self.filename)
+        if self.s3_key != expected:
+            raise ValueError(f"s3_key must be {expected!r} (the image_snapshot/ contract key)")
+        return self
+
+
+DeviceMessage = FactoryStateMessage | InfraStateMessage | ImageSnapshotMessage
+
+MODEL_FOR: dict[
+    SourceType, type[FactoryStateMessage | InfraStateMessage | ImageSnapshotMessage]
+] = {
+    SourceType.FACTORY_STATE: FactoryStateMessage,
+    SourceType.INFRA_STATE: InfraStateMessage,
+    SourceType.IMAGE_SNAPSHOT: ImageSnapshotMessage,
+}
+
+
+def _refuse_constant(name: str) -> None:
+    raise ContractError("malformed_json", f"JSON constant {name} is not allowed")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ContractError("malformed_json", f"duplicate JSON key {key!r:.64}")
+        result[key] = value
+    return result
+
+
+def decode_json_object(payload: bytes) -> dict[str, Any]:
+    """Strict JSON: UTF-8, an object at the top, no NaN/Infinity, no duplicate keys."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise ContractError(
+            "payload_too_large", f"payload is {len(payload)} bytes, limit {MAX_PAYLOAD_BYTES}"
+        )
+    try:
+        value = json.loads(
+            payload.decode("utf-8"),
+            parse_constant=_refuse_constant,
+            object_pairs_hook=_unique_keys,
+        )
+    except UnicodeDecodeError as err:
+        raise ContractError("malformed_json", f"payload is not UTF-8: {err.reason}") from None
+    except json.JSONDecodeError as err:
+        raise ContractError(
+            "malformed_json", f"payload is not JSON: {err.msg} at line {err.lineno} col {err.colno}"
+        ) from None
+    except RecursionError:
+        raise ContractError("malformed_json", "payload nests too deeply") from None
+    if not isinstance(value, dict):
+        raise ContractError(
+            "not_an_object", f"payload is a JSON {type(value).__name__}, not an object"
+        )
+    return value
+
+
+def parse_device_message(
+    source_type: SourceType | str, payload: bytes, *, topic_factory_id: str
+) -> DeviceMessage:
+    """Validate a device payload for its topic; every refusal is a :class:`ContractError`."""
+    st = validate_source_type(source_type)
+    data = decode_json_object(payload)
+    try:
+        message = MODEL_FOR[st].model_validate(data)
+    except ValidationError as err:
+        raise ContractError("schema_violation", _summarize(err)) from None
+    if message.factory_id != topic_factory_id:
+        raise ContractError(
+            "factory_mismatch",
+            f"payload names factory {message.factory_id!r} but arrived on {topic_factory_id!r}",
+        )
+    return message
+
+
+def _summarize(err: ValidationError, limit: int = 5) -> str:
+    parts = []
+    for e in err.errors()[:limit]:
+        where = ".".join(str(p) for p in e["loc"]) or "(root)"
+        parts.append(f"{where}: {e['msg']}")
+    more = err.error_count() - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")

@@ -1,0 +1,81 @@
+"""NATS JetStream subjects and streams: the queue contract between AEGIS services.
+
+Subjects are built here and nowhere else. Every token that comes from outside (a factory id, a
+source type) is validated first, so a hostile id can never add a token or a wildcard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aegis_contracts.ids import SourceType, validate_factory_id
+
+ROOT = "aegis"
+
+# ingest -> processor: one event per archived raw object
+RAW = f"{ROOT}.raw"
+# S3 ObjectCreated events (bucket, key) for everything the platform writes
+OBJECT_CREATED = f"{ROOT}.objects.created"
+# read-model change events (before/after images)
+CHANGES = f"{ROOT}.changes"
+# system events: alert sent, report generated, service up/down (orchestrator Automation triggers)
+SYSTEM = f"{ROOT}.events"
+# dead letters, one subject per service and reason family
+DEAD_LETTER = f"{ROOT}.dlq"
+# service heartbeats (cloud collector's readiness view)
+HEARTBEAT = f"{ROOT}.heartbeat"
+
+
+def raw_subject(factory_id: str, source_type: SourceType | str) -> str:
+    """Subject of the raw event for one archived message: ``aegis.raw.{factory}.{source}``."""
+    return f"{RAW}.{validate_factory_id(factory_id)}.{SourceType(source_type).value}"
+
+
+def object_created_subject(prefix_family: str) -> str:
+    """``aegis.objects.created.{family}``; family is a fixed word such as ``state_snapshot``."""
+    return f"{OBJECT_CREATED}.{_token(prefix_family)}"
+
+
+def change_subject(entity: str) -> str:
+    """``aegis.changes.{entity}``, e.g. ``aegis.changes.factory_latest``."""
+    return f"{CHANGES}.{_token(entity)}"
+
+
+def system_subject(kind: str) -> str:
+    return f"{SYSTEM}.{_token(kind)}"
+
+
+def dead_letter_subject(service: str, reason: str) -> str:
+    """``aegis.dlq.{service}.{reason}``: consumers can watch one service or one reason."""
+    return f"{DEAD_LETTER}.{_token(service)}.{_token(reason)}"
+
+
+def heartbeat_subject(service: str) -> str:
+    return f"{HEARTBEAT}.{_token(service)}"
+
+
+def _token(word: str) -> str:
+    if not word or not all(c.isascii() and (c.isalnum() or c in "_-") for c in word):
+        raise ValueError(f"not a subject token: {word!r} (ASCII letters, digits, '_' and '-' only)")
+    return word
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """A JetStream stream AEGIS relies on; the runtime creates it idempotently at start-up."""
+
+    name: str
+    subjects: tuple[str, ...]
+    max_age_seconds: int
+    duplicate_window_seconds: int = 120
+
+
+STREAMS: tuple[StreamSpec, ...] = (
+    StreamSpec("AEGIS_RAW", (f"{RAW}.>",), max_age_seconds=7 * 86_400),
+    StreamSpec(
+        "AEGIS_EVENTS",
+        (f"{OBJECT_CREATED}.>", f"{CHANGES}.>", f"{SYSTEM}.>", f"{HEARTBEAT}.>"),
+        max_age_seconds=3 * 86_400,
+    ),
+    StreamSpec("AEGIS_DLQ", (f"{DEAD_LETTER}.>",), max_age_seconds=30 * 86_400),
+)
