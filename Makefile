@@ -1,0 +1,50 @@
+# AEGIS: `make run` starts the platform on this machine, `make test` runs every test.
+# Both install what they need (uv, then the locked workspace) on a fresh clone.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+export UV_PYTHON_DOWNLOADS := never
+export UV_LINK_MODE := copy
+PYTHON ?= python3
+UV := $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
+VENV := .venv
+STAMP := $(VENV)/.synced
+
+.PHONY: help install run test lint fmt unit integration up down clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(STAMP): uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
+	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet --disable-pip-version-check uv
+	$(UV) sync --frozen --all-packages
+	@touch $@
+
+install: $(STAMP) ## create .venv from uv.lock (uv is installed with pip when missing)
+
+run: $(STAMP) ## the whole platform here: Mosquitto, NATS, moto_server on :4566, bootstrap, services
+	$(VENV)/bin/aegis up
+
+lint: $(STAMP) ## ruff (format check + lint) and mypy --strict
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy libs/*/src $(wildcard services/*/src)
+
+test: lint ## lint, then the whole suite: unit, integration, e2e against real servers
+	$(VENV)/bin/pytest
+
+unit: $(STAMP) ## only the tests that need no server
+	$(VENV)/bin/pytest -m "not integration and not e2e"
+
+fmt: $(STAMP) ## format and autofix
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+up: ## docker compose up (needs a Docker engine)
+	docker compose up --build
+
+down: ## docker compose down
+	docker compose down
+
+clean: ## remove the venv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

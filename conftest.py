@@ -1,0 +1,3 @@
+"""Root conftest: every test gets the real-infrastructure fixtures of aegis_runtime.testing."""
+
+pytest_plugins = ["aegis_runtime.testing.fixtures"]

@@ -1,0 +1,647 @@
+"""FastStream NATS JetStream wiring shared by every service: the broker factory, streams, durable pull
+consumers, de-duplicated publishing, dead letters, and the broker middleware that turns a handler's
+outcome into ack, nack-with-delay or dead-letter-then-ack.
+
+Outcome of one JetStream message (``MessageOutcomes``, installed by :func:`create_broker`):
+- the handler returns: ack (FastStream's own acknowledgement);
+- it raises :class:`Poison`, a ``ContractError`` or a validation error: dead-letter, then ack;
+- it raises anything else: nack with an exponential delay, until the consumer's ``max_deliver``-th
+  delivery, which is dead-lettered (``retries_exhausted``) then acked. Never a silent drop, never an
+  endless loop.
+
+Errors:
+    BrokerError              base of this module's errors
+    ├── PublishFailed        JetStream did not confirm a publish (timeout, no stream, API error)
+    └── StreamSetupFailed    a stream could not be created or updated (subject overlap, storage change)
+    Poison                   raised by a handler: the message can never succeed; dead-letter ``reason``
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+import nats.errors
+import nats.js.errors
+import pydantic
+import structlog
+from fast_depends.exceptions import ValidationError as DependsValidationError
+from faststream import AckPolicy, BaseMiddleware
+from faststream.exceptions import AckMessage, HandlerException, NackMessage, RejectMessage
+from faststream.nats import JStream, NatsBroker, PullSub
+from nats.aio.msg import Msg
+from nats.js import api
+
+from aegis_contracts.errors import ContractError
+from aegis_contracts.subjects import STREAMS, StreamSpec, dead_letter_subject
+from aegis_contracts.times import utc_now
+from aegis_runtime.logging import bind_message
+from aegis_runtime.metrics import Metrics
+from aegis_runtime.settings import AegisSettings
+
+if TYPE_CHECKING:
+    from faststream import ContextRepo
+    from faststream.nats.broker.registrator import NatsRegistrator
+    from faststream.nats.subscriber.usecases import PullStreamSubscriber
+    from nats.aio.client import Server
+    from nats.js import JetStreamContext
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+# The JetStream API's error code for "stream name already in use with a different configuration".
+_STREAM_NAME_IN_USE = 10058
+_DETAIL_LIMIT = 2000
+
+log = structlog.get_logger(__name__)
+
+
+class BrokerError(Exception):
+    """Base of this module's errors."""
+
+
+class PublishFailed(BrokerError):
+    """JetStream did not confirm the publish; the message may or may not be stored. Retry."""
+
+
+class StreamSetupFailed(BrokerError):
+    """A stream could not be created or brought to its contract configuration."""
+
+
+class Poison(Exception):
+    """Raise from a handler when the message can never succeed: it is dead-lettered, then acked."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(detail or reason)
+        self.reason = _reason_token(reason)
+        self.detail = detail or reason
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Redelivery delays: ``first_delay * 2**(delivery-1)`` seconds, at most ``max_delay``.
+
+    ``max_deliver`` caps deliveries for a consumer that does not set its own ``max_deliver``.
+    """
+
+    first_delay: float = 1.0
+    max_delay: float = 60.0
+    max_deliver: int = 5
+
+    def delay(self, delivery: int) -> float:
+        return float(min(self.max_delay, self.first_delay * 2 ** max(0, min(delivery - 1, 30))))
+
+
+# --------------------------------------------------------------------------------------------------
+# Broker
+
+
+def create_broker(
+    settings: AegisSettings,
+    *,
+    name: str,
+    metrics: Metrics | None = None,
+    retry: RetryPolicy | None = None,
+    graceful_timeout: float = 20.0,
+) -> NatsBroker:
+    """A NatsBroker for service ``name`` that reconnects forever and settles every message.
+
+    ``settings.nats_url`` may list several servers separated by commas. FastStream's own per-message
+    lines ("Received", "Processed") go to the stdlib logger ``faststream.aegis`` at DEBUG; the
+    :class:`MessageOutcomes` middleware writes one INFO summary line per message instead.
+    """
+    servers = [s.strip() for s in settings.nats_url.split(",") if s.strip()]
+    broker = NatsBroker(
+        servers,
+        name=f"aegis-{name}",  # shown by NATS monitoring (connz)
+        allow_reconnect=True,
+        max_reconnect_attempts=-1,  # forever: a service without its queue is not ready, not dead
+        reconnect_time_wait=1,  # spacing of the initial connection attempts
+        reconnect_to_server_handler=_reconnect_with_backoff,
+        logger=logging.getLogger("faststream.aegis"),
+        log_level=logging.DEBUG,
+        graceful_timeout=graceful_timeout,
+    )
+    broker.add_middleware(
+        MessageOutcomes(service=name, broker=broker, metrics=metrics, retry=retry or RetryPolicy())
+    )
+    return broker
+
+
+def _reconnect_with_backoff(
+    servers: list[Server], _info: dict[str, Any]
+) -> tuple[Server | None, float]:
+    # Least-tried server first; 0.25 s doubling to 10 s, with jitter so N replicas do not stampede.
+    server = min(servers, key=lambda s: s.reconnects)
+    base = min(10.0, 0.25 * 2 ** min(server.reconnects, 6))
+    return server, base * random.uniform(0.5, 1.0)  # noqa: S311 (jitter, not cryptography)
+
+
+def nats_ready(broker: NatsBroker, wait: float = 1.0) -> Callable[[], Awaitable[bool]]:
+    """A readiness check for ``HealthServer.add_check``: the connection to NATS is up."""
+
+    async def check() -> bool:
+        return await broker.ping(wait)
+
+    return check
+
+
+def _jetstream(broker: NatsBroker) -> JetStreamContext:
+    # The JetStream context FastStream made at connect (honours js_options such as a domain).
+    stream: JetStreamContext = broker.config.connection_state.stream
+    return stream
+
+
+# --------------------------------------------------------------------------------------------------
+# Streams and consumers
+
+
+def jstream(spec: StreamSpec) -> JStream:
+    """The FastStream stream object for ``spec``. ``declare=False``: :func:`ensure_streams` owns
+    stream configuration, so a subscriber never edits a stream as a side effect of starting."""
+    return JStream(
+        spec.name,
+        subjects=list(spec.subjects),
+        max_age=spec.max_age_seconds,
+        duplicate_window=spec.duplicate_window_seconds,
+        storage=api.StorageType.FILE,
+        declare=False,
+    )
+
+
+def _stream_config(spec: StreamSpec, replicas: int) -> api.StreamConfig:
+    return api.StreamConfig(
+        name=spec.name,
+        subjects=list(spec.subjects),
+        retention=api.RetentionPolicy.LIMITS,
+        discard=api.DiscardPolicy.OLD,
+        max_age=float(spec.max_age_seconds),
+        duplicate_window=float(spec.duplicate_window_seconds),
+        storage=api.StorageType.FILE,
+        num_replicas=replicas,
+    )
+
+
+def _same_config(current: api.StreamConfig, wanted: api.StreamConfig) -> bool:
+    return (
+        sorted(current.subjects or ()) == sorted(wanted.subjects or ())
+        and round(current.max_age or 0) == round(wanted.max_age or 0)
+        and round(current.duplicate_window or 0) == round(wanted.duplicate_window or 0)
+        and current.storage == wanted.storage
+        and (current.num_replicas or 1) == (wanted.num_replicas or 1)
+    )
+
+
+async def ensure_streams(
+    broker: NatsBroker, specs: Iterable[StreamSpec] = STREAMS, *, replicas: int = 1
+) -> dict[str, Literal["created", "updated", "unchanged"]]:
+    """Create or update each stream to its contract (file storage, max age, duplicate window).
+
+    Idempotent and safe from N replicas at once: creating an identical stream twice is a no-op on
+    the server, and a replica that loses the creation race updates instead. Connects if needed.
+    """
+    await broker.connect()
+    js = _jetstream(broker)
+    outcome: dict[str, Literal["created", "updated", "unchanged"]] = {}
+    for spec in specs:
+        outcome[spec.name] = await _ensure_stream(js, _stream_config(spec, replicas))
+    log.info("streams_ensured", streams=outcome)
+    return outcome
+
+
+async def _ensure_stream(
+    js: JetStreamContext, wanted: api.StreamConfig
+) -> Literal["created", "updated", "unchanged"]:
+    name = wanted.name or ""
+    try:
+        try:
+            current = (await js.stream_info(name)).config
+        except nats.js.errors.NotFoundError:
+            try:
+                await js.add_stream(wanted)
+            except nats.js.errors.BadRequestError as err:
+                if err.err_code != _STREAM_NAME_IN_USE:
+                    raise
+                current = (await js.stream_info(name)).config  # another replica won the race
+            else:
+                return "created"
+        if _same_config(current, wanted):
+            return "unchanged"
+        await js.update_stream(wanted)
+    except nats.errors.Error as err:
+        raise StreamSetupFailed(f"stream {name}: {err}") from err
+    return "updated"
+
+
+def durable_pull(
+    router: NatsRegistrator,
+    spec: StreamSpec,
+    durable: str,
+    *,
+    subject: str | None = None,
+    batch_size: int = 16,
+    fetch_timeout: float = 5.0,
+    ack_wait: float = 30.0,
+    max_deliver: int = 5,
+    max_ack_pending: int | None = None,
+) -> PullStreamSubscriber:
+    """Register a JetStream durable pull consumer on ``router`` (a NatsBroker or NatsRouter).
+
+    Every replica that registers the same ``durable`` shares one consumer, so each message goes to
+    one replica. Explicit ack: a message not settled within ``ack_wait`` seconds is redelivered, at
+    most ``max_deliver`` times in all (the last delivery is dead-lettered by MessageOutcomes).
+    Each replica fetches up to ``batch_size`` messages at a time and handles them concurrently.
+    ``subject`` defaults to the stream's subject when it has exactly one. Use the result as the
+    handler decorator: ``@durable_pull(router, RAW_STREAM, "processor")``.
+    """
+    if subject is None:
+        if len(spec.subjects) != 1:
+            raise ValueError(f"stream {spec.name} has several subjects: pass subject=")
+        subject = spec.subjects[0]
+    if max_deliver < 1:
+        raise ValueError("max_deliver must be at least 1")
+    config = api.ConsumerConfig(
+        durable_name=durable,
+        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_wait=ack_wait,
+        max_deliver=max_deliver,
+        max_ack_pending=max_ack_pending,
+    )
+    return router.subscriber(
+        subject,
+        stream=jstream(spec),
+        durable=durable,
+        config=config,
+        pull_sub=PullSub(batch_size=batch_size, timeout=fetch_timeout),
+        # Fallback only: MessageOutcomes settles failures itself; without it an error still nacks.
+        ack_policy=AckPolicy.NACK_ON_ERROR,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Publishing
+
+
+def stream_for(subject: str, specs: Iterable[StreamSpec] = STREAMS) -> StreamSpec:
+    """The stream whose subjects capture ``subject``."""
+    for spec in specs:
+        if any(_subject_matches(subject, pattern) for pattern in spec.subjects):
+            return spec
+    raise ValueError(f"no AEGIS stream captures subject {subject!r}")
+
+
+def _subject_matches(subject: str, pattern: str) -> bool:
+    tokens, wanted = subject.split("."), pattern.split(".")
+    for i, w in enumerate(wanted):
+        if w == ">":
+            return len(tokens) > i
+        if i >= len(tokens) or (w != "*" and w != tokens[i]):
+            return False
+    return len(tokens) == len(wanted)
+
+
+async def publish(
+    broker: NatsBroker,
+    subject: str,
+    payload: bytes | pydantic.BaseModel,
+    *,
+    msg_id: str | None,
+    headers: Mapping[str, str] | None = None,
+    stream: str | None = None,
+    correlation_id: str | None = None,
+    ack_timeout: float = 5.0,
+) -> bool:
+    """Publish to JetStream and wait for the server's ack; return True if it was a duplicate.
+
+    ``msg_id`` becomes the ``Nats-Msg-Id`` header: the stream stores one message per id within its
+    duplicate window and answers later ones with ``duplicate=True``. A pydantic model is sent as
+    JSON (content-type application/json). ``stream`` defaults to the AEGIS stream of ``subject``;
+    the server refuses the publish if the subject lands elsewhere. Raises :class:`PublishFailed`.
+    """
+    stream_name = stream or stream_for(subject).name
+    sent_headers = dict(headers or {})
+    if msg_id is not None:
+        sent_headers[MSG_ID_HEADER] = msg_id
+    try:
+        ack = await broker.publish(
+            payload,
+            subject,
+            headers=sent_headers,
+            stream=stream_name,
+            correlation_id=correlation_id,
+            timeout=ack_timeout,
+        )
+    except (nats.errors.Error, TimeoutError) as err:
+        raise PublishFailed(f"publish to {subject} (stream {stream_name}) failed: {err!r}") from err
+    return bool(ack.duplicate)
+
+
+# --------------------------------------------------------------------------------------------------
+# Dead letters
+
+
+class DeadLetter(pydantic.BaseModel):
+    """The envelope on ``aegis.dlq.{service}.{reason}``: enough to understand and replay a message."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    service: str
+    reason: str
+    detail: str
+    received_at: datetime
+    message_id: str | None = None
+    subject: str | None = None
+    headers: dict[str, str] = pydantic.Field(default_factory=dict)
+    deliveries: int | None = None
+    payload_encoding: Literal["utf-8", "base64"]
+    payload: str
+
+    @classmethod
+    def wrap(
+        cls,
+        *,
+        service: str,
+        reason: str,
+        payload: bytes,
+        detail: str,
+        received_at: datetime,
+        message_id: str | None = None,
+        subject: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        deliveries: int | None = None,
+    ) -> DeadLetter:
+        try:
+            text, encoding = payload.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            text, encoding = base64.b64encode(payload).decode("ascii"), "base64"
+        return cls(
+            service=service,
+            reason=reason,
+            detail=detail[:_DETAIL_LIMIT],
+            received_at=received_at,
+            message_id=message_id,
+            subject=subject,
+            headers=dict(headers or {}),
+            deliveries=deliveries,
+            payload_encoding=encoding,
+            payload=text,
+        )
+
+    def payload_bytes(self) -> bytes:
+        """The original payload, byte for byte."""
+        if self.payload_encoding == "base64":
+            return base64.b64decode(self.payload)
+        return self.payload.encode("utf-8")
+
+
+def dead_letter_id(service: str, reason: str, message_id: str) -> str:
+    return f"dlq:{service}:{reason}:{message_id}"
+
+
+async def dead_letter(
+    broker: NatsBroker,
+    *,
+    service: str,
+    reason: str,
+    payload: bytes,
+    detail: str,
+    subject: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    message_id: str | None = None,
+    deliveries: int | None = None,
+    received_at: datetime | None = None,
+) -> bool:
+    """Publish a :class:`DeadLetter` to ``dead_letter_subject(service, reason)``; True if duplicate.
+
+    Idempotent on redelivery: its ``Nats-Msg-Id`` is derived from ``message_id`` (else from a hash
+    of the original subject and payload) and ``reason``. Raises :class:`PublishFailed`.
+    """
+    reason = _reason_token(reason)
+    original = message_id or _digest(subject, payload)
+    envelope = DeadLetter.wrap(
+        service=service,
+        reason=reason,
+        payload=payload,
+        detail=detail,
+        received_at=received_at or utc_now(),
+        message_id=message_id,
+        subject=subject,
+        headers=headers,
+        deliveries=deliveries,
+    )
+    return await publish(
+        broker,
+        dead_letter_subject(service, reason),
+        envelope,
+        msg_id=dead_letter_id(service, reason, original),
+    )
+
+
+def _digest(subject: str | None, payload: bytes) -> str:
+    h = hashlib.sha256((subject or "").encode())
+    h.update(b"\0")
+    h.update(payload)
+    return h.hexdigest()[:32]
+
+
+def _reason_token(reason: str) -> str:
+    token = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in reason)
+    return token[:64] or "unknown"
+
+
+def poison_reason(exc: BaseException) -> str | None:
+    """The dead-letter reason when ``exc`` says the message itself is bad; None when a retry may help."""
+    if isinstance(exc, Poison):
+        return exc.reason
+    if isinstance(exc, ContractError):
+        return _reason_token(exc.code)
+    if isinstance(exc, pydantic.ValidationError | DependsValidationError):
+        return "invalid_payload"
+    if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+        return "invalid_payload"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-message outcome
+
+
+class MessageOutcomes:
+    """Broker middleware factory: per JetStream message, bind log context (service, message_id,
+    subject, delivery), count it in the metrics, write one summary line, and settle failures:
+    poison -> dead-letter + ack; other errors -> nack with delay, dead-letter on the last delivery.
+    Handlers may still settle a message themselves (``NackMessage``, ``AckMessage``, ...)."""
+
+    def __init__(
+        self,
+        *,
+        service: str,
+        broker: NatsBroker,
+        metrics: Metrics | None,
+        retry: RetryPolicy,
+    ) -> None:
+        self.service = service
+        self.broker = broker
+        self.metrics = metrics
+        self.retry = retry
+
+    def __call__(self, msg: Any, /, *, context: ContextRepo) -> _MessageOutcome:
+        return _MessageOutcome(msg, context=context, outcomes=self)
+
+
+class _MessageOutcome(BaseMiddleware):
+    def __init__(self, msg: Any, /, *, context: ContextRepo, outcomes: MessageOutcomes) -> None:
+        super().__init__(msg, context=context)
+        self.outcomes = outcomes
+        self.raw: Msg | None = msg if isinstance(msg, Msg) and _is_jetstream(msg) else None
+        self.scope = ExitStack()
+        self.started = 0.0
+        self.message_id = ""
+        self.delivery = 0
+
+    async def on_receive(self) -> None:
+        raw = self.raw
+        if raw is None:  # core NATS or batch subscriber: not ours to settle
+            return
+        meta = raw.metadata
+        self.delivery = meta.num_delivered or 1
+        headers = raw.headers or {}
+        self.message_id = headers.get(MSG_ID_HEADER) or f"{meta.stream}:{meta.sequence.stream}"
+        self.scope.enter_context(
+            bind_message(
+                service=self.outcomes.service,
+                message_id=self.message_id,
+                subject=raw.subject,
+                delivery=self.delivery,
+            )
+        )
+        if self.outcomes.metrics is not None:
+            self.outcomes.metrics.inflight.inc()
+        self.started = time.perf_counter()
+
+    async def after_processed(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_val: BaseException | None = None,
+        exc_tb: TracebackType | None = None,
+    ) -> bool | None:
+        raw = self.raw
+        if raw is None:
+            return False
+        outcome, handled, level, fields = "ok", False, logging.INFO, {}
+        try:
+            if exc_val is None:
+                pass
+            elif isinstance(exc_val, HandlerException):  # the handler settled it explicitly
+                outcome = _explicit_outcome(exc_val)
+            elif not isinstance(exc_val, Exception):  # cancellation, exit: not a message failure
+                outcome = "interrupted"
+            elif raw.is_acked:
+                outcome, level = "failed_after_settle", logging.ERROR
+                fields = {"error": repr(exc_val)}
+            else:
+                outcome, level, fields = await self._settle_failure(raw, exc_val)
+                handled = True
+        finally:
+            self._finish(outcome, level, fields, exc_val if level >= logging.ERROR else None)
+        return handled
+
+    async def _settle_failure(self, raw: Msg, exc: Exception) -> tuple[str, int, dict[str, Any]]:
+        retry = self.outcomes.retry
+        reason = poison_reason(exc)
+        max_deliver = self._max_deliver()
+        error = f"{type(exc).__name__}: {exc}"
+        if reason is None and self.delivery < max_deliver:
+            delay = retry.delay(self.delivery)
+            await _settle(raw.nak(delay=delay))
+            return "retried", logging.WARNING, {"error": error, "retry_in_s": delay}
+        reason = reason or "retries_exhausted"
+        detail = error
+        if reason == "retries_exhausted":
+            detail = f"{error} (delivery {self.delivery} of {max_deliver})"
+        try:
+            await dead_letter(
+                self.outcomes.broker,
+                service=self.outcomes.service,
+                reason=reason,
+                payload=raw.data,
+                detail=detail,
+                subject=raw.subject,
+                headers=raw.headers,
+                message_id=self.message_id,
+                deliveries=self.delivery,
+            )
+        except PublishFailed as dlq_err:
+            # Keep the message rather than lose it; the next delivery tries the dead letter again.
+            # (On the max_deliver-th delivery NATS will not redeliver: it stays in the stream,
+            # with this ERROR line and the server's MAX_DELIVERIES advisory, for replay.)
+            delay = retry.delay(self.delivery)
+            await _settle(raw.nak(delay=delay))
+            return "retried", logging.ERROR, {"error": error, "dead_letter_error": repr(dlq_err)}
+        await _settle(raw.ack())
+        if self.outcomes.metrics is not None:
+            self.outcomes.metrics.dead_letters_total.labels(reason=reason).inc()
+        return "dead_lettered", logging.ERROR, {"error": error, "reason": reason}
+
+    def _max_deliver(self) -> int:
+        # The subscriber's consumer config (FastStream puts the subscriber in context as "handler_").
+        subscriber = self.context.get_local("handler_")
+        configured = getattr(getattr(subscriber, "config", None), "max_deliver", None)
+        if isinstance(configured, int) and configured > 0:
+            return configured
+        return self.outcomes.retry.max_deliver
+
+    def _finish(
+        self, outcome: str, level: int, fields: dict[str, Any], exc: BaseException | None
+    ) -> None:
+        elapsed = time.perf_counter() - self.started
+        metrics = self.outcomes.metrics
+        if metrics is not None:
+            metrics.inflight.dec()
+            metrics.messages_total.labels(outcome=outcome).inc()
+            metrics.handler_seconds.observe(elapsed)
+        try:
+            log.log(
+                level,
+                "message_handled",
+                outcome=outcome,
+                duration_ms=round(elapsed * 1000, 3),
+                exc_info=exc,
+                **fields,
+            )
+        finally:
+            self.scope.close()
+
+
+def _explicit_outcome(exc: HandlerException) -> str:
+    if isinstance(exc, AckMessage):
+        return "ok"
+    if isinstance(exc, NackMessage):
+        return "retried"
+    if isinstance(exc, RejectMessage):
+        return "rejected"
+    return "skipped"
+
+
+def _is_jetstream(msg: Msg) -> bool:
+    try:
+        _ = msg.metadata
+    except Exception:
+        return False
+    return True
+
+
+async def _settle(ack: Any) -> None:
+    # A lost ack/nak only means an earlier redelivery (after ack_wait); never fail the consumer.
+    try:
+        await ack
+    except nats.errors.Error as err:
+        log.warning("message_settle_failed", error=repr(err))

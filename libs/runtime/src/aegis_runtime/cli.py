@@ -1,0 +1,124 @@
+"""``aegis``: the one operator command. Subcommands for what operators do by hand.
+
+Services add their subcommands (``simulate``, ``report``, ``jobs``, …) through the entry-point group
+``aegis.commands`` (name -> a ``typer.Typer`` or a command function), so this library never imports
+a service and an image with one service installed shows that service's commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from importlib.metadata import entry_points
+from typing import Annotated
+
+import typer
+
+from aegis_runtime.settings import AegisSettings
+from aegis_storage.bootstrap import (
+    bootstrap as run_bootstrap,
+)
+from aegis_storage.bootstrap import (
+    describe_foundation,
+    drift,
+    expected_foundation,
+)
+from aegis_storage.clients import AwsConfig, open_clients
+from aegis_storage.errors import StorageError
+
+app = typer.Typer(
+    name="aegis",
+    help="AEGIS factory-safety telemetry platform: operator commands.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """AEGIS factory-safety telemetry platform: operator commands."""
+
+
+EXIT_FAILED = 1
+EXIT_DRIFT = 3
+
+
+def aws_config(settings: AegisSettings) -> AwsConfig:
+    return AwsConfig(region=settings.region, endpoint_url=settings.aws_endpoint_url)
+
+
+@app.command()
+def bootstrap(
+    check: Annotated[
+        bool, typer.Option("--check", help="Only compare with the contract; change nothing.")
+    ] = False,
+) -> None:
+    """Create the bucket and table of the storage contract, idempotently.
+
+    A second run changes nothing and says so. With --check, report drift and exit 3 if any.
+    """
+    settings = AegisSettings()
+    try:
+        code = asyncio.run(_bootstrap(settings, check=check))
+    except StorageError as err:
+        typer.echo(f"bootstrap failed: {err}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    raise typer.Exit(code)
+
+
+async def _bootstrap(settings: AegisSettings, *, check: bool) -> int:
+    target = settings.aws_endpoint_url or f"AWS {settings.region}"
+    async with open_clients(aws_config(settings)) as clients:
+        if not check:
+            report = await run_bootstrap(clients, bucket=settings.bucket, table=settings.table)
+            for step in report.steps:
+                typer.echo(
+                    f"  {step.action:<9} {step.resource:<40} {step.setting:<20} {step.detail}"
+                )
+            typer.echo(
+                f"bootstrap: {'changes applied' if report.changed else 'nothing to change'} "
+                f"({target})"
+            )
+        actual = await describe_foundation(clients, bucket=settings.bucket, table=settings.table)
+    found = drift(
+        actual,
+        expected_foundation(bucket=settings.bucket, table=settings.table, region=settings.region),
+    )
+    for line in found:
+        typer.echo(f"  drift     {line}", err=True)
+    if check:
+        typer.echo("bootstrap --check: " + ("drift found" if found else "matches the contract"))
+    return EXIT_DRIFT if found else 0
+
+
+@app.command()
+def up() -> None:
+    """Run the whole platform on this machine: local servers, bootstrap, every service."""
+    from aegis_runtime.devstack import run_stack  # noqa: PLC0415 - only this command needs it
+
+    raise typer.Exit(asyncio.run(run_stack(AegisSettings())))
+
+
+def _load_plugins() -> None:
+    for ep in entry_points(group="aegis.commands"):
+        try:
+            target = ep.load()
+        except Exception as err:
+            print(f"aegis: cannot load command {ep.name!r}: {err}", file=sys.stderr)
+            continue
+        if isinstance(target, typer.Typer):
+            app.add_typer(target, name=ep.name)
+        else:
+            app.command(name=ep.name)(target)
+
+
+_load_plugins()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

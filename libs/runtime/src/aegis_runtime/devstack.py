@@ -1,0 +1,138 @@
+"""``aegis up``: the whole platform on one machine, on the local defaults of DESIGN §9.
+
+Makes sure Mosquitto and NATS JetStream answer (starting the machine's own when they do not), uses
+the S3/DynamoDB emulator on 127.0.0.1:4566 (LocalStack if one listens there, else a moto_server it
+starts), runs ``bootstrap``, then starts every installed service (entry-point group
+``aegis.services``: name -> a ``main()`` callable) as a child process with its own health port,
+prefixes their output with the service name, and stops them all on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+from aegis_runtime.localservers import ensure_mosquitto, ensure_moto_server, ensure_nats
+from aegis_runtime.settings import AegisSettings
+from aegis_storage.bootstrap import bootstrap
+from aegis_storage.clients import AwsConfig, open_clients
+
+LOCAL_ENDPOINT = "http://127.0.0.1:4566"
+FIRST_HEALTH_PORT = 8101
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    name: str
+    health_port: int
+
+
+def installed_services() -> list[str]:
+    return sorted(ep.name for ep in entry_points(group="aegis.services"))
+
+
+def serve(name: str) -> None:
+    """Run one installed service in this process (what each child of ``aegis up`` does)."""
+    (ep,) = [ep for ep in entry_points(group="aegis.services") if ep.name == name]
+    ep.load()()
+
+
+def child_env(
+    base: Mapping[str, str], settings: AegisSettings, spec: ServiceSpec
+) -> dict[str, str]:
+    env = dict(base)
+    env.setdefault("AEGIS_AWS_ENDPOINT_URL", settings.aws_endpoint_url or LOCAL_ENDPOINT)
+    env["AEGIS_SERVICE"] = spec.name
+    env["AEGIS_HEALTH_PORT"] = str(spec.health_port)
+    env.setdefault("AEGIS_LOG_FORMAT", "console")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+async def _pipe(name: str, stream: asyncio.StreamReader) -> None:
+    width = 14
+    while line := await stream.readline():
+        sys.stdout.write(f"{name:<{width}}| {line.decode(errors='replace')}")
+        sys.stdout.flush()
+
+
+async def run_stack(settings: AegisSettings, *, services: list[str] | None = None) -> int:
+    endpoint = settings.aws_endpoint_url or LOCAL_ENDPOINT
+    ensure_mosquitto(settings.mqtt_url)
+    ensure_nats(settings.nats_url)
+    moto = ensure_moto_server(endpoint) if endpoint == LOCAL_ENDPOINT else None
+    try:
+        async with open_clients(AwsConfig(region=settings.region, endpoint_url=endpoint)) as c:
+            report = await bootstrap(c, bucket=settings.bucket, table=settings.table)
+        print(
+            f"aegis up: MQTT {settings.mqtt_url}, NATS {settings.nats_url}, S3/DynamoDB {endpoint} "
+            f"(bucket {settings.bucket}, table {settings.table}: "
+            f"{'bootstrapped' if report.changed else 'already bootstrapped'})",
+            flush=True,
+        )
+        names = installed_services() if services is None else services
+        specs = [ServiceSpec(n, FIRST_HEALTH_PORT + i) for i, n in enumerate(names)]
+        return await _supervise(settings, specs)
+    finally:
+        if moto is not None:
+            moto.stop()
+
+
+async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    async with asyncio.TaskGroup() as group:
+        for spec in specs:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "aegis_runtime.devstack",
+                spec.name,
+                env=child_env(os.environ, settings, spec),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            procs[spec.name] = proc
+            assert proc.stdout is not None
+            group.create_task(_pipe(spec.name, proc.stdout))
+            print(
+                f"aegis up: {spec.name} started, health http://127.0.0.1:{spec.health_port}/readyz"
+            )
+        if not specs:
+            print("aegis up: no services installed yet; the local stack is ready (Ctrl-C stops)")
+        waiters = [asyncio.create_task(p.wait()) for p in procs.values()]
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait([stopper, *waiters], return_when=asyncio.FIRST_COMPLETED)
+        crashed = [n for n, p in procs.items() if p.returncode not in (None, 0)]
+        for proc in procs.values():
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=30)
+            except TimeoutError:
+                proc.kill()
+        stopper.cancel()
+    if crashed:
+        print(f"aegis up: stopped because {', '.join(crashed)} exited", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main() -> None:
+    if len(sys.argv) == 2:  # a child: run one service
+        serve(sys.argv[1])
+        return
+    raise SystemExit(asyncio.run(run_stack(AegisSettings())))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Process lifecycle of a service: run ``main(stop)`` until it returns; SIGTERM/SIGINT ask it to stop.
+
+The first signal sets ``stop``; ``main`` then finishes (or nacks) its in-flight work and returns. A
+second signal, or ``shutdown_timeout`` passing, cancels it. Exit code: 0 after a clean stop, 1 after a
+crash, a forced stop or a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+Main = Callable[[asyncio.Event], Awaitable[None]]
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def run_service(main: Main, *, shutdown_timeout: float = 25.0) -> None:
+    """Run ``main`` in a fresh event loop; raises ``SystemExit`` with a non-zero code on failure."""
+    code = asyncio.run(_supervise(main, shutdown_timeout))
+    if code:
+        raise SystemExit(code)
+
+
+async def _supervise(main: Main, shutdown_timeout: float) -> int:
+    loop = asyncio.get_running_loop()
+    stop, force = asyncio.Event(), asyncio.Event()
+    signals: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        signals.append(sig.name)
+        (force if stop.is_set() else stop).set()
+
+    for sig in _SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
+    task = asyncio.ensure_future(main(stop))
+    try:
+        await _until(task, stop)
+        reason, code = "completed", 0
+        if not task.done():
+            reason = signals[0] if signals else "stop_requested"  # main may set stop itself
+            log.info("service_stopping", reason=reason, shutdown_timeout=shutdown_timeout)
+            await _until(task, force, limit=shutdown_timeout)
+            if not task.done():
+                reason, code = ("forced" if force.is_set() else "shutdown_timeout"), 1
+                task.cancel()
+                await asyncio.wait([task], timeout=5.0)
+        if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("service_crashed", exc_info=exc)
+            reason, code = "crashed", 1
+    finally:
+        for sig in _SIGNALS:
+            loop.remove_signal_handler(sig)
+    log.info("service_stopped", reason=reason, exit_code=code)
+    return code
+
+
+async def _until(
+    task: asyncio.Future[None], event: asyncio.Event, *, limit: float | None = None
+) -> None:
+    """Wait until ``task`` finishes, ``event`` is set or ``limit`` seconds pass."""
+    waiter = asyncio.ensure_future(event.wait())
+    pending: list[asyncio.Future[Any]] = [task, waiter]
+    try:
+        await asyncio.wait(pending, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()

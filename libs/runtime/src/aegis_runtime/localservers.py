@@ -1,0 +1,386 @@
+"""Find and start the local infrastructure (Docker, Mosquitto, NATS JetStream, moto_server).
+
+Used by ``make run`` and by the test fixtures in :mod:`aegis_runtime.testing.fixtures`.
+Synchronous, so it works from a Makefile helper and from pytest fixtures alike.
+Every failure is a :class:`LocalServerError` whose message names the command and log to look at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import nats
+import nats.errors
+import nats.js.errors
+
+__all__ = [
+    "DEFAULT_MQTT_URL",
+    "DEFAULT_NATS_URL",
+    "MOSQUITTO_COMMAND",
+    "MOSQUITTO_LOG",
+    "NATS_COMMAND",
+    "NATS_LOG",
+    "LocalServerError",
+    "MotoServer",
+    "docker_available",
+    "ensure_mosquitto",
+    "ensure_moto_server",
+    "ensure_nats",
+    "free_port",
+    "jetstream_account_info",
+    "port_open",
+    "start_moto_server",
+    "wait_for_port",
+]
+
+DEFAULT_MQTT_URL = "mqtt://127.0.0.1:1883"
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+# The Debian packages' way of starting them; both commands return once the server is detached.
+MOSQUITTO_COMMAND: tuple[str, ...] = ("mosquitto", "-d", "-c", "/etc/mosquitto/mosquitto.conf")
+MOSQUITTO_LOG = "/var/log/mosquitto/mosquitto.log"
+NATS_SERVER = "/usr/sbin/nats-server"
+NATS_LOG = "/var/log/nats-server.log"
+NATS_COMMAND: tuple[str, ...] = (
+    "start-stop-daemon", "--start", "--oknodo", "--background", "--exec", NATS_SERVER, "--",
+    "-a", "127.0.0.1", "-p", "4222", "-js", "-sd", "/var/lib/nats-server", "-l", NATS_LOG,
+)  # fmt: skip
+
+_LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+_DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883, "nats": 4222, "tls": 4222, "http": 80, "https": 443}
+_SBIN_PATH = "/usr/local/sbin:/usr/sbin:/sbin"
+_DOCKER_PROBE_TIMEOUT = 0.3
+
+
+class LocalServerError(RuntimeError):
+    """A local server is not reachable and could not be started (the message says what to run)."""
+
+
+# -- ports -------------------------------------------------------------------------------------
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    """True when a TCP connect to ``host:port`` succeeds within ``timeout`` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for_port(host: str, port: int, timeout: float) -> None:
+    """Return once ``host:port`` accepts connections; :class:`TimeoutError` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not port_open(host, port):
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"nothing answers at {host}:{port} after {timeout:g}s")
+        time.sleep(0.05)
+
+
+def _host_port(url: str, default_port: int) -> tuple[str, int]:
+    # A NATS URL may list several servers separated by commas; the first one is the one we manage.
+    parts = urlsplit(url.split(",", maxsplit=1)[0].strip())
+    if not parts.hostname:
+        raise LocalServerError(f"no host in URL {url!r}")
+    return parts.hostname, parts.port or _DEFAULT_PORTS.get(parts.scheme, default_port)
+
+
+# -- docker ------------------------------------------------------------------------------------
+
+
+@functools.cache
+def docker_available() -> bool:
+    """True when a Docker engine answers ``/_ping`` (cached; call ``.cache_clear()`` to re-probe).
+
+    Probes ``DOCKER_HOST`` (unix:// or tcp://) or ``/var/run/docker.sock`` with a short raw
+    request, never through the docker SDK, so a missing engine costs milliseconds, not a hang.
+    """
+    host = os.environ.get("DOCKER_HOST", "").strip() or "unix:///var/run/docker.sock"
+    parts = urlsplit(host)
+    if parts.scheme == "ssh":
+        return True  # an explicit remote engine; probing it would need an SSH round trip
+    if parts.scheme == "unix":
+        if not Path(parts.path).exists():
+            return False
+        return _docker_ping(socket.AF_UNIX, parts.path)
+    if parts.scheme in ("tcp", "http", "https") and parts.hostname:
+        address = (parts.hostname, parts.port or 2375)
+        if os.environ.get("DOCKER_TLS_VERIFY") or parts.scheme == "https":
+            return port_open(
+                *address, timeout=_DOCKER_PROBE_TIMEOUT
+            )  # a TLS port: connect is proof
+        return _docker_ping(socket.AF_INET, address)
+    return False
+
+
+def _docker_ping(family: socket.AddressFamily, address: str | tuple[str, int]) -> bool:
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.settimeout(_DOCKER_PROBE_TIMEOUT)
+            sock.connect(address)
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            status_line = sock.recv(64).split(b"\r\n", 1)[0]
+    except OSError:
+        return False
+    return status_line.startswith(b"HTTP/1.") and status_line.split(b" ")[1:2] == [b"200"]
+
+
+# -- mosquitto and nats ------------------------------------------------------------------------
+
+
+def ensure_mosquitto(
+    url: str = DEFAULT_MQTT_URL,
+    *,
+    command: Sequence[str] | None = None,
+    log_file: str = MOSQUITTO_LOG,
+    timeout: float = 10.0,
+) -> bool:
+    """Make sure an MQTT broker answers at ``url``; True when this call had to start it.
+
+    A local broker that is down is started with ``command`` (default :data:`MOSQUITTO_COMMAND`,
+    which serves 127.0.0.1:1883 only); any other URL that does not answer is an error.
+    """
+    host, port = _host_port(url, 1883)
+    if port_open(host, port):
+        return False
+    if command is None and port == 1883:
+        command = MOSQUITTO_COMMAND
+    _start_local("Mosquitto", url, command, log_file=log_file, timeout=timeout)
+    return True
+
+
+def ensure_nats(
+    url: str = DEFAULT_NATS_URL,
+    *,
+    command: Sequence[str] | None = None,
+    log_file: str = NATS_LOG,
+    timeout: float = 10.0,
+) -> bool:
+    """Make sure NATS with JetStream answers at ``url``; True when this call had to start it.
+
+    Like :func:`ensure_mosquitto` (default :data:`NATS_COMMAND` for 127.0.0.1:4222), then checks
+    that JetStream answers for the account, which a server started without ``-js`` does not.
+    """
+    host, port = _host_port(url, 4222)
+    started = False
+    if not port_open(host, port):
+        if command is None and port == 4222:
+            command = NATS_COMMAND
+        _start_local("NATS", url, command, log_file=log_file, timeout=timeout)
+        started = True
+    # A freshly started server may accept connections a moment before JetStream is up.
+    deadline = time.monotonic() + (timeout if started else 0)
+    while True:
+        try:
+            jetstream_account_info(url)
+        except LocalServerError as err:
+            if time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            raise LocalServerError(
+                f"NATS answers at {url} but JetStream does not: {err}. "
+                f"Start nats-server with -js (e.g. {shlex.join(NATS_COMMAND)}); log: {log_file}"
+            ) from err
+        return started
+
+
+def _start_local(
+    name: str, url: str, command: Sequence[str] | None, *, log_file: str, timeout: float
+) -> None:
+    host, port = _host_port(url, 0)
+    if host not in _LOCAL_HOSTS:
+        raise LocalServerError(f"{name} does not answer at {url} (remote, so not started here)")
+    if command is None:
+        raise LocalServerError(
+            f"{name} does not answer at {url}; only the default port is started automatically: "
+            f"start one on port {port} yourself"
+        )
+    # The default NATS command runs the server through start-stop-daemon: check both binaries.
+    required = [command[0], NATS_SERVER] if tuple(command) == NATS_COMMAND else [command[0]]
+    missing = [binary for binary in required if _which(binary) is None]
+    if missing:
+        raise LocalServerError(
+            f"{name} does not answer at {url} and {', '.join(missing)} is not installed; "
+            f"install it or start the server with: {shlex.join(command)}"
+        )
+    argv = [_which(command[0]) or command[0], *command[1:]]
+    # Output goes to a file, not a pipe: a daemon that keeps the pipe open would block us on EOF.
+    with tempfile.TemporaryFile() as output:
+        try:
+            done = subprocess.run(  # noqa: S603 (fixed argv, no shell)
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=output,
+                timeout=timeout,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise LocalServerError(f"could not run {shlex.join(command)}: {err}") from err
+        output.seek(0)
+        said = output.read().decode(errors="replace").strip()
+    if done.returncode != 0:
+        raise LocalServerError(
+            f"{name} failed to start (exit {done.returncode}) with: {shlex.join(command)}\n{said}\n"
+            f"see {log_file}"
+        )
+    try:
+        wait_for_port(host, port, timeout)
+    except TimeoutError as err:
+        raise LocalServerError(
+            f"{name} started with {shlex.join(command)} but does not answer at {url} "
+            f"after {timeout:g}s; see {log_file}"
+        ) from err
+
+
+def _which(binary: str) -> str | None:
+    if os.path.isabs(binary):
+        return binary if os.access(binary, os.X_OK) else None
+    return shutil.which(binary) or shutil.which(binary, path=_SBIN_PATH)
+
+
+def jetstream_account_info(url: str = DEFAULT_NATS_URL, timeout: float = 2.0) -> dict[str, Any]:
+    """The account's JetStream info (nats-py's ``jsm.account_info()``), or a LocalServerError.
+
+    Runs its own event loop in a worker thread, so it can be called from sync code and from code
+    that already runs inside a loop (pytest fixtures, the dev runner).
+    """
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, _account_info(url, timeout)).result()
+
+
+async def _account_info(url: str, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
+    try:
+        nc = await nats.connect(
+            url, connect_timeout=timeout, allow_reconnect=False, max_reconnect_attempts=0
+        )
+    except Exception as err:
+        raise LocalServerError(f"no NATS answer from {url}: {err!r}") from err
+    try:
+        info = await nc.jsm(timeout=timeout).account_info()
+    except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as err:
+        raise LocalServerError("no responders for $JS.API.INFO (JetStream not enabled)") from err
+    except nats.js.errors.Error as err:
+        raise LocalServerError(f"JetStream refused: {err}") from err
+    except (nats.errors.Error, TimeoutError) as err:
+        raise LocalServerError(f"no JetStream answer from {url}: {err!r}") from err
+    finally:
+        await nc.close()
+    return dict(info.as_dict())
+
+
+# -- moto_server -------------------------------------------------------------------------------
+
+
+@dataclass
+class MotoServer:
+    """A moto_server at ``url``; ``stop()`` ends it if this process started it, else is a no-op."""
+
+    url: str
+    process: subprocess.Popen[bytes] | None = None
+    log_file: Path | None = None
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def started(self) -> bool:
+        """True when this handle owns the process (it was not already running)."""
+        return self.process is not None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.process is None or self._stopped:
+            return
+        self._stopped = True
+        self.process.terminate()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout)
+
+
+def _moto_command(host: str, port: int) -> list[str]:
+    # The venv's console script sits next to the interpreter (do not resolve the venv symlink).
+    script = Path(sys.executable).with_name("moto_server")
+    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "moto.server"]
+    return [*prefix, "-H", host, "-p", str(port)]
+
+
+def start_moto_server(
+    host: str = "127.0.0.1",
+    port: int = 4566,
+    *,
+    timeout: float = 20.0,
+    log_file: Path | None = None,
+) -> MotoServer:
+    """Start the venv's moto_server on ``host:port`` and wait until it answers HTTP.
+
+    Its request log goes to ``log_file`` (default: a file in the temp directory, named after the
+    port), never to a pipe nobody reads.
+    """
+    if port_open(host, port):
+        raise LocalServerError(f"cannot start moto_server: {host}:{port} is already in use")
+    log_path = log_file or Path(tempfile.gettempdir()) / f"aegis-moto-{port}.log"
+    command = _moto_command(host, port)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
+    server = MotoServer(url=f"http://{host}:{port}", process=process, log_file=log_path)
+    deadline = time.monotonic() + timeout
+    while not _answers_http(server.url):
+        if process.poll() is not None or time.monotonic() >= deadline:
+            server.stop()
+            raise LocalServerError(
+                f"moto_server did not come up at {server.url} (exit {process.returncode}) with: "
+                f"{shlex.join(command)}; see {log_path}"
+            )
+        time.sleep(0.1)
+    return server
+
+
+def ensure_moto_server(url: str = "http://127.0.0.1:4566", *, timeout: float = 20.0) -> MotoServer:
+    """Reuse the emulator answering at ``url``, or start moto_server there (local URLs only)."""
+    host, port = _host_port(url, 80)
+    if port_open(host, port):
+        if not _answers_http(url):
+            raise LocalServerError(f"{host}:{port} is taken by something that does not speak HTTP")
+        return MotoServer(url=url.rstrip("/"))
+    if host not in _LOCAL_HOSTS:
+        raise LocalServerError(f"no S3/DynamoDB emulator answers at {url} (remote, so not started)")
+    return start_moto_server(host, port, timeout=timeout)
+
+
+def _answers_http(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0):  # noqa: S310 (our own http:// URL)
+            return True
+    except urllib.error.HTTPError as err:  # any HTTP status means an HTTP server is there
+        err.close()
+        return True
+    except (OSError, ValueError):
+        return False

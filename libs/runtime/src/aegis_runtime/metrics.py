@@ -1,0 +1,87 @@
+"""Prometheus metrics of one service, in a registry of its own (no global state, so tests can build
+many apps in one process). Every metric name starts with ``aegis_``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+PREFIX = "aegis_"
+# Handler latency: from sub-millisecond (a cache hit) to the 30 s a JetStream ack_wait allows.
+HANDLER_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+
+class Metrics:
+    """The standard metrics every service has, plus factories for its own.
+
+    ``messages_total{outcome}``: ``ok``, ``retried``, ``dead_lettered`` (see ``aegis_runtime.broker``);
+    ``dead_letters_total{reason}``; ``handler_seconds``; ``inflight``; ``service_info{service}`` = 1.
+    """
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self.registry = CollectorRegistry()
+        self.messages_total = self.counter(
+            "messages_total", "Messages handled, by outcome.", ("outcome",)
+        )
+        self.dead_letters_total = self.counter(
+            "dead_letters_total", "Messages dead-lettered, by reason.", ("reason",)
+        )
+        self.handler_seconds = self.histogram(
+            "handler_seconds", "Time spent handling one message.", buckets=HANDLER_BUCKETS
+        )
+        self.inflight = self.gauge("inflight", "Messages being handled right now.")
+        info = self.gauge("service_info", "Always 1; labels name the service.", ("service",))
+        info.labels(service=service).set(1)
+
+    def counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(_name(name), documentation, tuple(labels), registry=self.registry)
+
+    def gauge(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
+        return Gauge(_name(name), documentation, tuple(labels), registry=self.registry)
+
+    def histogram(
+        self,
+        name: str,
+        documentation: str,
+        labels: Sequence[str] = (),
+        *,
+        buckets: Sequence[float] = HANDLER_BUCKETS,
+    ) -> Histogram:
+        return Histogram(
+            _name(name), documentation, tuple(labels), registry=self.registry, buckets=buckets
+        )
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text exposition format (``content_type``)."""
+        return generate_latest(self.registry)
+
+
+def _name(name: str) -> str:
+    return name if name.startswith(PREFIX) else PREFIX + name

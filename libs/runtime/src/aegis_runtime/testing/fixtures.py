@@ -1,0 +1,162 @@
+"""pytest plugin: session fixtures with the URLs of real Mosquitto, NATS JetStream and AWS emulator.
+
+Each URL comes from, in order: its ``AEGIS_TEST_*`` variable (the server is started when it is the
+local default and down); a container when a Docker engine answers; else the local server, started
+when down (moto_server: a fresh one on a free port for the session). Nothing is set in os.environ.
+
+Fixtures: ``aws_endpoint``, ``mqtt_url``, ``nats_url`` (session) and ``unique_id`` (per test).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import warnings
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
+
+import pytest
+
+from aegis_runtime.localservers import (
+    DEFAULT_MQTT_URL,
+    DEFAULT_NATS_URL,
+    docker_available,
+    ensure_mosquitto,
+    ensure_moto_server,
+    ensure_nats,
+    free_port,
+    jetstream_account_info,
+    start_moto_server,
+)
+
+if TYPE_CHECKING:
+    from testcontainers.community.localstack import LocalStackContainer
+    from testcontainers.community.mqtt import MosquittoContainer
+    from testcontainers.community.nats import NatsContainer
+    from testcontainers.core.container import DockerContainer
+
+__all__ = ["aws_endpoint", "mqtt_url", "nats_url", "unique_id"]
+
+LOCALSTACK_IMAGE = "localstack/localstack:4.14.0"  # the last tag that runs without an auth token
+LOCALSTACK_SERVICES = ("s3", "dynamodb", "cloudwatch", "iam", "sts")
+MOSQUITTO_IMAGE = "eclipse-mosquitto:2"
+NATS_IMAGE = "nats:2.10"
+REGION = "ap-south-1"
+
+_Container = TypeVar("_Container", bound="DockerContainer")
+
+
+@pytest.fixture(scope="session")
+def aws_endpoint() -> Iterator[str]:
+    """HTTP endpoint of an S3/DynamoDB/CloudWatch emulator (LocalStack or moto_server)."""
+    if url := os.environ.get("AEGIS_TEST_AWS_ENDPOINT"):
+        server = ensure_moto_server(url)  # reuses whatever answers there
+    elif docker_available():
+        yield from _container_url(_localstack, lambda c: c.get_url())
+        return
+    else:
+        server = start_moto_server("127.0.0.1", free_port())
+    try:
+        yield server.url
+    finally:
+        server.stop()  # a no-op for a server this session did not start
+
+
+@pytest.fixture(scope="session")
+def mqtt_url() -> Iterator[str]:
+    """``mqtt://host:port`` of a broker that accepts anonymous MQTT v5 clients."""
+    if url := os.environ.get("AEGIS_TEST_MQTT_URL"):
+        ensure_mosquitto(url)
+        yield url
+    elif docker_available():
+        yield from _container_url(_mosquitto, _mosquitto_url)
+    else:
+        ensure_mosquitto(DEFAULT_MQTT_URL)
+        yield DEFAULT_MQTT_URL
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> Iterator[str]:
+    """``nats://host:port`` of a NATS server with JetStream enabled."""
+    if url := os.environ.get("AEGIS_TEST_NATS_URL"):
+        ensure_nats(url)
+        yield url
+    elif docker_available():
+        yield from _container_url(_nats, _checked_nats_url)
+    else:
+        ensure_nats(DEFAULT_NATS_URL)
+        yield DEFAULT_NATS_URL
+
+
+@pytest.fixture
+def unique_id() -> str:
+    """A short random id (``t-3f9a1c2b``): valid as factory id, bucket suffix and stream suffix."""
+    return f"t-{secrets.token_hex(4)}"
+
+
+# -- containers (only where a Docker engine answers) -------------------------------------------
+
+
+@contextlib.contextmanager
+def _tolerate_testcontainers_deprecations() -> Iterator[None]:
+    # testcontainers 4.15's community modules call waiting helpers that it deprecates itself
+    # (at import and in start()); under filterwarnings=error those would fail the session.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
+def _container_url(
+    build: Callable[[], _Container], url_of: Callable[[_Container], str]
+) -> Iterator[str]:
+    """Start the container, yield its URL for the session, then remove it."""
+    with _tolerate_testcontainers_deprecations():
+        container = build()
+        try:
+            container.start()
+            url = url_of(container)
+        except BaseException:
+            container.stop()
+            raise
+    try:
+        yield url
+    finally:
+        with _tolerate_testcontainers_deprecations():
+            container.stop()
+
+
+def _localstack() -> LocalStackContainer:
+    from testcontainers.community.localstack import LocalStackContainer  # noqa: PLC0415
+
+    image = os.environ.get("AEGIS_LOCALSTACK_IMAGE", LOCALSTACK_IMAGE)
+    container = LocalStackContainer(image=image, region_name=REGION)
+    container.with_services(*LOCALSTACK_SERVICES)
+    if token := os.environ.get("LOCALSTACK_AUTH_TOKEN"):
+        container.with_env("LOCALSTACK_AUTH_TOKEN", token)
+    return container
+
+
+def _mosquitto() -> MosquittoContainer:
+    # Its default configuration: listener 1883, allow_anonymous true (MQTT v5 is built in).
+    from testcontainers.community.mqtt import MosquittoContainer  # noqa: PLC0415
+
+    return MosquittoContainer(image=os.environ.get("AEGIS_MOSQUITTO_IMAGE", MOSQUITTO_IMAGE))
+
+
+def _mosquitto_url(container: MosquittoContainer) -> str:
+    port = container.get_exposed_port(container.MQTT_PORT)
+    return f"mqtt://{container.get_container_host_ip()}:{port}"
+
+
+def _nats() -> NatsContainer:
+    from testcontainers.community.nats import NatsContainer  # noqa: PLC0415
+
+    image = os.environ.get("AEGIS_NATS_IMAGE", NATS_IMAGE)
+    return NatsContainer(image=image, jetstream=True)
+
+
+def _checked_nats_url(container: NatsContainer) -> str:
+    url = container.nats_uri()
+    jetstream_account_info(url)  # an image that ignored -js fails here, not in the first test
+    return url

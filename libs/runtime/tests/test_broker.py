@@ -1,0 +1,512 @@
+"""aegis_runtime.broker against a real NATS JetStream: streams, de-duplication, shared durable pull
+consumers, redelivery with delay, dead letters. Every test uses its own stream and subjects."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pydantic
+import pytest
+import structlog
+from faststream.nats import NatsBroker, NatsMessage, NatsRouter
+from nats.js import JetStreamContext, api
+
+from aegis_contracts.errors import ContractError
+from aegis_contracts.subjects import DEAD_LETTER, STREAMS, StreamSpec, dead_letter_subject
+from aegis_runtime.broker import (
+    DeadLetter,
+    Poison,
+    PublishFailed,
+    RetryPolicy,
+    create_broker,
+    dead_letter,
+    durable_pull,
+    ensure_streams,
+    jstream,
+    nats_ready,
+    poison_reason,
+    publish,
+    stream_for,
+)
+from aegis_runtime.logging import _AegisHandler, configure
+from aegis_runtime.metrics import Metrics
+from aegis_runtime.settings import AegisSettings
+
+pytestmark = pytest.mark.integration
+
+DLQ_SPEC = next(s for s in STREAMS if s.name == "AEGIS_DLQ")
+FAST_RETRY = RetryPolicy(first_delay=0.02, max_delay=0.1)
+
+
+class Reading(pydantic.BaseModel):
+    device_id: str
+    value: float
+
+
+async def eventually(predicate: Callable[[], Awaitable[bool] | bool], within: float = 10) -> None:
+    """Poll until ``predicate`` holds (bounded): no fixed sleeps."""
+    deadline = time.monotonic() + within
+    while True:
+        result = predicate()
+        if isinstance(result, Awaitable):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within}s")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def settings(nats_url: str) -> AegisSettings:
+    return AegisSettings(nats_url=nats_url)
+
+
+@pytest.fixture
+async def broker(settings: AegisSettings) -> AsyncIterator[NatsBroker]:
+    broker = create_broker(settings, name="runtime-test")
+    await broker.connect()
+    yield broker
+    await broker.stop()
+
+
+@pytest.fixture
+def js(broker: NatsBroker) -> JetStreamContext:
+    return broker.connection.jetstream()
+
+
+@pytest.fixture
+def spec(unique_id: str) -> StreamSpec:
+    return StreamSpec(
+        name=f"TEST_{unique_id.upper().replace('-', '_')}",
+        subjects=(f"test.{unique_id}.>",),
+        max_age_seconds=300,
+        duplicate_window_seconds=60,
+    )
+
+
+@pytest.fixture
+async def stream(
+    broker: NatsBroker, js: JetStreamContext, spec: StreamSpec
+) -> AsyncIterator[StreamSpec]:
+    await ensure_streams(broker, [spec])
+    yield spec
+    await js.delete_stream(spec.name)
+
+
+@pytest.fixture
+async def dlq(broker: NatsBroker, js: JetStreamContext, unique_id: str) -> AsyncIterator[str]:
+    """The shared AEGIS_DLQ stream (never deleted) and a service name unique to this test."""
+    await ensure_streams(broker, [DLQ_SPEC])
+    service = f"svc-{unique_id}"
+    yield service
+    await js.purge_stream(DLQ_SPEC.name, subject=f"{DEAD_LETTER}.{service}.>")
+
+
+async def _last_dead_letter(js: JetStreamContext, service: str, reason: str) -> DeadLetter:
+    raw = await js.get_last_msg(DLQ_SPEC.name, dead_letter_subject(service, reason))
+    assert raw.data is not None
+    return DeadLetter.model_validate_json(raw.data)
+
+
+async def _consumer(js: JetStreamContext, spec: StreamSpec, durable: str) -> api.ConsumerInfo:
+    info: api.ConsumerInfo = await js.consumer_info(spec.name, durable)
+    return info
+
+
+def _outcomes(metrics: Metrics) -> dict[str, float]:
+    return {
+        s.labels["outcome"]: s.value
+        for family in metrics.messages_total.collect()
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+
+
+# -- pure helpers --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("delivery", "delay"), [(1, 1.0), (2, 2.0), (3, 4.0), (6, 32.0), (7, 60.0), (500, 60.0)]
+)
+def test_retry_delay_doubles_up_to_the_cap(delivery: int, delay: float) -> None:
+    assert RetryPolicy(first_delay=1.0, max_delay=60.0).delay(delivery) == delay
+
+
+@pytest.mark.parametrize(
+    ("subject", "stream"),
+    [
+        ("aegis.raw.f-01.plc", "AEGIS_RAW"),
+        ("aegis.objects.created.state_snapshot", "AEGIS_EVENTS"),
+        ("aegis.heartbeat.ingest", "AEGIS_EVENTS"),
+        ("aegis.dlq.processor.invalid_payload", "AEGIS_DLQ"),
+    ],
+)
+def test_stream_for_finds_the_capturing_stream(subject: str, stream: str) -> None:
+    assert stream_for(subject).name == stream
+
+
+@pytest.mark.parametrize("subject", ["aegis.raw", "aegis.rawx.f.plc", "other.raw.f.plc"])
+def test_stream_for_refuses_uncaptured_subjects(subject: str) -> None:
+    with pytest.raises(ValueError, match="no AEGIS stream"):
+        stream_for(subject)
+
+
+def test_poison_reasons() -> None:
+    assert poison_reason(Poison("bad reading!")) == "bad_reading_"
+    assert poison_reason(ContractError("bad_factory_id", "nope")) == "bad_factory_id"
+    with pytest.raises(pydantic.ValidationError) as caught:
+        Reading.model_validate({"device_id": 1})
+    assert poison_reason(caught.value) == "invalid_payload"
+    assert poison_reason(TimeoutError()) is None
+    assert poison_reason(RuntimeError("db down")) is None
+
+
+def test_jstream_mirrors_the_spec_and_does_not_declare(spec: StreamSpec) -> None:
+    stream = jstream(spec)
+    assert stream.name == spec.name
+    assert list(stream.subjects) == list(spec.subjects)
+    assert stream.config.max_age == 300
+    assert stream.config.duplicate_window == 60
+    assert stream.config.storage is api.StorageType.FILE
+    assert stream.declare is False
+
+
+def test_durable_pull_needs_a_subject_when_the_stream_has_several(spec: StreamSpec) -> None:
+    two = replace(spec, subjects=("a.>", "b.>"))
+    with pytest.raises(ValueError, match="pass subject="):
+        durable_pull(NatsRouter(), two, "workers")
+    sub = durable_pull(NatsRouter(), spec, "workers", max_deliver=7, ack_wait=12)
+    assert sub.config.max_deliver == 7
+    assert sub.config.ack_wait == 12
+    assert sub.config.ack_policy is api.AckPolicy.EXPLICIT
+
+
+def test_dead_letter_envelope_round_trips_text_and_binary() -> None:
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    text = DeadLetter.wrap(
+        service="s", reason="r", payload=b'{"a": 1}', detail="d", received_at=now
+    )
+    assert (text.payload_encoding, text.payload) == ("utf-8", '{"a": 1}')
+    binary = DeadLetter.wrap(
+        service="s", reason="r", payload=b"\xff\x00\xfe", detail="d", received_at=now
+    )
+    assert binary.payload_encoding == "base64"
+    assert (
+        DeadLetter.model_validate_json(binary.model_dump_json()).payload_bytes() == b"\xff\x00\xfe"
+    )
+
+
+# -- against NATS --------------------------------------------------------------------------------
+
+
+async def test_ensure_streams_is_idempotent(
+    broker: NatsBroker, js: JetStreamContext, spec: StreamSpec
+) -> None:
+    try:
+        assert await ensure_streams(broker, [spec]) == {spec.name: "created"}
+        assert await ensure_streams(broker, [spec]) == {spec.name: "unchanged"}
+        config = (await js.stream_info(spec.name)).config
+        assert config.subjects == list(spec.subjects)
+        assert config.max_age == 300
+        assert config.duplicate_window == 60
+        assert config.storage == api.StorageType.FILE
+
+        longer = replace(spec, max_age_seconds=600)
+        assert await ensure_streams(broker, [longer]) == {spec.name: "updated"}
+        assert (await js.stream_info(spec.name)).config.max_age == 600
+    finally:
+        await js.delete_stream(spec.name)
+
+
+async def test_ensure_streams_from_many_replicas_at_once(
+    broker: NatsBroker, js: JetStreamContext, spec: StreamSpec
+) -> None:
+    try:
+        results = await asyncio.gather(*(ensure_streams(broker, [spec]) for _ in range(8)))
+        assert all(r[spec.name] in {"created", "unchanged"} for r in results)
+        names = [s.config.name for s in await js.streams_info()]
+        assert names.count(spec.name) == 1
+    finally:
+        await js.delete_stream(spec.name)
+
+
+async def test_same_msg_id_is_stored_once(
+    broker: NatsBroker, js: JetStreamContext, stream: StreamSpec, unique_id: str
+) -> None:
+    subject = f"test.{unique_id}.raw"
+    assert await publish(broker, subject, b"one", msg_id="m-1", stream=stream.name) is False
+    assert await publish(broker, subject, b"one again", msg_id="m-1", stream=stream.name) is True
+    assert await publish(broker, subject, b"two", msg_id="m-2", stream=stream.name) is False
+    model = Reading(device_id="d-1", value=2.5)
+    assert await publish(broker, subject, model, msg_id="m-3", stream=stream.name) is False
+
+    info = await js.stream_info(stream.name)
+    assert info.state.messages == 3
+    first = await js.get_msg(stream.name, seq=1)
+    assert first.data == b"one"
+    assert first.headers is not None
+    assert first.headers["Nats-Msg-Id"] == "m-1"
+    third = await js.get_msg(stream.name, seq=3)
+    assert third.data is not None
+    assert Reading.model_validate_json(third.data) == model
+
+
+async def test_publish_to_a_subject_no_stream_captures_fails(
+    broker: NatsBroker, stream: StreamSpec, unique_id: str
+) -> None:
+    with pytest.raises(PublishFailed):
+        await publish(
+            broker, f"nowhere.{unique_id}", b"x", msg_id=None, stream=stream.name, ack_timeout=1
+        )
+
+
+async def test_nats_ready_reflects_the_connection(settings: AegisSettings) -> None:
+    broker = create_broker(settings, name="ready-test")
+    check = nats_ready(broker, wait=0.1)
+    assert await check() is False  # not connected yet
+    await broker.connect()
+    assert await check() is True
+    await broker.stop()
+
+
+async def test_durable_pull_consumer_shares_work_between_replicas(
+    settings: AegisSettings,
+    broker: NatsBroker,
+    js: JetStreamContext,
+    stream: StreamSpec,
+    unique_id: str,
+) -> None:
+    subject = f"test.{unique_id}.work"
+    seen: list[tuple[int, bytes]] = []
+    replicas = [create_broker(settings, name=f"replica-{i}") for i in range(2)]
+    for index, replica in enumerate(replicas):
+
+        def make_handler(index: int) -> Callable[[bytes], Awaitable[None]]:
+            async def handle(body: bytes) -> None:
+                await asyncio.sleep(0.005)  # some work, so both replicas get fetches in
+                seen.append((index, body))
+
+            return handle
+
+        durable_pull(replica, stream, "workers", subject=subject, batch_size=4, fetch_timeout=0.5)(
+            make_handler(index)
+        )
+    for replica in replicas:
+        await replica.start()
+    try:
+        for n in range(50):
+            await publish(broker, subject, f"job-{n}".encode(), msg_id=f"w-{n}", stream=stream.name)
+
+        async def all_acked() -> bool:
+            info = await _consumer(js, stream, "workers")
+            return info.num_pending == 0 and info.num_ack_pending == 0 and len(seen) >= 50
+
+        await eventually(all_acked)
+    finally:
+        for replica in replicas:
+            await replica.stop()
+
+    bodies = Counter(body for _, body in seen)
+    assert len(seen) == 50
+    assert set(bodies) == {f"job-{n}".encode() for n in range(50)}
+    assert max(bodies.values()) == 1  # each message went to exactly one replica
+    per_replica = Counter(index for index, _ in seen)
+    assert per_replica[0] > 0
+    assert per_replica[1] > 0
+    info = await _consumer(js, stream, "workers")
+    assert info.num_redelivered == 0
+    assert (await js.stream_info(stream.name)).state.consumer_count == 1
+
+
+@pytest.fixture
+def json_log() -> Iterator[io.StringIO]:
+    out = io.StringIO()
+    configure("json", "INFO", stream=out)
+    yield out
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, _AegisHandler)]:
+        root.removeHandler(handler)
+        handler.close()
+    structlog.reset_defaults()
+
+
+async def test_transient_error_is_nacked_and_redelivered(
+    settings: AegisSettings,
+    broker: NatsBroker,
+    js: JetStreamContext,
+    stream: StreamSpec,
+    unique_id: str,
+    json_log: io.StringIO,
+) -> None:
+    subject = f"test.{unique_id}.flaky"
+    metrics = Metrics("flaky")
+    service = create_broker(settings, name="flaky", metrics=metrics, retry=FAST_RETRY)
+    router = NatsRouter()  # the middleware reaches subscribers declared on routers too
+    deliveries: list[int] = []
+
+    @durable_pull(router, stream, "flaky", subject=subject, fetch_timeout=0.5, max_deliver=5)
+    async def handle(body: bytes, msg: NatsMessage) -> None:
+        deliveries.append(msg.raw_message.metadata.num_delivered or 0)
+        if len(deliveries) < 3:
+            raise ConnectionError("storage unavailable")
+
+    service.include_router(router)
+    await service.start()
+    try:
+        await publish(broker, subject, b"payload", msg_id="f-1", stream=stream.name)
+        await eventually(lambda: _outcomes(metrics).get("ok") == 1)
+        info = await _consumer(js, stream, "flaky")
+        assert info.num_ack_pending == 0
+    finally:
+        await service.stop()
+
+    assert deliveries == [1, 2, 3]
+    assert _outcomes(metrics) == {"retried": 2, "ok": 1}
+    summaries = [
+        line
+        for line in map(json.loads, json_log.getvalue().splitlines())
+        if line["event"] == "message_handled"
+    ]
+    assert [(s["outcome"], s["delivery"]) for s in summaries] == [
+        ("retried", 1),
+        ("retried", 2),
+        ("ok", 3),
+    ]
+    for summary in summaries:
+        assert summary["service"] == "flaky"
+        assert summary["message_id"] == "f-1"
+        assert summary["subject"] == subject
+        assert summary["duration_ms"] >= 0
+    assert summaries[0]["level"] == "warning"
+    assert "ConnectionError: storage unavailable" in summaries[0]["error"]
+    assert summaries[0]["retry_in_s"] == FAST_RETRY.delay(1)
+
+
+async def test_poison_message_is_dead_lettered_then_acked(
+    settings: AegisSettings,
+    broker: NatsBroker,
+    js: JetStreamContext,
+    stream: StreamSpec,
+    dlq: str,
+    unique_id: str,
+) -> None:
+    subject = f"test.{unique_id}.readings"
+    metrics = Metrics(dlq)
+    service = create_broker(settings, name=dlq, metrics=metrics, retry=FAST_RETRY)
+    handled: list[Reading] = []
+
+    @durable_pull(service, stream, "readings", subject=subject, fetch_timeout=0.5)
+    async def handle(reading: Reading) -> None:
+        if reading.value < 0:
+            raise Poison("negative_reading", f"value {reading.value} is below zero")
+        handled.append(reading)
+
+    await service.start()
+    try:
+        await publish(broker, subject, b"\xffnot json", msg_id="p-1", stream=stream.name)
+        await publish(
+            broker, subject, Reading(device_id="d", value=-1), msg_id="p-2", stream=stream.name
+        )
+        await publish(
+            broker, subject, Reading(device_id="d", value=1), msg_id="p-3", stream=stream.name
+        )
+
+        async def settled() -> bool:
+            info = await _consumer(js, stream, "readings")
+            return info.num_pending == 0 and info.num_ack_pending == 0 and len(handled) == 1
+
+        await eventually(settled)
+    finally:
+        await service.stop()
+
+    info = await _consumer(js, stream, "readings")
+    assert info.num_redelivered == 0  # poison is not retried
+    invalid = await _last_dead_letter(js, dlq, "invalid_payload")
+    assert invalid.service == dlq
+    assert invalid.subject == subject
+    assert invalid.message_id == "p-1"
+    assert invalid.deliveries == 1
+    assert invalid.payload_encoding == "base64"
+    assert invalid.payload_bytes() == b"\xffnot json"
+    negative = await _last_dead_letter(js, dlq, "negative_reading")
+    assert "below zero" in negative.detail
+    assert Reading.model_validate_json(negative.payload_bytes()).value == -1
+    assert negative.headers["Nats-Msg-Id"] == "p-2"
+    assert _outcomes(metrics) == {"dead_lettered": 2, "ok": 1}
+    assert metrics.dead_letters_total.labels(reason="negative_reading")._value.get() == 1
+
+
+async def test_retries_are_bounded_by_max_deliver(
+    settings: AegisSettings,
+    broker: NatsBroker,
+    js: JetStreamContext,
+    stream: StreamSpec,
+    dlq: str,
+    unique_id: str,
+) -> None:
+    subject = f"test.{unique_id}.doomed"
+    metrics = Metrics(dlq)
+    service = create_broker(settings, name=dlq, metrics=metrics, retry=FAST_RETRY)
+    deliveries: list[int] = []
+
+    @durable_pull(service, stream, "doomed", subject=subject, fetch_timeout=0.5, max_deliver=3)
+    async def handle(body: bytes, msg: NatsMessage) -> None:
+        deliveries.append(msg.raw_message.metadata.num_delivered or 0)
+        raise RuntimeError("always fails")
+
+    await service.start()
+    try:
+        await publish(broker, subject, b"doomed", msg_id="d-1", stream=stream.name)
+        await eventually(lambda: _outcomes(metrics).get("dead_lettered") == 1)
+    finally:
+        await service.stop()
+
+    assert deliveries == [1, 2, 3]
+    assert _outcomes(metrics) == {"retried": 2, "dead_lettered": 1}
+    letter = await _last_dead_letter(js, dlq, "retries_exhausted")
+    assert letter.deliveries == 3
+    assert "RuntimeError: always fails" in letter.detail
+    assert "delivery 3 of 3" in letter.detail
+    assert letter.payload == "doomed"
+    assert (await _consumer(js, stream, "doomed")).num_ack_pending == 0
+
+
+async def test_dead_letter_is_idempotent_per_message_and_reason(
+    broker: NatsBroker, js: JetStreamContext, dlq: str
+) -> None:
+    async def send(reason: str, message_id: str | None, payload: bytes = b"{}") -> bool:
+        return await dead_letter(
+            broker,
+            service=dlq,
+            reason=reason,
+            payload=payload,
+            detail="bad",
+            subject="aegis.raw.f-01.plc",
+            headers={"x": "1"},
+            message_id=message_id,
+        )
+
+    assert await send("invalid_payload", "m-1") is False
+    assert await send("invalid_payload", "m-1") is True  # the redelivered message
+    assert await send("other_reason", "m-1") is False
+    assert await send("invalid_payload", None, b"a") is False
+    assert await send("invalid_payload", None, b"a") is True  # id derived from subject + payload
+    assert await send("invalid_payload", None, b"b") is False
+
+    state = (await js.stream_info(DLQ_SPEC.name, subjects_filter=f"{DEAD_LETTER}.{dlq}.>")).state
+    assert state.subjects == {
+        dead_letter_subject(dlq, "invalid_payload"): 3,
+        dead_letter_subject(dlq, "other_reason"): 1,
+    }
+    letter = await _last_dead_letter(js, dlq, "other_reason")
+    assert (letter.reason, letter.detail, letter.headers) == ("other_reason", "bad", {"x": "1"})
+    assert letter.received_at.tzinfo is not None

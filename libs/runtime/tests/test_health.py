@@ -1,0 +1,201 @@
+"""aegis_runtime.health over real HTTP, and aegis_runtime.lifecycle in a real process with signals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aegis_runtime.health import HealthServer, HealthServerError
+from aegis_runtime.metrics import Metrics
+
+
+async def _get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
+    """A minimal HTTP/1.1 GET (no HTTP client library in the environment)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout=5)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+async def _ok() -> bool:
+    return True
+
+
+async def _down() -> bool:
+    return False
+
+
+async def _raises() -> bool:
+    raise ConnectionError("nats unreachable")
+
+
+async def _hangs() -> bool:
+    await asyncio.sleep(30)  # cut short by check_timeout
+    return True
+
+
+async def test_healthz_metrics_and_ephemeral_port() -> None:
+    metrics = Metrics("processor")
+    metrics.messages_total.labels(outcome="ok").inc(3)
+    async with HealthServer(metrics, "127.0.0.1", 0) as server:
+        assert server.port > 0
+
+        status, _, body = await _get(server.port, "/healthz")
+        assert status == 200
+        assert json.loads(body) == {"status": "ok", "service": "processor"}
+
+        status, headers, body = await _get(server.port, "/metrics")
+        assert status == 200
+        assert headers["content-type"].startswith("text/plain")
+        assert 'aegis_messages_total{outcome="ok"} 3.0' in body.decode()
+
+        status, _, _ = await _get(server.port, "/nope")
+        assert status == 404
+        port = server.port
+
+    with pytest.raises(ConnectionRefusedError):  # stopped: nothing listens any more
+        await _get(port, "/healthz")
+
+
+async def test_readyz_is_503_until_every_check_passes() -> None:
+    server = HealthServer(Metrics("ingest"), check_timeout=0.05)
+    server.add_check("nats", _ok)
+    server.add_check("storage", _down)
+    server.add_check("mqtt", _raises)
+    server.add_check("slow", _hangs)
+    async with server:
+        status, headers, body = await _get(server.port, "/readyz")
+        assert status == 503
+        assert headers["content-type"] == "application/json"
+        assert json.loads(body) == {
+            "ready": False,
+            "checks": {"nats": True, "storage": False, "mqtt": False, "slow": False},
+        }
+
+
+async def test_readyz_is_200_when_all_checks_pass() -> None:
+    server = HealthServer(Metrics("ingest"))
+    server.add_check("nats", _ok)
+    async with server:
+        status, _, body = await _get(server.port, "/readyz")
+    assert status == 200
+    assert json.loads(body) == {"ready": True, "checks": {"nats": True}}
+
+
+def test_a_check_name_is_registered_once() -> None:
+    server = HealthServer(Metrics("ingest"))
+    server.add_check("nats", _ok)
+    with pytest.raises(ValueError, match="already registered"):
+        server.add_check("nats", _down)
+
+
+async def test_a_taken_port_is_a_clear_error() -> None:
+    async with HealthServer(Metrics("a")) as first:
+        second = HealthServer(Metrics("b"), port=first.port)
+        with pytest.raises(HealthServerError, match=str(first.port)):
+            await second.start()
+        # the first one is unaffected
+        status, _, _ = await _get(first.port, "/healthz")
+        assert status == 200
+
+
+# -- lifecycle: a real child process, real signals ---------------------------------------------
+
+_SERVICE = """
+import asyncio, sys
+from aegis_runtime.lifecycle import run_service
+from aegis_runtime.logging import configure
+
+MODE = sys.argv[1]
+configure("json")
+
+async def main(stop: asyncio.Event) -> None:
+    print("ready", file=sys.stderr, flush=True)
+    if MODE == "crash":
+        raise RuntimeError("boom")
+    if MODE == "clean":
+        await stop.wait()
+        await asyncio.sleep(0.05)  # in-flight work finishing
+        print("drained", file=sys.stderr, flush=True)
+        return
+    await asyncio.sleep(60)  # "stuck": ignores stop
+
+run_service(main, shutdown_timeout=float(sys.argv[2]))
+"""
+
+
+async def _run_service(
+    tmp_path: Path, mode: str, shutdown_timeout: float, signals: int
+) -> tuple[int, list[dict[str, Any]], str]:
+    script = tmp_path / "service.py"
+    script.write_text(textwrap.dedent(_SERVICE))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        mode,
+        str(shutdown_timeout),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    try:
+        line = await asyncio.wait_for(proc.stderr.readline(), timeout=20)
+        assert line == b"ready\n"
+        for n in range(signals):
+            proc.send_signal(signal.SIGTERM)
+            if n + 1 < signals:  # the second signal only counts once the first was handled
+                stopping = await asyncio.wait_for(proc.stdout.readline(), timeout=5)
+                assert json.loads(stopping)["event"] == "service_stopping"
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    events = [json.loads(x) for x in out.decode().splitlines() if x.startswith("{")]
+    return proc.returncode, events, err.decode()
+
+
+async def test_sigterm_lets_main_finish_and_exits_zero(tmp_path: Path) -> None:
+    code, events, err = await _run_service(tmp_path, "clean", 5.0, signals=1)
+    assert code == 0
+    assert "drained" in err
+    assert events[-1]["event"] == "service_stopped"
+    assert events[-1]["reason"] == "SIGTERM"
+
+
+async def test_a_crash_exits_non_zero(tmp_path: Path) -> None:
+    code, events, _ = await _run_service(tmp_path, "crash", 5.0, signals=0)
+    assert code == 1
+    crashed = next(e for e in events if e["event"] == "service_crashed")
+    assert "RuntimeError: boom" in crashed["exception"]
+    assert events[-1]["event"] == "service_stopped"
+    assert events[-1]["reason"] == "crashed"
+
+
+async def test_shutdown_timeout_cancels_stuck_work(tmp_path: Path) -> None:
+    code, events, _ = await _run_service(tmp_path, "stuck", 0.2, signals=1)
+    assert code == 1
+    assert events[-1]["reason"] == "shutdown_timeout"
+
+
+async def test_a_second_signal_forces_exit(tmp_path: Path) -> None:
+    code, events, _ = await _run_service(tmp_path, "stuck", 30.0, signals=2)
+    assert code == 1
+    assert events[-1]["reason"] == "forced"

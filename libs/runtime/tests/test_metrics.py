@@ -1,0 +1,63 @@
+"""aegis_runtime.metrics: one registry per service, ``aegis_`` names, Prometheus text output."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from aegis_runtime.metrics import Metrics
+
+
+def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = metrics.render().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_standard_metrics_are_exposed_with_the_aegis_prefix() -> None:
+    metrics = Metrics("processor")
+    metrics.messages_total.labels(outcome="ok").inc(2)
+    metrics.dead_letters_total.labels(reason="invalid_payload").inc()
+    metrics.inflight.inc()
+    metrics.handler_seconds.observe(0.003)
+
+    samples = _samples(metrics)
+    assert samples[("aegis_messages_total", (("outcome", "ok"),))] == 2
+    assert samples[("aegis_dead_letters_total", (("reason", "invalid_payload"),))] == 1
+    assert samples[("aegis_inflight", ())] == 1
+    assert samples[("aegis_handler_seconds_count", ())] == 1
+    assert samples[("aegis_handler_seconds_bucket", (("le", "0.0025"),))] == 0
+    assert samples[("aegis_handler_seconds_bucket", (("le", "0.005"),))] == 1
+    assert samples[("aegis_service_info", (("service", "processor"),))] == 1
+
+
+def test_text_format_has_help_and_type_lines() -> None:
+    text = Metrics("ingest").render().decode()
+    assert "# TYPE aegis_messages_total counter" in text
+    assert "# TYPE aegis_handler_seconds histogram" in text
+    assert Metrics.content_type.startswith("text/plain")
+
+
+def test_each_instance_has_its_own_registry() -> None:
+    first, second = Metrics("a"), Metrics("b")  # no "Duplicated timeseries" error
+    first.messages_total.labels(outcome="ok").inc()
+    assert ("aegis_messages_total", (("outcome", "ok"),)) not in _samples(second)
+    assert _samples(first)[("aegis_messages_total", (("outcome", "ok"),))] == 1
+
+
+def test_service_metrics_get_the_prefix_once() -> None:
+    metrics = Metrics("reporter")
+    reports = metrics.counter("reports_written_total", "Reports written.", ["kind"])
+    lag = metrics.gauge("aegis_window_lag_seconds", "Age of the oldest unprocessed window.")
+    size = metrics.histogram("report_bytes", "Report size.", buckets=(1000.0, 100000.0))
+    reports.labels(kind="daily").inc()
+    lag.set(42)
+    size.observe(50000)
+
+    samples = _samples(metrics)
+    assert samples[("aegis_reports_written_total", (("kind", "daily"),))] == 1
+    assert samples[("aegis_window_lag_seconds", ())] == 42
+    assert samples[("aegis_report_bytes_bucket", (("le", "100000.0"),))] == 1
+    assert samples[("aegis_report_bytes_bucket", (("le", "1000.0"),))] == 0

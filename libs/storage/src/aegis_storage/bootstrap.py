@@ -1,0 +1,327 @@
+"""The foundation resources (DESIGN §4-§5): what the bucket and table must look like, creating them
+idempotently, and reading back what exists so drift can be reported.
+
+``FOUNDATION`` is the single description used by ``aegis bootstrap``, by the slow cloud collector's
+drift check and by the infrastructure-as-code test; nothing else spells these settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from aegis_storage.clients import AwsClients
+from aegis_storage.errors import NotFound, StorageError, translated
+
+LIFECYCLE_RULES: list[dict[str, Any]] = [
+    {
+        "ID": "raw-to-glacier-ir-90d",
+        "Filter": {"Prefix": "raw/"},
+        "Status": "Enabled",
+        "Transitions": [{"Days": 90, "StorageClass": "GLACIER_IR"}],
+        "NoncurrentVersionExpiration": {"NoncurrentDays": 90},
+    },
+    {
+        "ID": "processed-to-standard-ia-365d",
+        "Filter": {"Prefix": "processed/"},
+        "Status": "Enabled",
+        "Transitions": [{"Days": 365, "StorageClass": "STANDARD_IA"}],
+        "NoncurrentVersionExpiration": {"NoncurrentDays": 90},
+    },
+    {
+        "ID": "abort-incomplete-multipart-7d",
+        "Filter": {"Prefix": ""},
+        "Status": "Enabled",
+        "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 7},
+    },
+]
+
+PUBLIC_ACCESS_BLOCK = {
+    "BlockPublicAcls": True,
+    "IgnorePublicAcls": True,
+    "BlockPublicPolicy": True,
+    "RestrictPublicBuckets": True,
+}
+
+KEY_SCHEMA = [
+    {"AttributeName": "pk", "KeyType": "HASH"},
+    {"AttributeName": "sk", "KeyType": "RANGE"},
+]
+ATTRIBUTE_DEFINITIONS = [
+    {"AttributeName": "pk", "AttributeType": "S"},
+    {"AttributeName": "sk", "AttributeType": "S"},
+]
+STREAM = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}
+TTL_ATTRIBUTE = "ttl"
+
+
+@dataclass(slots=True)
+class Step:
+    resource: str
+    setting: str
+    action: str  # created | updated | unchanged
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class BootstrapReport:
+    steps: list[Step] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return any(s.action != "unchanged" for s in self.steps)
+
+    def add(self, resource: str, setting: str, action: str, detail: str = "") -> None:
+        self.steps.append(Step(resource, setting, action, detail))
+
+
+def normalize_rules(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Lifecycle rules in a comparable form (emulators add defaults such as an empty prefix)."""
+    out = []
+    for rule in sorted(rules, key=lambda r: str(r.get("ID"))):
+        norm: dict[str, Any] = {
+            "ID": rule.get("ID"),
+            "Prefix": (rule.get("Filter") or {}).get("Prefix", rule.get("Prefix", "")) or "",
+            "Status": rule.get("Status"),
+        }
+        if rule.get("Transitions"):
+            norm["Transitions"] = [
+                {"Days": t.get("Days"), "StorageClass": t.get("StorageClass")}
+                for t in rule["Transitions"]
+            ]
+        if rule.get("NoncurrentVersionExpiration"):
+            norm["NoncurrentDays"] = rule["NoncurrentVersionExpiration"].get("NoncurrentDays")
+        if rule.get("AbortIncompleteMultipartUpload"):
+            norm["AbortDays"] = rule["AbortIncompleteMultipartUpload"].get("DaysAfterInitiation")
+        out.append(norm)
+    return out
+
+
+async def ensure_bucket(clients: AwsClients, bucket: str, report: BootstrapReport) -> None:
+    s3 = clients.s3
+    res = f"s3://{bucket}"
+    try:
+        with translated(f"head bucket {bucket}"):
+            await s3.head_bucket(Bucket=bucket)
+        report.add(res, "bucket", "unchanged")
+    except NotFound:
+        kwargs: dict[str, Any] = {"Bucket": bucket}
+        if clients.config.region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": clients.config.region}
+        with translated(f"create bucket {bucket}"):
+            await s3.create_bucket(**kwargs)
+        report.add(res, "bucket", "created", clients.config.region)
+
+    with translated(f"versioning of {bucket}"):
+        versioning = await s3.get_bucket_versioning(Bucket=bucket)
+        if versioning.get("Status") != "Enabled":
+            await s3.put_bucket_versioning(
+                Bucket=bucket, VersioningConfiguration={"Status": "Enabled"}
+            )
+            report.add(res, "versioning", "updated", "Enabled")
+        else:
+            report.add(res, "versioning", "unchanged", "Enabled")
+
+    current = await bucket_lifecycle(clients, bucket)
+    if normalize_rules(current) != normalize_rules(LIFECYCLE_RULES):
+        with translated(f"lifecycle of {bucket}"):
+            await s3.put_bucket_lifecycle_configuration(
+                Bucket=bucket,
+                LifecycleConfiguration={"Rules": LIFECYCLE_RULES},  # type: ignore[typeddict-item]
+            )
+        report.add(res, "lifecycle", "updated", f"{len(LIFECYCLE_RULES)} rules")
+    else:
+        report.add(res, "lifecycle", "unchanged", f"{len(LIFECYCLE_RULES)} rules")
+
+    current_block = await _public_access_block(clients, bucket)
+    if current_block != PUBLIC_ACCESS_BLOCK:
+        with translated(f"public access block of {bucket}"):
+            await s3.put_public_access_block(
+                Bucket=bucket,
+                PublicAccessBlockConfiguration=PUBLIC_ACCESS_BLOCK,  # type: ignore[arg-type]
+            )
+        report.add(res, "public-access-block", "updated", "all blocked")
+    else:
+        report.add(res, "public-access-block", "unchanged", "all blocked")
+
+
+async def bucket_lifecycle(clients: AwsClients, bucket: str) -> list[dict[str, Any]]:
+    try:
+        with translated(f"lifecycle of {bucket}"):
+            resp = await clients.s3.get_bucket_lifecycle_configuration(Bucket=bucket)
+    except StorageError as err:
+        if "NoSuchLifecycleConfiguration" in str(err):
+            return []
+        raise
+    return [dict(r) for r in resp.get("Rules", [])]
+
+
+async def _public_access_block(clients: AwsClients, bucket: str) -> dict[str, Any]:
+    try:
+        with translated(f"public access block of {bucket}"):
+            resp = await clients.s3.get_public_access_block(Bucket=bucket)
+    except StorageError as err:
+        if "NoSuchPublicAccessBlockConfiguration" in str(err):
+            return {}
+        raise
+    return dict(resp.get("PublicAccessBlockConfiguration", {}))
+
+
+async def ensure_table(clients: AwsClients, table: str, report: BootstrapReport) -> None:
+    ddb = clients.dynamodb
+    try:
+        with translated(f"describe table {table}"):
+            desc = (await ddb.describe_table(TableName=table))["Table"]
+        report.add(table, "table", "unchanged")
+    except NotFound:
+        with translated(f"create table {table}"):
+            await ddb.create_table(
+                TableName=table,
+                KeySchema=KEY_SCHEMA,  # type: ignore[arg-type]
+                AttributeDefinitions=ATTRIBUTE_DEFINITIONS,  # type: ignore[arg-type]
+                BillingMode="PAY_PER_REQUEST",
+                StreamSpecification=STREAM,  # type: ignore[arg-type]
+            )
+            waiter = ddb.get_waiter("table_exists")
+            await waiter.wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+            desc = (await ddb.describe_table(TableName=table))["Table"]
+        report.add(table, "table", "created", "pk/sk, PAY_PER_REQUEST, stream NEW_AND_OLD_IMAGES")
+
+    if sorted(map(str, desc.get("KeySchema", [])), key=str) != sorted(map(str, KEY_SCHEMA)):
+        raise StorageError(
+            f"table {table} has key schema {desc.get('KeySchema')}; the contract needs pk (HASH) "
+            "and sk (RANGE) strings. It cannot be changed in place: migrate to a new table."
+        )
+    billing = (desc.get("BillingModeSummary") or {}).get("BillingMode", "PROVISIONED")
+    if billing != "PAY_PER_REQUEST":
+        with translated(f"billing of {table}"):
+            await ddb.update_table(TableName=table, BillingMode="PAY_PER_REQUEST")
+        report.add(table, "billing", "updated", "PAY_PER_REQUEST")
+    else:
+        report.add(table, "billing", "unchanged", "PAY_PER_REQUEST")
+
+    stream: dict[str, Any] = dict(desc.get("StreamSpecification", {}))
+    if not stream.get("StreamEnabled"):
+        with translated(f"stream of {table}"):
+            await ddb.update_table(TableName=table, StreamSpecification=STREAM)  # type: ignore[arg-type]
+        report.add(table, "stream", "updated", "NEW_AND_OLD_IMAGES")
+    elif stream.get("StreamViewType") != STREAM["StreamViewType"]:
+        raise StorageError(
+            f"table {table} streams {stream.get('StreamViewType')}; the contract needs "
+            "NEW_AND_OLD_IMAGES. Disable the stream and run bootstrap again (consumers will miss "
+            "changes while it is off)."
+        )
+    else:
+        report.add(table, "stream", "unchanged", "NEW_AND_OLD_IMAGES")
+
+    with translated(f"ttl of {table}"):
+        ttl = (await ddb.describe_time_to_live(TableName=table)).get("TimeToLiveDescription", {})
+        if ttl.get("TimeToLiveStatus") in {"ENABLED", "ENABLING"} and (
+            ttl.get("AttributeName") == TTL_ATTRIBUTE
+        ):
+            report.add(table, "ttl", "unchanged", TTL_ATTRIBUTE)
+        else:
+            await ddb.update_time_to_live(
+                TableName=table,
+                TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
+            )
+            report.add(table, "ttl", "updated", TTL_ATTRIBUTE)
+
+    with translated(f"point-in-time recovery of {table}"):
+        backups = await ddb.describe_continuous_backups(TableName=table)
+        backup_desc: dict[str, Any] = dict(backups.get("ContinuousBackupsDescription", {}))
+        pitr = backup_desc.get("PointInTimeRecoveryDescription", {})
+        if pitr.get("PointInTimeRecoveryStatus") == "ENABLED":
+            report.add(table, "pitr", "unchanged", "ENABLED")
+        else:
+            await ddb.update_continuous_backups(
+                TableName=table,
+                PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True},
+            )
+            report.add(table, "pitr", "updated", "ENABLED")
+
+
+async def bootstrap(clients: AwsClients, *, bucket: str, table: str) -> BootstrapReport:
+    """Create or correct the bucket and the table. A second run reports every step unchanged."""
+    report = BootstrapReport()
+    bucket_report, table_report = BootstrapReport(), BootstrapReport()
+    await asyncio.gather(
+        ensure_bucket(clients, bucket, bucket_report), ensure_table(clients, table, table_report)
+    )
+    report.steps = bucket_report.steps + table_report.steps
+    return report
+
+
+async def describe_foundation(clients: AwsClients, *, bucket: str, table: str) -> dict[str, Any]:
+    """What exists, read back with describe/get calls, in the shape of :func:`expected_foundation`."""
+    s3, ddb = clients.s3, clients.dynamodb
+    with translated("read back the foundation"):
+        versioning = await s3.get_bucket_versioning(Bucket=bucket)
+        desc = (await ddb.describe_table(TableName=table))["Table"]
+        ttl = (await ddb.describe_time_to_live(TableName=table)).get("TimeToLiveDescription", {})
+        backups = await ddb.describe_continuous_backups(TableName=table)
+        location: str | None = (await s3.get_bucket_location(Bucket=bucket)).get(
+            "LocationConstraint"
+        )
+    backup_desc: dict[str, Any] = dict(backups.get("ContinuousBackupsDescription", {}))
+    pitr = backup_desc.get("PointInTimeRecoveryDescription", {})
+    stream: dict[str, Any] = dict(desc.get("StreamSpecification", {}))
+    return {
+        "bucket": {
+            "name": bucket,
+            "region": location or "us-east-1",
+            "versioning": versioning.get("Status"),
+            "lifecycle": normalize_rules(await bucket_lifecycle(clients, bucket)),
+            "public_access_block": await _public_access_block(clients, bucket),
+        },
+        "table": {
+            "name": table,
+            "key_schema": sorted(
+                ((k["AttributeName"], k["KeyType"]) for k in desc.get("KeySchema", [])),
+            ),
+            "attributes": sorted(
+                (a["AttributeName"], a["AttributeType"])
+                for a in desc.get("AttributeDefinitions", [])
+            ),
+            "billing": (desc.get("BillingModeSummary") or {}).get("BillingMode"),
+            "stream": {
+                "enabled": bool(stream.get("StreamEnabled")),
+                "view_type": stream.get("StreamViewType"),
+            },
+            "ttl": {"status": ttl.get("TimeToLiveStatus"), "attribute": ttl.get("AttributeName")},
+            "pitr": pitr.get("PointInTimeRecoveryStatus"),
+        },
+    }
+
+
+def expected_foundation(*, bucket: str, table: str, region: str) -> dict[str, Any]:
+    """The contract of DESIGN §4-§5 in the shape :func:`describe_foundation` returns."""
+    return {
+        "bucket": {
+            "name": bucket,
+            "region": region,
+            "versioning": "Enabled",
+            "lifecycle": normalize_rules(LIFECYCLE_RULES),
+            "public_access_block": PUBLIC_ACCESS_BLOCK,
+        },
+        "table": {
+            "name": table,
+            "key_schema": [("pk", "HASH"), ("sk", "RANGE")],
+            "attributes": [("pk", "S"), ("sk", "S")],
+            "billing": "PAY_PER_REQUEST",
+            "stream": {"enabled": True, "view_type": "NEW_AND_OLD_IMAGES"},
+            "ttl": {"status": "ENABLED", "attribute": TTL_ATTRIBUTE},
+            "pitr": "ENABLED",
+        },
+    }
+
+
+def drift(actual: Any, expected: Any, path: str = "") -> list[str]:
+    """Human-readable differences between two foundation descriptions (empty when they match)."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        found: list[str] = []
+        for k, want in expected.items():
+            found += drift(actual.get(k), want, f"{path}.{k}" if path else k)
+        return found
+    return [] if actual == expected else [f"{path}: expected {expected!r}, found {actual!r}"]

@@ -1,0 +1,358 @@
+"""The DynamoDB read model (DESIGN §5): LATEST partial updates, HISTORY puts, range queries, claims.
+
+Rules this repository keeps for every caller:
+- a LATEST field group is applied only when its event time is newer than the stored one, so a
+  redelivered or out-of-order message never moves the state backwards;
+- no two HISTORY#STATE snapshots of one factory collide (a taken millisecond moves to the next);
+- every read drops items whose ``ttl`` has passed: DynamoDB deletes them late, moto never does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from pydantic import BaseModel
+
+from aegis_contracts import keys
+from aegis_contracts.times import format_ts
+from aegis_storage.errors import Conflict, translated
+
+if TYPE_CHECKING:
+    from types_aiobotocore_dynamodb import DynamoDBClient
+
+_ser = TypeSerializer()
+_deser = TypeDeserializer()
+
+# field group -> the attribute holding its event time
+LATEST_GROUPS: dict[str, str] = {
+    "factory_state": "last_factory_state_at",
+    "infra_state": "last_infra_state_at",
+    "latest_image_snapshot": "last_image_snapshot_at",
+}
+
+
+def to_plain(value: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    """JSON-shaped Python with Decimal numbers: what DynamoDB's type serializer accepts."""
+    text = (
+        value.model_dump_json() if isinstance(value, BaseModel) else json.dumps(value, default=str)
+    )
+    result = json.loads(text, parse_float=Decimal)
+    if not isinstance(result, dict):
+        raise TypeError("an item must be an object")
+    return result
+
+
+def to_attributes(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _ser.serialize(v) for k, v in item.items()}
+
+
+def from_attributes(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _unwrap(_deser.deserialize(v)) for k, v in item.items()}
+
+
+def _unwrap(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _unwrap(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unwrap(v) for v in value]
+    if isinstance(value, set):
+        return {_unwrap(v) for v in value}
+    return value
+
+
+def live(item: Mapping[str, Any], now: datetime) -> bool:
+    """True unless the item carries a ``ttl`` that has passed."""
+    ttl = item.get("ttl")
+    return ttl is None or int(ttl) > int(now.timestamp())
+
+
+@dataclass(frozen=True, slots=True)
+class LatestChange:
+    """The outcome of a LATEST update: applied or not, with the images for a change event."""
+
+    applied: bool
+    old_image: dict[str, Any] | None
+    new_image: dict[str, Any] | None
+
+
+class ReadModel:
+    def __init__(self, dynamodb: DynamoDBClient, table: str) -> None:
+        self._ddb = dynamodb
+        self.table = table
+
+    # -- LATEST -------------------------------------------------------------------------------
+
+    async def apply_latest(
+        self,
+        factory_id: str,
+        *,
+        group: str,
+        event_time: datetime,
+        fields: BaseModel | Mapping[str, Any],
+        updated_at: datetime,
+    ) -> LatestChange:
+        """Set ``fields`` on FACTORY LATEST only if ``event_time`` is newer than the group's stored
+        event time. ``fields`` carries the group (and what derives from it, e.g. ``risk``)."""
+        guard = LATEST_GROUPS.get(group)
+        if guard is None:
+            raise ValueError(f"unknown LATEST field group {group!r}")
+        values = to_plain(fields)
+        if group not in values:
+            raise ValueError(f"fields must include the group {group!r}")
+        values[guard] = format_ts(event_time)
+        values["updated_at"] = format_ts(updated_at)
+        values["factory_id"] = factory_id
+        return await self._update_latest(
+            factory_id,
+            values,
+            condition="attribute_not_exists(#g) OR #g < :guard",
+            names={"#g": guard},
+            condition_values={":guard": values[guard]},
+        )
+
+    async def set_latest(
+        self,
+        factory_id: str,
+        fields: BaseModel | Mapping[str, Any],
+        *,
+        if_updated_at: str | None = None,
+        must_exist: bool = False,
+    ) -> LatestChange:
+        """Set fields without an event-time guard (the refresh's pipeline_status). With
+        ``if_updated_at`` the write only lands if LATEST was not changed since it was read."""
+        values = to_plain(fields)
+        values["factory_id"] = factory_id
+        condition, names, cvalues = None, {}, {}
+        if if_updated_at is not None:
+            condition, names, cvalues = "#u = :seen", {"#u": "updated_at"}, {":seen": if_updated_at}
+        elif must_exist:
+            condition, names = "attribute_exists(#pk)", {"#pk": "pk"}
+        return await self._update_latest(
+            factory_id, values, condition=condition, names=names, condition_values=cvalues
+        )
+
+    async def _update_latest(
+        self,
+        factory_id: str,
+        values: dict[str, Any],
+        *,
+        condition: str | None,
+        names: dict[str, str],
+        condition_values: dict[str, Any],
+    ) -> LatestChange:
+        sets, attr_names, attr_values = [], dict(names), {}
+        for i, (name, value) in enumerate(sorted(values.items())):
+            attr_names[f"#f{i}"] = name
+            attr_values[f":v{i}"] = _ser.serialize(value)
+            sets.append(f"#f{i} = :v{i}")
+        attr_values.update({k: _ser.serialize(v) for k, v in condition_values.items()})
+        pk = keys.factory_pk(factory_id)
+        request: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": {"pk": {"S": pk}, "sk": {"S": keys.LATEST_SK}},
+            "UpdateExpression": "SET " + ", ".join(sets),
+            "ExpressionAttributeNames": attr_names,
+            "ExpressionAttributeValues": attr_values,
+            "ReturnValues": "ALL_OLD",
+        }
+        if condition:
+            request["ConditionExpression"] = condition
+        try:
+            with translated(f"update {pk}/LATEST"):
+                resp = await self._ddb.update_item(**request)
+        except Conflict:
+            return LatestChange(applied=False, old_image=None, new_image=None)
+        old = from_attributes(resp["Attributes"]) if resp.get("Attributes") else None
+        new = {**(old or {"pk": pk, "sk": keys.LATEST_SK}), **_unwrap(values)}
+        return LatestChange(applied=True, old_image=old, new_image=new)
+
+    async def get_latest(self, factory_id: str) -> dict[str, Any] | None:
+        return await self.get_item(keys.factory_pk(factory_id), keys.LATEST_SK)
+
+    async def factory_latest_items(self) -> list[dict[str, Any]]:
+        """Every FACTORY LATEST item (the fleet). A filtered scan: fine for fleets of thousands."""
+        items: list[dict[str, Any]] = []
+        paginator = self._ddb.get_paginator("scan")
+        with translated(f"scan {self.table}"):
+            async for page in paginator.paginate(
+                TableName=self.table,
+                FilterExpression="sk = :latest AND begins_with(pk, :factory)",
+                ExpressionAttributeValues={
+                    ":latest": {"S": "LATEST"},
+                    ":factory": {"S": "FACTORY#"},
+                },
+            ):
+                items.extend(from_attributes(i) for i in page.get("Items", []))
+        return sorted(items, key=lambda i: str(i["pk"]))
+
+    # -- HISTORY and other keyed items ------------------------------------------------------------
+
+    async def put_history_state(
+        self,
+        factory_id: str,
+        snapshot: BaseModel | Mapping[str, Any],
+        *,
+        updated_at: datetime,
+        ttl: int,
+        max_attempts: int = 50,
+    ) -> datetime:
+        """Put HISTORY#STATE#{updated_at}; if that millisecond is taken, use the next free one.
+        Returns the ``updated_at`` the snapshot was filed under (its ``updated_at`` field too)."""
+        base = to_plain(snapshot)
+        at = updated_at
+        for _ in range(max_attempts):
+            item = {
+                **base,
+                "pk": keys.factory_pk(factory_id),
+                "sk": keys.history_state_sk(at),
+                "updated_at": format_ts(at),
+                "ttl": ttl,
+            }
+            try:
+                await self.put_item(item, if_absent=True)
+            except Conflict:
+                at += timedelta(milliseconds=1)
+                continue
+            return at
+        raise Conflict(f"no free HISTORY#STATE slot for {factory_id} near {format_ts(updated_at)}")
+
+    async def put_item(
+        self, item: BaseModel | Mapping[str, Any], *, if_absent: bool = False
+    ) -> None:
+        plain = to_plain(item)
+        request: dict[str, Any] = {"TableName": self.table, "Item": to_attributes(plain)}
+        if if_absent:
+            request["ConditionExpression"] = "attribute_not_exists(pk)"
+        with translated(f"put {plain.get('pk')}/{plain.get('sk')}"):
+            await self._ddb.put_item(**request)
+
+    async def get_item(
+        self, pk: str, sk: str, *, now: datetime | None = None, consistent: bool = True
+    ) -> dict[str, Any] | None:
+        with translated(f"get {pk}/{sk}"):
+            resp = await self._ddb.get_item(
+                TableName=self.table,
+                Key={"pk": {"S": pk}, "sk": {"S": sk}},
+                ConsistentRead=consistent,
+            )
+        if "Item" not in resp:
+            return None
+        item = from_attributes(resp["Item"])
+        return item if now is None or live(item, now) else None
+
+    async def delete_item(self, pk: str, sk: str) -> None:
+        with translated(f"delete {pk}/{sk}"):
+            await self._ddb.delete_item(
+                TableName=self.table, Key={"pk": {"S": pk}, "sk": {"S": sk}}
+            )
+
+    async def query_range(
+        self,
+        pk: str,
+        sk_prefix: str,
+        start: datetime,
+        end: datetime,
+        *,
+        now: datetime,
+        descending: bool = False,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Items of ``pk`` whose sort key is ``{sk_prefix}{ts}`` with ``start <= ts < end``, live
+        ones only (``ttl > now`` is filtered by DynamoDB and checked again here)."""
+        return [
+            item
+            async for item in self._query(
+                pk,
+                sk_prefix + format_ts(start),
+                sk_prefix + format_ts(end),
+                now=now,
+                descending=descending,
+                limit=limit,
+            )
+        ]
+
+    async def _query(
+        self,
+        pk: str,
+        low: str,
+        high: str,
+        *,
+        now: datetime,
+        descending: bool,
+        limit: int | None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        paginator = self._ddb.get_paginator("query")
+        count = 0
+        with translated(f"query {pk} [{low}, {high})"):
+            async for page in paginator.paginate(
+                TableName=self.table,
+                # BETWEEN is inclusive; the exclusive end is checked below
+                KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
+                FilterExpression="attribute_not_exists(#ttl) OR #ttl > :now",
+                ExpressionAttributeNames={"#ttl": "ttl"},
+                ExpressionAttributeValues={
+                    ":pk": {"S": pk},
+                    ":low": {"S": low},
+                    ":high": {"S": high},
+                    ":now": {"N": str(int(now.timestamp()))},
+                },
+                ScanIndexForward=not descending,
+                ConsistentRead=True,
+            ):
+                for raw in page.get("Items", []):
+                    item = from_attributes(raw)
+                    if item["sk"] >= high or not live(item, now):
+                        continue
+                    yield item
+                    count += 1
+                    if limit is not None and count >= limit:
+                        return
+
+    async def history_states(
+        self, factory_id: str, start: datetime, end: datetime, *, now: datetime
+    ) -> list[dict[str, Any]]:
+        return await self.query_range(
+            keys.factory_pk(factory_id), keys.HISTORY_STATE_PREFIX, start, end, now=now
+        )
+
+    async def graph_buckets(
+        self, factory_id: str, start: datetime, end: datetime, *, now: datetime
+    ) -> list[dict[str, Any]]:
+        return await self.query_range(
+            keys.factory_pk(factory_id), keys.GRAPH_5M_PREFIX, start, end, now=now
+        )
+
+    async def cloud_history(
+        self, tier: str, start: datetime, end: datetime, *, now: datetime
+    ) -> list[dict[str, Any]]:
+        prefix = keys.HISTORY_FAST_PREFIX if tier == "fast" else keys.HISTORY_SLOW_PREFIX
+        return await self.query_range(keys.CLOUD_PK, prefix, start, end, now=now)
+
+    # -- periodic work ------------------------------------------------------------------------
+
+    async def claim_window(
+        self, job: str, window_start: datetime, *, owner: str, now: datetime, ttl: int
+    ) -> bool:
+        """Claim one window of periodic work; exactly one of N concurrent replicas gets True."""
+        item = {
+            "pk": keys.claim_pk(job),
+            "sk": keys.claim_sk(window_start),
+            "job": job,
+            "window_start": format_ts(window_start),
+            "owner": owner,
+            "claimed_at": format_ts(now),
+            "ttl": ttl,
+        }
+        try:
+            await self.put_item(item, if_absent=True)
+        except Conflict:
+            return False
+        return True

@@ -1,0 +1,176 @@
+"""S3 object store: JSON put/get, listing, and the immutable put that raw/ relies on.
+
+``put_immutable`` writes with ``If-None-Match: *``: a second put of the same bytes is a success
+(``duplicate``), a put of different bytes under an existing key raises :class:`Conflict` and never
+overwrites. Bodies are serialized once by the caller or here, never twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import ClientError
+from pydantic import BaseModel
+
+from aegis_storage.errors import Conflict, NotFound, error_code, translated
+
+if TYPE_CHECKING:
+    from types_aiobotocore_s3 import S3Client
+
+JSON = "application/json"
+DELETE_BATCH = 1000  # S3's limit per DeleteObjects; emulators do not enforce it, we do
+
+
+class PutOutcome(StrEnum):
+    CREATED = "created"
+    DUPLICATE = "duplicate"
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    key: str
+    outcome: PutOutcome
+    etag: str | None
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size_bytes: int
+    etag: str
+    last_modified: datetime
+
+
+def to_json_bytes(value: BaseModel | Mapping[str, Any] | Sequence[Any]) -> bytes:
+    if isinstance(value, BaseModel):
+        return value.model_dump_json().encode()
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+
+
+class ObjectStore:
+    def __init__(self, s3: S3Client, bucket: str) -> None:
+        self._s3 = s3
+        self.bucket = bucket
+
+    async def put_bytes(
+        self,
+        key: str,
+        body: bytes,
+        *,
+        content_type: str = JSON,
+        metadata: Mapping[str, str] | None = None,
+    ) -> PutResult:
+        """An ordinary (overwriting) put: derived data that a re-run rewrites with the same content."""
+        with translated(f"put s3://{self.bucket}/{key}"):
+            return await self._put(key, body, content_type, metadata)
+
+    async def put_json(
+        self,
+        key: str,
+        value: BaseModel | Mapping[str, Any] | Sequence[Any],
+        *,
+        metadata: Mapping[str, str] | None = None,
+    ) -> PutResult:
+        return await self.put_bytes(key, to_json_bytes(value), metadata=metadata)
+
+    async def put_immutable(
+        self,
+        key: str,
+        body: bytes,
+        *,
+        content_type: str = JSON,
+        metadata: Mapping[str, str] | None = None,
+    ) -> PutResult:
+        """Create ``key`` once. Same bytes again: ``duplicate``. Different bytes: :class:`Conflict`."""
+        try:
+            return await self._put(key, body, content_type, metadata, IfNoneMatch="*")
+        except ClientError as err:
+            if error_code(err) not in {"PreconditionFailed", "412", "ConditionalRequestConflict"}:
+                with translated(f"put-once s3://{self.bucket}/{key}"):
+                    raise
+        return await self._settle_existing(key, body)
+
+    async def _put(
+        self,
+        key: str,
+        body: bytes,
+        content_type: str,
+        metadata: Mapping[str, str] | None,
+        **conditions: str,
+    ) -> PutResult:
+        resp = await self._s3.put_object(
+            Bucket=self.bucket,
+            Key=key,
+            Body=body,
+            ContentType=content_type,
+            Metadata=dict(metadata or {}),
+            **conditions,  # type: ignore[arg-type]
+        )
+        return PutResult(key, PutOutcome.CREATED, resp.get("ETag"), len(body))
+
+    async def _settle_existing(self, key: str, body: bytes) -> PutResult:
+        existing = await self.get_bytes(key)
+        if existing != body:
+            raise Conflict(
+                f"s3://{self.bucket}/{key} exists with a different body "
+                f"({len(existing)} bytes, sha256 {hashlib.sha256(existing).hexdigest()[:12]}); "
+                "it is immutable and was not overwritten"
+            )
+        return PutResult(key, PutOutcome.DUPLICATE, None, len(body))
+
+    async def get_bytes(self, key: str) -> bytes:
+        with translated(f"get s3://{self.bucket}/{key}"):
+            resp = await self._s3.get_object(Bucket=self.bucket, Key=key)
+            async with resp["Body"] as stream:
+                return await stream.read()
+
+    async def get_json(self, key: str) -> Any:
+        return json.loads(await self.get_bytes(key))
+
+    async def head(self, key: str) -> dict[str, Any] | None:
+        """Object metadata, or None when absent."""
+        try:
+            with translated(f"head s3://{self.bucket}/{key}"):
+                resp = await self._s3.head_object(Bucket=self.bucket, Key=key)
+        except NotFound:
+            return None
+        return dict(resp)
+
+    async def exists(self, key: str) -> bool:
+        return await self.head(key) is not None
+
+    async def list_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        """Every object under ``prefix``, in key order, page by page."""
+        paginator = self._s3.get_paginator("list_objects_v2")
+        with translated(f"list s3://{self.bucket}/{prefix}"):
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                for obj in page.get("Contents", []):
+                    yield ObjectInfo(
+                        key=obj["Key"],
+                        size_bytes=int(obj.get("Size", 0)),
+                        etag=str(obj.get("ETag", "")),
+                        last_modified=obj["LastModified"],
+                    )
+
+    async def list_keys(self, prefix: str) -> list[str]:
+        return [info.key async for info in self.list_objects(prefix)]
+
+    async def delete_many(self, keys: Sequence[str]) -> list[str]:
+        """Delete in batches of 1000; returns the keys S3 reported as failed."""
+        failed: list[str] = []
+        for start in range(0, len(keys), DELETE_BATCH):
+            batch = keys[start : start + DELETE_BATCH]
+            with translated(f"delete {len(batch)} objects from s3://{self.bucket}"):
+                resp = await self._s3.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                )
+            failed.extend(e["Key"] for e in resp.get("Errors", []) if "Key" in e)
+        return failed

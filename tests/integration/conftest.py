@@ -1,0 +1,38 @@
+"""Storage fixtures for integration tests: real S3/DynamoDB over HTTP, a bucket and table per test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from aegis_storage.bootstrap import bootstrap
+from aegis_storage.clients import AwsClients, AwsConfig, open_clients
+from aegis_storage.readmodel import ReadModel
+from aegis_storage.s3 import ObjectStore
+
+
+@dataclass
+class Foundation:
+    clients: AwsClients
+    bucket: str
+    table: str
+    store: ObjectStore
+    readmodel: ReadModel
+
+
+@pytest.fixture
+async def aws(aws_endpoint: str) -> AsyncIterator[AwsClients]:
+    async with open_clients(AwsConfig(endpoint_url=aws_endpoint)) as clients:
+        yield clients
+
+
+@pytest.fixture
+async def foundation(aws: AwsClients, unique_id: str) -> Foundation:
+    """A freshly bootstrapped bucket and table, unique to the test."""
+    bucket, table = f"aegis-{unique_id}", f"AEGIS-{unique_id}"
+    await bootstrap(aws, bucket=bucket, table=table)
+    return Foundation(
+        aws, bucket, table, ObjectStore(aws.s3, bucket), ReadModel(aws.dynamodb, table)
+    )
