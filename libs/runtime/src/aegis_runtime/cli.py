@@ -23,7 +23,7 @@ from aegis_storage.bootstrap import (
     drift,
     expected_foundation,
 )
-from aegis_storage.clients import AwsConfig, open_clients
+from aegis_storage.clients import open_clients
 from aegis_storage.errors import StorageError
 
 app = typer.Typer(
@@ -42,10 +42,6 @@ def _root() -> None:
 
 EXIT_FAILED = 1
 EXIT_DRIFT = 3
-
-
-def aws_config(settings: AegisSettings) -> AwsConfig:
-    return AwsConfig(region=settings.region, endpoint_url=settings.aws_endpoint_url)
 
 
 @app.command()
@@ -69,7 +65,7 @@ def bootstrap(
 
 async def _bootstrap(settings: AegisSettings, *, check: bool) -> int:
     target = settings.aws_endpoint_url or f"AWS {settings.region}"
-    async with open_clients(aws_config(settings)) as clients:
+    async with open_clients(settings.aws()) as clients:
         if not check:
             report = await run_bootstrap(clients, bucket=settings.bucket, table=settings.table)
             for step in report.steps:

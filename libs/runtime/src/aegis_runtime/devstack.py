@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 from aegis_runtime.localservers import ensure_mosquitto, ensure_moto_server, ensure_nats
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.bootstrap import bootstrap
-from aegis_storage.clients import AwsConfig, open_clients
+from aegis_storage.clients import open_clients
 
 LOCAL_ENDPOINT = "http://127.0.0.1:4566"
 FIRST_HEALTH_PORT = 8101
@@ -67,7 +67,9 @@ async def run_stack(settings: AegisSettings, *, services: list[str] | None = Non
     ensure_nats(settings.nats_url)
     moto = ensure_moto_server(endpoint) if endpoint == LOCAL_ENDPOINT else None
     try:
-        async with open_clients(AwsConfig(region=settings.region, endpoint_url=endpoint)) as c:
+        async with open_clients(
+            settings.model_copy(update={"aws_endpoint_url": endpoint}).aws()
+        ) as c:
             report = await bootstrap(c, bucket=settings.bucket, table=settings.table)
         print(
             f"aegis up: MQTT {settings.mqtt_url}, NATS {settings.nats_url}, S3/DynamoDB {endpoint} "

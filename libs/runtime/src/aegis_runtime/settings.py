@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from aegis_contracts.ttl import TtlSettings
+from aegis_storage.clients import AwsConfig
 
 
 class AegisSettings(BaseSettings):
@@ -56,4 +57,12 @@ class AegisSettings(BaseSettings):
             cloud_fast_history_ttl_hours=self.cloud_fast_history_ttl_hours,
             cloud_slow_history_ttl_hours=self.cloud_slow_history_ttl_hours,
             alert_state_ttl_seconds=self.alert_state_ttl_seconds,
+        )
+
+    def aws(self) -> AwsConfig:
+        """Client settings with a connection pool sized for this service's concurrency."""
+        return AwsConfig(
+            region=self.region,
+            endpoint_url=self.aws_endpoint_url,
+            max_pool_connections=max(10, self.max_concurrency),
         )
