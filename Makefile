@@ -28,7 +28,7 @@ run: $(STAMP) ## the whole platform here: Mosquitto, NATS, moto_server on :4566,
 lint: $(STAMP) ## ruff (format check + lint) and mypy --strict
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy libs/*/src $(wildcard services/*/src)
+	$(VENV)/bin/mypy $(foreach pkg,$(wildcard libs/*/src/aegis_* services/*/src/aegis_*),-p $(notdir $(pkg)))
 
 test: lint ## lint, then the whole suite: unit, integration, e2e against real servers
 	$(VENV)/bin/pytest

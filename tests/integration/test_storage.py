@@ -157,6 +157,20 @@ async def test_history_put_with_ttl_and_expired_items_are_not_returned(foundatio
     assert await rm.get_item(keys.factory_pk("factory-a"), expired_sk) is not None
 
 
+async def test_history_keeps_numbers_numbers(foundation):
+    rm = foundation.readmodel
+    ttl = int((T0 + timedelta(hours=2)).timestamp())
+    await rm.put_history_state(
+        "factory-a", {"sensors": {"co_ppm": 60.5, "count": 3}}, updated_at=T0, ttl=ttl
+    )
+    (item,) = await rm.history_states("factory-a", T0, T0 + timedelta(seconds=1), now=T0)
+    assert item["sensors"] == {"co_ppm": 60.5, "count": 3}
+    raw = await foundation.clients.dynamodb.get_item(
+        TableName=foundation.table, Key={"pk": {"S": item["pk"]}, "sk": {"S": item["sk"]}}
+    )
+    assert raw["Item"]["sensors"]["M"]["co_ppm"] == {"N": "60.5"}
+
+
 async def test_history_snapshots_never_collide(foundation):
     rm = foundation.readmodel
     ttl = int((T0 + timedelta(hours=2)).timestamp())

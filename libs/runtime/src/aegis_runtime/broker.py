@@ -402,8 +402,10 @@ class DeadLetter(pydantic.BaseModel):
         return self.payload.encode("utf-8")
 
 
-def dead_letter_id(service: str, reason: str, message_id: str) -> str:
-    return f"dlq:{service}:{reason}:{message_id}"
+def dead_letter_id(service: str, reason: str, message_id: str, digest: str) -> str:
+    # the same message redelivered is one dead letter; another body or subject under the same id
+    # (a conflict, or two factories that reuse ids) is another
+    return f"dlq:{service}:{reason}:{message_id}:{digest[:16]}"
 
 
 async def dead_letter(
@@ -425,7 +427,8 @@ async def dead_letter(
     of the original subject and payload) and ``reason``. Raises :class:`PublishFailed`.
     """
     reason = _reason_token(reason)
-    original = message_id or _digest(subject, payload)
+    digest = _digest(subject, payload)
+    original = message_id or digest
     envelope = DeadLetter.wrap(
         service=service,
         reason=reason,
@@ -441,7 +444,7 @@ async def dead_letter(
         broker,
         dead_letter_subject(service, reason),
         envelope,
-        msg_id=dead_letter_id(service, reason, original),
+        msg_id=dead_letter_id(service, reason, original, digest),
     )
 
 

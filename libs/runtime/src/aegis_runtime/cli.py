@@ -96,6 +96,24 @@ def up() -> None:
     raise typer.Exit(asyncio.run(run_stack(AegisSettings())))
 
 
+@app.command()
+def status(
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print the rows as JSON (for scripts).")
+    ] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh until Ctrl-C.")] = False,
+    interval: Annotated[
+        float, typer.Option(min=0.2, help="Seconds between refreshes with --watch.")
+    ] = 2.0,
+) -> None:
+    """The fleet from the read model: level, score, reasons, freshness, pipeline per factory."""
+    from aegis_runtime.status import run_status  # noqa: PLC0415 - only this command needs it
+
+    raise typer.Exit(
+        run_status(AegisSettings(), json_output=json_output, watch=watch, interval=interval)
+    )
+
+
 def _load_plugins() -> None:
     for ep in entry_points(group="aegis.commands"):
         try:

@@ -37,10 +37,21 @@ LATEST_GROUPS: dict[str, str] = {
 }
 
 
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):  # already converted once: keep it a number
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, datetime):
+        return format_ts(value)
+    return str(value)
+
+
 def to_plain(value: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
-    """JSON-shaped Python with Decimal numbers: what DynamoDB's type serializer accepts."""
+    """JSON-shaped Python with Decimal numbers: what DynamoDB's type serializer accepts.
+    Idempotent: converting a converted item again changes nothing."""
     text = (
-        value.model_dump_json() if isinstance(value, BaseModel) else json.dumps(value, default=str)
+        value.model_dump_json()
+        if isinstance(value, BaseModel)
+        else json.dumps(value, default=_json_default)
     )
     result = json.loads(text, parse_float=Decimal)
     if not isinstance(result, dict):

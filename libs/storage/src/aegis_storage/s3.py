@@ -15,10 +15,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
-from aegis_storage.errors import Conflict, NotFound, error_code, translated
+from aegis_storage.errors import Conflict, NotFound, translated
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
@@ -90,12 +89,10 @@ class ObjectStore:
     ) -> PutResult:
         """Create ``key`` once. Same bytes again: ``duplicate``. Different bytes: :class:`Conflict`."""
         try:
-            return await self._put(key, body, content_type, metadata, IfNoneMatch="*")
-        except ClientError as err:
-            if error_code(err) not in {"PreconditionFailed", "412", "ConditionalRequestConflict"}:
-                with translated(f"put-once s3://{self.bucket}/{key}"):
-                    raise
-        return await self._settle_existing(key, body)
+            with translated(f"put-once s3://{self.bucket}/{key}"):
+                return await self._put(key, body, content_type, metadata, IfNoneMatch="*")
+        except Conflict:  # 412: the key exists; same bytes is a duplicate, other bytes a conflict
+            return await self._settle_existing(key, body)
 
     async def _put(
         self,

@@ -1,0 +1,1 @@
+"""AEGIS ingest service."""

@@ -1,0 +1,234 @@
+"""Composition root of the ingest service: MQTT shared subscription -> immutable raw/ object ->
+RawArchived on JetStream, with acknowledgement to the MQTT broker only after both succeeded.
+
+``create_app(settings=None)`` builds an :class:`IngestApp`; ``await app.run(stop)`` serves until
+``stop`` is set. ``main()`` is the ``aegis-ingest`` console script (SIGTERM -> graceful stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable
+from contextlib import AsyncExitStack
+from typing import TypeVar
+
+import aiomqtt
+import structlog
+from faststream.nats import NatsBroker
+
+from aegis_contracts.subjects import STREAMS
+from aegis_contracts.times import utc_now
+from aegis_ingest.handlers import Inbound, IngestHandler
+from aegis_ingest.mqtt import Acker, create_client
+from aegis_ingest.settings import IngestSettings
+from aegis_runtime.broker import create_broker, ensure_streams, nats_ready
+from aegis_runtime.health import HealthServer
+from aegis_runtime.lifecycle import run_service
+from aegis_runtime.logging import configure
+from aegis_runtime.metrics import Metrics
+from aegis_storage.clients import open_clients
+from aegis_storage.s3 import ObjectStore
+
+log = structlog.get_logger("aegis_ingest")
+
+_T = TypeVar("_T")
+# ingest publishes raw events and dead letters only
+_STREAMS = tuple(s for s in STREAMS if s.name in {"AEGIS_RAW", "AEGIS_DLQ"})
+
+
+class _Redeliver(Exception):
+    """A message was deferred: recycle the MQTT connection so that the broker redelivers it
+    (MQTT v5 resends unacknowledged messages only when the session reconnects)."""
+
+
+class _Backoff:
+    """Exponential reconnect delays with jitter, so N replicas do not reconnect in lockstep."""
+
+    def __init__(self, first: float, cap: float) -> None:
+        self.first, self.cap, self.failures = first, cap, 0
+
+    def next(self) -> float:
+        delay = min(self.cap, self.first * 2.0 ** min(self.failures, 20))
+        self.failures += 1
+        return delay * random.uniform(0.5, 1.0)  # noqa: S311 (jitter, not cryptography)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class IngestApp:
+    def __init__(self, settings: IngestSettings) -> None:
+        self.settings = settings
+        self.metrics = Metrics(settings.service)
+        self.health = HealthServer(self.metrics, settings.health_host, settings.health_port)
+        self.broker: NatsBroker = create_broker(settings, name=settings.service)
+        self.mqtt_connected = False
+        self.subscribed = asyncio.Event()  # set while a subscription is live (tests wait on it)
+        self.health.add_check("mqtt", self._mqtt_ready)
+        self.health.add_check("nats", nats_ready(self.broker))
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _mqtt_ready(self) -> bool:
+        return self.mqtt_connected
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set; then finish (and ack) in-flight messages and disconnect."""
+        s = self.settings
+        async with AsyncExitStack() as stack:
+            clients = await stack.enter_async_context(open_clients(s.aws()))
+            stack.push_async_callback(self.broker.stop)
+            await ensure_streams(self.broker, _STREAMS)
+            await self.health.start()
+            stack.push_async_callback(self.health.stop)
+            handler = IngestHandler(
+                settings=s,
+                store=ObjectStore(clients.s3, s.bucket),
+                broker=self.broker,
+                metrics=self.metrics,
+                stopping=stop,
+            )
+            log.info(
+                "ingest_started",
+                client_id=s.mqtt_client_id,
+                subscription=s.shared_subscription,
+                bucket=s.bucket,
+                max_inflight=s.mqtt_max_inflight,
+                max_concurrency=s.max_concurrency,
+            )
+            try:
+                await self._consume(handler, stop)
+            finally:
+                await self._drain()
+
+    async def _consume(self, handler: IngestHandler, stop: asyncio.Event) -> None:
+        s = self.settings
+        slots = asyncio.Semaphore(s.max_concurrency)
+        backoff = _Backoff(s.mqtt_reconnect_min_seconds, s.mqtt_reconnect_max_seconds)
+        while not stop.is_set():
+            try:
+                await self._session(handler, stop, slots, backoff)
+            except (aiomqtt.MqttError, _Redeliver) as err:
+                delay = backoff.next()
+                log.warning("mqtt_disconnected", error=str(err) or repr(err), retry_in_s=delay)
+                await _first(asyncio.sleep(delay), stop)
+
+    async def _session(
+        self,
+        handler: IngestHandler,
+        stop: asyncio.Event,
+        slots: asyncio.Semaphore,
+        backoff: _Backoff,
+    ) -> None:
+        """One MQTT connection: subscribe, hand messages to workers, ack each when it is safe."""
+        s = self.settings
+        client = create_client(s)
+        acker = Acker(client)
+        redeliver = asyncio.Event()
+        try:
+            async with client:
+                self.mqtt_connected = True
+                await client.subscribe(s.shared_subscription, qos=1)
+                self.subscribed.set()
+                backoff.reset()
+                log.info("mqtt_subscribed", subscription=s.shared_subscription)
+                messages = aiter(client.messages)
+                while True:
+                    # a free slot first, then the next message: the rest wait at the broker
+                    if not await _first(slots.acquire(), stop, redeliver):
+                        break
+                    message = await _first(anext(messages), stop, redeliver)
+                    if message is None:
+                        slots.release()
+                        break
+                    payload = message.payload
+                    inbound = Inbound(
+                        topic=message.topic.value,
+                        payload=payload if isinstance(payload, bytes) else str(payload).encode(),
+                        qos=message.qos,
+                        received_at=utc_now(),
+                    )
+                    task = asyncio.create_task(
+                        self._work(
+                            handler=handler,
+                            inbound=inbound,
+                            mid=message.mid,
+                            acker=acker,
+                            slots=slots,
+                            redeliver=redeliver,
+                        )
+                    )
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                # leaving on purpose: let in-flight messages finish so their PUBACKs go out
+                # before DISCONNECT (paho writes packets in the order they were queued)
+                await self._drain()
+        finally:
+            acker.close()
+            self.mqtt_connected = False
+            self.subscribed.clear()
+        if redeliver.is_set() and not stop.is_set():
+            raise _Redeliver("a message was deferred; reconnecting for its redelivery")
+
+    async def _work(
+        self,
+        *,
+        handler: IngestHandler,
+        inbound: Inbound,
+        mid: int,
+        acker: Acker,
+        slots: asyncio.Semaphore,
+        redeliver: asyncio.Event,
+    ) -> None:
+        try:
+            outcome = await handler.handle(inbound)
+            if outcome.acknowledge:
+                acker.ack(mid, inbound.qos)
+            elif inbound.qos > 0:
+                redeliver.set()
+        finally:
+            slots.release()
+
+    async def _drain(self) -> None:
+        """Wait for in-flight messages, at most ``shutdown_grace_seconds``; cancel the rest
+        (they stay unacknowledged and the broker redelivers them)."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(
+            set(self._tasks), timeout=self.settings.shutdown_grace_seconds
+        )
+        if pending:
+            log.warning("inflight_abandoned", count=len(pending))
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending)
+
+
+async def _first(awaitable: Awaitable[_T], *events: asyncio.Event) -> _T | None:
+    """The result of ``awaitable``, or None (and it is cancelled) when an event is set first."""
+    task = asyncio.ensure_future(awaitable)
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait([task, *waiters], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        if not task.done():
+            task.cancel()
+            # settle it here: a cancelled Semaphore.acquire hands its permit on, a cancelled
+            # queue read leaves the message in the queue (unacked, redelivered next session)
+            await asyncio.wait([task])
+    if task.cancelled():
+        return None
+    return task.result()
+
+
+def create_app(settings: IngestSettings | None = None) -> IngestApp:
+    return IngestApp(settings or IngestSettings())
+
+
+def main() -> None:
+    settings = IngestSettings()
+    configure(settings.log_format, settings.log_level)
+    app = create_app(settings)
+    run_service(app.run, shutdown_timeout=settings.shutdown_grace_seconds + 10)

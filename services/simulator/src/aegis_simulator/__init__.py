@@ -1,0 +1,1 @@
+"""AEGIS simulator service."""

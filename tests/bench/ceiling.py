@@ -1,0 +1,110 @@
+"""Backend ceiling: how fast the S3/DynamoDB endpoint takes the writes one message needs.
+
+Measures, against the same endpoint the pipeline uses, the sustained rate of each write kind with
+high concurrency through aiobotocore (the services' own client settings), and the client CPU each
+write costs when issued in bulk (the floor no pipeline can go under).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+
+from aegis_storage.bootstrap import bootstrap
+from aegis_storage.clients import AwsClients, AwsConfig, open_clients
+
+
+@dataclass
+class OpRate:
+    op: str
+    count: int
+    seconds: float
+    per_second: float
+    client_cpu_ms: float
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+async def _drive(name: str, call, *, seconds: float, concurrency: int) -> OpRate:  # type: ignore[no-untyped-def]
+    stop = time.perf_counter() + seconds
+    ids = itertools.count()
+    count = 0
+
+    async def worker() -> None:
+        nonlocal count
+        while time.perf_counter() < stop:
+            await call(next(ids))
+            count += 1
+
+    cpu0, t0 = _cpu(), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed, cpu = time.perf_counter() - t0, _cpu() - cpu0
+    return OpRate(name, count, elapsed, count / elapsed, cpu / max(count, 1) * 1000)
+
+
+async def measure(
+    endpoint: str, *, seconds: float = 5.0, concurrency: int = 32
+) -> dict[str, OpRate]:
+    bucket = f"aegis-bench-{uuid.uuid4().hex[:8]}"
+    table = f"AEGIS-bench-{uuid.uuid4().hex[:8]}"
+    cfg = AwsConfig(endpoint_url=endpoint, max_pool_connections=concurrency * 2)
+    body = b'{"sensors":{"temperature_c":24.5}}'.ljust(1024, b" ")
+    now = datetime.now(UTC).isoformat()
+    async with open_clients(cfg) as c:
+        await bootstrap(c, bucket=bucket, table=table)
+        return await _measure(c, bucket, table, body, now, seconds, concurrency)
+
+
+async def _measure(
+    c: AwsClients, bucket: str, table: str, body: bytes, now: str, seconds: float, concurrency: int
+) -> dict[str, OpRate]:
+    run = uuid.uuid4().hex[:6]
+
+    async def s3_put(i: int) -> None:
+        await c.s3.put_object(Bucket=bucket, Key=f"bench/{run}/{i}.json", Body=body)
+
+    async def s3_put_once(i: int) -> None:
+        await c.s3.put_object(
+            Bucket=bucket, Key=f"bench/{run}/once-{i}.json", Body=body, IfNoneMatch="*"
+        )
+
+    async def ddb_put(i: int) -> None:
+        await c.dynamodb.put_item(
+            TableName=table,
+            Item={"pk": {"S": f"B#{i % 64}"}, "sk": {"S": f"H#{i:09d}"}, "v": {"S": now}},
+        )
+
+    async def ddb_update(i: int) -> None:
+        await c.dynamodb.update_item(
+            TableName=table,
+            Key={"pk": {"S": f"B#{i % 64}"}, "sk": {"S": "LATEST"}},
+            UpdateExpression="SET #v = :v, #t = :t",
+            ConditionExpression="attribute_not_exists(#t) OR #t < :t",
+            ExpressionAttributeNames={"#v": "v", "#t": "t"},
+            ExpressionAttributeValues={":v": {"S": now}, ":t": {"N": str(i)}},
+            ReturnValues="ALL_OLD",
+        )
+
+    results = {}
+    for name, call in (
+        ("s3_put", s3_put),
+        ("s3_put_if_none_match", s3_put_once),
+        ("ddb_put", ddb_put),
+        ("ddb_conditional_update", ddb_update),
+    ):
+        results[name] = await _drive(name, call, seconds=seconds, concurrency=concurrency)
+    return results
+
+
+if __name__ == "__main__":
+    endpoint = os.environ.get("AEGIS_AWS_ENDPOINT_URL", "http://127.0.0.1:4566")
+    for rate in asyncio.run(measure(endpoint)).values():
+        print(asdict(rate))

@@ -1,0 +1,392 @@
+"""The ingest service against real Mosquitto, NATS JetStream and the S3 emulator, run in-process.
+
+Each test has its own bucket, factory id, MQTT client id and share group, and its own service name
+(so its dead letters land on ``aegis.dlq.ingest-{id}.*``). The subscription is ``aegis/+/+`` like
+production, so an ingest here may also see other tests' traffic: assertions look for this test's
+factory ids and payloads, and count metrics as "at least".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import aiomqtt
+import nats
+import pytest
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from aegis_contracts.events import RawArchived
+from aegis_contracts.ids import MAX_PAYLOAD_BYTES, derive_message_id
+from aegis_contracts.keys import raw_key, raw_prefix
+from aegis_contracts.subjects import DEAD_LETTER, dead_letter_subject, raw_subject
+from aegis_contracts.times import parse_ts
+from aegis_ingest.app import IngestApp, create_app
+from aegis_ingest.settings import IngestSettings
+from aegis_runtime.broker import MSG_ID_HEADER, DeadLetter
+from aegis_runtime.localservers import free_port
+
+if TYPE_CHECKING:
+    from tests.integration.conftest import Foundation
+
+pytestmark = pytest.mark.integration
+
+RAW_STREAM, DLQ_STREAM = "AEGIS_RAW", "AEGIS_DLQ"
+
+
+async def eventually(predicate: Callable[[], Awaitable[bool]], within: float = 15) -> None:
+    """Poll until ``predicate`` holds (bounded): no fixed sleeps."""
+    deadline = time.monotonic() + within
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within}s")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def settings(
+    foundation: Foundation, aws_endpoint: str, mqtt_url: str, nats_url: str, unique_id: str
+) -> IngestSettings:
+    return IngestSettings(
+        service=f"ingest-{unique_id}",
+        aws_endpoint_url=aws_endpoint,
+        bucket=foundation.bucket,
+        mqtt_url=mqtt_url,
+        nats_url=nats_url,
+        mqtt_client_id=f"ingest-{unique_id}",
+        mqtt_share_group=f"g-{unique_id}",
+        # short-lived sessions: a test's session must not queue the machine's traffic for an hour
+        mqtt_session_expiry_seconds=60,
+        mqtt_reconnect_min_seconds=0.05,
+        mqtt_reconnect_max_seconds=0.5,
+        retry_attempts=2,
+        retry_first_delay_seconds=0.05,
+        retry_max_delay_seconds=0.1,
+        shutdown_grace_seconds=5,
+        health_port=0,
+    )
+
+
+@pytest.fixture
+def factory(unique_id: str) -> str:
+    return f"f-{unique_id}"
+
+
+@contextlib.asynccontextmanager
+async def running(app: IngestApp) -> AsyncIterator[IngestApp]:
+    """Run ``app`` as a task until the block ends, then stop it gracefully (bounded)."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(app.run(stop))
+    try:
+        waiter = asyncio.ensure_future(app.subscribed.wait())
+        done, _ = await asyncio.wait([task, waiter], timeout=15, return_when="FIRST_COMPLETED")
+        waiter.cancel()
+        if task in done:
+            task.result()  # raises what broke start-up
+        assert app.subscribed.is_set(), "ingest did not subscribe within 15 s"
+        yield app
+    finally:
+        stop.set()
+        async with asyncio.timeout(20):
+            await task
+
+
+@pytest.fixture
+async def publisher(mqtt_url: str, unique_id: str) -> AsyncIterator[aiomqtt.Client]:
+    url = urlsplit(mqtt_url)
+    client = aiomqtt.Client(
+        url.hostname or "127.0.0.1",
+        url.port or 1883,
+        identifier=f"pub-{unique_id}",
+        protocol=aiomqtt.ProtocolVersion.V5,
+    )
+    async with client:
+        yield client
+
+
+@pytest.fixture
+async def js(
+    nats_url: str, settings: IngestSettings, factory: str
+) -> AsyncIterator[JetStreamContext]:
+    nc: NatsClient = await nats.connect(nats_url)
+    js = nc.jetstream()
+    try:
+        yield js
+    finally:
+        # the shared streams outlive the test: remove what this test put there
+        with contextlib.suppress(NotFoundError):
+            await js.purge_stream(RAW_STREAM, subject=f"aegis.raw.{factory}.>")
+        with contextlib.suppress(NotFoundError):
+            await js.purge_stream(DLQ_STREAM, subject=f"{DEAD_LETTER}.{settings.service}.>")
+        await nc.close()
+
+
+async def messages_on(js: JetStreamContext, stream: str, subject: str) -> list[Any]:
+    """Every stored message on ``subject`` (a handful: this test's subjects only)."""
+    found: list[Any] = []
+    seq = 1
+    while True:
+        try:
+            msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+        except NotFoundError:
+            return found
+        found.append(msg)
+        seq = (msg.seq or seq) + 1
+
+
+async def dead_letters(js: JetStreamContext, service: str, reason: str) -> list[DeadLetter]:
+    raw = await messages_on(js, DLQ_STREAM, dead_letter_subject(service, reason))
+    return [DeadLetter.model_validate_json(m.data) for m in raw]
+
+
+def sample(app: IngestApp, name: str, **labels: str) -> float:
+    value = app.metrics.registry.get_sample_value(f"aegis_{name}", labels)
+    return value or 0.0
+
+
+def device_payload(factory: str, message_id: str | None, **body: Any) -> bytes:
+    doc: dict[str, Any] = {
+        "factory_id": factory,
+        "device_id": "edge-1",
+        "emitted_at": "2026-11-30T10:00:00Z",
+        "schema_version": "1",
+        "sensors": {"temperature_c": 21.5},
+        **body,
+    }
+    if message_id is not None:
+        doc["message_id"] = message_id
+    return json.dumps(doc).encode()
+
+
+async def test_message_is_archived_byte_identical_and_announced(
+    settings: IngestSettings,
+    foundation: Foundation,
+    publisher: aiomqtt.Client,
+    js: JetStreamContext,
+    factory: str,
+) -> None:
+    topic = f"aegis/{factory}/factory_state"
+    payload = device_payload(factory, "msg-happy-0001") + b"  \n"  # odd bytes survive verbatim
+    async with running(create_app(settings)) as app:
+        assert await app.health.readiness() == {"mqtt": True, "nats": True}
+        await publisher.publish(topic, payload, qos=1)
+
+        async def archived() -> bool:
+            return len(await foundation.store.list_keys(raw_prefix(factory))) == 1
+
+        await eventually(archived)
+        [key] = await foundation.store.list_keys(raw_prefix(factory))
+        assert await foundation.store.get_bytes(key) == payload
+        head = await foundation.store.head(key)
+        assert head is not None
+        meta = head["Metadata"]
+        assert meta["topic"] == topic and meta["qos"] == "1"
+        received_at = parse_ts(meta["received_at"])
+        assert key == raw_key(factory, "factory_state", received_at, "msg-happy-0001")
+
+        async def announced() -> bool:
+            return bool(await messages_on(js, RAW_STREAM, raw_subject(factory, "factory_state")))
+
+        await eventually(announced)
+        [msg] = await messages_on(js, RAW_STREAM, raw_subject(factory, "factory_state"))
+        assert msg.headers[MSG_ID_HEADER] == key  # de-duplication per raw object
+        event = RawArchived.model_validate_json(msg.data)
+        assert (event.key, event.bucket, event.topic) == (key, foundation.bucket, topic)
+        assert event.message_id == "msg-happy-0001" and not event.message_id_derived
+        assert event.payload_text == payload.decode() and event.size_bytes == len(payload)
+        assert event.received_at == received_at
+        assert sample(app, "messages_total", outcome="archived") >= 1
+
+
+async def test_duplicate_and_conflicting_message_id_leave_the_first_body(
+    settings: IngestSettings,
+    foundation: Foundation,
+    publisher: aiomqtt.Client,
+    js: JetStreamContext,
+    factory: str,
+) -> None:
+    topic = f"aegis/{factory}/infra_state"
+    first = device_payload(factory, "msg-dup-0001", network={"rtt_ms": 3})
+    second = device_payload(factory, "msg-dup-0001", network={"rtt_ms": 999})
+    async with running(create_app(settings)) as app:
+        await publisher.publish(topic, first, qos=1)
+        await publisher.publish(topic, first, qos=1)  # what a QoS 1 redelivery looks like
+
+        async def both_handled() -> bool:
+            done = sample(app, "messages_total", outcome="archived") + sample(
+                app, "messages_total", outcome="duplicate"
+            )
+            return done >= 2
+
+        await eventually(both_handled)
+        # only now the conflicting body, so that "first" is unambiguous
+        await publisher.publish(topic, second, qos=1)
+
+        async def conflict_dead_lettered() -> bool:
+            return bool(await dead_letters(js, settings.service, "message_id_conflict"))
+
+        await eventually(conflict_dead_lettered)
+        keys = await foundation.store.list_keys(raw_prefix(factory))
+        assert len(keys) == 1 and keys[0].endswith("/msg-dup-0001.json")
+        assert await foundation.store.get_bytes(keys[0]) == first
+        [letter] = await dead_letters(js, settings.service, "message_id_conflict")
+        assert letter.payload_bytes() == second
+        assert letter.message_id == "msg-dup-0001" and letter.subject == topic
+        # one event: the duplicate's publish was dropped by JetStream's de-duplication
+        assert len(await messages_on(js, RAW_STREAM, raw_subject(factory, "infra_state"))) == 1
+
+        # the same device message_id from another factory is another message, not a duplicate
+        other = f"{factory}-b"
+        try:
+            await publisher.publish(f"aegis/{other}/infra_state", first, qos=1)
+
+            async def other_announced() -> bool:
+                return bool(await messages_on(js, RAW_STREAM, raw_subject(other, "infra_state")))
+
+            await eventually(other_announced)
+        finally:
+            await js.purge_stream(RAW_STREAM, subject=f"aegis.raw.{other}.>")
+        assert sample(app, "messages_total", outcome="duplicate") >= 1
+        assert sample(app, "dead_letters_total", reason="message_id_conflict") >= 1
+
+
+async def test_hostile_topic_and_oversize_are_dead_lettered_and_service_keeps_serving(
+    settings: IngestSettings,
+    foundation: Foundation,
+    publisher: aiomqtt.Client,
+    js: JetStreamContext,
+    factory: str,
+    unique_id: str,
+) -> None:
+    marker = f"hostile-{unique_id}".encode()
+    oversize = b'{"pad": "' + b"x" * MAX_PAYLOAD_BYTES + b'"}'
+    async with running(create_app(settings)) as app:
+        await publisher.publish("aegis/../factory_state", marker, qos=1)
+        await publisher.publish(f"aegis/{factory.upper()}/factory_state", marker, qos=1)
+        await publisher.publish(f"aegis/{factory}/camera_state", marker, qos=1)
+        await publisher.publish(f"aegis/{factory}/factory_state", oversize, qos=1)
+        # malformed JSON on a valid topic is archived as received (the processor rejects it later)
+        malformed = b'{"message_id": "msg-bad-json-01", "sensors": {'
+        await publisher.publish(f"aegis/{factory}/factory_state", malformed, qos=1)
+        valid = device_payload(factory, "msg-after-0001")
+        await publisher.publish(f"aegis/{factory}/factory_state", valid, qos=1)
+
+        async def all_handled() -> bool:
+            mine = [
+                d
+                for d in await dead_letters(js, settings.service, "invalid_topic")
+                if d.payload_bytes() == marker
+            ]
+            too_large = await dead_letters(js, settings.service, "payload_too_large")
+            keys = await foundation.store.list_keys(raw_prefix(factory))
+            return len(mine) == 3 and len(too_large) == 1 and len(keys) == 2
+
+        await eventually(all_handled)
+        invalid = {
+            d.subject
+            for d in await dead_letters(js, settings.service, "invalid_topic")
+            if d.payload_bytes() == marker
+        }
+        assert invalid == {
+            "aegis/../factory_state",
+            f"aegis/{factory.upper()}/factory_state",
+            f"aegis/{factory}/camera_state",
+        }
+        [big] = await dead_letters(js, settings.service, "payload_too_large")
+        assert big.payload_bytes() == oversize[: settings.dead_letter_prefix_bytes]
+        assert str(len(oversize)) in big.detail
+        assert big.message_id == derive_message_id(f"aegis/{factory}/factory_state", oversize)
+
+        # nothing under a made-up key; the two archived objects are the valid-topic ones
+        bodies = {
+            await foundation.store.get_bytes(k)
+            for k in await foundation.store.list_keys(raw_prefix(factory))
+        }
+        assert bodies == {malformed, valid}
+        for prefix in ("raw/../", "raw/F-", f"raw/{factory.upper()}"):
+            assert await foundation.store.list_keys(prefix) == []
+        assert sample(app, "dead_letters_total", reason="invalid_topic") >= 3
+        assert sample(app, "dead_letters_total", reason="payload_too_large") >= 1
+
+
+async def test_unacknowledged_message_is_redelivered_to_the_same_session(
+    settings: IngestSettings,
+    foundation: Foundation,
+    publisher: aiomqtt.Client,
+    js: JetStreamContext,
+    factory: str,
+) -> None:
+    """Manual ack proof: with S3 unreachable the message is never acknowledged (the broker keeps
+    redelivering it to the session); a healthy ingest resuming the same session archives it."""
+    topic = f"aegis/{factory}/factory_state"
+    payload = device_payload(factory, "msg-redeliver-01")
+    broken = settings.model_copy(
+        update={"aws_endpoint_url": f"http://127.0.0.1:{free_port()}", "aws_max_attempts": 1}
+    )
+    async with running(create_app(broken)) as app:
+        await publisher.publish(topic, payload, qos=1)
+
+        async def redelivered() -> bool:
+            # deferred twice = the broker sent it again after the reconnect: it was never acked
+            return sample(app, "messages_total", outcome="deferred") >= 2
+
+        await eventually(redelivered)
+        assert await foundation.store.list_keys(raw_prefix(factory)) == []
+
+    async with running(create_app(settings)) as app:
+
+        async def archived() -> bool:
+            return bool(await foundation.store.list_keys(raw_prefix(factory)))
+
+        await eventually(archived)
+        [key] = await foundation.store.list_keys(raw_prefix(factory))
+        assert key.endswith("/msg-redeliver-01.json")
+        assert await foundation.store.get_bytes(key) == payload
+        assert sample(app, "messages_total", outcome="archived") >= 1
+
+        async def announced() -> bool:
+            return bool(await messages_on(js, RAW_STREAM, raw_subject(factory, "factory_state")))
+
+        await eventually(announced)
+
+
+async def test_stop_mid_stream_loses_nothing_and_the_next_session_finishes(
+    settings: IngestSettings,
+    foundation: Foundation,
+    publisher: aiomqtt.Client,
+    factory: str,
+) -> None:
+    """SIGTERM path: stop while a stream is flowing; in-flight messages are acked, the rest stay
+    with the broker (unacked or queued for the session) and the next run archives every one."""
+    topic = f"aegis/{factory}/factory_state"
+    count = 200
+    payloads = [device_payload(factory, f"msg-stream-{i:05d}") for i in range(count)]
+    small = settings.model_copy(update={"mqtt_max_inflight": 8, "max_concurrency": 8})
+    async with running(create_app(small)) as app:
+        for body in payloads:
+            await publisher.publish(topic, body, qos=1)
+
+        async def some_archived() -> bool:
+            return sample(app, "messages_total", outcome="archived") >= 10
+
+        await eventually(some_archived)
+    first_run = sample(app, "messages_total", outcome="archived")
+
+    async with running(create_app(small)) as app:
+
+        async def all_archived() -> bool:
+            return len(await foundation.store.list_keys(raw_prefix(factory))) == count
+
+        await eventually(all_archived, within=60)
+    keys = await foundation.store.list_keys(raw_prefix(factory))
+    assert sorted(k.rsplit("/", 1)[1] for k in keys) == [
+        f"msg-stream-{i:05d}.json" for i in range(count)
+    ]
+    assert first_run < count, "the first run should have been stopped mid-stream"

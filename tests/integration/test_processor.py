@@ -1,0 +1,643 @@
+"""The processor app in-process against real NATS JetStream and the S3/DynamoDB emulator.
+
+Each test has its own bucket/table (``foundation``), factory id, durable consumer filtered to that
+factory's raw subjects, and dead-letter service name, because AEGIS_RAW/EVENTS/DLQ are shared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from faststream.nats import NatsBroker
+from nats.js import JetStreamContext, api
+
+from aegis_contracts import keys
+from aegis_contracts.events import ChangeEvent, ObjectCreated, RawArchived
+from aegis_contracts.ids import SourceType
+from aegis_contracts.keys import Dataset, ReportArtifact
+from aegis_contracts.subjects import DEAD_LETTER, dead_letter_subject, raw_subject
+from aegis_contracts.times import format_ts, kst_report_date, parse_ts, truncate_ms
+from aegis_processor.app import ProcessorApp, create_app
+from aegis_processor.settings import ProcessorSettings
+from aegis_runtime.broker import DeadLetter, create_broker, ensure_streams, publish
+from aegis_runtime.settings import AegisSettings
+
+pytestmark = pytest.mark.integration
+
+
+class FakeClock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+async def eventually(
+    predicate: Callable[[], Awaitable[bool] | bool], within: float = 15, what: str = "condition"
+) -> None:
+    """Poll until ``predicate`` holds (bounded): no fixed sleeps."""
+    deadline = time.monotonic() + within
+    while True:
+        result = predicate()
+        if isinstance(result, Awaitable):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {within}s")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def broker(nats_url: str) -> AsyncIterator[NatsBroker]:
+    broker = create_broker(AegisSettings(nats_url=nats_url), name="processor-test-client")
+    await broker.connect()
+    await ensure_streams(broker)
+    yield broker
+    await broker.stop()
+
+
+@pytest.fixture
+def js(broker: NatsBroker) -> JetStreamContext:
+    return broker.connection.jetstream()
+
+
+class Events:
+    """Filtered durable consumers on AEGIS_EVENTS (created before the test publishes)."""
+
+    def __init__(self, js: JetStreamContext, unique_id: str, factory: str) -> None:
+        self.js, self.uid, self.factory = js, unique_id, factory
+        self.subs: dict[str, Any] = {}
+        self.objects: list[ObjectCreated] = []
+        self.changes: list[ChangeEvent] = []
+
+    async def start(self) -> None:
+        for name, subject in (
+            ("oc", "aegis.objects.created.>"),
+            ("chg", "aegis.changes.factory_latest"),
+        ):
+            durable = f"test-{self.uid}-{name}"
+            self.subs[durable] = await self.js.pull_subscribe(
+                subject,
+                durable=durable,
+                stream="AEGIS_EVENTS",
+                config=api.ConsumerConfig(
+                    deliver_policy=api.DeliverPolicy.NEW, ack_policy=api.AckPolicy.NONE
+                ),
+            )
+
+    async def drain(self) -> None:
+        for durable, sub in self.subs.items():
+            try:
+                msgs = await sub.fetch(batch=200, timeout=0.3)
+            except TimeoutError:
+                continue
+            for msg in msgs:
+                if durable.endswith("-oc"):
+                    oc = ObjectCreated.model_validate_json(msg.data)
+                    if oc.key.startswith(f"processed/{self.factory}/"):
+                        self.objects.append(oc)
+                else:
+                    ch = ChangeEvent.model_validate_json(msg.data)
+                    if ch.pk == keys.factory_pk(self.factory):
+                        self.changes.append(ch)
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        async def check() -> bool:
+            await self.drain()
+            return predicate()
+
+        await eventually(check, what="events")
+
+    async def stop(self) -> None:
+        for durable, sub in self.subs.items():
+            await sub.unsubscribe()
+            await self.js.delete_consumer("AEGIS_EVENTS", durable)
+
+
+class Harness:
+    def __init__(self, foundation: Any, broker: NatsBroker, js: JetStreamContext, uid: str) -> None:
+        self.f = f"f-{uid}"
+        self.uid = uid
+        self.foundation = foundation
+        self.store = foundation.store
+        self.readmodel = foundation.readmodel
+        self.broker = broker
+        self.js = js
+        self.service = f"processor-{uid}"
+        self.sent = 0
+
+    async def raw(
+        self,
+        source_type: str,
+        body: dict[str, Any] | bytes,
+        *,
+        mid: str,
+        emitted_at: datetime | None,
+        received_at: datetime,
+        inline: bool = False,
+        factory_in_payload: str | None = None,
+    ) -> RawArchived:
+        """Archive a payload as ingest would, and publish its RawArchived event."""
+        if isinstance(body, bytes):
+            payload = body
+        else:
+            envelope = {
+                "message_id": mid,
+                "factory_id": factory_in_payload or self.f,
+                "device_id": "edge-1",
+                "emitted_at": (emitted_at or received_at).isoformat(),
+                "schema_version": "1.0",
+            }
+            payload = json.dumps({**envelope, **body}).encode()
+        key = keys.raw_key(self.f, source_type, received_at, mid)
+        await self.store.put_immutable(key, payload)
+        event = RawArchived(
+            message_id=mid,
+            factory_id=self.f,
+            source_type=SourceType(source_type),
+            topic=f"aegis/{self.f}/{source_type}",
+            bucket=self.store.bucket,
+            key=key,
+            received_at=received_at,
+            size_bytes=len(payload),
+            qos=1,
+            payload_text=payload.decode() if inline else None,
+        )
+        await self.send(event)
+        return event
+
+    async def send(self, event: RawArchived) -> None:
+        self.sent += 1  # a fresh Nats-Msg-Id each time: a re-send is a redelivery, not a duplicate
+        await publish(
+            self.broker,
+            raw_subject(event.factory_id, event.source_type),
+            event,
+            msg_id=f"{event.message_id}:{self.sent}",
+        )
+
+    async def settled(self, app: ProcessorApp, handled: int) -> None:
+        async def done() -> bool:
+            info = await self.js.consumer_info("AEGIS_RAW", app.settings.durable)
+            total = sum(
+                s.value
+                for fam in app.metrics.messages_total.collect()
+                for s in fam.samples
+                if s.name.endswith("_total")
+            )
+            return info.num_pending == 0 and info.num_ack_pending == 0 and total >= handled
+
+        await eventually(done, what=f"{handled} messages settled")
+
+    async def history(self) -> list[dict[str, Any]]:
+        now = datetime.now(UTC)
+        return await self.readmodel.history_states(
+            self.f, now - timedelta(days=30), now + timedelta(days=30), now=now
+        )
+
+    async def processed_keys(self) -> list[str]:
+        return await self.store.list_keys(f"processed/{self.f}/")
+
+
+@pytest.fixture
+async def harness(
+    foundation: Any, broker: NatsBroker, js: JetStreamContext, unique_id: str
+) -> AsyncIterator[Harness]:
+    h = Harness(foundation, broker, js, unique_id)
+    yield h
+    await js.purge_stream("AEGIS_DLQ", subject=f"{DEAD_LETTER}.{h.service}.>")
+
+
+@pytest.fixture
+async def events(js: JetStreamContext, unique_id: str) -> AsyncIterator[Events]:
+    ev = Events(js, unique_id, f"f-{unique_id}")
+    await ev.start()
+    yield ev
+    await ev.stop()
+
+
+@pytest.fixture
+def run_app(harness: Harness, aws_endpoint: str, nats_url: str) -> Callable[..., Any]:
+    @asynccontextmanager
+    async def run(clock: Any = None, **overrides: Any) -> AsyncIterator[ProcessorApp]:
+        settings = ProcessorSettings(
+            aws_endpoint_url=aws_endpoint,
+            bucket=harness.foundation.bucket,
+            table=harness.foundation.table,
+            nats_url=nats_url,
+            service=harness.service,
+            durable=f"processor-{harness.uid}",
+            subject=f"aegis.raw.{harness.f}.>",
+            fetch_timeout_s=0.3,
+            retry_first_delay_s=0.05,
+            retry_max_delay_s=0.2,
+            **{"refresh_enabled": False, **overrides},
+        )
+        app = create_app(settings, **({"clock": clock} if clock else {}))
+        await app.start()
+        try:
+            yield app
+        finally:
+            await app.stop()
+            await harness.js.delete_consumer("AEGIS_RAW", settings.durable)
+
+    return run
+
+
+def now_ms() -> datetime:
+    return truncate_ms(datetime.now(UTC))
+
+
+FACTORY_BODY = {
+    "sensors": {"temperature_c": 24.5, "co_ppm": 60.0, "pressure_kpa": 101.2},
+    "ai": {
+        "model_version": "yolo-8",
+        "detections": [{"label": "fire", "confidence": 0.91, "camera_id": "cam-1"}],
+    },
+}
+
+
+# -- the happy path ----------------------------------------------------------------------------
+
+
+async def test_factory_state_yields_processed_objects_latest_history_snapshot_and_events(
+    harness: Harness, events: Events, run_app: Callable[..., Any]
+) -> None:
+    h = harness
+    received = now_ms()
+    emitted = received - timedelta(seconds=2)
+    mid = f"m-{h.uid}-1"
+    async with run_app() as app:
+        await h.raw(
+            "factory_state", FACTORY_BODY, mid=mid, emitted_at=emitted, received_at=received
+        )
+        await h.settled(app, 1)
+        assert await app.health.readiness() == {"nats": True, "storage": True}
+
+    fs_key = keys.processed_key(h.f, Dataset.FACTORY_STATE, emitted, mid)
+    risk_key = keys.processed_key(h.f, Dataset.RISK_SCORE, emitted, mid)
+    state = await h.store.get_json(fs_key)
+    assert state["sensors"] == FACTORY_BODY["sensors"]
+    assert state["detections"][0]["label"] == "fire"
+    assert state["meta"]["event_time"] == format_ts(emitted)
+    assert state["meta"]["received_at"] == format_ts(received)
+    assert state["meta"]["flags"] == []
+    risk = await h.store.get_json(risk_key)
+    assert risk["risk"]["level"] == "CRITICAL"
+    assert {r["code"] for r in risk["risk"]["reasons"]} == {"FIRE_DETECTED", "CO_HIGH"}
+
+    latest = await h.readmodel.get_latest(h.f)
+    assert latest is not None
+    assert latest["factory_state"]["meta"]["message_id"] == mid
+    assert latest["last_factory_state_at"] == format_ts(emitted)
+    assert "infra_state" not in latest and "last_infra_state_at" not in latest
+    assert latest["risk"]["level"] == "CRITICAL"
+    assert latest["pipeline_status"]["status"] == "OK"
+    updated_at = parse_ts(latest["updated_at"])
+    assert abs((updated_at - datetime.now(UTC)).total_seconds()) < 60
+
+    (item,) = await h.history()
+    assert item["sk"] == keys.history_state_sk(updated_at)
+    expected_ttl = datetime.now(UTC).timestamp() + 2 * 3600
+    assert abs(item["ttl"] - expected_ttl) < 60
+    assert item["factory_state"] == latest["factory_state"]
+    assert item["risk"] == latest["risk"]
+
+    snap_key = keys.state_snapshot_key(h.f, updated_at)
+    snapshot = await h.store.get_json(snap_key)
+    assert "ttl" not in snapshot
+    assert snapshot == {k: v for k, v in item.items() if k != "ttl"}
+    assert sorted(await h.processed_keys()) == sorted([fs_key, risk_key, snap_key])
+
+    wanted = {fs_key, risk_key, snap_key}
+    await events.until(lambda: {o.key for o in events.objects} >= wanted)
+    by_key = {o.key: o for o in events.objects}
+    assert by_key[snap_key].bucket == h.store.bucket
+    assert by_key[snap_key].producer == "processor"
+    assert by_key[fs_key].size_bytes > 0
+    await events.until(lambda: len(events.changes) >= 2)
+    first, second = events.changes[:2]
+    assert (first.event_name, first.old_image) == ("INSERT", None)
+    assert (
+        first.new_image is not None
+        and first.new_image["factory_state"]["meta"]["message_id"] == mid
+    )
+    assert second.event_name == "MODIFY"
+    assert second.new_image is not None and second.new_image["risk"]["level"] == "CRITICAL"
+    assert second.table == h.foundation.table and second.sk == "LATEST"
+
+
+# -- ordering and redelivery --------------------------------------------------------------------
+
+
+async def test_newer_then_older_leaves_latest_on_the_newer(
+    harness: Harness, run_app: Callable[..., Any]
+) -> None:
+    h = harness
+    received = now_ms()
+    newer, older = received - timedelta(seconds=1), received - timedelta(seconds=20)
+    body = {"host": {"cpu_pct": 20.5}, "pipeline": {"detector": "ok"}}
+    async with run_app() as app:
+        await h.raw(
+            "infra_state",
+            body,
+            mid=f"new-{h.uid}",
+            emitted_at=newer,
+            received_at=received,
+            inline=True,
+        )
+        await h.settled(app, 1)
+        await h.raw(
+            "infra_state",
+            body,
+            mid=f"old-{h.uid}",
+            emitted_at=older,
+            received_at=received,
+            inline=True,
+        )
+        await h.settled(app, 2)
+
+    latest = await h.readmodel.get_latest(h.f)
+    assert latest is not None
+    assert latest["infra_state"]["meta"]["message_id"] == f"new-{h.uid}"
+    assert latest["last_infra_state_at"] == format_ts(newer)
+    assert "factory_state" not in latest
+    assert latest["pipeline_status"]["status"] == "OK"
+    # the late one still has its processed object, filed under its own event time
+    assert await h.store.exists(keys.processed_key(h.f, Dataset.INFRA_STATE, older, f"old-{h.uid}"))
+    assert len(await h.history()) == 1
+    outcomes = {
+        s.labels["outcome"]: s.value
+        for fam in app.latest_outcomes.collect()
+        for s in fam.samples
+        if s.name.endswith("_total")
+    }
+    assert outcomes == {"applied": 1, "older": 1}
+
+
+async def test_redelivery_changes_nothing(
+    harness: Harness, events: Events, run_app: Callable[..., Any]
+) -> None:
+    h = harness
+    received = now_ms()
+    mid = f"m-{h.uid}-r"
+    async with run_app() as app:
+        event = await h.raw(
+            "factory_state", FACTORY_BODY, mid=mid, emitted_at=received, received_at=received
+        )
+        await h.settled(app, 1)
+        before = await h.readmodel.get_latest(h.f)
+        keys_before = sorted(await h.processed_keys())
+        snap_key = next(k for k in keys_before if "/state_snapshot/" in k)
+        snap_before = await h.store.get_bytes(snap_key)
+        fs_key = next(k for k in keys_before if "/factory_state/" in k)
+        fs_before = await h.store.get_bytes(fs_key)
+        await h.send(event)  # the same event again, as after a crash before the ack
+        await h.settled(app, 2)
+
+    assert await h.readmodel.get_latest(h.f) == before
+    assert len(await h.history()) == 1
+    assert sorted(await h.processed_keys()) == keys_before
+    assert await h.store.get_bytes(snap_key) == snap_before
+    assert await h.store.get_bytes(fs_key) == fs_before
+    await events.until(lambda: len(events.changes) >= 2)
+    await events.drain()
+    assert len(events.changes) == 2  # apply + derived write of the first delivery only
+    assert len({o.key for o in events.objects}) == 3
+
+
+async def test_redelivery_after_a_crash_mid_way_finishes_the_snapshot(
+    harness: Harness, run_app: Callable[..., Any]
+) -> None:
+    h = harness
+    received = now_ms()
+    mid = f"m-{h.uid}-c"
+    async with run_app() as app:
+        event = await h.raw(
+            "factory_state", FACTORY_BODY, mid=mid, emitted_at=received, received_at=received
+        )
+        await h.settled(app, 1)
+        # simulate a crash after the LATEST write: drop what came after it
+        (item,) = await h.history()
+        await h.readmodel.delete_item(item["pk"], item["sk"])
+        snap_key = keys.state_snapshot_key(h.f, parse_ts(item["updated_at"]))
+        await h.store.delete_many([snap_key])
+        await h.send(event)
+        await h.settled(app, 2)
+
+    (again,) = await h.history()
+    assert again == item
+    snapshot = await h.store.get_json(snap_key)
+    assert snapshot == {k: v for k, v in item.items() if k != "ttl"}
+
+
+# -- poison -------------------------------------------------------------------------------------
+
+
+async def _dead_letter(h: Harness, reason: str) -> DeadLetter:
+    raw = await h.js.get_last_msg("AEGIS_DLQ", dead_letter_subject(h.service, reason))
+    assert raw.data is not None
+    return DeadLetter.model_validate_json(raw.data)
+
+
+async def test_invalid_messages_are_dead_lettered_with_their_reason_and_write_nothing(
+    harness: Harness, run_app: Callable[..., Any]
+) -> None:
+    h = harness
+    received = now_ms()
+    async with run_app() as app:
+        await h.raw(
+            "factory_state",
+            b'{"sensors": {"co_ppm": 1}',
+            mid=f"bad-{h.uid}-1",
+            emitted_at=None,
+            received_at=received,
+        )
+        await h.raw(
+            "factory_state",
+            {"sensors": {"co_ppm": "high"}},
+            mid=f"bad-{h.uid}-2",
+            emitted_at=received,
+            received_at=received,
+            inline=True,
+        )
+        await h.raw(
+            "infra_state",
+            {},
+            mid=f"bad-{h.uid}-3",
+            emitted_at=received,
+            received_at=received,
+            factory_in_payload="factory-b",
+        )
+        await h.settled(app, 3)
+        # the service keeps serving
+        await h.raw(
+            "factory_state",
+            {"sensors": {"co_ppm": 1}},
+            mid=f"ok-{h.uid}-4",
+            emitted_at=received,
+            received_at=received,
+        )
+        await h.settled(app, 4)
+
+    for reason, mid in (
+        ("malformed_json", f"bad-{h.uid}-1"),
+        ("schema_violation", f"bad-{h.uid}-2"),
+        ("factory_mismatch", f"bad-{h.uid}-3"),
+    ):
+        letter = await _dead_letter(h, reason)
+        assert letter.reason == reason
+        assert RawArchived.model_validate_json(letter.payload_bytes()).message_id == mid
+    assert "factory-b" in (await _dead_letter(h, "factory_mismatch")).detail
+    assert all(f"ok-{h.uid}-4" in k or "/state_snapshot/" in k for k in await h.processed_keys())
+    latest = await h.readmodel.get_latest(h.f)
+    assert latest is not None and "infra_state" not in latest
+    assert len(await h.history()) == 1
+    dead = {
+        s.labels["reason"]: s.value
+        for fam in app.metrics.dead_letters_total.collect()
+        for s in fam.samples
+        if s.name.endswith("_total")
+    }
+    assert dead == {"malformed_json": 1, "schema_violation": 1, "factory_mismatch": 1}
+
+
+# -- event time ---------------------------------------------------------------------------------
+
+
+async def test_clock_skew_is_filed_under_arrival_and_late_data_keeps_its_time(
+    harness: Harness, run_app: Callable[..., Any]
+) -> None:
+    h = harness
+    received = now_ms()
+    skewed = received + timedelta(hours=3)
+    late = received - timedelta(days=2)
+    report = keys.report_key(kst_report_date(late), h.f, ReportArtifact.REPORT)
+    await h.store.put_bytes(report, b"# report", content_type="text/markdown")
+    async with run_app() as app:
+        await h.raw(
+            "factory_state",
+            {"sensors": {"co_ppm": 1}},
+            mid=f"skew-{h.uid}",
+            emitted_at=skewed,
+            received_at=received,
+        )
+        await h.settled(app, 1)
+        await h.raw(
+            "factory_state",
+            {"sensors": {"co_ppm": 2}},
+            mid=f"late-{h.uid}",
+            emitted_at=late,
+            received_at=received,
+        )
+        await h.settled(app, 2)
+
+    skew_obj = await h.store.get_json(
+        keys.processed_key(h.f, Dataset.FACTORY_STATE, received, f"skew-{h.uid}")
+    )
+    assert skew_obj["meta"]["flags"] == ["clock_skew"]
+    assert skew_obj["meta"]["event_time"] == format_ts(received)
+    assert skew_obj["meta"]["emitted_at"] == format_ts(skewed)
+    late_obj = await h.store.get_json(
+        keys.processed_key(h.f, Dataset.RISK_SCORE, late, f"late-{h.uid}")
+    )
+    assert late_obj["meta"]["flags"] == ["late"]
+    assert late_obj["meta"]["event_time"] == format_ts(late)
+    latest = await h.readmodel.get_latest(h.f)
+    assert latest is not None
+    assert latest["factory_state"]["meta"]["message_id"] == f"skew-{h.uid}"
+
+
+# -- the 1-minute refresh -----------------------------------------------------------------------
+
+
+async def test_staleness_turns_stale_then_offline(
+    harness: Harness, events: Events, run_app: Callable[..., Any]
+) -> None:
+    h = harness
+    start = now_ms()
+    clock = FakeClock(start)
+    async with run_app(
+        clock, refresh_enabled=True, refresh_interval_s=0.2, stale_after_s=2, offline_after_s=5
+    ) as app:
+        await h.raw(
+            "factory_state",
+            {"sensors": {"co_ppm": 1}},
+            mid=f"m-{h.uid}",
+            emitted_at=start,
+            received_at=start,
+        )
+        await h.settled(app, 1)
+
+        async def latest_is(status: str, code: str | None) -> bool:
+            latest = await h.readmodel.get_latest(h.f)
+            assert latest is not None
+            reasons = {r["code"] for r in latest["risk"]["reasons"]}
+            return latest["pipeline_status"]["status"] == status and (
+                code in reasons if code else not reasons
+            )
+
+        assert await latest_is("OK", None)
+        clock.now = start + timedelta(seconds=3)
+        await eventually(lambda: latest_is("STALE", "STALE_DATA"), what="STALE_DATA")
+        latest = await h.readmodel.get_latest(h.f)
+        assert latest is not None and latest["risk"]["level"] == "WARNING"
+        clock.now = start + timedelta(seconds=6)
+        await eventually(lambda: latest_is("OFFLINE", "FACTORY_OFFLINE"), what="FACTORY_OFFLINE")
+        latest = await h.readmodel.get_latest(h.f)
+        assert latest is not None and latest["risk"]["level"] == "CRITICAL"
+        assert latest["updated_at"] == format_ts(clock.now)
+
+    history = await h.history()
+    assert [i["pipeline_status"]["status"] for i in history] == ["OK", "STALE", "OFFLINE"]
+    snaps = [k for k in await h.processed_keys() if "/state_snapshot/" in k]
+    assert len(snaps) == 3
+    await events.until(lambda: len([o for o in events.objects if "/state_snapshot/" in o.key]) == 3)
+    await events.until(lambda: len(events.changes) >= 4)
+
+
+async def test_image_snapshot_updates_its_own_group(
+    harness: Harness, run_app: Callable[..., Any]
+) -> None:
+    h = harness
+    received = now_ms()
+    captured = received - timedelta(seconds=1)
+    filename = f"cam-1-{h.uid}.jpg"
+    body = {
+        "camera_id": "cam-1",
+        "filename": filename,
+        "content_type": "image/jpeg",
+        "size_bytes": 2048,
+        "captured_at": captured.isoformat(),
+        "s3_key": keys.image_snapshot_key(h.f, captured, filename),
+    }
+    async with run_app() as app:
+        await h.raw(
+            "image_snapshot",
+            body,
+            mid=f"img-{h.uid}",
+            emitted_at=captured,
+            received_at=received,
+            inline=True,
+        )
+        await h.settled(app, 1)
+
+    obj = await h.store.get_json(
+        keys.processed_key(h.f, Dataset.IMAGE_SNAPSHOT, captured, f"img-{h.uid}")
+    )
+    assert obj["s3_key"] == body["s3_key"]
+    latest = await h.readmodel.get_latest(h.f)
+    assert latest is not None
+    assert latest["latest_image_snapshot"]["filename"] == filename
+    assert latest["last_image_snapshot_at"] == format_ts(captured)
+    assert latest["pipeline_status"]["status"] == "NO_DATA"
+    assert latest["risk"]["level"] == "NORMAL"
+    assert len(await h.history()) == 1

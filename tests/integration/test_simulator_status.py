@@ -1,0 +1,120 @@
+"""``aegis status`` against the real DynamoDB emulator: LATEST items in, rows out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from aegis_contracts.times import format_ts
+
+from .conftest import Foundation
+
+pytestmark = pytest.mark.integration
+
+
+async def _status(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aegis_runtime.cli", "status", *args,
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def _env(aws_endpoint: str, table: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")}
+    env.update(AEGIS_AWS_ENDPOINT_URL=aws_endpoint, AEGIS_TABLE=table, COLUMNS="160")
+    return env
+
+
+async def test_status_lists_the_fleet_from_latest_items(
+    aws_endpoint: str, foundation: Foundation, unique_id: str
+) -> None:
+    now = datetime.now(UTC)
+    hot, calm = f"f-{unique_id}-b", f"f-{unique_id}-a"
+    rm = foundation.readmodel
+    await rm.apply_latest(
+        hot,
+        group="factory_state",
+        event_time=now - timedelta(seconds=3),
+        fields={
+            "factory_state": {"sensors": {"co_ppm": 120.0}},
+            "risk": {
+                "score": 90,
+                "level": "CRITICAL",
+                "reasons": [{"code": "CO_HIGH", "severity": "CRITICAL", "detail": "120 ppm"}],
+            },
+        },
+        updated_at=now,
+    )
+    await rm.set_latest(hot, {"pipeline_status": {"status": "OK", "checked_at": format_ts(now)}})
+    await rm.apply_latest(
+        calm,
+        group="factory_state",
+        event_time=now - timedelta(minutes=2),
+        fields={
+            "factory_state": {"sensors": {}},
+            "risk": {"score": 0, "level": "NORMAL", "reasons": []},
+        },
+        updated_at=now,
+    )
+    env = _env(aws_endpoint, foundation.table)
+
+    code, out, err = await _status(env, "--json")
+    assert code == 0, err
+    rows = {r["factory_id"]: r for r in json.loads(out)}
+    assert set(rows) == {hot, calm}
+    assert [r["factory_id"] for r in json.loads(out)] == [hot, calm]  # worst first
+    assert rows[hot]["level"] == "CRITICAL" and rows[hot]["score"] == 90
+    assert rows[hot]["reasons"] == ["CO_HIGH"] and rows[hot]["pipeline"] == "OK"
+    assert 2 <= rows[hot]["age_s"] < 60 and rows[hot]["freshness"].endswith("s ago")
+    assert rows[calm]["level"] == "NORMAL" and rows[calm]["freshness"] == "2m ago"
+    assert rows[calm]["pipeline"] == "NO_DATA"
+
+    code, out, err = await _status(env)
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if hot in line)
+    for cell in ("CRITICAL", "90", "CO_HIGH", "s ago", "OK"):
+        assert cell in line
+    assert "2 factories: 1 critical, 0 warning, 1 normal" in out
+
+
+async def test_status_of_a_missing_table_says_what_to_do(aws_endpoint: str, unique_id: str) -> None:
+    code, _out, err = await _status(_env(aws_endpoint, f"AEGIS-missing-{unique_id}"))
+    assert code == 1
+    assert "not found" in err and "aegis bootstrap" in err and aws_endpoint in err
+
+
+async def test_status_watch_refreshes_until_interrupted(
+    aws_endpoint: str, foundation: Foundation, unique_id: str
+) -> None:
+    factory = f"f-{unique_id}"
+    now = datetime.now(UTC)
+    await foundation.readmodel.apply_latest(
+        factory,
+        group="factory_state",
+        event_time=now,
+        fields={"factory_state": {}, "risk": {"score": 10, "level": "NORMAL", "reasons": []}},
+        updated_at=now,
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aegis_runtime.cli", "status", "--watch", "--json",
+        "--interval", "0.3",
+        env=_env(aws_endpoint, foundation.table), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        docs = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 20)) for _ in range(3)]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=20)
+    assert all(d[0]["factory_id"] == factory for d in docs)
+    assert proc.returncode == 0, err.decode()
