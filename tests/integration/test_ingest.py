@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -32,6 +31,7 @@ from aegis_ingest.app import IngestApp, create_app
 from aegis_ingest.settings import IngestSettings
 from aegis_runtime.broker import MSG_ID_HEADER, DeadLetter
 from aegis_runtime.localservers import free_port
+from aegis_runtime.testing.waiting import eventually
 
 if TYPE_CHECKING:
     from tests.integration.conftest import Foundation
@@ -39,15 +39,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 
 RAW_STREAM, DLQ_STREAM = "AEGIS_RAW", "AEGIS_DLQ"
-
-
-async def eventually(predicate: Callable[[], Awaitable[bool]], within: float = 15) -> None:
-    """Poll until ``predicate`` holds (bounded): no fixed sleeps."""
-    deadline = time.monotonic() + within
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within}s")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

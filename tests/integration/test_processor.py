@@ -6,10 +6,8 @@ factory's raw subjects, and dead-letter service name, because AEGIS_RAW/EVENTS/D
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,6 +26,7 @@ from aegis_processor.app import ProcessorApp, create_app
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime.broker import DeadLetter, create_broker, ensure_streams, publish
 from aegis_runtime.settings import AegisSettings
+from aegis_runtime.testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -38,22 +37,6 @@ class FakeClock:
 
     def __call__(self) -> datetime:
         return self.now
-
-
-async def eventually(
-    predicate: Callable[[], Awaitable[bool] | bool], within: float = 15, what: str = "condition"
-) -> None:
-    """Poll until ``predicate`` holds (bounded): no fixed sleeps."""
-    deadline = time.monotonic() + within
-    while True:
-        result = predicate()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {within}s")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import asyncio
 import io
 import json
 import logging
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
@@ -39,6 +38,7 @@ from aegis_runtime.broker import (
 from aegis_runtime.logging import _AegisHandler, configure
 from aegis_runtime.metrics import Metrics
 from aegis_runtime.settings import AegisSettings
+from aegis_runtime.testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -49,20 +49,6 @@ FAST_RETRY = RetryPolicy(first_delay=0.02, max_delay=0.1)
 class Reading(pydantic.BaseModel):
     device_id: str
     value: float
-
-
-async def eventually(predicate: Callable[[], Awaitable[bool] | bool], within: float = 10) -> None:
-    """Poll until ``predicate`` holds (bounded): no fixed sleeps."""
-    deadline = time.monotonic() + within
-    while True:
-        result = predicate()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within}s")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
