@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ __all__ = [
     "NATS_COMMAND",
     "NATS_LOG",
     "LocalServerError",
+    "ManagedServer",
     "MotoServer",
     "docker_available",
     "ensure_mosquitto",
@@ -47,6 +48,8 @@ __all__ = [
     "jetstream_account_info",
     "port_open",
     "start_moto_server",
+    "start_private_mosquitto",
+    "start_private_nats",
     "wait_for_port",
 ]
 
@@ -274,10 +277,18 @@ def jetstream_account_info(url: str = DEFAULT_NATS_URL, timeout: float = 2.0) ->
         return pool.submit(asyncio.run, _account_info(url, timeout)).result()
 
 
+async def _ignore(_err: Exception) -> None:
+    return None
+
+
 async def _account_info(url: str, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
     try:
         nc = await nats.connect(
-            url, connect_timeout=timeout, allow_reconnect=False, max_reconnect_attempts=0
+            url,
+            connect_timeout=timeout,
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            error_cb=_ignore,  # the raised error says it; nats-py would also print a traceback
         )
     except Exception as err:
         raise LocalServerError(f"no NATS answer from {url}: {err!r}") from err
@@ -298,12 +309,17 @@ async def _account_info(url: str, timeout: float) -> dict[str, Any]:  # noqa: AS
 
 
 @dataclass
-class MotoServer:
-    """A moto_server at ``url``; ``stop()`` ends it if this process started it, else is a no-op."""
+class ManagedServer:
+    """A server at ``url``; ``stop()`` ends it if this process started it, else is a no-op.
+
+    Servers this process started keep their command, so ``restart()`` brings the same server back
+    on the same port with the same data directory (tests of broker and queue restarts)."""
 
     url: str
     process: subprocess.Popen[bytes] | None = None
     log_file: Path | None = None
+    command: list[str] | None = None
+    ready: Callable[[str], bool] | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -321,6 +337,101 @@ class MotoServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout)
+
+    def restart(self, timeout: float = 15.0) -> None:
+        if self.command is None:
+            raise LocalServerError(f"{self.url} was not started here; it cannot be restarted")
+        self.stop()
+        self._stopped = False
+        self.process = _spawn(self.command, self.log_file)
+        _wait_ready(self, timeout)
+
+
+MotoServer = ManagedServer
+
+
+def _spawn(command: list[str], log_file: Path | None) -> subprocess.Popen[bytes]:
+    log_path = log_file or Path(os.devnull)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
+
+
+def _wait_ready(server: ManagedServer, timeout: float) -> None:
+    assert server.process is not None and server.ready is not None
+    deadline = time.monotonic() + timeout
+    while not server.ready(server.url):
+        if server.process.poll() is not None or time.monotonic() >= deadline:
+            code = server.process.returncode
+            server.stop()
+            raise LocalServerError(
+                f"{server.url} did not come up (exit {code}) with: "
+                f"{shlex.join(server.command or [])}; see {server.log_file}"
+            )
+        time.sleep(0.05)
+
+
+def _start_managed(
+    url: str, command: list[str], log_file: Path, ready: Callable[[str], bool], timeout: float
+) -> ManagedServer:
+    server = ManagedServer(
+        url=url, process=_spawn(command, log_file), log_file=log_file, command=command, ready=ready
+    )
+    _wait_ready(server, timeout)
+    return server
+
+
+def _jetstream_ready(url: str) -> bool:
+    if not port_open(*_host_port(url, 4222)):
+        return False
+    try:
+        jetstream_account_info(url, timeout=0.5)
+    except LocalServerError:
+        return False
+    return True
+
+
+def _mqtt_ready(url: str) -> bool:
+    return port_open(*_host_port(url, 1883))
+
+
+def start_private_nats(*, port: int | None = None, timeout: float = 15.0) -> ManagedServer:
+    """A NATS JetStream server of this process's own (machine binary, free port, temp store),
+    so tests can restart it and never share state with the machine's server."""
+    binary = _which("nats-server")
+    if binary is None:
+        raise LocalServerError("nats-server is not installed")
+    port = port or free_port()
+    store = Path(tempfile.mkdtemp(prefix=f"aegis-nats-{port}-"))
+    command = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)]
+    url = f"nats://127.0.0.1:{port}"
+    return _start_managed(url, command, store / "server.log", _jetstream_ready, timeout)
+
+
+def start_private_mosquitto(*, port: int | None = None, timeout: float = 15.0) -> ManagedServer:
+    """A Mosquitto of this process's own (machine binary, free port, temp persistence)."""
+    binary = _which("mosquitto")
+    if binary is None:
+        raise LocalServerError("mosquitto is not installed")
+    port = port or free_port()
+    folder = Path(tempfile.mkdtemp(prefix=f"aegis-mosquitto-{port}-"))
+    config = folder / "mosquitto.conf"
+    config.write_text(
+        f"listener {port} 127.0.0.1\n"
+        "allow_anonymous true\n"
+        # keep root when run as root: the temp folder is ours, not the mosquitto user's
+        "user root\n"
+        "persistence true\n"
+        f"persistence_location {folder}/\n"
+        "max_packet_size 300000\n"
+        "max_queued_messages 100000\n"
+        "sys_interval 5\n"
+    )
+    command = [binary, "-c", str(config)]
+    return _start_managed(
+        f"mqtt://127.0.0.1:{port}", command, folder / "mosquitto.log", _mqtt_ready, timeout
+    )
 
 
 def _moto_command(host: str, port: int) -> list[str]:

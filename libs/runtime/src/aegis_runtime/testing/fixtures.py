@@ -1,10 +1,13 @@
 """pytest plugin: session fixtures with the URLs of real Mosquitto, NATS JetStream and AWS emulator.
 
 Each URL comes from, in order: its ``AEGIS_TEST_*`` variable (the server is started when it is the
-local default and down); a container when a Docker engine answers; else the local server, started
-when down (moto_server: a fresh one on a free port for the session). Nothing is set in os.environ.
+local default and down); a container when a Docker engine answers; else a private instance of the
+machine's own server on a free port with a temporary data folder, started for the session (so the
+tests never leave queued sessions, streams or durable consumers in the servers `make run` uses);
+else the machine's server on its default port, started when down. Nothing is set in os.environ.
 
-Fixtures: ``aws_endpoint``, ``mqtt_url``, ``nats_url`` (session) and ``unique_id`` (per test).
+Fixtures: ``aws_endpoint``, ``mqtt_url``, ``nats_url`` (session), ``unique_id`` (per test), and
+``private_nats`` / ``private_mosquitto`` (per test: a server the test may stop and restart).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import pytest
 from aegis_runtime.localservers import (
     DEFAULT_MQTT_URL,
     DEFAULT_NATS_URL,
+    LocalServerError,
+    ManagedServer,
     docker_available,
     ensure_mosquitto,
     ensure_moto_server,
@@ -28,6 +33,8 @@ from aegis_runtime.localservers import (
     free_port,
     jetstream_account_info,
     start_moto_server,
+    start_private_mosquitto,
+    start_private_nats,
 )
 
 if TYPE_CHECKING:
@@ -36,7 +43,14 @@ if TYPE_CHECKING:
     from testcontainers.community.nats import NatsContainer
     from testcontainers.core.container import DockerContainer
 
-__all__ = ["aws_endpoint", "mqtt_url", "nats_url", "unique_id"]
+__all__ = [
+    "aws_endpoint",
+    "mqtt_url",
+    "nats_url",
+    "private_mosquitto",
+    "private_nats",
+    "unique_id",
+]
 
 LOCALSTACK_IMAGE = "localstack/localstack:4.14.0"  # the last tag that runs without an auth token
 LOCALSTACK_SERVICES = ("s3", "dynamodb", "cloudwatch", "iam", "sts")
@@ -72,8 +86,7 @@ def mqtt_url() -> Iterator[str]:
     elif docker_available():
         yield from _container_url(_mosquitto, _mosquitto_url)
     else:
-        ensure_mosquitto(DEFAULT_MQTT_URL)
-        yield DEFAULT_MQTT_URL
+        yield from _private_or_shared(start_private_mosquitto, ensure_mosquitto, DEFAULT_MQTT_URL)
 
 
 @pytest.fixture(scope="session")
@@ -85,8 +98,42 @@ def nats_url() -> Iterator[str]:
     elif docker_available():
         yield from _container_url(_nats, _checked_nats_url)
     else:
-        ensure_nats(DEFAULT_NATS_URL)
-        yield DEFAULT_NATS_URL
+        yield from _private_or_shared(start_private_nats, ensure_nats, DEFAULT_NATS_URL)
+
+
+def _private_or_shared(
+    start: Callable[[], ManagedServer], ensure: Callable[[str], object], default: str
+) -> Iterator[str]:
+    try:
+        server = start()
+    except LocalServerError:  # binary not installed: fall back to the machine's server
+        ensure(default)
+        yield default
+        return
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def private_nats() -> Iterator[ManagedServer]:
+    """A NATS JetStream server of the test's own, which it may ``restart()``."""
+    server = start_private_nats()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def private_mosquitto() -> Iterator[ManagedServer]:
+    """A Mosquitto of the test's own, which it may ``restart()``."""
+    server = start_private_mosquitto()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture
