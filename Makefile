@@ -10,7 +10,7 @@ UV := $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
 VENV := .venv
 STAMP := $(VENV)/.synced
 
-.PHONY: help install run test lint fmt unit integration up down clean
+.PHONY: help install run status test lint fmt unit integration up down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -24,6 +24,9 @@ install: $(STAMP) ## create .venv from uv.lock (uv is installed with pip when mi
 
 run: $(STAMP) ## the whole platform here: Mosquitto, NATS, moto_server on :4566, bootstrap, services
 	$(VENV)/bin/aegis up
+
+status: $(STAMP) ## the fleet from the read model of `make run` (factory, level, score, reasons, freshness)
+	AEGIS_AWS_ENDPOINT_URL=$${AEGIS_AWS_ENDPOINT_URL:-http://127.0.0.1:4566} $(VENV)/bin/aegis status
 
 lint: $(STAMP) ## ruff (format check + lint) and mypy --strict
 	$(VENV)/bin/ruff format --check .

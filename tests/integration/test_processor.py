@@ -493,6 +493,28 @@ async def test_invalid_messages_are_dead_lettered_with_their_reason_and_write_no
     assert dead == {"malformed_json": 1, "schema_violation": 1, "factory_mismatch": 1}
 
 
+async def test_an_event_whose_raw_object_is_missing_is_dead_lettered_at_once(
+    harness: Harness, run_app: Callable[..., Any]
+) -> None:
+    h = harness
+    received = now_ms()
+    mid = f"gone-{h.uid}-1"
+    async with run_app() as app:
+        event = await h.raw(
+            "factory_state",
+            {"sensors": {"co_ppm": 1}},
+            mid=mid,
+            emitted_at=received,
+            received_at=received,
+        )
+        await h.store.delete_many([event.key])
+        await h.send(event)  # the object is gone now: this delivery cannot read it
+        await h.settled(app, 2)
+    letter = await _dead_letter(h, "raw_object_missing")
+    assert letter.deliveries == 1  # no retries: a missing object never appears by itself
+    assert event.key in letter.detail
+
+
 # -- event time ---------------------------------------------------------------------------------
 
 

@@ -42,11 +42,15 @@ def serve(name: str) -> None:
     ep.load()()
 
 
+def endpoint_of(settings: AegisSettings) -> str:
+    return settings.aws_endpoint_url or LOCAL_ENDPOINT
+
+
 def child_env(
     base: Mapping[str, str], settings: AegisSettings, spec: ServiceSpec
 ) -> dict[str, str]:
     env = dict(base)
-    env.setdefault("AEGIS_AWS_ENDPOINT_URL", settings.aws_endpoint_url or LOCAL_ENDPOINT)
+    env.setdefault("AEGIS_AWS_ENDPOINT_URL", endpoint_of(settings))
     env["AEGIS_SERVICE"] = spec.name
     env["AEGIS_HEALTH_PORT"] = str(spec.health_port)
     env.setdefault("AEGIS_LOG_FORMAT", "console")
@@ -62,7 +66,7 @@ async def _pipe(name: str, stream: asyncio.StreamReader) -> None:
 
 
 async def run_stack(settings: AegisSettings, *, services: list[str] | None = None) -> int:
-    endpoint = settings.aws_endpoint_url or LOCAL_ENDPOINT
+    endpoint = endpoint_of(settings)
     ensure_mosquitto(settings.mqtt_url)
     ensure_nats(settings.nats_url)
     moto = ensure_moto_server(endpoint) if endpoint == LOCAL_ENDPOINT else None
@@ -108,7 +112,13 @@ async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
             print(
                 f"aegis up: {spec.name} started, health http://127.0.0.1:{spec.health_port}/readyz"
             )
-        if not specs:
+        if specs:
+            print(
+                f"aegis up: the fleet: `make status` "
+                f"(or AEGIS_AWS_ENDPOINT_URL={endpoint_of(settings)} aegis status)",
+                flush=True,
+            )
+        else:
             print("aegis up: no services installed yet; the local stack is ready (Ctrl-C stops)")
         waiters = [asyncio.create_task(p.wait()) for p in procs.values()]
         stopper = asyncio.create_task(stop.wait())

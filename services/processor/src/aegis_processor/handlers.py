@@ -46,7 +46,8 @@ from aegis_contracts.times import (
 from aegis_contracts.ttl import TtlSettings
 from aegis_processor import domain
 from aegis_processor.rules import RiskRules
-from aegis_storage.errors import Conflict
+from aegis_runtime.broker import Poison
+from aegis_storage.errors import Conflict, NotFound
 from aegis_storage.readmodel import LatestChange, ReadModel
 from aegis_storage.s3 import ObjectStore, PutResult
 
@@ -119,6 +120,16 @@ class Processor:
 
     # -- one raw event ---------------------------------------------------------------------
 
+    async def _raw_payload(self, event: RawArchived) -> bytes:
+        try:
+            return await self.store.get_bytes(event.key)
+        except NotFound:
+            # S3 reads are strongly consistent: an event whose object is absent never succeeds
+            # (wrong bucket, deleted by hand); retrying would only delay the dead letter
+            raise Poison(
+                "raw_object_missing", f"{event.key} is not in s3://{self.store.bucket}"
+            ) from None
+
     async def handle(self, event: RawArchived) -> Outcome:
         structlog.contextvars.bind_contextvars(
             factory_id=event.factory_id, message_id=event.message_id
@@ -126,7 +137,7 @@ class Processor:
         payload = (
             event.payload_text.encode("utf-8")
             if event.payload_text is not None
-            else await self.store.get_bytes(event.key)
+            else await self._raw_payload(event)
         )
         message = parse_device_message(
             event.source_type, payload, topic_factory_id=event.factory_id
