@@ -1,3 +1,6 @@
 """Root conftest: every test gets the real-infrastructure fixtures of aegis_runtime.testing."""
 
-pytest_plugins = ["aegis_runtime.testing.fixtures"]
+pytest_plugins = [
+    "aegis_runtime.testing.fixtures",
+    "aegis_runtime.testing.storage",
+]

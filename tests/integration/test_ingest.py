@@ -34,7 +34,7 @@ from aegis_runtime.localservers import free_port
 from aegis_runtime.testing.waiting import eventually
 
 if TYPE_CHECKING:
-    from tests.integration.conftest import Foundation
+    from aegis_runtime.testing.storage import Foundation
 
 pytestmark = pytest.mark.integration
 

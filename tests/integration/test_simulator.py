@@ -18,10 +18,9 @@ import pytest
 from aegis_contracts.ids import SourceType, parse_topic
 from aegis_contracts.payloads import ImageSnapshotMessage, parse_device_message
 from aegis_runtime.localservers import free_port
+from aegis_runtime.testing.storage import Foundation
 from aegis_simulator.app import SimulatorSettings, serve
 from aegis_simulator.domain import PNG_SIGNATURE
-
-from .conftest import Foundation
 
 pytestmark = pytest.mark.integration
 

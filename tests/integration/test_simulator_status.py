@@ -12,8 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from aegis_contracts.times import format_ts
-
-from .conftest import Foundation
+from aegis_runtime.testing.storage import Foundation
 
 pytestmark = pytest.mark.integration
 

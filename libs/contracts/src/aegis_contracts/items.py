@@ -44,6 +44,9 @@ class FactoryLatest(_Item):
     last_infra_state_at: Timestamp | None = None
     last_image_snapshot_at: Timestamp | None = None
     updated_at: Timestamp | None = None
+    # the updated_at of the state this one replaced: HISTORY items form a chain, which is how a
+    # writer that crashed mid-way finds out whether its snapshot was committed
+    prev_updated_at: Timestamp | None = None
 
 
 class HistoryState(FactoryLatest):

@@ -59,6 +59,14 @@ def to_plain(value: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
+def as_stored(item: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    """The item exactly as a read would return it (numbers as DynamoDB keeps them: 24.0 -> 24),
+    so that what a writer derives from it serializes to the same bytes as what a reader does."""
+    result = _unwrap(to_plain(item))
+    assert isinstance(result, dict)
+    return result
+
+
 def to_attributes(item: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _ser.serialize(v) for k, v in item.items()}
 
@@ -184,6 +192,25 @@ class ReadModel:
         old = from_attributes(resp["Attributes"]) if resp.get("Attributes") else None
         new = {**(old or {"pk": pk, "sk": keys.LATEST_SK}), **_unwrap(values)}
         return LatestChange(applied=True, old_image=old, new_image=new)
+
+    async def replace_latest(
+        self, factory_id: str, image: BaseModel | Mapping[str, Any], *, expected: str | None
+    ) -> bool:
+        """Write the whole LATEST item if it is still the version read (``updated_at`` equal to
+        ``expected``; ``None``: no LATEST yet). False when another writer got there first."""
+        item = {**to_plain(image), "pk": keys.factory_pk(factory_id), "sk": keys.LATEST_SK}
+        request: dict[str, Any] = {"TableName": self.table, "Item": to_attributes(item)}
+        if expected is None:
+            request["ConditionExpression"] = "attribute_not_exists(pk)"
+        else:
+            request["ConditionExpression"] = "updated_at = :seen"
+            request["ExpressionAttributeValues"] = {":seen": {"S": expected}}
+        try:
+            with translated(f"replace {item['pk']}/LATEST"):
+                await self._ddb.put_item(**request)
+        except Conflict:
+            return False
+        return True
 
     async def get_latest(self, factory_id: str) -> dict[str, Any] | None:
         return await self.get_item(keys.factory_pk(factory_id), keys.LATEST_SK)

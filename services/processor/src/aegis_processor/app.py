@@ -9,7 +9,7 @@ from contextlib import AsyncExitStack
 from datetime import timedelta
 
 import structlog
-from faststream.nats import NatsBroker
+from faststream.nats import NatsBroker, NatsMessage
 from pydantic import BaseModel
 
 from aegis_contracts.events import RawArchived
@@ -85,13 +85,14 @@ class ProcessorApp:
             ack_wait=settings.ack_wait_s,
             max_deliver=settings.max_deliver,
         )
-        async def on_raw_archived(event: RawArchived) -> None:
-            await self.handle(event)
+        async def on_raw_archived(event: RawArchived, msg: NatsMessage) -> None:
+            delivered = msg.raw_message.metadata.num_delivered or 1
+            await self.handle(event, redelivered=delivered > 1)
 
-    async def handle(self, event: RawArchived) -> Outcome:
+    async def handle(self, event: RawArchived, *, redelivered: bool = False) -> Outcome:
         if self.processor is None:
             raise RuntimeError("the processor is not started")  # nacked: retried later
-        outcome = await self.processor.handle(event)
+        outcome = await self.processor.handle(event, redelivered=redelivered)
         self.latest_outcomes.labels(outcome=outcome.latest).inc()
         return outcome
 

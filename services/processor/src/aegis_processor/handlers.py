@@ -5,11 +5,20 @@ publish what was written. Every step is idempotent, so a redelivery is harmless:
    broker middleware dead-letters the event with its code; nothing is written.
 2. event time (clock skew -> arrival time + flag; ``late`` when the day's report exists).
 3. processed/ objects (+ risk_score for factory_state), deterministic bytes.
-4. LATEST partial update guarded by event time; when applied, the derived fields (risk,
-   pipeline_status) are recomputed from the new image and written conditionally, then
-   HISTORY#STATE and the state_snapshot object. A redelivery whose message LATEST already holds
-   finishes those downstream writes instead.
-5. ObjectCreated per object written, ChangeEvent per LATEST write.
+4. The new state, committed (:meth:`Processor._commit`): read LATEST; if the message's event time
+   is not newer than its field group's, stop (older or duplicate). Otherwise compute the new
+   image (the group, then risk and pipeline_status derived from the whole image), put it as
+   HISTORY#STATE#{updated_at} (if absent), then replace LATEST on condition that it is still the
+   version read; on conflict delete that HISTORY item, re-read and try again. Every HISTORY item
+   names the state it replaced (``prev_updated_at``), so the items form a chain.
+5. The state_snapshot object (the HISTORY item without ttl), ObjectCreated per object written,
+   a ChangeEvent (old and new image) per commit.
+A redelivery first looks for the HISTORY item that an earlier delivery of the same message
+wrote (:meth:`Processor._recover`): committed (LATEST is it, or a later item names it as its
+predecessor) -> only the snapshot and events are redone; not committed but LATEST is still its
+predecessor -> LATEST is rolled forward to it; otherwise it is an orphan, deleted, and the
+message is handled afresh. So a crash at any point leaves every state exactly once in HISTORY,
+in the snapshots and in LATEST (moto's TransactWriteItems runs at ~44/s, too slow to lean on).
 Storage and broker errors propagate: the middleware nacks and the broker redelivers.
 """
 
@@ -21,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import structlog
 from pydantic import BaseModel
@@ -47,19 +56,24 @@ from aegis_contracts.ttl import TtlSettings
 from aegis_processor import domain
 from aegis_processor.rules import RiskRules
 from aegis_runtime.broker import Poison
-from aegis_storage.errors import Conflict, NotFound
-from aegis_storage.readmodel import LatestChange, ReadModel
+from aegis_storage.errors import Conflict, NotFound, Transient
+from aegis_storage.readmodel import LATEST_GROUPS, ReadModel, as_stored
 from aegis_storage.s3 import ObjectStore, PutResult
 
 log = structlog.get_logger(__name__)
 
 PRODUCER = "processor"
 LATEST_ENTITY = "factory_latest"
-# conditional writes of the derived fields lost to other writers before giving up (they recompute)
-DERIVE_ATTEMPTS = 3
-HISTORY_ATTEMPTS = 50
+# commits lost to other writers of the same LATEST before the message is nacked for later
+COMMIT_ATTEMPTS = 8
+# how far before arrival a redelivery looks for the HISTORY item an earlier delivery wrote
+# (processing starts after arrival; the margin covers clocks of different hosts)
+RECOVERY_MARGIN = timedelta(minutes=5)
+_ITEM_ONLY = frozenset({"ttl"})
 _CACHE_LIMIT = 8192
 _T = TypeVar("_T")
+_A = TypeVar("_A")
+_B = TypeVar("_B")
 
 
 class Publish(Protocol):
@@ -68,11 +82,31 @@ class Publish(Protocol):
     def __call__(self, subject: str, event: BaseModel, *, msg_id: str) -> Awaitable[bool]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """A state that became LATEST: the image before (None: the first), the image after, and its
+    updated_at (the HISTORY sort key and the snapshot name)."""
+
+    old: dict[str, Any] | None
+    new: dict[str, Any]
+    at: datetime
+
+
+def _latest_fields(item: dict[str, Any]) -> dict[str, Any]:
+    """An item's LATEST fields: a HISTORY item without ``ttl``, a LATEST as is."""
+    return {k: v for k, v in item.items() if k not in _ITEM_ONLY}
+
+
+def _message_of(item: dict[str, Any], group: str) -> str | None:
+    value = ((item.get(group) or {}).get("meta") or {}).get("message_id")
+    return None if value is None else str(value)
+
+
 @dataclass(slots=True)
 class Outcome:
     """What handling one event did (for the summary log line and tests)."""
 
-    latest: str = "none"  # applied | redelivery | older | none
+    latest: str = "none"  # applied | recovered | older | none
     objects: list[str] = field(default_factory=list)
     changes: int = 0
     history_at: datetime | None = None
@@ -91,6 +125,12 @@ async def all_of(*coros: Coroutine[Any, Any, _T]) -> list[_T]:
             first = first.exceptions[0]
         raise first from None
     return [t.result() for t in tasks]
+
+
+async def both(a: Coroutine[Any, Any, _A], b: Coroutine[Any, Any, _B]) -> tuple[_A, _B]:
+    """Two coroutines of different result types, concurrently, with :func:`all_of`'s errors."""
+    first, second = await all_of(cast("Coroutine[Any, Any, Any]", a), b)
+    return cast("_A", first), cast("_B", second)
 
 
 class Processor:
@@ -130,7 +170,7 @@ class Processor:
                 "raw_object_missing", f"{event.key} is not in s3://{self.store.bucket}"
             ) from None
 
-    async def handle(self, event: RawArchived) -> Outcome:
+    async def handle(self, event: RawArchived, *, redelivered: bool = False) -> Outcome:
         structlog.contextvars.bind_contextvars(
             factory_id=event.factory_id, message_id=event.message_id
         )
@@ -157,45 +197,27 @@ class Processor:
             key = keys.processed_key(fid, Dataset.RISK_SCORE, event_time.at, mid)
             bodies[key] = record.model_dump_json().encode()
 
-        # the processed objects and the LATEST update are independent: run them together
-        puts = [self.store.put_bytes(k, b) for k, b in bodies.items()]
-        apply = self.readmodel.apply_latest(
-            fid,
-            group=group,
-            event_time=event_time.at,
-            fields={group: json.loads(state_body)},
-            updated_at=now,
+        async def commit() -> tuple[str, Commit | None]:
+            if redelivered:
+                recovered = await self._recover(fid, group, mid, event.received_at, now)
+                if recovered is not None:
+                    return "recovered", recovered
+            fields = {group: json.loads(state_body)}
+            done = await self._commit(fid, now, group=group, fields=fields, at=event_time.at)
+            return ("applied" if done else "older"), done
+
+        # the processed objects and the new state are independent: write them together
+        written, (latest, committed) = await both(
+            all_of(*(self.store.put_bytes(k, b) for k, b in bodies.items())), commit()
         )
-        *written, change = await all_of(*puts, apply)
-        outcome = Outcome()
-        created: list[PutResult] = [w for w in written if isinstance(w, PutResult)]
-        changes: list[LatestChange] = []
-        assert isinstance(change, LatestChange)
-        if change.applied:
-            outcome.latest = "applied"
-            changes.append(change)
-            assert change.new_image is not None
-            image, owned, derived_changes = await self._derive(fid, change.new_image, now)
-            changes += derived_changes
-            if owned:
-                at, snap = await self._history(fid, image, now)
-                created.append(snap)
-                outcome.history_at = at
-        else:
-            latest = await self.readmodel.get_latest(fid)
-            held = ((latest or {}).get(group) or {}).get("meta", {}).get("message_id")
-            if latest is not None and held == mid:
-                outcome.latest = "redelivery"
-                r_at, r_snap, derived_changes = await self._finish_redelivery(fid, latest, now)
-                changes += derived_changes
-                if r_snap is not None:
-                    created.append(r_snap)
-                outcome.history_at = r_at
-            else:
-                outcome.latest = "older"
+        created = list(written)
+        outcome = Outcome(latest=latest)
+        if committed is not None:
+            created.append(await self._snapshot(fid, committed))
+            outcome.history_at = committed.at
+            outcome.changes = 1
         outcome.objects = [p.key for p in created]
-        outcome.changes = len(changes)
-        await self._announce(fid, created, changes, now)
+        await self._announce(fid, created, [committed] if committed else [], now)
         log.debug(
             "raw_processed",
             latest=outcome.latest,
@@ -228,120 +250,125 @@ class Processor:
         self._reports[cache_key] = (exists, now)
         return exists
 
-    # -- derived fields, HISTORY, snapshot ---------------------------------------------------
+    # -- committing a state: HISTORY, LATEST, snapshot -----------------------------------------
 
-    async def _derive(
-        self, factory_id: str, image: dict[str, Any], now: datetime, *, force: bool = False
-    ) -> tuple[dict[str, Any], bool, list[LatestChange]]:
-        """Bring risk and pipeline_status of ``image`` (LATEST as just written or read) up to date.
-
-        Returns the image LATEST now has, whether this call owns its snapshot (it wrote it, or
-        the image is the caller's own write), and the LATEST writes made. A conditional write
-        that loses to another writer re-reads and recomputes; when the fresh assessment then
-        matches what is stored, the other writer owns that state's snapshot."""
-        owned = True
-        for _ in range(DERIVE_ATTEMPTS):
-            view = FactoryLatest.model_validate(image)
+    async def _commit(
+        self,
+        factory_id: str,
+        now: datetime,
+        *,
+        group: str | None = None,
+        fields: dict[str, Any] | None = None,
+        at: datetime | None = None,
+        force: bool = False,
+    ) -> Commit | None:
+        """Commit the state LATEST gets from ``fields`` (a message's group, guarded by its event
+        time ``at``) or, without a group, from re-deriving risk and pipeline_status (the refresh:
+        only when the assessment changed, or ``force``). None when there is nothing to commit."""
+        pk = keys.factory_pk(factory_id)
+        floor = truncate_ms(now)  # moves past a millisecond found taken in HISTORY
+        for _ in range(COMMIT_ATTEMPTS):
+            old = await self.readmodel.get_latest(factory_id)
+            base = dict(old or {"pk": pk, "sk": keys.LATEST_SK, "factory_id": factory_id})
+            if group is not None and fields is not None and at is not None:
+                guard = LATEST_GROUPS[group]
+                if old is not None and old.get(guard) is not None and old[guard] >= format_ts(at):
+                    return None  # older than what LATEST holds, or this very message again
+                base |= {group: fields[group], guard: format_ts(at)}
+            elif old is None:
+                return None  # nothing to refresh
+            view = FactoryLatest.model_validate(_latest_fields(base))
             fresh = domain.derive(view, self.rules, now)
-            if not force and domain.same_assessment(
-                view.risk, view.pipeline_status, fresh, self.rules
+            if (
+                group is None
+                and not force
+                and domain.same_assessment(view.risk, view.pipeline_status, fresh, self.rules)
             ):
-                return image, owned, []
-            seen = view.updated_at
-            # strictly after what it replaces: each LATEST version has its own updated_at
-            updated_at = truncate_ms(now)
-            if seen is not None and updated_at <= seen:
-                updated_at = seen + timedelta(milliseconds=1)
-            change = await self.readmodel.set_latest(
-                factory_id,
+                return None
+            seen = None if old is None else old.get("updated_at")
+            updated_at = floor
+            if seen is not None and updated_at <= parse_ts(str(seen)):
+                updated_at = parse_ts(str(seen)) + timedelta(milliseconds=1)
+            dump = FactoryLatest.model_validate(
                 {
-                    "risk": fresh.risk.model_dump(mode="json"),
-                    "pipeline_status": fresh.pipeline_status.model_dump(mode="json"),
-                    "updated_at": format_ts(updated_at),
-                },
-                if_updated_at=format_ts(seen) if seen is not None else None,
-                must_exist=True,
-            )
-            if change.applied:
-                assert change.new_image is not None
-                return change.new_image, True, [change]
-            owned = force = False  # another writer was just here: its state is fresh
-            latest = await self.readmodel.get_latest(factory_id)
-            if latest is None:
-                break
-            image = latest
-        log.info("derive_contended", factory_id=factory_id)
-        return image, False, []
+                    **_latest_fields(base),
+                    "risk": fresh.risk,
+                    "pipeline_status": fresh.pipeline_status,
+                    "updated_at": updated_at,
+                    "prev_updated_at": None if seen is None else parse_ts(str(seen)),
+                }
+            ).model_dump(mode="json")
+            # a group no message has set yet is absent, not null (the partial-update contract)
+            image = as_stored({k: v for k, v in dump.items() if v is not None})
+            history = {
+                **image,
+                "sk": keys.history_state_sk(updated_at),
+                "ttl": self.ttl.history_expiry(now),
+            }
+            try:
+                await self.readmodel.put_item(history, if_absent=True)
+            except Conflict:  # that millisecond holds another state: read again, move on
+                floor = updated_at + timedelta(milliseconds=1)
+                continue
+            if await self.readmodel.replace_latest(
+                factory_id, image, expected=None if seen is None else str(seen)
+            ):
+                return Commit(old=old, new=image, at=updated_at)
+            # another writer replaced LATEST first: this state never was, so it is no history
+            await self.readmodel.delete_item(pk, history["sk"])
+        raise Transient(f"LATEST of {factory_id} kept changing under {COMMIT_ATTEMPTS} attempts")
 
-    def _snapshot_model(self, image: dict[str, Any], at: datetime) -> FactoryLatest:
-        data = {k: v for k, v in image.items() if k != "ttl"}
-        data["sk"] = keys.history_state_sk(at)
-        data["updated_at"] = format_ts(at)
-        return FactoryLatest.model_validate(data)
+    async def _recover(
+        self, factory_id: str, group: str, message_id: str, received_at: datetime, now: datetime
+    ) -> Commit | None:
+        """Finish what an earlier delivery of this message started (see the module docstring)."""
+        items = await self.readmodel.history_states(
+            factory_id, received_at - RECOVERY_MARGIN, now + timedelta(seconds=1), now=now
+        )
+        # group values carry forward into later states: the first item holding it introduced it
+        mine = next((i for i in items if _message_of(i, group) == message_id), None)
+        if mine is None:
+            return None
+        at = parse_ts(str(mine["updated_at"]))
+        state = {**_latest_fields(mine), "sk": keys.LATEST_SK}
+        prev = mine.get("prev_updated_at")
+        old = next((i for i in items if i.get("updated_at") == prev), None)
+        old_image = None if old is None else {**_latest_fields(old), "sk": keys.LATEST_SK}
+        latest = await self.readmodel.get_latest(factory_id)
+        current = None if latest is None else latest.get("updated_at")
+        if current == mine["updated_at"] or any(
+            i.get("prev_updated_at") == mine["updated_at"] for i in items
+        ):
+            return Commit(old=old_image, new=state, at=at)  # committed: redo snapshot and events
+        if current == prev and await self.readmodel.replace_latest(
+            factory_id, state, expected=None if prev is None else str(prev)
+        ):
+            return Commit(old=latest, new=state, at=at)  # rolled forward
+        await self.readmodel.delete_item(keys.factory_pk(factory_id), str(mine["sk"]))
+        return None
 
-    async def _history(
-        self, factory_id: str, image: dict[str, Any], now: datetime
-    ) -> tuple[datetime, PutResult]:
-        """HISTORY#STATE#{updated_at} (ttl) and the state_snapshot object (the same, no ttl)."""
-        at = parse_ts(str(image["updated_at"]))
-        snapshot = self._snapshot_model(image, at)
-        used = await self.readmodel.put_history_state(
-            factory_id,
-            self._snapshot_model(image, at),
-            updated_at=at,
-            ttl=self.ttl.history_expiry(now),
-        )
-        if used != at:
-            snapshot = self._snapshot_model(image, used)
-        put = await self.store.put_bytes(
-            keys.state_snapshot_key(factory_id, used), snapshot.model_dump_json().encode()
-        )
-        return used, put
-
-    async def _finish_redelivery(
-        self, factory_id: str, latest: dict[str, Any], now: datetime
-    ) -> tuple[datetime | None, PutResult | None, list[LatestChange]]:
-        """LATEST holds this message: a previous delivery got that far. Finish what it may not
-        have: the derived fields, then HISTORY (put-if-absent) and the snapshot."""
-        image, owned, changes = await self._derive(factory_id, latest, now)
-        if changes:  # the crash came before the derived write: a new state, a new snapshot
-            at, put = await self._history(factory_id, image, now)
-            return at, put, changes
-        if not owned:  # another writer moved LATEST on and snapshots it
-            return None, None, []
-        at = parse_ts(str(image["updated_at"]))
-        snapshot = self._snapshot_model(image, at)
-        item = {**snapshot.model_dump(mode="json"), "ttl": self.ttl.history_expiry(now)}
-        try:
-            await self.readmodel.put_item(item, if_absent=True)
-        except Conflict:
-            # already there (or that millisecond went to another snapshot): the object must be
-            # exactly the stored item without its ttl
-            existing = await self.readmodel.get_item(snapshot.pk, snapshot.sk)
-            if existing is not None:
-                snapshot = self._snapshot_model(existing, at)
-        put = await self.store.put_bytes(
-            keys.state_snapshot_key(factory_id, at), snapshot.model_dump_json().encode()
-        )
-        return at, put, []
+    async def _snapshot(self, factory_id: str, commit: Commit) -> PutResult:
+        """processed/{f}/state_snapshot/…/{updated_at}.json: the HISTORY item without ``ttl``."""
+        body = {**_latest_fields(commit.new), "sk": keys.history_state_sk(commit.at)}
+        return await self.store.put_json(keys.state_snapshot_key(factory_id, commit.at), body)
 
     # -- the 1-minute refresh ------------------------------------------------------------------
 
     async def refresh_factory(
         self, item: dict[str, Any], now: datetime, *, tick_after: timedelta
     ) -> bool:
-        """Recompute pipeline_status and staleness risk of one FACTORY LATEST item. Written (with
-        HISTORY, snapshot and events) when the assessment changed, or when LATEST has not been
-        written for ``tick_after`` (the tick's snapshot; a factory whose messages keep LATEST
-        fresh already has snapshots that recent). Returns True when it wrote."""
+        """Recompute pipeline_status and staleness risk of one FACTORY LATEST item. Committed
+        (HISTORY, LATEST, snapshot, events) when the assessment changed, or when LATEST has not
+        been written for ``tick_after`` (the tick's snapshot; a factory whose messages keep
+        LATEST fresh already has snapshots that recent). Returns True when it wrote."""
         factory_id = str(item.get("factory_id") or str(item["pk"]).removeprefix("FACTORY#"))
         updated = item.get("updated_at")
         due = updated is None or now - parse_ts(str(updated)) >= tick_after
-        image, _, changes = await self._derive(factory_id, item, now, force=due)
-        if not changes:
+        committed = await self._commit(factory_id, now, force=due)
+        if committed is None:
             return False
-        _, snap = await self._history(factory_id, image, now)
-        await self._announce(factory_id, [snap], changes, now)
+        snap = await self._snapshot(factory_id, committed)
+        await self._announce(factory_id, [snap], [committed], now)
         return True
 
     # -- events ----------------------------------------------------------------------------------
@@ -350,7 +377,7 @@ class Processor:
         self,
         factory_id: str,
         created: list[PutResult],
-        changes: list[LatestChange],
+        commits: list[Commit],
         now: datetime,
     ) -> None:
         sends = [
@@ -369,8 +396,8 @@ class Processor:
             for put in created
         ]
         pk = keys.factory_pk(factory_id)
-        for change in changes:
-            new = change.new_image or {}
+        for change in commits:
+            new = change.new
             sends.append(
                 self.publish(
                     change_subject(LATEST_ENTITY),
@@ -378,9 +405,9 @@ class Processor:
                         table=self.readmodel.table,
                         pk=pk,
                         sk=keys.LATEST_SK,
-                        event_name="MODIFY" if change.old_image else "INSERT",
-                        old_image=change.old_image,
-                        new_image=change.new_image,
+                        event_name="MODIFY" if change.old else "INSERT",
+                        old_image=change.old,
+                        new_image=change.new,
                         producer=PRODUCER,
                         at=now,
                     ),

@@ -1,4 +1,6 @@
-"""Storage fixtures for integration tests: real S3/DynamoDB over HTTP, a bucket and table per test."""
+"""pytest plugin: storage fixtures over real S3/DynamoDB (the emulator of ``aws_endpoint``):
+open clients (``aws``) and a freshly bootstrapped bucket and table unique to the test
+(``foundation``)."""
 
 from __future__ import annotations
 

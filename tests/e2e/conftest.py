@@ -1,0 +1,183 @@
+"""Black-box harness: the real ingest and processor processes (their console scripts) against a
+private Mosquitto, a private NATS JetStream and the S3/DynamoDB emulator, so a test may SIGKILL a
+service or restart a server and observe only what a user would: objects, items and events."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import aiomqtt
+import pytest
+
+from aegis_contracts import keys
+from aegis_contracts.ids import topic_for
+from aegis_contracts.times import format_ts
+from aegis_runtime.localservers import ManagedServer, free_port
+from aegis_runtime.testing.waiting import eventually
+from aegis_storage.bootstrap import bootstrap
+from aegis_storage.clients import AwsClients
+from aegis_storage.readmodel import ReadModel
+from aegis_storage.s3 import ObjectStore
+
+SCRIPTS = Path(sys.executable).parent
+
+
+@dataclass
+class Pipeline:
+    mqtt: ManagedServer
+    nats: ManagedServer
+    aws_endpoint: str
+    bucket: str
+    table: str
+    store: ObjectStore
+    readmodel: ReadModel
+    uid: str
+    logs: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    health: dict[str, int] = field(default_factory=dict)
+
+    def env(self, service: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")}
+        return env | {
+            "AEGIS_AWS_ENDPOINT_URL": self.aws_endpoint,
+            "AEGIS_BUCKET": self.bucket,
+            "AEGIS_TABLE": self.table,
+            "AEGIS_MQTT_URL": self.mqtt.url,
+            "AEGIS_NATS_URL": self.nats.url,
+            "AEGIS_LOG_FORMAT": "json",
+            "AEGIS_HEALTH_PORT": str(self.health.setdefault(service, free_port())),
+            # the same client id across restarts: the broker keeps the session and its messages
+            "AEGIS_MQTT_CLIENT_ID": f"ingest-{self.uid}",
+            "AEGIS_MQTT_SHARE_GROUP": f"g-{self.uid}",
+            # an unacked message comes back quickly after a crash
+            "AEGIS_ACK_WAIT_S": "3",
+            "AEGIS_REFRESH_ENABLED": "false",
+        }
+
+    def start(self, service: str) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"{service}.log").open("ab")
+        proc = subprocess.Popen(
+            [str(SCRIPTS / f"aegis-{service}")],
+            env=self.env(service),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.procs[service] = proc
+        return proc
+
+    async def ready(self, *services: str, within: float = 30) -> None:
+        """Wait until each service's /readyz answers 200 (connected to what it needs)."""
+
+        def answers(service: str) -> bool:
+            url = f"http://127.0.0.1:{self.health[service]}/readyz"
+            try:
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    return bool(resp.status == 200)
+            except OSError:
+                return False
+
+        for service in services:
+            await eventually(lambda s=service: answers(s), within=within, what=f"{service} ready")
+
+    def kill(self, service: str) -> None:
+        proc = self.procs.pop(service)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        self.procs.clear()
+
+    def log_tail(self, service: str, lines: int = 30) -> str:
+        path = self.logs / f"{service}.log"
+        return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else ""
+
+    def factories(self, n: int) -> list[str]:
+        return [f"e{self.uid[2:]}-{i}" for i in range(n)]
+
+    async def count(self, prefix: str) -> int:
+        return len(await self.store.list_keys(prefix))
+
+
+def factory_state(factory_id: str, seq: int, at: datetime) -> bytes:
+    return json.dumps(
+        {
+            "message_id": f"{factory_id}-{seq:06d}",
+            "factory_id": factory_id,
+            "device_id": "edge-1",
+            "emitted_at": format_ts(at),
+            "schema_version": "1.0",
+            "sensors": {"temperature_c": 24.0 + seq % 7, "co_ppm": 3.0},
+        }
+    ).encode()
+
+
+def stream_of(factories: list[str], per_factory: int, start: datetime) -> list[tuple[str, bytes]]:
+    """Interleaved (topic, payload) pairs, event times increasing per factory."""
+    return [
+        (topic_for(f, "factory_state"), factory_state(f, i, start + timedelta(seconds=i)))
+        for i in range(per_factory)
+        for f in factories
+    ]
+
+
+async def publish_all(mqtt_url: str, messages: list[tuple[str, bytes]]) -> None:
+    host, port = mqtt_url.removeprefix("mqtt://").split(":")
+    async with aiomqtt.Client(
+        host, int(port), protocol=aiomqtt.ProtocolVersion.V5, max_queued_outgoing_messages=0
+    ) as client:
+        for topic, payload in messages:
+            await client.publish(topic, payload, qos=1)
+
+
+@pytest.fixture
+async def pipeline(
+    private_mosquitto: ManagedServer,
+    private_nats: ManagedServer,
+    aws_endpoint: str,
+    aws: AwsClients,
+    unique_id: str,
+    tmp_path: Path,
+) -> AsyncIterator[Pipeline]:
+    bucket, table = f"aegis-{unique_id}", f"AEGIS-{unique_id}"
+    await bootstrap(aws, bucket=bucket, table=table)
+    p = Pipeline(
+        mqtt=private_mosquitto,
+        nats=private_nats,
+        aws_endpoint=aws_endpoint,
+        bucket=bucket,
+        table=table,
+        store=ObjectStore(aws.s3, bucket),
+        readmodel=ReadModel(aws.dynamodb, table),
+        uid=unique_id,
+        logs=tmp_path,
+    )
+    try:
+        yield p
+    finally:
+        p.stop_all()
+
+
+@pytest.fixture
+def now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+__all__ = ["Pipeline", "keys", "publish_all", "stream_of"]

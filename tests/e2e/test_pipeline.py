@@ -1,0 +1,131 @@
+"""MQTT in, read model out, through the real ingest and processor processes; and what a crash of
+either, or a restart of NATS, does to a stream of 1,000 messages: nothing, in effect."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+
+import pytest
+
+from aegis_contracts import keys
+from aegis_contracts.keys import parse_key
+from aegis_contracts.times import format_ts
+from aegis_runtime.testing.waiting import eventually
+
+from .conftest import Pipeline, publish_all, stream_of
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+FACTORIES = 10
+PER_FACTORY = 100  # 1,000 messages
+
+
+async def processed_count(p: Pipeline) -> int:
+    return sum("/factory_state/" in k for k in await p.store.list_keys("processed/"))
+
+
+async def converged(p: Pipeline, total: int, within: float = 180) -> None:
+    async def all_processed() -> bool:
+        return await processed_count(p) >= total
+
+    try:
+        await eventually(all_processed, within=within, what=f"{total} processed messages")
+    except AssertionError:
+        raise AssertionError(
+            f"ingest:\n{p.log_tail('ingest')}\nprocessor:\n{p.log_tail('processor')}"
+        ) from None
+
+
+async def assert_exactly_once_in_effect(p: Pipeline, factories: list[str], start: datetime) -> None:
+    raw = await p.store.list_keys("raw/")
+    raw_ids = Counter(parse_key(k).message_id for k in raw)
+    assert len(raw_ids) == FACTORIES * PER_FACTORY
+    assert set(raw_ids.values()) == {1}  # one raw object per message, none twice
+
+    processed = await p.store.list_keys("processed/")
+    by_dataset = Counter(parse_key(k).dataset or parse_key(k).family for k in processed)
+    assert by_dataset[keys.Dataset.FACTORY_STATE] == FACTORIES * PER_FACTORY
+    assert by_dataset[keys.Dataset.RISK_SCORE] == FACTORIES * PER_FACTORY
+
+    newest = format_ts(start + timedelta(seconds=PER_FACTORY - 1))
+    for f in factories:
+        latest = await p.readmodel.get_latest(f)
+        assert latest is not None, f
+        assert latest["last_factory_state_at"] == newest, f  # never moved backwards
+        assert latest["factory_state"]["meta"]["message_id"] == f"{f}-{PER_FACTORY - 1:06d}"
+        history = await p.readmodel.history_states(
+            f, start - timedelta(hours=1), start + timedelta(hours=2), now=start
+        )
+        applied = Counter(h["factory_state"]["meta"]["message_id"] for h in history)
+        assert applied, f
+        assert set(applied.values()) == {1}, f"{f}: a message was applied twice: {applied}"
+        snapshots = await p.store.list_keys(keys.processed_prefix(f, "state_snapshot"))
+        assert len(snapshots) == len(history), f
+
+
+async def run_with_fault(
+    p: Pipeline, now: datetime, fault: Callable[[], Awaitable[None]], after_processed: int = 300
+) -> None:
+    factories = p.factories(FACTORIES)
+    p.start("ingest")
+    p.start("processor")
+    await p.ready("ingest", "processor")
+    messages = stream_of(factories, PER_FACTORY, now)
+    await publish_all(p.mqtt.url, messages)
+
+    async def progressed() -> bool:
+        return await processed_count(p) >= after_processed
+
+    await eventually(progressed, within=120, what=f"{after_processed} messages processed")
+    await fault()
+    await converged(p, len(messages))
+    await assert_exactly_once_in_effect(p, factories, now)
+
+
+async def test_a_message_flows_from_mqtt_to_the_read_model(pipeline: Pipeline, now: datetime):
+    p = pipeline
+    (f,) = p.factories(1)
+    p.start("ingest")
+    p.start("processor")
+    await p.ready("ingest", "processor")
+    ((topic, payload),) = stream_of([f], 1, now)
+    await publish_all(p.mqtt.url, [(topic, payload)])
+
+    async def visible() -> bool:
+        return await p.readmodel.get_latest(f) is not None
+
+    await eventually(visible, within=30, what="LATEST")
+    raw_key = keys.raw_key(f, "factory_state", datetime.now(now.tzinfo), f"{f}-000000")
+    assert await p.store.get_bytes(raw_key) == payload
+    latest = await p.readmodel.get_latest(f)
+    assert latest is not None
+    assert latest["last_factory_state_at"] == format_ts(now)
+
+
+async def test_processor_killed_mid_stream_loses_and_repeats_nothing(
+    pipeline: Pipeline, now: datetime
+):
+    async def crash_and_restart() -> None:
+        pipeline.kill("processor")
+        pipeline.start("processor")
+
+    await run_with_fault(pipeline, now, crash_and_restart)
+
+
+async def test_ingest_killed_mid_stream_loses_and_repeats_nothing(
+    pipeline: Pipeline, now: datetime
+):
+    async def crash_and_restart() -> None:
+        pipeline.kill("ingest")
+        pipeline.start("ingest")  # the same client id resumes the broker's session
+
+    await run_with_fault(pipeline, now, crash_and_restart)
+
+
+async def test_nats_restart_mid_stream_loses_and_repeats_nothing(pipeline: Pipeline, now: datetime):
+    async def restart_nats() -> None:
+        pipeline.nats.restart()
+
+    await run_with_fault(pipeline, now, restart_nats)
