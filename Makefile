@@ -10,7 +10,7 @@ UV := $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
 VENV := .venv
 STAMP := $(VENV)/.synced
 
-.PHONY: help install run status test lint fmt unit integration up down clean
+.PHONY: help install run status bench test lint fmt unit integration up down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ test: lint ## lint, then the whole suite: unit, integration, e2e against real se
 
 unit: $(STAMP) ## only the tests that need no server
 	$(VENV)/bin/pytest -m "not integration and not e2e"
+
+bench: $(STAMP) ## benchmarks on this machine's servers: backend ceiling, baseline, AEGIS end to end
+	$(VENV)/bin/python tests/bench/pipeline.py --out bench-results/pipeline.json
 
 fmt: $(STAMP) ## format and autofix
 	$(VENV)/bin/ruff format .

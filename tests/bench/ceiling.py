@@ -93,12 +93,28 @@ async def _measure(
             ReturnValues="ALL_OLD",
         )
 
+    async def ddb_put_if_absent(i: int) -> None:
+        await c.dynamodb.put_item(
+            TableName=table,
+            Item={"pk": {"S": f"A#{i % 64}"}, "sk": {"S": f"H#{i:09d}"}, "v": {"S": now}},
+            ConditionExpression="attribute_not_exists(pk)",
+        )
+
+    async def ddb_get(i: int) -> None:
+        await c.dynamodb.get_item(
+            TableName=table,
+            Key={"pk": {"S": f"B#{i % 64}"}, "sk": {"S": "LATEST"}},
+            ConsistentRead=True,
+        )
+
     results = {}
     for name, call in (
         ("s3_put", s3_put),
         ("s3_put_if_none_match", s3_put_once),
         ("ddb_put", ddb_put),
+        ("ddb_put_if_absent", ddb_put_if_absent),
         ("ddb_conditional_update", ddb_update),
+        ("ddb_get", ddb_get),
     ):
         results[name] = await _drive(name, call, seconds=seconds, concurrency=concurrency)
     return results
