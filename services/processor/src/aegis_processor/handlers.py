@@ -25,9 +25,11 @@ Storage and broker errors propagate: the middleware nacks and the broker redeliv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any, Protocol, TypeVar, cast
@@ -146,6 +148,7 @@ class Processor:
         ttl: TtlSettings,
         clock: Clock,
         report_check_cache_s: float = 60.0,
+        latest_cache_size: int = 10_000,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -157,6 +160,25 @@ class Processor:
         self.report_check_cache_s = report_check_cache_s
         self._monotonic = monotonic
         self._reports: dict[tuple[str, date], tuple[bool, float]] = {}
+        # LATEST per factory as last written or read here (saves a GET per message)
+        self._known: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.latest_cache_size = latest_cache_size
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+
+    @contextlib.asynccontextmanager
+    async def _factory_lock(self, factory_id: str) -> AsyncIterator[None]:
+        """One commit per factory at a time in this replica, so that messages of one factory
+        fetched in the same batch do not all start from the same LATEST and all but one lose
+        the conditional write. Replicas are still kept apart by the conditions alone."""
+        lock, users = self._locks.setdefault(factory_id, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._locks[factory_id]
 
     # -- one raw event ---------------------------------------------------------------------
 
@@ -198,13 +220,14 @@ class Processor:
             bodies[key] = record.model_dump_json().encode()
 
         async def commit() -> tuple[str, Commit | None]:
-            if redelivered:
-                recovered = await self._recover(fid, group, mid, event.received_at, now)
-                if recovered is not None:
-                    return "recovered", recovered
-            fields = {group: json.loads(state_body)}
-            done = await self._commit(fid, now, group=group, fields=fields, at=event_time.at)
-            return ("applied" if done else "older"), done
+            async with self._factory_lock(fid):
+                if redelivered:
+                    recovered = await self._recover(fid, group, mid, event.received_at, now)
+                    if recovered is not None:
+                        return "recovered", recovered
+                fields = {group: json.loads(state_body)}
+                done = await self._commit(fid, now, group=group, fields=fields, at=event_time.at)
+                return ("applied" if done else "older"), done
 
         # the processed objects and the new state are independent: write them together
         written, (latest, committed) = await both(
@@ -267,8 +290,8 @@ class Processor:
         only when the assessment changed, or ``force``). None when there is nothing to commit."""
         pk = keys.factory_pk(factory_id)
         floor = truncate_ms(now)  # moves past a millisecond found taken in HISTORY
-        for _ in range(COMMIT_ATTEMPTS):
-            old = await self.readmodel.get_latest(factory_id)
+        for attempt in range(COMMIT_ATTEMPTS):
+            old = await self._latest(factory_id, fresh=attempt > 0)
             base = dict(old or {"pk": pk, "sk": keys.LATEST_SK, "factory_id": factory_id})
             if group is not None and fields is not None and at is not None:
                 guard = LATEST_GROUPS[group]
@@ -313,10 +336,31 @@ class Processor:
             if await self.readmodel.replace_latest(
                 factory_id, image, expected=None if seen is None else str(seen)
             ):
+                self._remember(factory_id, image)
                 return Commit(old=old, new=image, at=updated_at)
             # another writer replaced LATEST first: this state never was, so it is no history
             await self.readmodel.delete_item(pk, history["sk"])
+            self._known.pop(factory_id, None)
         raise Transient(f"LATEST of {factory_id} kept changing under {COMMIT_ATTEMPTS} attempts")
+
+    async def _latest(self, factory_id: str, *, fresh: bool) -> dict[str, Any] | None:
+        """LATEST as this replica last wrote or read it, else read. A stale copy costs no
+        correctness: the conditional replace refuses it and the next attempt reads afresh; and
+        a copy's event-time guards are never newer than the table's, so "older" is decided
+        right from it too."""
+        if not fresh and factory_id in self._known:
+            self._known.move_to_end(factory_id)
+            return self._known[factory_id]
+        latest = await self.readmodel.get_latest(factory_id)
+        if latest is not None:
+            self._remember(factory_id, latest)
+        return latest
+
+    def _remember(self, factory_id: str, image: dict[str, Any]) -> None:
+        self._known[factory_id] = image
+        self._known.move_to_end(factory_id)
+        while len(self._known) > self.latest_cache_size:
+            self._known.popitem(last=False)
 
     async def _recover(
         self, factory_id: str, group: str, message_id: str, received_at: datetime, now: datetime
@@ -334,7 +378,7 @@ class Processor:
         prev = mine.get("prev_updated_at")
         old = next((i for i in items if i.get("updated_at") == prev), None)
         old_image = None if old is None else {**_latest_fields(old), "sk": keys.LATEST_SK}
-        latest = await self.readmodel.get_latest(factory_id)
+        latest = await self._latest(factory_id, fresh=True)
         current = None if latest is None else latest.get("updated_at")
         if current == mine["updated_at"] or any(
             i.get("prev_updated_at") == mine["updated_at"] for i in items
@@ -364,7 +408,9 @@ class Processor:
         factory_id = str(item.get("factory_id") or str(item["pk"]).removeprefix("FACTORY#"))
         updated = item.get("updated_at")
         due = updated is None or now - parse_ts(str(updated)) >= tick_after
-        committed = await self._commit(factory_id, now, force=due)
+        async with self._factory_lock(factory_id):
+            self._remember(factory_id, item)  # just scanned: fresher than this replica's copy
+            committed = await self._commit(factory_id, now, force=due)
         if committed is None:
             return False
         snap = await self._snapshot(factory_id, committed)
