@@ -12,11 +12,15 @@ import itertools
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
+
+
+# unique across runs: the put-once keys must never repeat
+_IDS = itertools.count()
 
 
 @dataclass
@@ -35,13 +39,12 @@ def _cpu() -> float:
 
 async def _drive(name: str, call, *, seconds: float, concurrency: int) -> OpRate:  # type: ignore[no-untyped-def]
     stop = time.perf_counter() + seconds
-    ids = itertools.count()
     count = 0
 
     async def worker() -> None:
         nonlocal count
         while time.perf_counter() < stop:
-            await call(next(ids))
+            await call(next(_IDS))
             count += 1
 
     cpu0, t0 = _cpu(), time.perf_counter()
@@ -51,7 +54,12 @@ async def _drive(name: str, call, *, seconds: float, concurrency: int) -> OpRate
 
 
 async def measure(
-    endpoint: str, *, seconds: float = 5.0, concurrency: int = 32
+    endpoint: str,
+    *,
+    seconds: float = 5.0,
+    concurrency: int = 32,
+    ops: tuple[str, ...] = (),
+    repeats: int = 3,
 ) -> dict[str, OpRate]:
     bucket = f"aegis-bench-{uuid.uuid4().hex[:8]}"
     table = f"AEGIS-bench-{uuid.uuid4().hex[:8]}"
@@ -60,11 +68,19 @@ async def measure(
     now = datetime.now(UTC).isoformat()
     async with open_clients(cfg) as c:
         await bootstrap(c, bucket=bucket, table=table)
-        return await _measure(c, bucket, table, body, now, seconds, concurrency)
+        return await _measure(c, bucket, table, body, now, seconds, concurrency, ops, repeats)
 
 
 async def _measure(
-    c: AwsClients, bucket: str, table: str, body: bytes, now: str, seconds: float, concurrency: int
+    c: AwsClients,
+    bucket: str,
+    table: str,
+    body: bytes,
+    now: str,
+    seconds: float,
+    concurrency: int,
+    ops: tuple[str, ...],
+    repeats: int,
 ) -> dict[str, OpRate]:
     run = uuid.uuid4().hex[:6]
 
@@ -107,20 +123,28 @@ async def _measure(
             ConsistentRead=True,
         )
 
-    results = {}
-    for name, call in (
-        ("s3_put", s3_put),
-        ("s3_put_if_none_match", s3_put_once),
-        ("ddb_put", ddb_put),
-        ("ddb_put_if_absent", ddb_put_if_absent),
-        ("ddb_conditional_update", ddb_update),
-        ("ddb_get", ddb_get),
-    ):
-        results[name] = await _drive(name, call, seconds=seconds, concurrency=concurrency)
+    calls = {
+        "s3_put": s3_put,
+        "s3_put_if_none_match": s3_put_once,
+        "ddb_put": ddb_put,
+        "ddb_put_if_absent": ddb_put_if_absent,
+        "ddb_conditional_update": ddb_update,
+        "ddb_get": ddb_get,
+    }
+    results: dict[str, OpRate] = {}
+    for name in ops or tuple(calls):
+        # the best of a few runs: this machine is shared, and the ceiling is what the backend
+        # can do, so a dip caused by a neighbour must not lower the bar
+        runs = [
+            await _drive(name, calls[name], seconds=seconds, concurrency=concurrency)
+            for _ in range(repeats)
+        ]
+        best = max(runs, key=lambda r: r.per_second)
+        results[name] = OpRate(
+            name,
+            best.count,
+            best.seconds,
+            best.per_second,
+            min(r.client_cpu_ms for r in runs),
+        )
     return results
-
-
-if __name__ == "__main__":
-    endpoint = os.environ.get("AEGIS_AWS_ENDPOINT_URL", "http://127.0.0.1:4566")
-    for rate in asyncio.run(measure(endpoint)).values():
-        print(asdict(rate))

@@ -231,7 +231,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     logs = Path(args.out).parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     try:
-        rates = await measure(moto.url, seconds=args.seconds, concurrency=32)
+        rates = await measure(
+            moto.url, seconds=args.seconds, concurrency=32, ops=tuple(CALLS_PER_MESSAGE)
+        )
         ceiling, floor_ms = ceiling_of(rates)
         base = await baseline(moto.url, args.seconds)
         svc = Services(mqtt, nats_server, moto.url)
@@ -297,7 +299,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--factories", type=int, default=100)
-    parser.add_argument("--seconds", type=float, default=5.0, help="per backend measurement")
+    parser.add_argument("--seconds", type=float, default=4.0, help="per backend measurement")
     parser.add_argument("--out", default="bench-results/pipeline.json")
     args = parser.parse_args()
     result = asyncio.run(main(args))
