@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
 
-
 # unique across runs: the put-once keys must never repeat
 _IDS = itertools.count()
 
