@@ -82,7 +82,8 @@ async def run_stack(settings: AegisSettings, *, services: list[str] | None = Non
             flush=True,
         )
         names = installed_services() if services is None else services
-        specs = [ServiceSpec(n, FIRST_HEALTH_PORT + i) for i, n in enumerate(names)]
+        first = int(os.environ.get("AEGIS_UP_FIRST_HEALTH_PORT", FIRST_HEALTH_PORT))
+        specs = [ServiceSpec(n, first + i) for i, n in enumerate(names)]
         return await _supervise(settings, specs)
     finally:
         if moto is not None:

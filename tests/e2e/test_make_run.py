@@ -1,0 +1,68 @@
+"""What the README promises for `make run`: the local stack, every service and the simulator, and
+within 30 s `aegis status` shows factory-a, factory-b and factory-c."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aegis_runtime.localservers import ManagedServer, free_port
+from aegis_runtime.testing.waiting import eventually
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+AEGIS = str(Path(sys.executable).parent / "aegis")
+
+
+async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
+    private_mosquitto: ManagedServer,
+    private_nats: ManagedServer,
+    aws_endpoint: str,
+    unique_id: str,
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")} | {
+        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+        "AEGIS_BUCKET": f"aegis-{unique_id}",
+        "AEGIS_TABLE": f"AEGIS-{unique_id}",
+        "AEGIS_MQTT_URL": private_mosquitto.url,
+        "AEGIS_NATS_URL": private_nats.url,
+        "AEGIS_UP_FIRST_HEALTH_PORT": str(free_port()),
+    }
+    log = (tmp_path / "up.log").open("wb")
+    up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
+        [AEGIS, "up"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    rows: list[dict[str, object]] = []
+
+    async def fleet_visible() -> bool:
+        nonlocal rows
+        status = await asyncio.to_thread(
+            subprocess.run,
+            [AEGIS, "status", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if status.returncode != 0:
+            return False
+        rows = json.loads(status.stdout)
+        return {"factory-a", "factory-b", "factory-c"} <= {str(r["factory_id"]) for r in rows}
+
+    try:
+        await eventually(fleet_visible, within=30, interval=1, what="factory-a/b/c in aegis status")
+    finally:
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(60)
+        log.close()
+    assert code == 0, (tmp_path / "up.log").read_text()[-3000:]
+    for row in rows:
+        assert row["level"] in {"NORMAL", "WARNING", "CRITICAL"}
