@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import time
 import uuid
@@ -17,6 +18,64 @@ from datetime import UTC, datetime
 
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
+from aegis_storage.readmodel import to_attributes, to_plain
+
+# what one factory's state looks like in the read model (LATEST / HISTORY#STATE): the size that
+# the services really serialize and send per write
+_META = {
+    "message_id": "factory-a-2b3a3f-fs00000008",
+    "device_id": "edge-01",
+    "emitted_at": "2026-11-30T10:34:03.981Z",
+    "event_time": "2026-11-30T10:34:03.981Z",
+    "received_at": "2026-11-30T10:34:03.990Z",
+    "raw_key": "raw/factory-a/factory_state/yyyy=2026/mm=11/dd=30/factory-a-2b3a3f-fs00000008.json",
+    "schema_version": "1.0",
+    "flags": [],
+}
+SAMPLE_STATE: dict[str, object] = {
+    "factory_id": "factory-a",
+    "factory_state": {
+        "meta": _META,
+        "sensors": {
+            "temperature_c": 24.61,
+            "humidity_pct": 41.2,
+            "co_ppm": 3.4,
+            "smoke_obscuration_pct": 0.1,
+            "vibration_mm_s": 2.3,
+            "noise_db": 77.9,
+        },
+        "model_version": "yolo-v8.2",
+        "detections": [
+            {"label": "no_helmet", "confidence": 0.71, "camera_id": "cam-2", "bbox": None}
+        ],
+    },
+    "infra_state": {
+        "meta": {**_META, "message_id": "factory-a-2b3a3f-is00000002"},
+        "host": {"cpu_pct": 35.1, "mem_pct": 61.0, "disk_pct": 40.2, "temperature_c": 55.0},
+        "network": {"rtt_ms": 12.5, "loss_pct": 0.0},
+        "cameras": {"cam-1": "online", "cam-2": "online"},
+        "pipeline": {"inference": "ok", "uploader": "ok"},
+    },
+    "risk": {
+        "score": 40.0,
+        "level": "WARNING",
+        "reasons": [
+            {
+                "code": "NO_HELMET_DETECTED",
+                "severity": "WARNING",
+                "detail": "no_helmet detected with confidence 0.71 on cam-2",
+                "value": 0.71,
+                "threshold": 0.6,
+                "source": "ai",
+            }
+        ],
+    },
+    "pipeline_status": {"status": "OK", "checked_at": "2026-11-30T10:34:04.000Z"},
+    "last_factory_state_at": "2026-11-30T10:34:03.981Z",
+    "last_infra_state_at": "2026-11-30T10:33:51.002Z",
+    "updated_at": "2026-11-30T10:34:04.000Z",
+    "prev_updated_at": "2026-11-30T10:33:59.000Z",
+}
 
 # unique across runs: the put-once keys must never repeat
 _IDS = itertools.count()
@@ -63,7 +122,7 @@ async def measure(
     bucket = f"aegis-bench-{uuid.uuid4().hex[:8]}"
     table = f"AEGIS-bench-{uuid.uuid4().hex[:8]}"
     cfg = AwsConfig(endpoint_url=endpoint, max_pool_connections=concurrency * 2)
-    body = b'{"sensors":{"temperature_c":24.5}}'.ljust(1024, b" ")
+    body = json.dumps(SAMPLE_STATE["factory_state"]).encode()
     now = datetime.now(UTC).isoformat()
     async with open_clients(cfg) as c:
         await bootstrap(c, bucket=bucket, table=table)
@@ -109,10 +168,11 @@ async def _measure(
         )
 
     async def ddb_put_if_absent(i: int) -> None:
+        # an item as large as the read model's: a whole LATEST image, serialized as the
+        # services serialize it
+        item = to_attributes(to_plain({**SAMPLE_STATE, "pk": f"A#{i % 64}", "sk": f"H#{i:09d}"}))
         await c.dynamodb.put_item(
-            TableName=table,
-            Item={"pk": {"S": f"A#{i % 64}"}, "sk": {"S": f"H#{i:09d}"}, "v": {"S": now}},
-            ConditionExpression="attribute_not_exists(pk)",
+            TableName=table, Item=item, ConditionExpression="attribute_not_exists(pk)"
         )
 
     async def ddb_get(i: int) -> None:

@@ -33,7 +33,7 @@ import nats
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ceiling import OpRate, measure
+from ceiling import SAMPLE_STATE, OpRate, measure
 from procstat import sample
 
 from aegis_contracts.ids import topic_for
@@ -47,6 +47,7 @@ from aegis_runtime.localservers import (
 )
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_clients
+from aegis_storage.readmodel import to_attributes, to_plain
 
 # What one factory_state message costs in storage calls on the normal path (LATEST applied):
 # ingest: the raw object (put-once); processor: processed factory_state + risk_score objects,
@@ -70,7 +71,7 @@ def ceiling_of(rates: dict[str, OpRate]) -> tuple[float, float]:
 async def baseline(endpoint: str, seconds: float) -> float:
     """The same calls, one message at a time, no concurrency."""
     bucket, table = f"aegis-base-{uuid.uuid4().hex[:8]}", f"AEGIS-base-{uuid.uuid4().hex[:8]}"
-    body = b'{"sensors":{"temperature_c":24.5}}'.ljust(1024, b" ")
+    body = json.dumps(SAMPLE_STATE["factory_state"]).encode()
     async with open_clients(AwsConfig(endpoint_url=endpoint)) as c:
         await bootstrap(c, bucket=bucket, table=table)
         stop, n = time.perf_counter() + seconds, 0
@@ -80,13 +81,14 @@ async def baseline(endpoint: str, seconds: float) -> float:
             await c.s3.put_object(Bucket=bucket, Key=f"raw/{n}.json", Body=body, IfNoneMatch="*")
             for kind in ("factory_state", "risk_score", "state_snapshot"):
                 await c.s3.put_object(Bucket=bucket, Key=f"processed/{kind}/{n}.json", Body=body)
+            state = to_attributes(to_plain(SAMPLE_STATE))
             await c.dynamodb.put_item(
                 TableName=table,
-                Item={"pk": pk, "sk": {"S": f"HISTORY#STATE#{n:09d}"}},
+                Item={**state, "pk": pk, "sk": {"S": f"HISTORY#STATE#{n:09d}"}},
                 ConditionExpression="attribute_not_exists(pk)",
             )
             await c.dynamodb.put_item(
-                TableName=table, Item={"pk": pk, "sk": {"S": "LATEST"}, "n": {"N": str(n)}}
+                TableName=table, Item={**state, "pk": pk, "sk": {"S": "LATEST"}}
             )
             n += 1
         return n / (time.perf_counter() - start)
