@@ -166,6 +166,7 @@ async def run_load(
     names = [f"b{svc.uid}{run}-{i}" for i in range(factories)]
     sent: dict[str, float] = {}
     latencies: list[float] = []
+    timeline: list[tuple[float, float]] = []  # (sent, seconds after start; latency ms)
     processed = 0
     done = asyncio.Event()
     nc = await nats.connect(svc.nats.url)
@@ -183,12 +184,29 @@ async def run_load(
         sent_at = sent.pop(str(mid.get("message_id")), None)
         if sent_at is not None:
             latencies.append(time.perf_counter() - sent_at)
+            timeline.append((round(sent_at - t0, 3), round(latencies[-1] * 1000, 1)))
 
     await nc.subscribe("aegis.objects.created.factory_state", cb=on_object)
     await nc.subscribe("aegis.changes.>", cb=on_change)
     before = {s: sample(p.pid) for s, p in svc.procs.items()}
     start_at = datetime.now(UTC)
     t0 = time.perf_counter()
+    probe_stop = asyncio.Event()
+    stalls: list[tuple[float, float]] = []
+
+    async def probe_backend() -> None:
+        """A tiny request to the emulator every 50 ms: when it is slow too, a slow message was
+        waiting for the backend, not for AEGIS."""
+        async with open_clients(AwsConfig(endpoint_url=svc.endpoint)) as c:
+            while not probe_stop.is_set():
+                began = time.perf_counter()
+                await c.s3.head_bucket(Bucket=svc.bucket)
+                took = time.perf_counter() - began
+                if took > 0.1:
+                    stalls.append((round(began - t0, 3), round(took * 1000, 1)))
+                await asyncio.sleep(0.05)
+
+    probe = asyncio.create_task(probe_backend())
     async with aiomqtt.Client(
         host, int(port), protocol=aiomqtt.ProtocolVersion.V5, max_inflight_messages=100
     ) as client:
@@ -207,6 +225,8 @@ async def run_load(
         await asyncio.wait_for(done.wait(), timeout=600)
     elapsed = time.perf_counter() - t0
     after = {s: sample(p.pid) for s, p in svc.procs.items()}
+    probe_stop.set()
+    await probe
     await nc.drain()
     lat = sorted(latencies)
 
@@ -219,6 +239,10 @@ async def run_load(
         "seconds": elapsed,
         "per_second": messages / elapsed,
         "latency_ms": {"p50": pct(0.5), "p95": pct(0.95), "p99": pct(0.99), "n": len(lat)},
+        # the slowest messages and when they were sent: a cluster means a stall, not a tail
+        "slowest": sorted(timeline, key=lambda t: -t[1])[:20],
+        # (seconds after start, ms) of emulator requests slower than 100 ms while the load ran
+        "backend_stalls": sorted(stalls, key=lambda t: -t[1])[:20],
         "cpu_ms_per_message": {
             s: (after[s].cpu_s - before[s].cpu_s) / messages * 1000 for s in svc.procs
         },
@@ -290,6 +314,7 @@ def table(r: dict[str, Any]) -> str:
         ("AEGIS sustained, MQTT -> LATEST (msg/s)", f"{s['per_second']:.1f}", f"{t['throughput_vs_ceiling']:.2f} x ceiling (target >= 0.8)"),
         ("  vs baseline", f"{t['throughput_vs_baseline']:.2f} x", "target > 1"),
         ("AEGIS latency at half rate p50/p95/p99 (ms)", "{p50:.0f} / {p95:.0f} / {p99:.0f}".format(**h["latency_ms"]), "target p99 <= 500"),
+        ("  emulator stalls during that run (max ms, a HEAD every 50 ms)", f"{max((ms for _, ms in h['backend_stalls']), default=0):.0f}", "a tail that coincides is the backend's"),
         ("CPU per message ingest / processor (ms)", " / ".join(f"{v:.2f}" for v in s["cpu_ms_per_message"].values()), f"{t['cpu_vs_floor']:.2f} x floor (target <= 1.15)"),
         ("peak RSS ingest / processor (MB)", " / ".join(f"{v:.0f}" for v in s["peak_rss_mb"].values()), "target < 150 each"),
     ]  # fmt: skip
