@@ -47,6 +47,7 @@ __all__ = [
     "free_port",
     "jetstream_account_info",
     "port_open",
+    "start_managed_server",
     "start_moto_server",
     "start_private_mosquitto",
     "start_private_nats",
@@ -370,6 +371,17 @@ def _wait_ready(server: ManagedServer, timeout: float) -> None:
                 f"{shlex.join(server.command or [])}; see {server.log_file}"
             )
         time.sleep(0.05)
+
+
+def start_managed_server(
+    url: str,
+    command: list[str],
+    log_file: Path,
+    ready: Callable[[str], bool] | None = None,
+    timeout: float = 20.0,
+) -> ManagedServer:
+    """Run ``command`` as a server at ``url`` (default readiness: it answers HTTP)."""
+    return _start_managed(url, command, log_file, ready or _answers_http, timeout)
 
 
 def _start_managed(
