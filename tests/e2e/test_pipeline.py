@@ -129,3 +129,14 @@ async def test_nats_restart_mid_stream_loses_and_repeats_nothing(pipeline: Pipel
         pipeline.nats.restart()
 
     await run_with_fault(pipeline, now, restart_nats)
+
+
+async def test_mqtt_broker_restart_mid_stream_loses_and_repeats_nothing(
+    pipeline: Pipeline, now: datetime
+):
+    async def restart_broker() -> None:
+        # Mosquitto saves sessions and queued messages on shutdown; ingest must reconnect and
+        # resume its persistent session, and what it had not acknowledged comes again
+        pipeline.mqtt.restart()
+
+    await run_with_fault(pipeline, now, restart_broker)
