@@ -18,7 +18,6 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from aegis_contracts import keys
 from aegis_contracts.ids import topic_for
 from aegis_contracts.times import format_ts
 from aegis_runtime.localservers import ManagedServer, free_port
@@ -112,9 +111,6 @@ class Pipeline:
     def factories(self, n: int) -> list[str]:
         return [f"e{self.uid[2:]}-{i}" for i in range(n)]
 
-    async def count(self, prefix: str) -> int:
-        return len(await self.store.list_keys(prefix))
-
 
 def factory_state(factory_id: str, seq: int, at: datetime) -> bytes:
     return json.dumps(
@@ -180,4 +176,4 @@ def now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
-__all__ = ["Pipeline", "keys", "publish_all", "stream_of"]
+__all__ = ["Pipeline", "publish_all", "stream_of"]

@@ -138,24 +138,14 @@ class ReadModel:
         )
 
     async def set_latest(
-        self,
-        factory_id: str,
-        fields: BaseModel | Mapping[str, Any],
-        *,
-        if_updated_at: str | None = None,
-        must_exist: bool = False,
+        self, factory_id: str, fields: BaseModel | Mapping[str, Any]
     ) -> LatestChange:
-        """Set fields without an event-time guard (the refresh's pipeline_status). With
-        ``if_updated_at`` the write only lands if LATEST was not changed since it was read."""
+        """Set fields on LATEST without a guard (operator repair, tests); services commit
+        whole states with :meth:`replace_latest` instead."""
         values = to_plain(fields)
         values["factory_id"] = factory_id
-        condition, names, cvalues = None, {}, {}
-        if if_updated_at is not None:
-            condition, names, cvalues = "#u = :seen", {"#u": "updated_at"}, {":seen": if_updated_at}
-        elif must_exist:
-            condition, names = "attribute_exists(#pk)", {"#pk": "pk"}
         return await self._update_latest(
-            factory_id, values, condition=condition, names=names, condition_values=cvalues
+            factory_id, values, condition=None, names={}, condition_values={}
         )
 
     async def _update_latest(
