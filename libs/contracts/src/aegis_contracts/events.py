@@ -63,3 +63,20 @@ class SystemEvent(_Event):
     producer: str
     at: Timestamp
     detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class Heartbeat(_Event):
+    """``aegis.heartbeat.{service}.{instance}``: one replica is alive, and whether it is ready.
+
+    Published every ``interval_s``; the fast cloud collector reads the last one of each subject.
+    ``stopping`` is sent once on a clean shutdown so a stopped replica is not reported as lost."""
+
+    service: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$")
+    instance: str = Field(pattern=r"^[A-Za-z0-9_-]{1,96}$")
+    at: Timestamp
+    started_at: Timestamp
+    interval_s: float = Field(gt=0)
+    ready: bool
+    checks: dict[str, bool] = Field(default_factory=dict)
+    stopping: bool = False
+    version: str | None = None

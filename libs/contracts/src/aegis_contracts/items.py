@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from aegis_contracts.cloud import CloudSnapshot, CloudTier
 from aegis_contracts.keys import CLOUD_PK, LATEST_SK
 from aegis_contracts.state import (
     FactoryState,
@@ -70,9 +71,9 @@ class CloudLatest(_Item):
 
     pk: str = CLOUD_PK
     sk: str = LATEST_SK
-    fast: dict[str, Any] | None = None
+    fast: CloudSnapshot | None = None
     fast_updated_at: Timestamp | None = None
-    slow: dict[str, Any] | None = None
+    slow: CloudSnapshot | None = None
     slow_updated_at: Timestamp | None = None
     overall_status: Level = Level.NORMAL
 
@@ -81,9 +82,9 @@ class CloudHistory(_Item):
     """``CLOUD#infra`` / ``HISTORY#FAST#…`` or ``HISTORY#SLOW#…``."""
 
     pk: str = CLOUD_PK
-    tier: Literal["fast", "slow"]
+    tier: CloudTier
     updated_at: Timestamp
-    snapshot: dict[str, Any]
+    snapshot: CloudSnapshot
     status: Level
     ttl: int
 

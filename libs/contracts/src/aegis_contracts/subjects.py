@@ -50,8 +50,9 @@ def dead_letter_subject(service: str, reason: str) -> str:
     return f"{DEAD_LETTER}.{_token(service)}.{_token(reason)}"
 
 
-def heartbeat_subject(service: str) -> str:
-    return f"{HEARTBEAT}.{_token(service)}"
+def heartbeat_subject(service: str, instance: str | None = None) -> str:
+    """``aegis.heartbeat.{service}.{instance}``; without ``instance``, the filter for all replicas."""
+    return f"{HEARTBEAT}.{_token(service)}.{_token(instance) if instance else '*'}"
 
 
 def _token(word: str) -> str:

@@ -8,8 +8,10 @@ crash, a forced stop or a timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from typing import Any
 
 import structlog
@@ -70,3 +72,20 @@ async def _until(
         await asyncio.wait(pending, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
     finally:
         waiter.cancel()
+
+
+def start_background(stack: AsyncExitStack, run: Main, name: str) -> asyncio.Task[None]:
+    """Run ``run(stop)`` as a task for as long as ``stack`` is open: closing the stack sets
+    ``stop`` and waits for the task to finish (registered now, so it stops before whatever was
+    entered earlier, such as the broker it publishes to)."""
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(run(stop))
+    task.set_name(name)
+
+    async def finish() -> None:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    stack.push_async_callback(finish)
+    return task

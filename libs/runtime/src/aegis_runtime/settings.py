@@ -48,6 +48,8 @@ class AegisSettings(BaseSettings):
     health_host: str = "127.0.0.1"
     health_port: int = Field(default=0, ge=0, le=65535)
     max_concurrency: int = Field(default=64, ge=1, le=4096)
+    # every replica announces itself on aegis.heartbeat.{service}.{instance} this often
+    heartbeat_interval_s: float = Field(default=10.0, gt=0)
 
     @property
     def ttl(self) -> TtlSettings:

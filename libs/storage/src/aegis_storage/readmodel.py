@@ -20,6 +20,9 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from pydantic import BaseModel
 
 from aegis_contracts import keys
+from aegis_contracts.cloud import CloudSnapshot
+from aegis_contracts.items import CloudHistory
+from aegis_contracts.state import Level
 from aegis_contracts.times import format_ts
 from aegis_storage.errors import Conflict, translated
 
@@ -85,6 +88,22 @@ def _unwrap(value: Any) -> Any:
     if isinstance(value, set):
         return {_unwrap(v) for v in value}
     return value
+
+
+# dashboard window -> (span, key family it reads)
+WINDOWS: dict[str, tuple[timedelta, str]] = {
+    "1h": (timedelta(hours=1), keys.HISTORY_STATE_PREFIX),
+    "6h": (timedelta(hours=6), keys.GRAPH_5M_PREFIX),
+    "12h": (timedelta(hours=12), keys.GRAPH_5M_PREFIX),
+    "24h": (timedelta(hours=24), keys.GRAPH_5M_PREFIX),
+}
+
+
+def window_span(window: str) -> tuple[timedelta, str]:
+    try:
+        return WINDOWS[window]
+    except KeyError:
+        raise ValueError(f"unknown window {window!r}; one of {', '.join(WINDOWS)}") from None
 
 
 def live(item: Mapping[str, Any], now: datetime) -> bool:
@@ -363,6 +382,93 @@ class ReadModel:
     ) -> list[dict[str, Any]]:
         prefix = keys.HISTORY_FAST_PREFIX if tier == "fast" else keys.HISTORY_SLOW_PREFIX
         return await self.query_range(keys.CLOUD_PK, prefix, start, end, now=now)
+
+    # -- dashboard windows ----------------------------------------------------------------------
+
+    async def factory_window(
+        self, factory_id: str, window: str, *, now: datetime
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """A factory's series for a dashboard window: ``1h`` from HISTORY#STATE (raw resolution),
+        ``6h``/``12h``/``24h`` from GRAPH#5M. Returns the key family read and its live items,
+        oldest first; an empty list when there is no data (never an error)."""
+        span, family = window_span(window)
+        start, end = now - span, now + timedelta(milliseconds=1)
+        if family == keys.HISTORY_STATE_PREFIX:
+            return family, await self.history_states(factory_id, start, end, now=now)
+        return family, await self.graph_buckets(factory_id, start, end, now=now)
+
+    async def cloud_window(
+        self, tier: str, *, now: datetime, span: timedelta | None = None
+    ) -> list[dict[str, Any]]:
+        """Cloud history for the dashboard: fast 6 h, slow 24 h by default (their TTLs)."""
+        span = span or (timedelta(hours=6) if tier == "fast" else timedelta(hours=24))
+        return await self.cloud_history(tier, now - span, now + timedelta(milliseconds=1), now=now)
+
+    # -- CLOUD#infra ------------------------------------------------------------------------------
+
+    async def get_cloud_latest(self) -> dict[str, Any] | None:
+        return await self.get_item(keys.CLOUD_PK, keys.LATEST_SK)
+
+    async def apply_cloud(
+        self, snapshot: CloudSnapshot, *, ttl: int, max_attempts: int = 20
+    ) -> Level | None:
+        """File one collector run: HISTORY#{TIER}#{updated_at} (ttl), then the tier's own LATEST
+        fields (``{tier}``, ``{tier}_updated_at``) and ``overall_status``, the worse of this run's
+        status and the other tier's. Never touches the other tier's fields; never moves a tier
+        backwards (an older snapshot leaves LATEST alone: returns None). The other tier's status is
+        read and the write made conditional on it being unchanged, so two collectors writing at
+        once cannot leave a stale ``overall_status``. Returns the overall status written."""
+        tier, other = snapshot.tier, ("slow" if snapshot.tier == "fast" else "fast")
+        at = format_ts(snapshot.updated_at)
+        history = CloudHistory(
+            sk=keys.cloud_history_sk(tier, snapshot.updated_at),
+            tier=tier,
+            updated_at=snapshot.updated_at,
+            snapshot=snapshot,
+            status=snapshot.status,
+            ttl=ttl,
+        )
+        await self.put_item(history)  # same run, same item: a re-run rewrites it identically
+        body = to_plain(snapshot)
+        for _ in range(max_attempts):
+            current = await self.get_cloud_latest() or {}
+            own_at = current.get(f"{tier}_updated_at")
+            if own_at is not None and str(own_at) >= at:
+                return None
+            other_at = current.get(f"{other}_updated_at")
+            other_snapshot = current.get(other) or {}
+            overall = Level.worst(snapshot.status, Level(other_snapshot.get("status", "NORMAL")))
+            names = {
+                "#own": tier,
+                "#own_at": f"{tier}_updated_at",
+                "#other_at": f"{other}_updated_at",
+            }
+            values: dict[str, Any] = {
+                ":snap": _ser.serialize(body),
+                ":at": {"S": at},
+                ":overall": {"S": overall.value},
+            }
+            if other_at is None:
+                condition = "attribute_not_exists(#other_at)"
+            else:
+                condition = "#other_at = :other_at"
+                values[":other_at"] = {"S": str(other_at)}
+            try:
+                with translated("update CLOUD#infra/LATEST"):
+                    await self._ddb.update_item(
+                        TableName=self.table,
+                        Key={"pk": {"S": keys.CLOUD_PK}, "sk": {"S": keys.LATEST_SK}},
+                        UpdateExpression="SET #own = :snap, #own_at = :at, overall_status = :overall",
+                        ConditionExpression=(
+                            f"({condition}) AND (attribute_not_exists(#own_at) OR #own_at < :at)"
+                        ),
+                        ExpressionAttributeNames=names,
+                        ExpressionAttributeValues=values,
+                    )
+            except Conflict:
+                continue  # the other tier (or a newer run of this one) wrote in between: re-read
+            return overall
+        raise Conflict(f"CLOUD#infra LATEST kept changing: {tier} run {at} not applied")
 
     # -- periodic work ------------------------------------------------------------------------
 

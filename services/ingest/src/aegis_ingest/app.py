@@ -11,6 +11,7 @@ import asyncio
 import random
 from collections.abc import Awaitable
 from contextlib import AsyncExitStack
+from datetime import timedelta
 from typing import TypeVar
 
 import aiomqtt
@@ -24,7 +25,8 @@ from aegis_ingest.mqtt import Acker, create_client
 from aegis_ingest.settings import IngestSettings
 from aegis_runtime.broker import create_broker, ensure_streams, nats_ready
 from aegis_runtime.health import HealthServer
-from aegis_runtime.lifecycle import run_service
+from aegis_runtime.heartbeat import HeartbeatPublisher
+from aegis_runtime.lifecycle import run_service, start_background
 from aegis_runtime.logging import configure
 from aegis_runtime.metrics import Metrics
 from aegis_storage.clients import open_clients
@@ -34,7 +36,8 @@ log = structlog.get_logger("aegis_ingest")
 
 _T = TypeVar("_T")
 # ingest publishes raw events and dead letters only
-_STREAMS = tuple(s for s in STREAMS if s.name in {"AEGIS_RAW", "AEGIS_DLQ"})
+# raw events, dead letters, and the heartbeats on AEGIS_EVENTS
+_STREAMS = STREAMS
 
 
 class _Redeliver(Exception):
@@ -67,6 +70,12 @@ class IngestApp:
         self.subscribed = asyncio.Event()  # set while a subscription is live (tests wait on it)
         self.health.add_check("mqtt", self._mqtt_ready)
         self.health.add_check("nats", nats_ready(self.broker))
+        self.heartbeat = HeartbeatPublisher(
+            self.broker,
+            service=settings.service,
+            readiness=self.health.readiness,
+            interval=timedelta(seconds=settings.heartbeat_interval_s),
+        )
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def _mqtt_ready(self) -> bool:
@@ -81,6 +90,7 @@ class IngestApp:
             await ensure_streams(self.broker, _STREAMS)
             await self.health.start()
             stack.push_async_callback(self.health.stop)
+            start_background(stack, self.heartbeat.run, "ingest-heartbeat")
             handler = IngestHandler(
                 settings=s,
                 store=ObjectStore(clients.s3, s.bucket),

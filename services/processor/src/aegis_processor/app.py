@@ -29,7 +29,8 @@ from aegis_runtime.broker import (
     publish,
 )
 from aegis_runtime.health import HealthServer
-from aegis_runtime.lifecycle import run_service
+from aegis_runtime.heartbeat import HeartbeatPublisher
+from aegis_runtime.lifecycle import run_service, start_background
 from aegis_runtime.metrics import Metrics
 from aegis_storage.clients import AwsClients, open_clients
 from aegis_storage.readmodel import ReadModel
@@ -68,6 +69,13 @@ class ProcessorApp:
         self.health = HealthServer(self.metrics, settings.health_host, settings.health_port)
         self.health.add_check("nats", nats_ready(self.broker))
         self.health.add_check("storage", self._storage_ready)
+        self.heartbeat = HeartbeatPublisher(
+            self.broker,
+            service=settings.service,
+            readiness=self.health.readiness,
+            interval=timedelta(seconds=settings.heartbeat_interval_s),
+            clock=clock,
+        )
         self.processor: Processor | None = None
         self.refresher: Refresher | None = None
         self.clients: AwsClients | None = None
@@ -127,6 +135,7 @@ class ProcessorApp:
             await ensure_streams(self.broker)
             stack.push_async_callback(self.broker.stop)
             await self.broker.start()
+            start_background(stack, self.heartbeat.run, "processor-heartbeat")
             if s.refresh_enabled:
                 self.refresher = Refresher(
                     self.processor,

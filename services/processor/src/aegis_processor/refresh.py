@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import secrets
-import socket
 from datetime import datetime, timedelta
 
 import structlog
@@ -19,15 +16,12 @@ import structlog
 from aegis_contracts.times import Clock, floor_to, truncate_ms
 from aegis_contracts.ttl import expires_at
 from aegis_processor.handlers import Processor
+from aegis_runtime.heartbeat import instance_id
 
 log = structlog.get_logger(__name__)
 
 JOB = "refresh"
 CLAIM_TTL_S = 2 * 86_400
-
-
-def replica_id() -> str:
-    return f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 class Refresher:
@@ -44,7 +38,7 @@ class Refresher:
         self.interval = interval
         self.catchup = catchup
         self.clock = clock
-        self.owner = owner or replica_id()
+        self.owner = owner or instance_id()
         self._last: datetime | None = None
 
     def windows_due(self, now: datetime) -> list[datetime]:

@@ -1,0 +1,95 @@
+"""The platform's view of itself (DESIGN §2, §5): cloud-infrastructure checks and snapshots.
+
+A collector runs checks; each yields a status (NORMAL = ok, WARNING, CRITICAL), a stable reason
+code and the value it measured. A :class:`CloudSnapshot` is one collector run: the body of
+``processed/cloud_infra/{tier}/…/{updated_at}.json``, the ``fast``/``slow`` field of CLOUD#infra
+LATEST and the ``snapshot`` of its HISTORY items. Its ``reasons`` are the checks that are not ok,
+in the same shape as a factory's risk reasons, so the alert dispatcher treats both alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from aegis_contracts.state import Level, Reason
+from aegis_contracts.times import Timestamp
+
+CloudTier = Literal["fast", "slow"]
+OK = "OK"
+
+# a check's name: ``{component}`` or ``{component}:{subject}``, e.g. ``service:processor``
+CHECK_NAME = r"^[a-z][a-z0-9_]{0,31}(:[A-Za-z0-9_.@/=-]{1,96})?$"
+
+
+class CloudCheck(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=CHECK_NAME)
+    status: Level
+    # OK when the status is NORMAL, else what is wrong: CONSUMER_STALLED, SERVICE_DOWN, …
+    reason: str = Field(pattern=r"^[A-Z][A-Z0-9_]{0,63}$")
+    value: float | None = None
+    unit: str | None = Field(default=None, max_length=16)
+    threshold: float | None = None
+    detail: str = Field(default="", max_length=512)
+
+    @classmethod
+    def ok(
+        cls, name: str, value: float | None = None, unit: str | None = None, detail: str = ""
+    ) -> CloudCheck:
+        return cls(name=name, status=Level.NORMAL, reason=OK, value=value, unit=unit, detail=detail)
+
+    def as_reason(self) -> Reason | None:
+        if self.status is Level.NORMAL:
+            return None
+        return Reason(
+            code=self.reason,
+            severity="CRITICAL" if self.status is Level.CRITICAL else "WARNING",
+            detail=self.detail or self.name,
+            value=self.value,
+            threshold=self.threshold,
+            source=self.name[:64],
+        )
+
+
+class CloudSnapshot(BaseModel):
+    """One collector run: every check, the worst status and the reasons for it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tier: CloudTier
+    updated_at: Timestamp
+    status: Level
+    checks: list[CloudCheck] = Field(default_factory=list)
+    reasons: list[Reason] = Field(default_factory=list)
+    collector: str = Field(default="", max_length=128)
+    duration_ms: float | None = Field(default=None, ge=0)
+
+    @classmethod
+    def of(
+        cls,
+        tier: CloudTier,
+        updated_at: datetime,
+        checks: Iterable[CloudCheck],
+        *,
+        collector: str = "",
+        duration_ms: float | None = None,
+    ) -> CloudSnapshot:
+        ordered = sorted(checks, key=lambda c: c.name)
+        reasons = [r for c in ordered if (r := c.as_reason()) is not None]
+        return cls(
+            tier=tier,
+            updated_at=updated_at,
+            status=Level.worst(*(c.status for c in ordered)),
+            checks=ordered,
+            reasons=reasons,
+            collector=collector,
+            duration_ms=duration_ms,
+        )
+
+    def check(self, name: str) -> CloudCheck | None:
+        return next((c for c in self.checks if c.name == name), None)
