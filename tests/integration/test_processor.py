@@ -26,17 +26,10 @@ from aegis_processor.app import ProcessorApp, create_app
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime.broker import DeadLetter, create_broker, ensure_streams, publish
 from aegis_runtime.settings import AegisSettings
+from aegis_runtime.testing.clock import FakeClock
 from aegis_runtime.testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
-
-
-class FakeClock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @pytest.fixture

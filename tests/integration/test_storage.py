@@ -214,6 +214,75 @@ async def test_range_query_is_half_open_and_ordered(foundation):
     assert [i["minute"] for i in newest] == [15]
 
 
+async def test_dashboard_windows_read_the_right_family_and_leave_expired_items_out(foundation):
+    rm = foundation.readmodel
+    now = T0 + timedelta(hours=30)
+    pk = keys.factory_pk("factory-a")
+    live, dead = (
+        int((now + timedelta(hours=1)).timestamp()),
+        int((now - timedelta(seconds=1)).timestamp()),
+    )
+    # HISTORY: one every 10 minutes over the last 2 h; one expired (DynamoDB deletes late)
+    for minutes in range(0, 120, 10):
+        at = now - timedelta(minutes=minutes)
+        await rm.put_item({"pk": pk, "sk": keys.history_state_sk(at), "m": minutes, "ttl": live})
+    await rm.put_item(
+        {"pk": pk, "sk": keys.history_state_sk(now - timedelta(minutes=5)), "m": -1, "ttl": dead}
+    )
+    # GRAPH: one bucket per hour over the last 30 h; one expired
+    for hours in range(30):
+        start = keys.graph_bucket_start(now.replace(minute=0) - timedelta(hours=hours))
+        await rm.put_item(
+            {
+                "pk": pk,
+                "sk": keys.graph_5m_sk(start),
+                "h": hours,
+                "ttl": live if hours != 3 else dead,
+            }
+        )
+
+    family, hour = await rm.factory_window("factory-a", "1h", now=now)
+    assert family == keys.HISTORY_STATE_PREFIX
+    assert [i["m"] for i in hour] == [60, 50, 40, 30, 20, 10, 0]  # oldest first, expired left out
+    for window, hours in (("6h", 6), ("12h", 12), ("24h", 24)):
+        family, buckets = await rm.factory_window("factory-a", window, now=now)
+        assert family == keys.GRAPH_5M_PREFIX
+        # [now - span, now]: the buckets of hours span..0 (on the hour), oldest first, without h=3
+        assert [i["h"] for i in buckets] == [h for h in range(hours, -1, -1) if h != 3]
+    assert await rm.factory_window("factory-z", "6h", now=now) == (keys.GRAPH_5M_PREFIX, [])
+    with pytest.raises(ValueError, match="unknown window"):
+        await rm.factory_window("factory-a", "2h", now=now)
+
+
+async def test_an_unfinished_claim_is_taken_over_after_its_lease_and_a_finished_one_never(
+    foundation,
+):
+    rm = foundation.readmodel
+    ttl = int((T0 + timedelta(days=1)).timestamp())
+    lease = timedelta(minutes=2)
+    assert await rm.claim_window("graph-5m", T0, owner="a", now=T0, ttl=ttl, lease=lease)
+    assert not await rm.claim_window(
+        "graph-5m", T0, owner="b", now=T0 + timedelta(minutes=1), ttl=ttl, lease=lease
+    )
+    later = T0 + timedelta(minutes=3)
+    wins = await asyncio.gather(
+        *(
+            rm.claim_window("graph-5m", T0, owner=f"r{i}", now=later, ttl=ttl, lease=lease)
+            for i in range(4)
+        )
+    )
+    assert wins.count(True) == 1
+    winner = f"r{wins.index(True)}"
+    assert not await rm.finish_window("graph-5m", T0, owner="a", now=later)  # "a" lost it
+    assert await rm.finish_window("graph-5m", T0, owner=winner, now=later)
+    much_later = T0 + timedelta(hours=1)
+    assert not await rm.claim_window(
+        "graph-5m", T0, owner="c", now=much_later, ttl=ttl, lease=lease
+    )
+    claims = await rm.window_claims("graph-5m", T0, T0 + timedelta(minutes=5), now=T0)
+    assert claims[keys.claim_sk(T0)]["owner"] == winner and claims[keys.claim_sk(T0)]["done_at"]
+
+
 async def test_window_claim_has_exactly_one_winner(foundation):
     rm = foundation.readmodel
     ttl = int((T0 + timedelta(days=1)).timestamp())

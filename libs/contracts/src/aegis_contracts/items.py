@@ -7,11 +7,12 @@ seconds; DynamoDB deletes expired items late, so every reader filters ``ttl > no
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from aegis_contracts.cloud import CloudSnapshot, CloudTier
+from aegis_contracts.graph import WindowStats
 from aegis_contracts.keys import CLOUD_PK, LATEST_SK
 from aegis_contracts.state import (
     FactoryState,
@@ -62,7 +63,7 @@ class Graph5m(_Item):
     factory_id: str
     bucket_start: Timestamp
     bucket_end: Timestamp
-    stats: dict[str, Any] = Field(default_factory=dict)
+    stats: WindowStats
     ttl: int
 
 

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from faststream.nats import NatsBroker
     from nats.js import JetStreamContext
 
+    from aegis_runtime.health import HealthServer
+    from aegis_runtime.settings import AegisSettings
+
 log = structlog.get_logger(__name__)
 
 Readiness = Callable[[], Awaitable[dict[str, bool]]]
@@ -65,6 +68,24 @@ class HeartbeatPublisher:
         self.version = version
         self.started_at = truncate_ms(clock())
         self.subject = heartbeat_subject(service, self.instance)
+
+    @classmethod
+    def for_service(
+        cls,
+        broker: NatsBroker,
+        settings: AegisSettings,
+        health: HealthServer,
+        clock: Clock = utc_now,
+    ) -> HeartbeatPublisher:
+        """The heartbeat of a service: its name and interval from settings, readiness from its
+        health server's checks."""
+        return cls(
+            broker,
+            service=settings.service,
+            readiness=health.readiness,
+            interval=timedelta(seconds=settings.heartbeat_interval_s),
+            clock=clock,
+        )
 
     async def beat(self, *, stopping: bool = False) -> Heartbeat:
         checks = await self.readiness()

@@ -473,9 +473,19 @@ class ReadModel:
     # -- periodic work ------------------------------------------------------------------------
 
     async def claim_window(
-        self, job: str, window_start: datetime, *, owner: str, now: datetime, ttl: int
+        self,
+        job: str,
+        window_start: datetime,
+        *,
+        owner: str,
+        now: datetime,
+        ttl: int,
+        lease: timedelta | None = None,
     ) -> bool:
-        """Claim one window of periodic work; exactly one of N concurrent replicas gets True."""
+        """Claim one window of periodic work; exactly one of N concurrent replicas gets True.
+
+        With ``lease``, a claim that was never finished (:meth:`finish_window`) and is older than
+        the lease may be taken over: a replica that died mid-window does not lose the window."""
         item = {
             "pk": keys.claim_pk(job),
             "sk": keys.claim_sk(window_start),
@@ -485,8 +495,45 @@ class ReadModel:
             "claimed_at": format_ts(now),
             "ttl": ttl,
         }
+        request: dict[str, Any] = {"TableName": self.table, "Item": to_attributes(item)}
+        if lease is None:
+            request["ConditionExpression"] = "attribute_not_exists(pk)"
+        else:
+            request["ConditionExpression"] = (
+                "attribute_not_exists(pk) OR (attribute_not_exists(done_at) AND claimed_at < :expired)"
+            )
+            request["ExpressionAttributeValues"] = {":expired": {"S": format_ts(now - lease)}}
         try:
-            await self.put_item(item, if_absent=True)
+            with translated(f"claim {item['pk']}/{item['sk']}"):
+                await self._ddb.put_item(**request)
         except Conflict:
             return False
         return True
+
+    async def finish_window(
+        self, job: str, window_start: datetime, *, owner: str, now: datetime
+    ) -> bool:
+        """Mark a claimed window done (only by its owner); False if another replica took it over."""
+        try:
+            with translated(f"finish {keys.claim_pk(job)}/{keys.claim_sk(window_start)}"):
+                await self._ddb.update_item(
+                    TableName=self.table,
+                    Key={"pk": {"S": keys.claim_pk(job)}, "sk": {"S": keys.claim_sk(window_start)}},
+                    UpdateExpression="SET done_at = :now",
+                    ConditionExpression="#owner = :owner",
+                    ExpressionAttributeNames={"#owner": "owner"},
+                    ExpressionAttributeValues={
+                        ":now": {"S": format_ts(now)},
+                        ":owner": {"S": owner},
+                    },
+                )
+        except Conflict:
+            return False
+        return True
+
+    async def window_claims(
+        self, job: str, start: datetime, end: datetime, *, now: datetime
+    ) -> dict[str, dict[str, Any]]:
+        """The claims of ``job`` for windows in ``[start, end)``, by window start (as stored)."""
+        items = await self.query_range(keys.claim_pk(job), "", start, end, now=now)
+        return {str(item["window_start"]): item for item in items}

@@ -11,7 +11,6 @@ import asyncio
 import random
 from collections.abc import Awaitable
 from contextlib import AsyncExitStack
-from datetime import timedelta
 from typing import TypeVar
 
 import aiomqtt
@@ -70,12 +69,7 @@ class IngestApp:
         self.subscribed = asyncio.Event()  # set while a subscription is live (tests wait on it)
         self.health.add_check("mqtt", self._mqtt_ready)
         self.health.add_check("nats", nats_ready(self.broker))
-        self.heartbeat = HeartbeatPublisher(
-            self.broker,
-            service=settings.service,
-            readiness=self.health.readiness,
-            interval=timedelta(seconds=settings.heartbeat_interval_s),
-        )
+        self.heartbeat = HeartbeatPublisher.for_service(self.broker, settings, self.health)
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def _mqtt_ready(self) -> bool:

@@ -69,13 +69,7 @@ class ProcessorApp:
         self.health = HealthServer(self.metrics, settings.health_host, settings.health_port)
         self.health.add_check("nats", nats_ready(self.broker))
         self.health.add_check("storage", self._storage_ready)
-        self.heartbeat = HeartbeatPublisher(
-            self.broker,
-            service=settings.service,
-            readiness=self.health.readiness,
-            interval=timedelta(seconds=settings.heartbeat_interval_s),
-            clock=clock,
-        )
+        self.heartbeat = HeartbeatPublisher.for_service(self.broker, settings, self.health, clock)
         self.processor: Processor | None = None
         self.refresher: Refresher | None = None
         self.clients: AwsClients | None = None
