@@ -3,4 +3,5 @@
 pytest_plugins = [
     "aegis_runtime.testing.fixtures",
     "aegis_runtime.testing.storage",
+    "aegis_runtime.testing.webhook",
 ]

@@ -91,15 +91,23 @@ class CloudHistory(_Item):
 
 
 class AlertState(_Item):
-    """``ALERT#{scope}`` / ``{severity}#{reason}#{status}``: cooldown and dedupe state."""
+    """``ALERT#{scope}`` / ``{severity}#{reason}#{status}``: cooldown and dedupe state.
+
+    ``status`` is the alert stream the reason comes from: ``STATE`` (a factory's state snapshots),
+    ``FAST`` or ``SLOW`` (the cloud collectors). ``version`` grows with every change; a replica
+    changes the item only if the version is still the one it read, which is how N replicas send
+    one message, not two."""
 
     scope: str
-    severity: Literal["INFO", "WARNING", "CRITICAL"]
+    severity: Literal["WARNING", "CRITICAL"]
     reason: str
     status: str
     firing: bool
+    version: int = Field(default=0, ge=0)
+    fired_at: Timestamp | None = None
     last_sent_at: Timestamp | None = None
     last_snapshot_at: Timestamp | None = None
+    resolved_at: Timestamp | None = None
     sent_count: int = 0
     ttl: int
 
@@ -111,6 +119,15 @@ class AlertObservation(_Item):
     count: int = Field(ge=0)
     first_observed_at: Timestamp
     last_observed_at: Timestamp
+    ttl: int
+
+
+class AlertCursor(_Item):
+    """``ALERT#{scope}`` / ``CURSOR#{status}``: the newest snapshot handled for that stream."""
+
+    scope: str
+    status: str
+    last_snapshot_at: Timestamp
     ttl: int
 
 

@@ -362,6 +362,7 @@ GRAPH_5M_PREFIX = "GRAPH#5M#"
 HISTORY_FAST_PREFIX = "HISTORY#FAST#"
 HISTORY_SLOW_PREFIX = "HISTORY#SLOW#"
 OBSERVATION_PREFIX = "OBSERVATION#"
+CURSOR_PREFIX = "CURSOR#"
 # the window-claim family of periodic work (refresh minutes, aggregator windows, report days)
 CLAIM_PK_PREFIX = "CLAIM#"
 
@@ -405,6 +406,12 @@ def alert_sk(severity: str, reason: str, status: str) -> str:
 
 def observation_sk(severity: str, reason: str, status: str) -> str:
     return f"{OBSERVATION_PREFIX}{alert_sk(severity, reason, status)}"
+
+
+def alert_cursor_sk(status: str) -> str:
+    """``CURSOR#{status}``: the newest snapshot handled for one alert stream of a scope; an older
+    snapshot (out of order, replayed) is stale and ignored."""
+    return f"{CURSOR_PREFIX}{_word(_STATUS, status, 'status')}"
 
 
 def claim_pk(job: str) -> str:

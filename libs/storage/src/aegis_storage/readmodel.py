@@ -272,12 +272,35 @@ class ReadModel:
         raise Conflict(f"no free HISTORY#STATE slot for {factory_id} near {format_ts(updated_at)}")
 
     async def put_item(
-        self, item: BaseModel | Mapping[str, Any], *, if_absent: bool = False
+        self,
+        item: BaseModel | Mapping[str, Any],
+        *,
+        if_absent: bool = False,
+        expected: Mapping[str, Any] | None = None,
     ) -> None:
+        """Put ``item``; with ``if_absent`` only if no item has its key; with ``expected`` only if
+        the stored item has those attribute values (optimistic concurrency, e.g. a version).
+        Both: absent, or present with those values. A failed condition raises :class:`Conflict`."""
         plain = to_plain(item)
         request: dict[str, Any] = {"TableName": self.table, "Item": to_attributes(plain)}
+        conditions: list[str] = []
+        if expected:
+            names, values = {}, {}
+            for i, (name, value) in enumerate(sorted(expected.items())):
+                names[f"#e{i}"], values[f":e{i}"] = (
+                    name,
+                    _ser.serialize(to_plain({"v": value})["v"]),
+                )
+                conditions.append(f"#e{i} = :e{i}")
+            request["ExpressionAttributeNames"] = names
+            request["ExpressionAttributeValues"] = values
         if if_absent:
-            request["ConditionExpression"] = "attribute_not_exists(pk)"
+            match = " AND ".join(conditions)
+            request["ConditionExpression"] = (
+                f"attribute_not_exists(pk) OR ({match})" if match else "attribute_not_exists(pk)"
+            )
+        elif conditions:
+            request["ConditionExpression"] = " AND ".join(conditions)
         with translated(f"put {plain.get('pk')}/{plain.get('sk')}"):
             await self._ddb.put_item(**request)
 
@@ -362,6 +385,24 @@ class ReadModel:
                     count += 1
                     if limit is not None and count >= limit:
                         return
+
+    async def partition(self, pk: str, *, now: datetime) -> list[dict[str, Any]]:
+        """Every live item of one partition (small ones: an ALERT# scope, a CLAIM# job)."""
+        items: list[dict[str, Any]] = []
+        paginator = self._ddb.get_paginator("query")
+        with translated(f"query {pk}"):
+            async for page in paginator.paginate(
+                TableName=self.table,
+                KeyConditionExpression="pk = :pk",
+                ExpressionAttributeValues={":pk": {"S": pk}},
+                ConsistentRead=True,
+            ):
+                items.extend(
+                    item
+                    for item in (from_attributes(i) for i in page.get("Items", []))
+                    if live(item, now)
+                )
+        return items
 
     async def history_states(
         self, factory_id: str, start: datetime, end: datetime, *, now: datetime

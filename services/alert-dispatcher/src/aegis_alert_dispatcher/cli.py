@@ -1,0 +1,158 @@
+"""``aegis alerts resend``: deliver the alerts that Slack could not take when they fired.
+
+Dead-lettered alerts wait on ``aegis.dlq.alert-dispatcher.undeliverable`` (stream AEGIS_DLQ). This
+command reads them through its own durable consumer (``alerts-resend``), so each is resent once:
+a delivered one is acknowledged, one that still fails stays for the next run. An alert whose
+ALERT# item shows a later delivery (a newer snapshot fired it meanwhile) is skipped as superseded.
+Exit codes: 0 every alert delivered or skipped, 1 some still undeliverable, 2 no webhook set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import aiohttp
+import nats
+import nats.errors
+import typer
+from nats.aio.msg import Msg
+from nats.js import api
+
+from aegis_alert_dispatcher.dispatcher import SERVICE, UNDELIVERABLE
+from aegis_alert_dispatcher.settings import DispatcherSettings
+from aegis_alert_dispatcher.slack import SlackWebhook, Undeliverable
+from aegis_contracts import keys
+from aegis_contracts.subjects import dead_letter_subject
+from aegis_contracts.times import format_ts
+from aegis_runtime.broker import DeadLetter
+from aegis_storage.clients import open_clients
+from aegis_storage.readmodel import ReadModel
+
+app = typer.Typer(help="Slack alerts: resend the dead-lettered ones.", no_args_is_help=True)
+
+RESEND_DURABLE = "alerts-resend"
+EXIT_UNDELIVERED = 1
+EXIT_NO_WEBHOOK = 2
+
+
+@dataclass
+class Summary:
+    delivered: int = 0
+    superseded: int = 0
+    failed: int = 0
+    unreadable: int = 0
+    listed: list[dict[str, Any]] = field(default_factory=list)
+
+
+@app.command()
+def resend(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List what would be resent; send and consume nothing.")
+    ] = False,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many alerts.")] = 1000,
+    attempts: Annotated[int, typer.Option(min=1, max=20, help="Attempts per alert.")] = 3,
+) -> None:
+    """Resend dead-lettered Slack alerts (after the webhook is back)."""
+    settings = DispatcherSettings()
+    if settings.slack_webhook_url is None and not dry_run:
+        typer.echo("alerts resend: AEGIS_SLACK_WEBHOOK_URL is not set", err=True)
+        raise typer.Exit(EXIT_NO_WEBHOOK)
+    summary = asyncio.run(_resend(settings, dry_run=dry_run, limit=limit, attempts=attempts))
+    for item in summary.listed:
+        typer.echo(
+            f"{item['outcome']:<11} {item['snapshot_at']}  {item['scope']:<20} "
+            f"{item['severity']:<8} {item['reason']}  {item.get('detail', '')}"
+        )
+    typer.echo(
+        f"alerts resend: delivered={summary.delivered} superseded={summary.superseded} "
+        f"failed={summary.failed} unreadable={summary.unreadable}"
+        + (" (dry run)" if dry_run else "")
+    )
+    raise typer.Exit(EXIT_UNDELIVERED if summary.failed else 0)
+
+
+async def _resend(s: DispatcherSettings, *, dry_run: bool, limit: int, attempts: int) -> Summary:
+    summary = Summary()
+    nc = await nats.connect(servers=[u.strip() for u in s.nats_url.split(",") if u.strip()])
+    held: list[Msg] = []
+    try:
+        js = nc.jetstream()
+        sub = await js.pull_subscribe(
+            dead_letter_subject(SERVICE, UNDELIVERABLE),
+            durable=RESEND_DURABLE,
+            stream="AEGIS_DLQ",
+            config=api.ConsumerConfig(ack_wait=120, max_deliver=-1),
+        )
+        async with aiohttp.ClientSession() as session, open_clients(s.aws()) as clients:
+            readmodel = ReadModel(clients.dynamodb, s.table)
+            url = s.slack_webhook_url.get_secret_value() if s.slack_webhook_url else ""
+            webhook = SlackWebhook(url, session, max_attempts=attempts, timeout=s.slack_timeout_s)
+            seen = 0
+            while seen < limit:
+                try:
+                    batch = await sub.fetch(batch=min(50, limit - seen), timeout=2)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    break
+                for msg in batch:
+                    seen += 1
+                    if dry_run:
+                        held.append(msg)
+                    keep = await _one(msg, webhook, readmodel, summary, dry_run=dry_run)
+                    if keep and not dry_run:
+                        held.append(msg)
+                if summary.failed:
+                    break  # the webhook is still down: leave the rest for the next run
+    finally:
+        for msg in held:
+            await msg.nak()
+        # close, not drain: draining a pull subscription waits out its timeout (30 s)
+        await nc.flush()
+        await nc.close()
+    return summary
+
+
+async def _one(
+    msg: Msg, webhook: SlackWebhook, readmodel: ReadModel, summary: Summary, *, dry_run: bool
+) -> bool:
+    """Handle one dead letter; True when it must stay (not acknowledged)."""
+    try:
+        letter = DeadLetter.model_validate_json(msg.data)
+        record = json.loads(letter.payload_bytes())
+        payload = record["slack_payload"]
+    except (ValueError, KeyError) as err:
+        summary.unreadable += 1
+        summary.listed.append(
+            {
+                "outcome": "unreadable",
+                "snapshot_at": "-",
+                "scope": "-",
+                "severity": "-",
+                "reason": "-",
+                "detail": str(err)[:80],
+            }
+        )
+        return True
+    row = {k: record.get(k, "-") for k in ("snapshot_at", "scope", "severity", "reason")}
+    if dry_run:
+        summary.listed.append(row | {"outcome": "pending"})
+        return True
+    state = await readmodel.get_item(keys.alert_pk(record["scope"]), record["alert_sk"])
+    sent = state.get("last_sent_at") if state else None
+    if sent is not None and str(sent) > format_ts(letter.received_at):
+        summary.superseded += 1
+        summary.listed.append(row | {"outcome": "superseded", "detail": f"delivered at {sent}"})
+        await msg.ack()
+        return False
+    try:
+        await webhook.send(payload)
+    except Undeliverable as err:
+        summary.failed += 1
+        summary.listed.append(row | {"outcome": "failed", "detail": err.detail[:80]})
+        return True
+    summary.delivered += 1
+    summary.listed.append(row | {"outcome": "delivered"})
+    await msg.ack()
+    return False

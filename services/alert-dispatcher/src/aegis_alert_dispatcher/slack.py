@@ -1,0 +1,228 @@
+"""Slack: the Block Kit message of an alert (pure) and the incoming-webhook sender (aiohttp).
+
+The sender retries 429 and 5xx answers and network errors with exponential backoff and full
+jitter, waiting at least what ``Retry-After`` asks; other 4xx answers are permanent (a revoked or
+mistyped webhook). After the last attempt it raises :class:`Undeliverable`, and the caller
+dead-letters the alert with everything needed to send it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+
+from aegis_alert_dispatcher.decide import Action, Stream
+from aegis_contracts.keys import CLOUD_INFRA_TARGET
+from aegis_contracts.state import Reason
+from aegis_contracts.times import KST
+
+ICON = {
+    "CRITICAL": ":red_circle:",
+    "WARNING": ":large_orange_circle:",
+    "RESOLVED": ":white_check_mark:",
+}
+TITLE = {
+    Action.FIRE: "{severity}",
+    Action.ESCALATE: "{severity} (escalated from WARNING)",
+    Action.RESOLVE: "RESOLVED",
+}
+MAX_REASONS = 10
+
+
+def _escape(text: str) -> str:
+    """Slack mrkdwn control characters (``&``, ``<``, ``>``) as entities."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def dashboard_link(base: str, scope: str) -> str:
+    base = base.rstrip("/")
+    return f"{base}/cloud" if scope == CLOUD_INFRA_TARGET else f"{base}/factories/{scope}"
+
+
+def reason_line(reason: Reason) -> str:
+    line = f"• *{reason.code}* ({reason.severity}): {_escape(reason.detail)}"
+    if reason.value is not None:
+        measured = f"measured {_number(reason.value)}"
+        if reason.threshold is not None:
+            measured += f", threshold {_number(reason.threshold)}"
+        line += f" — {measured}"
+    if reason.source:
+        line += f" `{_escape(reason.source)}`"
+    return line
+
+
+@dataclass(frozen=True, slots=True)
+class AlertMessage:
+    scope: str
+    stream: Stream
+    action: Action
+    severity: str
+    code: str
+    snapshot_at: datetime
+    reasons: tuple[Reason, ...] = ()
+
+    @property
+    def headline(self) -> str:
+        what = TITLE.get(self.action, "{severity}").format(severity=self.severity)
+        target = "cloud infrastructure" if self.scope == CLOUD_INFRA_TARGET else self.scope
+        return f"{what} · {target} · {self.code}"
+
+    def payload(self, dashboard_url: str) -> dict[str, Any]:
+        """The webhook body: Block Kit blocks, and ``text`` for notifications and old clients."""
+        icon = ICON["RESOLVED" if self.action is Action.RESOLVE else self.severity]
+        utc = self.snapshot_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+        kst = self.snapshot_at.astimezone(KST).strftime("%Y-%m-%d %H:%M:%S KST")
+        link = dashboard_link(dashboard_url, self.scope)
+        if self.action is Action.RESOLVE:
+            body = f"*{self.code}* ({self.severity}) is no longer reported."
+        else:
+            lines = [reason_line(r) for r in self.reasons[:MAX_REASONS]]
+            if len(self.reasons) > MAX_REASONS:
+                lines.append(f"… and {len(self.reasons) - MAX_REASONS} more")
+            body = "\n".join(lines) or f"*{self.code}*"
+        scope_label = "Scope" if self.scope == CLOUD_INFRA_TARGET else "Factory"
+        return {
+            "text": f"{icon} AEGIS {self.headline} at {kst}",
+            "blocks": [
+                {
+                    "type": "header",
+                    "text": {"type": "plain_text", "text": f"AEGIS {self.headline}"[:150]},
+                },
+                {
+                    "type": "section",
+                    "fields": [
+                        {"type": "mrkdwn", "text": f"*{scope_label}*\n{_escape(self.scope)}"},
+                        {
+                            "type": "mrkdwn",
+                            "text": f"*Severity*\n{icon} {self.severity}"
+                            + (" (resolved)" if self.action is Action.RESOLVE else ""),
+                        },
+                        {"type": "mrkdwn", "text": f"*Time (KST)*\n{kst}"},
+                        {"type": "mrkdwn", "text": f"*Time (UTC)*\n{utc}"},
+                    ],
+                },
+                {"type": "section", "text": {"type": "mrkdwn", "text": body[:3000]}},
+                {
+                    "type": "actions",
+                    "elements": [
+                        {
+                            "type": "button",
+                            "text": {"type": "plain_text", "text": "Open in the AEGIS dashboard"},
+                            "url": link,
+                        }
+                    ],
+                },
+                {
+                    "type": "context",
+                    "elements": [
+                        {
+                            "type": "mrkdwn",
+                            "text": f"{self.stream.value.lower()} stream · alert key "
+                            f"`{self.severity}#{self.code}#{self.stream.value}`",
+                        }
+                    ],
+                },
+            ],
+        }
+
+
+class Undeliverable(Exception):
+    """The webhook refused the message for good, or every attempt failed."""
+
+    def __init__(self, detail: str, *, attempts: int, status: int | None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.attempts = attempts
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    attempts: int
+    status: int
+
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class SlackWebhook:
+    def __init__(
+        self,
+        url: str,
+        session: aiohttp.ClientSession,
+        *,
+        max_attempts: int = 5,
+        first_delay: float = 0.5,
+        max_delay: float = 30.0,
+        max_retry_after: float = 120.0,
+        timeout: float = 10.0,
+        sleep: Sleep = asyncio.sleep,
+        on_attempt: Callable[[int | None], None] | None = None,
+    ) -> None:
+        self.url = url
+        self.session = session
+        self.max_attempts = max_attempts
+        self.first_delay = first_delay
+        self.max_delay = max_delay
+        self.max_retry_after = max_retry_after
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.sleep = sleep
+        self.on_attempt = on_attempt
+
+    def backoff(self, attempt: int) -> float:
+        """Full jitter: uniform in [0, min(max, first * 2^(attempt-1))]."""
+        ceiling = min(self.max_delay, self.first_delay * 2 ** (attempt - 1))
+        return random.uniform(0, ceiling)  # noqa: S311 (jitter, not cryptography)
+
+    async def send(self, payload: dict[str, Any]) -> Delivery:
+        status: int | None = None
+        detail = ""
+        for attempt in range(1, self.max_attempts + 1):
+            retry_after: float | None = None
+            try:
+                async with self.session.post(self.url, json=payload, timeout=self.timeout) as resp:
+                    status = resp.status
+                    text = (await resp.text())[:200]
+                    if self.on_attempt:
+                        self.on_attempt(status)
+                    if 200 <= status < 300:
+                        return Delivery(attempt, status)
+                    detail = f"HTTP {status}: {text}"
+                    if status != 429 and status < 500:
+                        raise Undeliverable(detail, attempts=attempt, status=status)
+                    retry_after = _retry_after(resp.headers.get("Retry-After"))
+            except (aiohttp.ClientError, TimeoutError) as err:
+                status, detail = None, f"{type(err).__name__}: {err}"
+                if self.on_attempt:
+                    self.on_attempt(None)
+            if attempt == self.max_attempts:
+                break
+            delay = self.backoff(attempt)
+            if retry_after is not None:
+                delay = max(delay, min(retry_after, self.max_retry_after))
+            await self.sleep(delay)
+        raise Undeliverable(
+            f"gave up after {self.max_attempts} attempts: {detail}",
+            attempts=self.max_attempts,
+            status=status,
+        )
+
+
+def _retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds (Slack sends seconds; an HTTP date is not worth parsing here)."""
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None

@@ -1,0 +1,225 @@
+"""The alert rules as pure functions: firing, cooldown, escalation, resolution, downgrade, cloud
+observations; the trigger prefixes; the Slack message."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from aegis_alert_dispatcher.decide import Action, AlertKey, Policy, Stream, decide
+from aegis_alert_dispatcher.dispatcher import triggered
+from aegis_alert_dispatcher.slack import AlertMessage, dashboard_link, reason_line
+from aegis_contracts import keys
+from aegis_contracts.items import AlertObservation, AlertState
+from aegis_contracts.state import Reason
+
+T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
+POLICY = Policy()
+
+
+def reason(code: str, severity: str = "CRITICAL", **kw: object) -> Reason:
+    return Reason(code=code, severity=severity, detail=code.lower().replace("_", " "), **kw)  # type: ignore[arg-type]
+
+
+def state(
+    code: str,
+    severity: str = "CRITICAL",
+    *,
+    firing: bool = True,
+    sent: datetime = T0,
+    stream: Stream = Stream.STATE,
+) -> AlertState:
+    return AlertState(
+        pk=keys.alert_pk("factory-a"),
+        sk=keys.alert_sk(severity, code, stream.value),
+        scope="factory-a",
+        severity=severity,  # type: ignore[arg-type]
+        reason=code,
+        status=stream.value,
+        firing=firing,
+        version=3,
+        last_sent_at=sent,
+        ttl=2_000_000_000,
+    )
+
+
+def observation(count: int) -> AlertObservation:
+    return AlertObservation(
+        pk="ALERT#cloud-infra",
+        sk="OBSERVATION#x",
+        scope="cloud-infra",
+        count=count,
+        first_observed_at=T0,
+        last_observed_at=T0,
+        ttl=2_000_000_000,
+    )
+
+
+def actions(outcome) -> list[tuple[str, str, str]]:
+    return [(d.action.value, d.severity, d.code) for d in outcome.decisions]
+
+
+def run(
+    reasons: list[Reason],
+    states: dict[AlertKey, AlertState] | None = None,
+    *,
+    at: datetime = T0,
+    stream: Stream = Stream.STATE,
+    observations: dict[AlertKey, AlertObservation] | None = None,
+):
+    return decide(
+        stream=stream,
+        snapshot_at=at,
+        reasons=reasons,
+        states=states or {},
+        observations=observations or {},
+        policy=POLICY,
+    )
+
+
+def test_a_new_reason_fires_and_a_normal_snapshot_does_nothing() -> None:
+    assert actions(run([reason("FIRE_DETECTED")])) == [("fire", "CRITICAL", "FIRE_DETECTED")]
+    assert actions(run([])) == []
+
+
+@pytest.mark.parametrize(("severity", "cooldown"), [("CRITICAL", 300), ("WARNING", 900)])
+def test_cooldown_suppresses_until_it_has_passed(severity: str, cooldown: int) -> None:
+    firing = {(severity, "CO_HIGH"): state("CO_HIGH", severity)}
+    inside = run([reason("CO_HIGH", severity)], firing, at=T0 + timedelta(seconds=cooldown - 1))
+    assert actions(inside) == [("suppressed_cooldown", severity, "CO_HIGH")]
+    after = run([reason("CO_HIGH", severity)], firing, at=T0 + timedelta(seconds=cooldown))
+    assert actions(after) == [("fire", severity, "CO_HIGH")]
+
+
+def test_warning_to_critical_escalates_at_once_even_inside_the_warning_cooldown() -> None:
+    warned = {("WARNING", "CO_HIGH"): state("CO_HIGH", "WARNING")}
+    out = run([reason("CO_HIGH", "CRITICAL")], warned, at=T0 + timedelta(seconds=10))
+    assert actions(out) == [("escalate", "CRITICAL", "CO_HIGH")]
+
+
+def test_a_reason_gone_at_every_severity_resolves_once_for_its_worst_alert() -> None:
+    both = {
+        ("WARNING", "CO_HIGH"): state("CO_HIGH", "WARNING"),
+        ("CRITICAL", "CO_HIGH"): state("CO_HIGH"),
+    }
+    out = run([], both, at=T0 + timedelta(seconds=30))
+    assert actions(out) == [("resolve", "CRITICAL", "CO_HIGH")]
+    assert [s.severity for s in out.decisions[0].also_clears] == ["WARNING"]
+    # nothing firing: nothing to resolve
+    assert actions(run([], {("CRITICAL", "CO_HIGH"): state("CO_HIGH", firing=False)})) == []
+
+
+def test_critical_dropping_to_warning_clears_quietly_and_the_warning_speaks() -> None:
+    firing = {("CRITICAL", "CO_HIGH"): state("CO_HIGH")}
+    out = run([reason("CO_HIGH", "WARNING")], firing, at=T0 + timedelta(seconds=30))
+    assert sorted(actions(out)) == [
+        ("downgraded", "CRITICAL", "CO_HIGH"),
+        ("fire", "WARNING", "CO_HIGH"),
+    ]
+
+
+def test_a_warning_under_a_firing_critical_is_left_alone() -> None:
+    both = {
+        ("WARNING", "CO_HIGH"): state("CO_HIGH", "WARNING"),
+        ("CRITICAL", "CO_HIGH"): state("CO_HIGH"),
+    }
+    out = run([reason("CO_HIGH", "CRITICAL")], both, at=T0 + timedelta(seconds=30))
+    assert actions(out) == [("suppressed_cooldown", "CRITICAL", "CO_HIGH")]
+
+
+def test_cloud_warning_needs_three_consecutive_observations_and_critical_fires_at_once() -> None:
+    key: AlertKey = ("WARNING", "CONSUMER_LAG")
+    first = run([reason("CONSUMER_LAG", "WARNING")], stream=Stream.FAST)
+    assert actions(first) == [
+        ("waiting_observations", "WARNING", "CONSUMER_LAG")
+    ] and first.observed == {key: 1}
+    second = run(
+        [reason("CONSUMER_LAG", "WARNING")], stream=Stream.FAST, observations={key: observation(1)}
+    )
+    assert actions(second)[0][0] == "waiting_observations" and second.observed == {key: 2}
+    third = run(
+        [reason("CONSUMER_LAG", "WARNING")], stream=Stream.FAST, observations={key: observation(2)}
+    )
+    assert actions(third) == [("fire", "WARNING", "CONSUMER_LAG")] and third.observed == {key: 3}
+    # a run without it resets the count
+    assert run([], stream=Stream.FAST, observations={key: observation(2)}).reset == [key]
+    assert actions(run([reason("SERVICE_DOWN")], stream=Stream.FAST)) == [
+        ("fire", "CRITICAL", "SERVICE_DOWN")
+    ]
+    # factory warnings need no observations
+    assert actions(run([reason("CO_HIGH", "WARNING")])) == [("fire", "WARNING", "CO_HIGH")]
+
+
+def test_several_reasons_with_one_code_make_one_alert() -> None:
+    out = run(
+        [
+            reason("SERVICE_DOWN", source="service:processor"),
+            reason("SERVICE_DOWN", source="service:ingest"),
+        ],
+        stream=Stream.FAST,
+    )
+    assert (
+        actions(out) == [("fire", "CRITICAL", "SERVICE_DOWN")]
+        and len(out.decisions[0].reasons) == 2
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "hit"),
+    [
+        (
+            "processed/factory-a/state_snapshot/yyyy=2026/mm=11/dd=30/hh=03/2026-11-30T03:00:00.000Z.json",
+            True,
+        ),
+        (
+            "processed/cloud_infra/fast/yyyy=2026/mm=11/dd=30/hh=03/2026-11-30T03:00:00.000Z.json",
+            True,
+        ),
+        (
+            "processed/cloud_infra/slow/yyyy=2026/mm=11/dd=30/hh=03/2026-11-30T03:00:00.000Z.json",
+            True,
+        ),
+        ("processed/factory-a/risk_score/yyyy=2026/mm=11/dd=30/hh=03/m-00000001.json", False),
+        ("processed_agg/factory-a/metrics_5m/yyyy=2026/mm=11/dd=30/hh=03/mm=00.json", False),
+        ("processed/factory-a/state_snapshot", False),
+        ("raw/factory-a/factory_state/yyyy=2026/mm=11/dd=30/m-00000001.json", False),
+    ],
+)
+def test_only_trigger_prefixes_count(key: str, hit: bool) -> None:
+    assert (
+        triggered(
+            key,
+            (
+                "processed/*/state_snapshot/",
+                "processed/cloud_infra/fast/",
+                "processed/cloud_infra/slow/",
+            ),
+        )
+        is hit
+    )
+
+
+def test_the_slack_message_names_factory_severity_values_times_and_link() -> None:
+    fire = reason("FIRE_DETECTED", value=0.93, threshold=0.8, source="cam-1")
+    msg = AlertMessage(
+        "factory-b", Stream.STATE, Action.FIRE, "CRITICAL", "FIRE_DETECTED", T0, (fire,)
+    )
+    payload = msg.payload("https://aegis.example.com/")
+    text = str(payload)
+    assert "CRITICAL · factory-b · FIRE_DETECTED" in payload["text"]
+    assert "2026-11-30 12:00:00 KST" in text and "2026-11-30 03:00:00 UTC" in text
+    assert "measured 0.93, threshold 0.8" in text
+    button = payload["blocks"][3]["elements"][0]
+    assert button["url"] == "https://aegis.example.com/factories/factory-b"
+    resolved = AlertMessage(
+        "cloud-infra", Stream.FAST, Action.RESOLVE, "CRITICAL", "SERVICE_DOWN", T0
+    )
+    assert resolved.payload("http://x")["blocks"][3]["elements"][0]["url"] == "http://x/cloud"
+    assert "RESOLVED" in resolved.payload("http://x")["text"]
+    assert dashboard_link("http://x", "factory-a") == "http://x/factories/factory-a"
+
+
+def test_mrkdwn_in_details_is_escaped() -> None:
+    line = reason_line(Reason(code="X_Y", severity="WARNING", detail="<!channel> & co"))
+    assert "&lt;!channel&gt; &amp; co" in line and "<!channel>" not in line

@@ -1,0 +1,376 @@
+"""The dispatcher over the real S3/DynamoDB emulator and a local HTTP server standing in for Slack,
+time driven by an injected clock (snapshot times); then the service on a real NATS JetStream:
+two replicas on one durable, the dead-letter subject and ``aegis alerts resend``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+import pytest
+from typer.testing import CliRunner
+
+from aegis_alert_dispatcher.app import DispatcherApp
+from aegis_alert_dispatcher.decide import Policy
+from aegis_alert_dispatcher.dispatcher import Dispatcher, Result
+from aegis_alert_dispatcher.settings import DispatcherSettings
+from aegis_alert_dispatcher.slack import SlackWebhook
+from aegis_contracts import keys
+from aegis_contracts.cloud import CloudCheck, CloudSnapshot
+from aegis_contracts.events import ObjectCreated
+from aegis_contracts.state import Level
+from aegis_contracts.subjects import object_created_subject
+from aegis_contracts.times import format_ts
+from aegis_contracts.ttl import TtlSettings
+from aegis_runtime.broker import create_broker, ensure_streams, publish
+from aegis_runtime.cli import app as cli_app
+from aegis_runtime.testing.clock import FakeClock
+from aegis_runtime.testing.storage import Foundation
+from aegis_runtime.testing.waiting import eventually
+from aegis_runtime.testing.webhook import FakeWebhook
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
+FIRE = {
+    "code": "FIRE_DETECTED",
+    "severity": "CRITICAL",
+    "detail": "fire on cam-1",
+    "value": 0.93,
+    "threshold": 0.8,
+}
+
+
+def risk_body(factory: str, at: datetime, reasons: list[dict[str, Any]]) -> dict[str, Any]:
+    level = (
+        "CRITICAL"
+        if any(r["severity"] == "CRITICAL" for r in reasons)
+        else ("WARNING" if reasons else "NORMAL")
+    )
+    return {
+        "pk": keys.factory_pk(factory),
+        "sk": "LATEST",
+        "factory_id": factory,
+        "updated_at": format_ts(at),
+        "risk": {"score": 90 if reasons else 0, "level": level, "reasons": reasons},
+    }
+
+
+async def put_state(
+    f: Foundation, factory: str, at: datetime, reasons: list[dict[str, Any]]
+) -> ObjectCreated:
+    key = keys.state_snapshot_key(factory, at)
+    put = await f.store.put_json(key, risk_body(factory, at, reasons))
+    return ObjectCreated(
+        bucket=f.bucket, key=key, size_bytes=put.size_bytes, producer="test", created_at=at
+    )
+
+
+async def put_cloud(
+    f: Foundation, tier: str, at: datetime, checks: list[CloudCheck]
+) -> ObjectCreated:
+    key = keys.cloud_infra_key(tier, at)
+    put = await f.store.put_json(key, CloudSnapshot.of(tier, at, checks))  # type: ignore[arg-type]
+    return ObjectCreated(
+        bucket=f.bucket, key=key, size_bytes=put.size_bytes, producer="test", created_at=at
+    )
+
+
+@dataclass
+class Recorded:
+    dead: list[tuple[dict[str, Any], str, str]] = field(default_factory=list)
+    announced: list[dict[str, Any]] = field(default_factory=list)
+    results: list[Result] = field(default_factory=list)
+
+    async def dead_letter(self, record: dict[str, Any], detail: str, message_id: str) -> None:
+        self.dead.append((record, detail, message_id))
+
+    async def announce(self, detail: dict[str, Any], msg_id: str) -> None:
+        self.announced.append(detail)
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+def make(
+    f: Foundation,
+    webhook: FakeWebhook,
+    session: aiohttp.ClientSession,
+    rec: Recorded,
+    **sender: Any,
+) -> Dispatcher:
+    return Dispatcher(
+        store=f.store,
+        readmodel=f.readmodel,
+        sender=SlackWebhook(
+            webhook.url, session, **({"first_delay": 0.01, "max_attempts": 4} | sender)
+        ),
+        dead_letter=rec.dead_letter,
+        announce=rec.announce,
+        policy=Policy(),
+        ttl=TtlSettings(),
+        dashboard_url="http://dash.example",
+        clock=FakeClock(T0),
+        on_result=rec.results.append,
+    )
+
+
+def headlines(webhook: FakeWebhook) -> list[str]:
+    return [str(body["text"]).split(" AEGIS ", 1)[1].split(" at ")[0] for body in webhook.delivered]
+
+
+async def test_fire_sends_once_then_cooldown_then_again_then_one_resolved(
+    foundation, webhook, session
+) -> None:
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec)
+    await d.handle(await put_state(foundation, "factory-a", T0, [FIRE]))
+    assert headlines(webhook) == ["CRITICAL · factory-a · FIRE_DETECTED"]
+    # 20 more critical snapshots inside the 5-minute cooldown
+    for i in range(1, 21):
+        await d.handle(
+            await put_state(foundation, "factory-a", T0 + timedelta(seconds=10 * i), [FIRE])
+        )
+    assert len(webhook.delivered) == 1
+    assert sum(r.outcome == "suppressed_cooldown" for r in rec.results) == 20
+    # after the cooldown it sends again
+    await d.handle(await put_state(foundation, "factory-a", T0 + timedelta(minutes=5), [FIRE]))
+    assert len(webhook.delivered) == 2
+    # recovery: one RESOLVED, and nothing for the normal snapshots after it
+    for i in range(3):
+        await d.handle(
+            await put_state(foundation, "factory-a", T0 + timedelta(minutes=6, seconds=i), [])
+        )
+    assert headlines(webhook)[2:] == ["RESOLVED · factory-a · FIRE_DETECTED"]
+    body = webhook.delivered[0]
+    assert "measured 0.93, threshold 0.8" in json.dumps(body)
+    assert body["blocks"][3]["elements"][0]["url"] == "http://dash.example/factories/factory-a"
+    assert [a["action"] for a in rec.announced] == ["fire", "fire", "resolve"]
+    item = await foundation.readmodel.get_item(
+        keys.alert_pk("factory-a"), keys.alert_sk("CRITICAL", "FIRE_DETECTED", "STATE")
+    )
+    assert item is not None and item["firing"] is False and item["sent_count"] == 2
+    assert (
+        item["ttl"] == int((T0 + timedelta(minutes=6)).timestamp()) + 604_800
+    )  # 7 days from the last change
+
+
+async def test_cloud_warning_three_observations_and_critical_at_once(
+    foundation, webhook, session
+) -> None:
+    d = make(foundation, webhook, session, Recorded())
+    lag = CloudCheck(
+        name="jetstream_consumer:AEGIS_RAW/processor",
+        status=Level.WARNING,
+        reason="CONSUMER_LAG",
+        value=2500,
+        threshold=1000,
+    )
+    for i in range(2):
+        await d.handle(await put_cloud(foundation, "fast", T0 + timedelta(minutes=i), [lag]))
+    assert webhook.delivered == []
+    # a slow run in between does not reset the fast stream's count
+    await d.handle(
+        await put_cloud(
+            foundation,
+            "slow",
+            T0 + timedelta(minutes=2),
+            [CloudCheck.ok("foundation:bucket_versioning")],
+        )
+    )
+    await d.handle(await put_cloud(foundation, "fast", T0 + timedelta(minutes=3), [lag]))
+    assert headlines(webhook) == ["WARNING · cloud infrastructure · CONSUMER_LAG"]
+    down = CloudCheck(
+        name="service:processor", status=Level.CRITICAL, reason="SERVICE_DOWN", value=95
+    )
+    await d.handle(await put_cloud(foundation, "fast", T0 + timedelta(minutes=4), [lag, down]))
+    assert headlines(webhook)[1:] == ["CRITICAL · cloud infrastructure · SERVICE_DOWN"]
+
+
+async def test_a_cloud_warning_not_seen_in_a_run_starts_counting_again(
+    foundation, webhook, session
+) -> None:
+    d = make(foundation, webhook, session, Recorded())
+    lag = CloudCheck(
+        name="jetstream_consumer:AEGIS_RAW/processor",
+        status=Level.WARNING,
+        reason="CONSUMER_LAG",
+        value=2500,
+    )
+    runs = [[lag], [lag], [], [lag], [lag]]
+    for i, checks in enumerate(runs):
+        await d.handle(await put_cloud(foundation, "fast", T0 + timedelta(minutes=i), checks))
+    assert webhook.delivered == []
+
+
+async def test_500_then_200_delivers_once_and_429_retry_after_is_honoured(
+    foundation, webhook, session
+) -> None:
+    d = make(foundation, webhook, session, Recorded())
+    webhook.script(500, 200)
+    await d.handle(await put_state(foundation, "factory-a", T0, [FIRE]))
+    assert [r.status for r in webhook.requests] == [500, 200] and len(webhook.delivered) == 1
+
+    webhook.script((429, {"Retry-After": "1"}), 200)
+    gas = {
+        "code": "CO_HIGH",
+        "severity": "WARNING",
+        "detail": "co 60 ppm",
+        "value": 60,
+        "threshold": 50,
+    }
+    await d.handle(await put_state(foundation, "factory-b", T0, [gas]))
+    limited, accepted = webhook.requests[-2:]
+    assert (limited.status, accepted.status) == (429, 200)
+    assert accepted.at - limited.at >= 1.0  # waited what Retry-After asked, not the 10 ms backoff
+
+
+async def test_a_webhook_down_for_good_dead_letters_and_a_later_snapshot_retries(
+    foundation, webhook, session
+) -> None:
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec, max_attempts=3)
+    webhook.down()
+    await d.handle(await put_state(foundation, "factory-a", T0, [FIRE]))
+    assert len(webhook.requests) == 3 and webhook.delivered == []
+    ((record, detail, _),) = rec.dead
+    assert record["reason"] == "FIRE_DETECTED" and record["slack_payload"]["blocks"]
+    assert "503" in detail and rec.results[-1].outcome == "undeliverable"
+    # the claim was released: the next snapshot (inside what would be the cooldown) sends
+    webhook.up()
+    await d.handle(await put_state(foundation, "factory-a", T0 + timedelta(seconds=5), [FIRE]))
+    assert headlines(webhook) == ["CRITICAL · factory-a · FIRE_DETECTED"]
+    # a permanent refusal (404: the webhook was deleted) is not retried
+    webhook.script(404)
+    gas = {"code": "CO_HIGH", "severity": "WARNING", "detail": "co", "value": 60}
+    before = len(webhook.requests)
+    await d.handle(await put_state(foundation, "factory-c", T0, [gas]))
+    assert len(webhook.requests) == before + 1 and len(rec.dead) == 2
+
+
+async def test_out_of_order_and_replayed_snapshots_send_nothing_extra(
+    foundation, webhook, session
+) -> None:
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec)
+    old_fire = await put_state(foundation, "factory-a", T0, [FIRE])
+    calm = await put_state(foundation, "factory-a", T0 + timedelta(seconds=30), [])
+    await d.handle(calm)
+    await d.handle(old_fire)  # arrives late: older than the newest handled
+    assert webhook.delivered == [] and rec.results[-1].outcome == "stale"
+    fire = await put_state(foundation, "factory-a", T0 + timedelta(seconds=60), [FIRE])
+    await d.handle(fire)
+    for event in (fire, calm, old_fire, fire):  # the queue replays everything
+        await d.handle(event)
+    assert len(webhook.delivered) == 1
+
+
+async def test_objects_under_other_prefixes_are_ignored(foundation, webhook, session) -> None:
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec)
+    key = keys.processed_key("factory-a", "risk_score", T0, "m-00000001")
+    await foundation.store.put_json(key, risk_body("factory-a", T0, [FIRE]))
+    results = await d.handle(
+        ObjectCreated(bucket=foundation.bucket, key=key, size_bytes=1, producer="t", created_at=T0)
+    )
+    assert [r.outcome for r in results] == ["ignored"] and webhook.requests == []
+
+
+async def test_two_dispatchers_racing_on_the_same_snapshots_send_once(
+    foundation, webhook, session
+) -> None:
+    one, two = (make(foundation, webhook, session, Recorded()) for _ in range(2))
+    events = [await put_state(foundation, f"factory-{c}", T0, [FIRE]) for c in "abc"]
+    await asyncio.gather(*(d.handle(e) for e in events for d in (one, two)))
+    assert sorted(headlines(webhook)) == [f"CRITICAL · factory-{c} · FIRE_DETECTED" for c in "abc"]
+
+
+# -- the service on a real queue ------------------------------------------------------------
+
+
+def settings_for(
+    foundation: Foundation, aws_endpoint: str, nats_url: str, webhook: FakeWebhook, uid: str
+) -> DispatcherSettings:
+    return DispatcherSettings(
+        aws_endpoint_url=aws_endpoint,
+        bucket=foundation.bucket,
+        table=foundation.table,
+        nats_url=nats_url,
+        slack_webhook_url=webhook.url,
+        durable=f"alerts-{uid}",
+        slack_first_delay_s=0.01,
+        slack_max_attempts=2,
+        fetch_timeout_s=0.5,
+    )
+
+
+async def test_two_replicas_on_one_durable_send_each_alert_once_and_resend_recovers(
+    foundation: Foundation,
+    aws_endpoint: str,
+    private_nats,
+    webhook: FakeWebhook,
+    unique_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s = settings_for(foundation, aws_endpoint, private_nats.url, webhook, unique_id)
+    apps = [DispatcherApp(s), DispatcherApp(s)]
+    for app in apps:
+        await app.start()
+    client = create_broker(s, name="alerts-test-client")
+    await ensure_streams(client)
+    try:
+        events = [await put_state(foundation, f"factory-{i}", T0, [FIRE]) for i in range(6)]
+        for e in events:
+            for _ in range(2):  # every event twice, as a redelivering queue may
+                await publish(client, object_created_subject("state_snapshot"), e, msg_id=None)
+        await eventually(lambda: len(webhook.delivered) >= 6, within=20, what="six alerts")
+        await asyncio.sleep(0.5)  # and no seventh
+        assert sorted(headlines(webhook)) == sorted(
+            f"CRITICAL · factory-{i} · FIRE_DETECTED" for i in range(6)
+        )
+
+        # the webhook goes down for good: the alert is dead-lettered
+        webhook.down()
+        late = await put_state(foundation, "factory-z", T0, [FIRE])
+        await publish(client, object_created_subject("state_snapshot"), late, msg_id=None)
+        await eventually(
+            lambda: sum(1 for r in webhook.requests if r.status == 503) >= 2,
+            within=20,
+            what="retries",
+        )
+    finally:
+        for app in apps:
+            await app.stop()
+        await client.stop()
+
+    for name, value in {
+        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+        "AEGIS_BUCKET": foundation.bucket,
+        "AEGIS_TABLE": foundation.table,
+        "AEGIS_NATS_URL": private_nats.url,
+        "AEGIS_SLACK_WEBHOOK_URL": webhook.url,
+    }.items():
+        monkeypatch.setenv(name, value)
+    runner = CliRunner()
+    listed = await asyncio.to_thread(runner.invoke, cli_app, ["alerts", "resend", "--dry-run"])
+    assert listed.exit_code == 0, listed.output
+    assert "pending" in listed.output and "factory-z" in listed.output
+    still_down = await asyncio.to_thread(
+        runner.invoke, cli_app, ["alerts", "resend", "--attempts", "1"]
+    )
+    assert still_down.exit_code == 1 and "failed=1" in still_down.output
+    webhook.up()
+    resent = await asyncio.to_thread(runner.invoke, cli_app, ["alerts", "resend"])
+    assert resent.exit_code == 0, resent.output
+    assert "delivered=1" in resent.output
+    assert headlines(webhook)[-1] == "CRITICAL · factory-z · FIRE_DETECTED"
+    again = await asyncio.to_thread(runner.invoke, cli_app, ["alerts", "resend"])
+    assert "delivered=0" in again.output  # resent once, not twice
