@@ -1,5 +1,6 @@
 """What the README promises for `make run`: the local stack, every service and the simulator, and
-within 30 s `aegis status` shows factory-a, factory-b and factory-c."""
+within 30 s `aegis status` shows factory-a, factory-b and factory-c, and the cloud collectors'
+first snapshots."""
 
 from __future__ import annotations
 
@@ -41,9 +42,10 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
         [AEGIS, "up"], env=env, stdout=log, stderr=subprocess.STDOUT
     )
     rows: list[dict[str, object]] = []
+    cloud: dict[str, object] = {}
 
     async def fleet_visible() -> bool:
-        nonlocal rows
+        nonlocal rows, cloud
         status = await asyncio.to_thread(
             subprocess.run,
             [AEGIS, "status", "--json"],
@@ -54,11 +56,16 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
         )
         if status.returncode != 0:
             return False
-        rows = json.loads(status.stdout)
-        return {"factory-a", "factory-b", "factory-c"} <= {str(r["factory_id"]) for r in rows}
+        doc = json.loads(status.stdout)
+        rows, cloud = doc["factories"], doc["cloud_infra"]
+        ran = all(tier["updated_at"] for tier in doc["cloud_infra"]["tiers"])
+        factories = {str(r["factory_id"]) for r in rows}
+        return ran and {"factory-a", "factory-b", "factory-c"} <= factories
 
     try:
-        await eventually(fleet_visible, within=30, interval=1, what="factory-a/b/c in aegis status")
+        await eventually(
+            fleet_visible, within=30, interval=1, what="factory-a/b/c and cloud in aegis status"
+        )
     finally:
         up.send_signal(signal.SIGTERM)
         code = up.wait(60)
@@ -66,3 +73,4 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
     assert code == 0, (tmp_path / "up.log").read_text()[-3000:]
     for row in rows:
         assert row["level"] in {"NORMAL", "WARNING", "CRITICAL"}
+    assert cloud["overall_status"] in {"NORMAL", "WARNING", "CRITICAL"}
