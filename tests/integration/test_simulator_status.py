@@ -68,9 +68,11 @@ async def test_status_lists_the_fleet_from_latest_items(
 
     code, out, err = await _status(env, "--json")
     assert code == 0, err
-    rows = {r["factory_id"]: r for r in json.loads(out)}
+    doc = json.loads(out)
+    rows = {r["factory_id"]: r for r in doc["factories"]}
     assert set(rows) == {hot, calm}
-    assert [r["factory_id"] for r in json.loads(out)] == [hot, calm]  # worst first
+    assert [r["factory_id"] for r in doc["factories"]] == [hot, calm]  # worst first
+    assert doc["cloud_infra"]["overall_status"] == "-"  # no collector ran on this table
     assert rows[hot]["level"] == "CRITICAL" and rows[hot]["score"] == 90
     assert rows[hot]["reasons"] == ["CO_HIGH"] and rows[hot]["pipeline"] == "OK"
     assert 2 <= rows[hot]["age_s"] < 60 and rows[hot]["freshness"].endswith("s ago")
@@ -115,5 +117,5 @@ async def test_status_watch_refreshes_until_interrupted(
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = await asyncio.wait_for(proc.communicate(), timeout=20)
-    assert all(d[0]["factory_id"] == factory for d in docs)
+    assert all(d["factories"][0]["factory_id"] == factory for d in docs)
     assert proc.returncode == 0, err.decode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -9,11 +10,14 @@ import pytest
 from rich.console import Console
 
 from aegis_runtime.status import (
+    cloud_table,
+    cloud_view,
     fleet_row,
     fleet_rows,
     fleet_table,
     format_age,
     rows_json,
+    status_json,
     summary_line,
 )
 
@@ -136,3 +140,59 @@ def test_table_shows_every_column() -> None:
 
 def test_empty_table_says_so() -> None:
     assert "no factories" in render([])
+
+
+CLOUD = {
+    "pk": "CLOUD#infra",
+    "sk": "LATEST",
+    "overall_status": "CRITICAL",
+    "fast_updated_at": "2026-11-30T10:00:00.000Z",
+    "fast": {
+        "tier": "fast",
+        "status": "CRITICAL",
+        "checks": [
+            {"name": "mqtt", "status": "NORMAL", "reason": "OK", "detail": ""},
+            {
+                "name": "service:processor",
+                "status": "CRITICAL",
+                "reason": "SERVICE_DOWN",
+                "detail": "processor: last heartbeat 95 s ago",
+            },
+            {"name": "dead_letters:x.y", "status": "WARNING", "reason": "DEAD_LETTERS"},
+        ],
+    },
+}
+
+
+def test_cloud_view_lists_each_tier_and_what_is_not_ok() -> None:
+    view = cloud_view(CLOUD, NOW)
+    assert view.overall_status == "CRITICAL"
+    fast, slow = view.tiers
+    assert (fast.tier, fast.status, fast.freshness) == ("fast", "CRITICAL", "4s ago")
+    assert fast.problems == [
+        "SERVICE_DOWN (service:processor): processor: last heartbeat 95 s ago",
+        "DEAD_LETTERS (dead_letters:x.y)",
+    ]
+    assert (slow.status, slow.updated_at, slow.freshness, slow.problems) == ("-", None, "never", [])
+    assert cloud_view(None, NOW).overall_status == "-"
+
+
+def test_status_json_has_factories_and_cloud() -> None:
+    doc = status_json(fleet_rows([CRITICAL], NOW), cloud_view(CLOUD, NOW))
+    assert [r["factory_id"] for r in doc["factories"]] == ["factory-b"]
+    cloud = doc["cloud_infra"]
+    assert cloud["overall_status"] == "CRITICAL"
+    assert cloud["tiers"][0]["freshness"] == "4s ago"
+    assert cloud["tiers"][0]["problems"][0].startswith("SERVICE_DOWN")
+    json.dumps(doc)  # plain JSON
+
+
+def test_cloud_table() -> None:
+    console = Console(width=140, record=True, color_system=None)
+    console.print(cloud_table(cloud_view(CLOUD, NOW)))
+    text = console.export_text()
+    assert "cloud infra: CRITICAL" in text
+    line = next(line for line in text.splitlines() if "fast" in line)
+    assert "CRITICAL" in line and "4s ago" in line and "SERVICE_DOWN" in line
+    assert "DEAD_LETTERS" in text
+    assert next(line for line in text.splitlines() if "slow" in line).count("never") == 1

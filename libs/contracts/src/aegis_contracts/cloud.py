@@ -9,7 +9,7 @@ in the same shape as a factory's risk reasons, so the alert dispatcher treats bo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Literal
 
@@ -36,12 +36,29 @@ class CloudCheck(BaseModel):
     unit: str | None = Field(default=None, max_length=16)
     threshold: float | None = None
     detail: str = Field(default="", max_length=512)
+    # other figures measured with ``value``: what an operator reads beside it (a consumer's
+    # num_ack_pending, num_waiting) and what the next run compares against (its ack floor, the
+    # dead-letter total), since a collector's only memory is its previous snapshot
+    measures: dict[str, float] = Field(default_factory=dict)
 
     @classmethod
     def ok(
-        cls, name: str, value: float | None = None, unit: str | None = None, detail: str = ""
+        cls,
+        name: str,
+        value: float | None = None,
+        unit: str | None = None,
+        detail: str = "",
+        measures: Mapping[str, float] | None = None,
     ) -> CloudCheck:
-        return cls(name=name, status=Level.NORMAL, reason=OK, value=value, unit=unit, detail=detail)
+        return cls(
+            name=name,
+            status=Level.NORMAL,
+            reason=OK,
+            value=value,
+            unit=unit,
+            detail=detail,
+            measures=dict(measures or {}),
+        )
 
     def as_reason(self) -> Reason | None:
         if self.status is Level.NORMAL:

@@ -12,9 +12,12 @@ import contextlib
 import signal
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
+
+from aegis_contracts.times import floor_to
 
 log = structlog.get_logger(__name__)
 
@@ -89,3 +92,15 @@ def start_background(stack: AsyncExitStack, run: Main, name: str) -> asyncio.Tas
 
     stack.push_async_callback(finish)
     return task
+
+
+async def until_next_window(
+    stop: asyncio.Event, clock: Callable[[], datetime], interval: timedelta
+) -> None:
+    """Wait until the next multiple of ``interval`` (on the clock's epoch grid) or ``stop``:
+    periodic work ticks at window starts, so N replicas contend for the same window."""
+    now = clock()
+    wait = (floor_to(now, interval) + interval - now).total_seconds()
+    wait = min(max(wait, 0.01), interval.total_seconds())
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=wait)

@@ -7,6 +7,7 @@ builds one and passes it down, so nothing reads the environment twice and tests 
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -60,6 +61,11 @@ class AegisSettings(BaseSettings):
             cloud_slow_history_ttl_hours=self.cloud_slow_history_ttl_hours,
             alert_state_ttl_seconds=self.alert_state_ttl_seconds,
         )
+
+    def mqtt_endpoint(self) -> tuple[str, int, str | None, str | None]:
+        """(host, port, username, password) from ``mqtt_url``."""
+        url = urlsplit(self.mqtt_url)
+        return url.hostname or "127.0.0.1", url.port or 1883, url.username, url.password
 
     def aws(self) -> AwsConfig:
         """Client settings with a connection pool sized for this service's concurrency."""

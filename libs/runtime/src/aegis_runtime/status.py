@@ -1,6 +1,8 @@
-"""``aegis status``: the fleet from the read model's FACTORY LATEST items, as a table or JSON.
+"""``aegis status``: the fleet from the read model's FACTORY LATEST items and the platform's own
+health from CLOUD#infra LATEST, as tables or one JSON document (``{"factories": [...],
+"cloud_infra": {...}}``).
 
-The formatting is pure (items and ``now`` in, rows out); :func:`load_fleet` is the one read.
+The formatting is pure (items and ``now`` in, rows out); :func:`load_status` is the one read.
 """
 
 from __future__ import annotations
@@ -115,6 +117,67 @@ def rows_json(rows: Iterable[FleetRow]) -> list[dict[str, Any]]:
     return [{**asdict(row), "freshness": row.freshness} for row in rows]
 
 
+@dataclass(frozen=True, slots=True)
+class CloudTierRow:
+    tier: str
+    status: str
+    updated_at: str | None
+    age_s: float | None
+    problems: list[str]  # "CODE (check): detail" of each check that is not ok
+
+    @property
+    def freshness(self) -> str:
+        return format_age(self.age_s)
+
+
+@dataclass(frozen=True, slots=True)
+class CloudView:
+    overall_status: str
+    tiers: list[CloudTierRow]
+
+
+def cloud_view(item: Mapping[str, Any] | None, now: datetime) -> CloudView:
+    """CLOUD#infra LATEST as one row per tier (``-`` for a tier that never ran)."""
+    item = item or {}
+    tiers = []
+    for tier in ("fast", "slow"):
+        raw = item.get(tier)
+        snapshot: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        stamp, age = _age(item.get(f"{tier}_updated_at"), now)
+        problems = [
+            f"{c.get('reason')} ({c.get('name')})" + (f": {c['detail']}" if c.get("detail") else "")
+            for c in snapshot.get("checks") or []
+            if isinstance(c, Mapping) and c.get("status") not in (None, "NORMAL")
+        ]
+        tiers.append(CloudTierRow(tier, str(snapshot.get("status") or "-"), stamp, age, problems))
+    return CloudView(str(item.get("overall_status") or "-"), tiers)
+
+
+def cloud_json(view: CloudView) -> dict[str, Any]:
+    return {
+        "overall_status": view.overall_status,
+        "tiers": [{**asdict(row), "freshness": row.freshness} for row in view.tiers],
+    }
+
+
+def cloud_table(view: CloudView) -> Table:
+    table = Table(
+        title=f"cloud infra: {view.overall_status}",
+        title_justify="left",
+        title_style=LEVEL_STYLE.get(view.overall_status, ""),
+    )
+    for name in ("collector", "status", "updated", "not ok"):
+        table.add_column(name)
+    for row in view.tiers:
+        table.add_row(
+            row.tier,
+            Text(row.status, style=LEVEL_STYLE.get(row.status, "")),
+            row.freshness,
+            "\n".join(row.problems) or "-",
+        )
+    return table
+
+
 def fleet_table(rows: list[FleetRow], *, title: str | None = None) -> Table:
     table = Table(title=title, title_justify="left")
     for name, justify in (
@@ -148,9 +211,17 @@ def summary_line(rows: list[FleetRow]) -> str:
     )
 
 
-async def load_fleet(aws: AwsConfig, table: str) -> list[dict[str, Any]]:
+async def load_status(
+    aws: AwsConfig, table: str
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The fleet's LATEST items and CLOUD#infra LATEST."""
     async with open_clients(aws) as clients:
-        return await ReadModel(clients.dynamodb, table).factory_latest_items()
+        return await _read(ReadModel(clients.dynamodb, table))
+
+
+async def _read(model: ReadModel) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    items, cloud = await asyncio.gather(model.factory_latest_items(), model.get_cloud_latest())
+    return items, cloud
 
 
 def run_status(
@@ -166,8 +237,9 @@ def run_status(
         if watch:
             asyncio.run(_watch(settings, interval, json_output, clock))
         else:
-            items = asyncio.run(load_fleet(settings.aws(), settings.table))
-            _print(fleet_rows(items, clock()), json_output, settings, clock())
+            items, cloud = asyncio.run(load_status(settings.aws(), settings.table))
+            now = clock()
+            _print(fleet_rows(items, now), cloud_view(cloud, now), json_output, settings, now)
     except KeyboardInterrupt:
         return 0
     except NotFound as err:
@@ -191,13 +263,30 @@ def _title(settings: AegisSettings, now: datetime) -> str:
     return f"AEGIS fleet ({settings.table} @ {_where(settings)}) at {format_ts(now)}"
 
 
-def _print(rows: list[FleetRow], json_output: bool, settings: AegisSettings, now: datetime) -> None:
+def status_json(rows: list[FleetRow], cloud: CloudView) -> dict[str, Any]:
+    return {"factories": rows_json(rows), "cloud_infra": cloud_json(cloud)}
+
+
+def _print(
+    rows: list[FleetRow],
+    cloud: CloudView,
+    json_output: bool,
+    settings: AegisSettings,
+    now: datetime,
+) -> None:
     if json_output:
-        print(json.dumps(rows_json(rows), indent=2), flush=True)
+        print(json.dumps(status_json(rows, cloud), indent=2), flush=True)
         return
     console = Console()
-    console.print(fleet_table(rows, title=_title(settings, now)))
-    console.print(summary_line(rows))
+    console.print(_renderable(rows, cloud, settings, now))
+
+
+def _renderable(
+    rows: list[FleetRow], cloud: CloudView, settings: AegisSettings, now: datetime
+) -> Group:
+    return Group(
+        fleet_table(rows, title=_title(settings, now)), summary_line(rows), cloud_table(cloud)
+    )
 
 
 async def _watch(settings: AegisSettings, interval: float, json_output: bool, clock: Clock) -> None:
@@ -208,18 +297,18 @@ async def _watch(settings: AegisSettings, interval: float, json_output: bool, cl
         model = ReadModel(clients.dynamodb, settings.table)
         if json_output or not console.is_terminal:
             while True:
-                rows = fleet_rows(await model.factory_latest_items(), clock())
+                items, cloud = await _read(model)
+                now = clock()
+                rows, view = fleet_rows(items, now), cloud_view(cloud, now)
                 if json_output:
-                    print(json.dumps(rows_json(rows)), flush=True)
+                    print(json.dumps(status_json(rows, view)), flush=True)
                 else:
-                    _print(rows, False, settings, clock())
+                    _print(rows, view, False, settings, now)
                 await asyncio.sleep(interval)
         with Live(console=console, auto_refresh=False) as live:
             while True:
+                items, cloud = await _read(model)
                 now = clock()
-                rows = fleet_rows(await model.factory_latest_items(), now)
-                live.update(
-                    Group(fleet_table(rows, title=_title(settings, now)), summary_line(rows)),
-                    refresh=True,
-                )
+                rows, view = fleet_rows(items, now), cloud_view(cloud, now)
+                live.update(_renderable(rows, view, settings, now), refresh=True)
                 await asyncio.sleep(interval)

@@ -156,6 +156,15 @@ class ObjectStore:
                         last_modified=obj["LastModified"],
                     )
 
+    async def child_prefixes(self, prefix: str) -> list[str]:
+        """The "folders" directly under ``prefix`` (``raw/`` -> ``raw/factory-a/``, …)."""
+        found: list[str] = []
+        paginator = self._s3.get_paginator("list_objects_v2")
+        with translated(f"list s3://{self.bucket}/{prefix}*/"):
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
+                found.extend(p["Prefix"] for p in page.get("CommonPrefixes", []) if "Prefix" in p)
+        return found
+
     async def list_keys(self, prefix: str) -> list[str]:
         return [info.key async for info in self.list_objects(prefix)]
 

@@ -60,10 +60,5 @@ class IngestSettings(AegisSettings):
     def shared_subscription(self) -> str:
         return f"$share/{self.mqtt_share_group}/{self.mqtt_topic_filter}"
 
-    def mqtt_endpoint(self) -> tuple[str, int, str | None, str | None]:
-        """(host, port, username, password) from ``mqtt_url``."""
-        url = urlsplit(self.mqtt_url)
-        return url.hostname or "127.0.0.1", url.port or 1883, url.username, url.password
-
     def aws(self) -> AwsConfig:
         return replace(super().aws(), max_attempts=self.aws_max_attempts)

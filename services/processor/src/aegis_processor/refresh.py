@@ -8,7 +8,6 @@ a function of "now", so one run covers every window a replica won in a tick.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import datetime, timedelta
 
 import structlog
@@ -17,6 +16,7 @@ from aegis_contracts.times import Clock, floor_to, truncate_ms
 from aegis_contracts.ttl import expires_at
 from aegis_processor.handlers import Processor
 from aegis_runtime.heartbeat import instance_id
+from aegis_runtime.lifecycle import until_next_window
 
 log = structlog.get_logger(__name__)
 
@@ -82,8 +82,4 @@ class Refresher:
                 await self.tick()
             except Exception:
                 log.exception("refresh_failed")
-            now = self.clock()
-            wait = (floor_to(now, self.interval) + self.interval - now).total_seconds()
-            wait = min(max(wait, 0.01), self.interval.total_seconds())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=wait)
+            await until_next_window(stop, self.clock, self.interval)

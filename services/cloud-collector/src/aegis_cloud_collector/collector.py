@@ -1,0 +1,222 @@
+"""One collector tier (fast or slow): claim the window, run every probe concurrently, file the
+snapshot (S3 object, CLOUD#infra HISTORY and the tier's LATEST fields), announce the object.
+
+Each window is claimed with a conditional write (``CLAIM#cloud-{tier}``), so N replicas run it once.
+Missed windows are not caught up: a collector measures the present, so the next window's run is
+the catch-up. A probe that raises or outlives ``timeout`` yields a CHECK_FAILED check; it never
+kills the tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol
+
+import pydantic
+import structlog
+from pydantic import BaseModel
+
+from aegis_cloud_collector.domain import failed_check
+from aegis_cloud_collector.settings import Tier
+from aegis_contracts import keys
+from aegis_contracts.cloud import CloudCheck, CloudSnapshot
+from aegis_contracts.events import ObjectCreated
+from aegis_contracts.state import Level
+from aegis_contracts.subjects import object_created_subject
+from aegis_contracts.times import Clock, floor_to, truncate_ms
+from aegis_contracts.ttl import expires_at
+from aegis_runtime.lifecycle import until_next_window
+from aegis_runtime.metrics import Metrics
+from aegis_storage.readmodel import ReadModel
+from aegis_storage.s3 import ObjectStore
+
+log = structlog.get_logger(__name__)
+
+CLAIM_TTL_S = 2 * 86_400
+PRODUCER = "cloud-collector"
+
+
+class Publish(Protocol):
+    def __call__(self, subject: str, event: BaseModel, *, msg_id: str) -> Awaitable[bool]: ...
+
+
+LEVEL_VALUE = {Level.NORMAL: 0, Level.WARNING: 1, Level.CRITICAL: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a probe gets: the run's time and the previous snapshot of its tier (its memory)."""
+
+    now: datetime
+    previous: CloudSnapshot | None
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """A named piece of a collector run; ``on_failure`` is the level its CHECK_FAILED gets."""
+
+    name: str
+    run: Callable[[Context], Awaitable[list[CloudCheck]]]
+    on_failure: Level = Level.WARNING
+
+
+class TierMetrics:
+    """Prometheus series of the collectors: each check's status and value, each tick's outcome."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.status = metrics.gauge(
+            "cloud_check_status", "Check status: 0 ok, 1 warning, 2 critical.", ("tier", "check")
+        )
+        self.value = metrics.gauge(
+            "cloud_check_value", "The value a check measured.", ("tier", "check")
+        )
+        self.ticks = metrics.counter(
+            "cloud_ticks_total",
+            "Collector ticks by outcome (written, not_claimed, failed).",
+            ("tier", "outcome"),
+        )
+        self.seconds = metrics.histogram("cloud_tick_seconds", "Time of one run.", ("tier",))
+        self._shown: dict[str, set[str]] = {}
+
+    def record(self, snapshot: CloudSnapshot) -> None:
+        tier = snapshot.tier
+        names = {c.name for c in snapshot.checks}
+        for gone in self._shown.get(tier, set()) - names:  # a check that went away (a factory)
+            for gauge in (self.status, self.value):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(tier, gone)
+        self._shown[tier] = names
+        for check in snapshot.checks:
+            self.status.labels(tier=tier, check=check.name).set(LEVEL_VALUE[check.status])
+            if check.value is not None:
+                self.value.labels(tier=tier, check=check.name).set(check.value)
+
+
+class Collector:
+    def __init__(
+        self,
+        tier: Tier,
+        probes: list[Probe],
+        *,
+        readmodel: ReadModel,
+        store: ObjectStore,
+        publish: Publish,
+        interval: timedelta,
+        ttl: Callable[[datetime], int],
+        clock: Clock,
+        owner: str,
+        metrics: TierMetrics,
+        timeout: float = 10.0,
+    ) -> None:
+        self.tier = tier
+        self.probes = probes
+        self.readmodel = readmodel
+        self.store = store
+        self.publish = publish
+        self.interval = interval
+        self.ttl = ttl
+        self.clock = clock
+        self.owner = owner
+        self.metrics = metrics
+        self.timeout = timeout
+        self.job = f"cloud-{tier}"
+        self._last: datetime | None = None
+
+    async def previous(self) -> CloudSnapshot | None:
+        """This tier's snapshot in CLOUD#infra LATEST (whichever replica wrote it)."""
+        latest = await self.readmodel.get_cloud_latest() or {}
+        body = latest.get(self.tier)
+        if not isinstance(body, dict):
+            return None
+        try:
+            return CloudSnapshot.model_validate(body)
+        except pydantic.ValidationError:
+            log.warning("cloud_previous_unreadable", tier=self.tier)
+            return None
+
+    async def collect(self, now: datetime) -> CloudSnapshot:
+        """Run every probe concurrently (each bounded by ``timeout``) and build the snapshot."""
+        started = time.perf_counter()
+        context = Context(now=now, previous=await self.previous())
+        results = await asyncio.gather(*(self._run(probe, context) for probe in self.probes))
+        checks = [check for result in results for check in result]
+        return CloudSnapshot.of(
+            self.tier,
+            now,
+            checks,
+            collector=self.owner,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+
+    async def _run(self, probe: Probe, context: Context) -> list[CloudCheck]:
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await probe.run(context)
+        except Exception as err:
+            log.warning("cloud_check_failed", tier=self.tier, check=probe.name, error=repr(err))
+            return [failed_check(probe.name, probe.on_failure, err)]
+
+    async def tick(self) -> CloudSnapshot | None:
+        """Claim this window; if won, collect and file. None when the window was already run
+        (by this replica or another)."""
+        now = truncate_ms(self.clock())
+        window = floor_to(now, self.interval)
+        if window == self._last:
+            return None
+        self._last = window
+        claimed = await self.readmodel.claim_window(
+            self.job, window, owner=self.owner, now=now, ttl=expires_at(now, CLAIM_TTL_S)
+        )
+        if not claimed:
+            self.metrics.ticks.labels(tier=self.tier, outcome="not_claimed").inc()
+            return None
+        with self.metrics.seconds.labels(tier=self.tier).time():
+            snapshot = await self.collect(now)
+            await self.file(snapshot)
+        self.metrics.record(snapshot)
+        self.metrics.ticks.labels(tier=self.tier, outcome="written").inc()
+        log.info(
+            "cloud_snapshot_written",
+            tier=self.tier,
+            status=snapshot.status.value,
+            checks=len(snapshot.checks),
+            reasons=[r.code for r in snapshot.reasons],
+            duration_ms=snapshot.duration_ms,
+        )
+        return snapshot
+
+    async def file(self, snapshot: CloudSnapshot) -> Level | None:
+        """S3 object first (the long-term record), then the read model, then the event that
+        tells the alert dispatcher; a re-run of the same snapshot rewrites the same things."""
+        key = keys.cloud_infra_key(self.tier, snapshot.updated_at)
+        put = await self.store.put_json(key, snapshot)
+        overall = await self.readmodel.apply_cloud(snapshot, ttl=self.ttl(snapshot.updated_at))
+        await self.publish(
+            object_created_subject(keys.CLOUD_INFRA),
+            ObjectCreated(
+                bucket=self.store.bucket,
+                key=key,
+                size_bytes=put.size_bytes,
+                etag=put.etag,
+                producer=PRODUCER,
+                created_at=snapshot.updated_at,
+            ),
+            msg_id=f"oc:{key}",
+        )
+        return overall
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick at every window start until ``stop``; a failed tick is logged and counted, and the
+        next window runs as usual."""
+        while not stop.is_set():
+            try:
+                await self.tick()
+            except Exception:
+                self.metrics.ticks.labels(tier=self.tier, outcome="failed").inc()
+                log.exception("cloud_tick_failed", tier=self.tier)
+            await until_next_window(stop, self.clock, self.interval)

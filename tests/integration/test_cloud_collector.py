@@ -1,0 +1,360 @@
+"""The cloud collectors in-process against real NATS JetStream, Mosquitto and the S3/DynamoDB
+emulator. Time is a fake clock; each test calls ``tick()`` itself, one window at a time.
+
+Each test has its own NATS server (the collector reads every stream, consumer and heartbeat of the
+server, so the shared test server's other tenants would be noise), bucket and table."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from nats.js import api
+
+from aegis_cloud_collector.app import CollectorApp, create_app
+from aegis_cloud_collector.collector import Collector, Context, Probe, TierMetrics
+from aegis_cloud_collector.probes import ObjectCounter, SlowProbes
+from aegis_cloud_collector.settings import CollectorSettings
+from aegis_contracts import keys
+from aegis_contracts.cloud import CloudCheck, CloudSnapshot
+from aegis_contracts.events import ObjectCreated
+from aegis_contracts.state import Level
+from aegis_contracts.subjects import object_created_subject, raw_subject
+from aegis_contracts.times import floor_to, format_ts
+from aegis_runtime.heartbeat import HeartbeatPublisher
+from aegis_runtime.localservers import ManagedServer
+from aegis_runtime.metrics import Metrics
+from aegis_runtime.testing.storage import Foundation
+from aegis_runtime.testing.waiting import eventually
+from aegis_storage.bootstrap import LIFECYCLE_RULES, bootstrap
+from aegis_storage.clients import AwsConfig, open_client
+
+pytestmark = pytest.mark.integration
+
+T0 = floor_to(datetime.now(UTC), timedelta(minutes=5)) + timedelta(seconds=1)
+
+
+class FakeClock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def collector_settings(
+    foundation: Foundation, aws_endpoint: str, nats: str, **overrides: Any
+) -> CollectorSettings:
+    values: dict[str, Any] = {
+        "aws_endpoint_url": aws_endpoint,
+        "bucket": foundation.bucket,
+        "table": foundation.table,
+        "nats_url": nats,
+        "expected_services": [],
+        "expected_consumers": ["AEGIS_RAW/processor"],
+        "mqtt_sys_interval_s": 5,  # the private Mosquitto's
+        "storage_slow_ms": 5000,  # a shared 2-core machine: latency is not under test here
+        **overrides,
+    }
+    return CollectorSettings(**values)
+
+
+@asynccontextmanager
+async def running(settings: CollectorSettings, clock: FakeClock) -> AsyncIterator[CollectorApp]:
+    app = create_app(settings, clock=clock, background=False)
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop()
+
+
+def reasons(snapshot: CloudSnapshot | None) -> dict[str, str]:
+    assert snapshot is not None
+    return {c.name: c.reason for c in snapshot.checks if c.status is not Level.NORMAL}
+
+
+async def overall(foundation: Foundation) -> str:
+    latest = await foundation.readmodel.get_cloud_latest()
+    assert latest is not None
+    return str(latest["overall_status"])
+
+
+async def test_fast_stalled_consumer_and_lost_heartbeat_turn_critical_and_recover(
+    foundation: Foundation,
+    aws_endpoint: str,
+    private_nats: ManagedServer,
+    private_mosquitto: ManagedServer,
+) -> None:
+    clock = FakeClock(T0)
+    settings = collector_settings(
+        foundation,
+        aws_endpoint,
+        private_nats.url,
+        mqtt_url=private_mosquitto.url,
+        collector_tiers=["fast"],
+        expected_services=["watched"],
+    )
+    async with running(settings, clock) as app:
+        assert app.monitor is not None
+        stop = asyncio.Event()
+        monitor = asyncio.create_task(app.monitor.run(stop))
+        await eventually(
+            lambda: app.monitor is not None and app.monitor.state().silent_for_s is not None,
+            what="$SYS",
+        )
+        js = app.broker.connection.jetstream()
+        await js.add_consumer(
+            "AEGIS_RAW",
+            api.ConsumerConfig(durable_name="processor", ack_policy=api.AckPolicy.EXPLICIT),
+        )
+        for _ in range(3):
+            await js.publish(raw_subject("factory-a", "factory_state"), b"{}", stream="AEGIS_RAW")
+
+        async def ready() -> dict[str, bool]:
+            return {"nats": True}
+
+        watched = HeartbeatPublisher(app.broker, service="watched", readiness=ready, clock=clock)
+        await watched.beat()
+        fast = app.collectors["fast"]
+
+        first = await fast.tick()
+        assert first is not None and reasons(first) == {}
+        assert first.check("mqtt") is not None and first.check("mqtt").value is not None  # type: ignore[union-attr]
+        consumer = first.check("consumer:AEGIS_RAW/processor")
+        assert consumer is not None and consumer.value == 3
+        assert await overall(foundation) == "NORMAL"
+        key = keys.cloud_infra_key("fast", T0)
+        assert CloudSnapshot.model_validate(await foundation.store.get_json(key)) == first
+        event = await js.get_last_msg("AEGIS_EVENTS", object_created_subject(keys.CLOUD_INFRA))
+        assert ObjectCreated.model_validate_json(event.data).key == key
+        assert await fast.tick() is None  # same window: already run
+
+        # a minute later nobody has pulled (ack floor still 0) and "watched" has gone quiet
+        clock.advance(60)
+        second = await fast.tick()
+        assert reasons(second) == {
+            "consumer:AEGIS_RAW/processor": "CONSUMER_STALLED",
+            "service:watched": "SERVICE_DOWN",
+        }
+        assert await overall(foundation) == "CRITICAL"
+
+        # recovery: the consumer works off its backlog, the service beats again
+        sub = await js.pull_subscribe_bind("processor", stream="AEGIS_RAW")
+        for msg in await sub.fetch(3, timeout=5):
+            await msg.ack_sync()
+        clock.advance(60)
+        await watched.beat()
+        third = await fast.tick()
+        assert reasons(third) == {}
+        assert await overall(foundation) == "NORMAL"
+
+        # the broker goes away: MQTT_UNREACHABLE; and with the backlog done and nobody pulling for
+        # two samples, the consumer is inactive (a warning: nothing is waiting on it)
+        private_mosquitto.stop()
+        await eventually(
+            lambda: app.monitor is not None and not app.monitor.connected, what="disconnect"
+        )
+        clock.advance(60)
+        await watched.beat()
+        fourth = await fast.tick()
+        assert reasons(fourth) == {
+            "mqtt": "MQTT_UNREACHABLE",
+            "consumer:AEGIS_RAW/processor": "CONSUMER_INACTIVE",
+        }
+        assert await overall(foundation) == "CRITICAL"
+        stop.set()
+        await monitor
+        await sub.unsubscribe()
+
+
+async def test_slow_drift_lifecycle_and_pitr_then_recovery_leaves_fast_fields_alone(
+    foundation: Foundation, aws_endpoint: str, private_nats: ManagedServer
+) -> None:
+    clock = FakeClock(T0)
+    settings = collector_settings(
+        foundation, aws_endpoint, private_nats.url, collector_tiers=["slow"]
+    )
+    fast = CloudSnapshot.of("fast", T0, [CloudCheck.ok("mqtt", 1)])
+    await foundation.readmodel.apply_cloud(fast, ttl=int(T0.timestamp()) + 3600)
+    async with running(settings, clock) as app:
+        slow = app.collectors["slow"]
+        first = await slow.tick()
+        assert reasons(first) == {}
+        names = {c.name for c in first.checks} if first else set()
+        assert {"foundation:bucket_lifecycle", "foundation:table_pitr", "objects:raw"} <= names
+
+        s3, ddb = foundation.clients.s3, foundation.clients.dynamodb
+        await s3.put_bucket_lifecycle_configuration(
+            Bucket=foundation.bucket,
+            LifecycleConfiguration={"Rules": LIFECYCLE_RULES[1:]},  # type: ignore[typeddict-item]
+        )
+        clock.advance(300)
+        assert reasons(await slow.tick()) == {"foundation:bucket_lifecycle": "FOUNDATION_DRIFT"}
+        assert await overall(foundation) == "WARNING"
+
+        await ddb.update_continuous_backups(
+            TableName=foundation.table,
+            PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": False},
+        )
+        clock.advance(300)
+        drifted = await slow.tick()
+        assert reasons(drifted) == {
+            "foundation:bucket_lifecycle": "FOUNDATION_DRIFT",
+            "foundation:table_pitr": "FOUNDATION_DRIFT",
+        }
+        pitr = drifted.check("foundation:table_pitr") if drifted else None
+        assert pitr is not None and "DISABLED" in pitr.detail
+        assert await overall(foundation) == "WARNING"
+
+        await bootstrap(foundation.clients, bucket=foundation.bucket, table=foundation.table)
+        clock.advance(300)
+        assert reasons(await slow.tick()) == {}
+        assert await overall(foundation) == "NORMAL"
+
+    latest = await foundation.readmodel.get_cloud_latest()
+    assert latest is not None
+    assert latest["fast"] == CloudSnapshot.model_validate(latest["fast"]).model_dump(mode="json")
+    assert latest["fast_updated_at"] == format_ts(T0)
+    assert latest["slow_updated_at"] == format_ts(T0 + timedelta(seconds=900))
+
+
+async def test_two_replicas_run_each_window_once(
+    foundation: Foundation, aws_endpoint: str, private_nats: ManagedServer
+) -> None:
+    clock = FakeClock(T0)
+    settings = collector_settings(
+        foundation, aws_endpoint, private_nats.url, collector_tiers=["fast"]
+    )
+    async with running(settings, clock) as one, running(settings, clock) as two:
+        for _ in range(2):
+            runs = await asyncio.gather(
+                one.collectors["fast"].tick(), two.collectors["fast"].tick()
+            )
+            assert sum(run is not None for run in runs) == 1
+            clock.advance(60)
+    history = await foundation.readmodel.cloud_history(
+        "fast", T0 - timedelta(minutes=1), T0 + timedelta(minutes=5), now=T0
+    )
+    assert len(history) == 2
+    assert len(await foundation.store.list_keys(keys.cloud_infra_prefix("fast"))) == 2
+
+
+async def test_a_failing_or_hanging_probe_does_not_kill_the_tick(foundation: Foundation) -> None:
+    async def fine(context: Context) -> list[CloudCheck]:
+        return [CloudCheck.ok("fine", 1)]
+
+    async def broken(context: Context) -> list[CloudCheck]:
+        raise RuntimeError("boom")
+
+    async def hanging(context: Context) -> list[CloudCheck]:
+        await asyncio.sleep(30)
+        return []
+
+    published: list[str] = []
+
+    async def publish(subject: str, event: Any, *, msg_id: str) -> bool:
+        published.append(msg_id)
+        return False
+
+    metrics = Metrics("cloud-collector-test")
+    collector = Collector(
+        "fast",
+        [Probe("fine", fine), Probe("broken", broken), Probe("hanging", hanging, Level.CRITICAL)],
+        readmodel=foundation.readmodel,
+        store=foundation.store,
+        publish=publish,
+        interval=timedelta(minutes=1),
+        ttl=lambda now: int(now.timestamp()) + 60,
+        clock=FakeClock(T0),
+        owner="test",
+        metrics=TierMetrics(metrics),
+        timeout=0.2,
+    )
+    snapshot = await collector.tick()
+    assert snapshot is not None
+    assert {c.name: (c.status, c.reason) for c in snapshot.checks} == {
+        "broken": (Level.WARNING, "CHECK_FAILED"),
+        "fine": (Level.NORMAL, "OK"),
+        "hanging": (Level.CRITICAL, "CHECK_FAILED"),
+    }
+    assert published == [f"oc:{keys.cloud_infra_key('fast', T0)}"]
+    rendered = metrics.render().decode()
+    assert 'aegis_cloud_check_status{check="hanging",tier="fast"} 2.0' in rendered
+    assert 'aegis_cloud_ticks_total{outcome="written",tier="fast"} 1.0' in rendered
+
+
+async def test_object_counts_cache_closed_hours(foundation: Foundation) -> None:
+    store = foundation.store
+    day = datetime(2026, 11, 30, tzinfo=UTC)
+    for hour, n in ((8, 2), (10, 1)):
+        for i in range(n):
+            at = day + timedelta(hours=hour, minutes=i)
+            await store.put_json(keys.state_snapshot_key("factory-a", at), {"i": i})
+    await store.put_bytes("raw/factory-a/factory_state/yyyy=2026/mm=11/dd=30/m-1.json", b"12345")
+    await store.put_bytes("raw/factory-a/factory_state/yyyy=2026/mm=11/dd=29/m-0.json", b"1")
+    counter = ObjectCounter(store, grace=timedelta(minutes=5))
+    now = day + timedelta(hours=10, minutes=30)
+    processed, _, partitions = await counter.count("processed", now)
+    assert (processed, partitions) == (3, 11)  # hours 00..10
+    assert (await counter.count("raw", now))[:2] == (1, 5)  # yesterday's is not today's
+
+    # a late object in a closed hour is not listed again; the open hour is
+    await store.put_json(
+        keys.state_snapshot_key("factory-a", day + timedelta(hours=8, minutes=9)), {}
+    )
+    await store.put_json(
+        keys.state_snapshot_key("factory-a", day + timedelta(hours=10, minutes=9)), {}
+    )
+    counter.listings = 0
+    assert (await counter.count("processed", now))[0] == 4
+    assert counter.listings == 3  # processed/, processed/factory-a/, and hh=10 only
+
+
+async def test_cloudwatch_dynamodb_metrics(foundation: Foundation, aws_endpoint: str) -> None:
+    now = datetime.now(UTC).replace(microsecond=0)
+    async with open_client("cloudwatch", AwsConfig(endpoint_url=aws_endpoint)) as cloudwatch:
+        settings = CollectorSettings(
+            aws_endpoint_url=aws_endpoint, table=foundation.table, cloudwatch_enabled=True
+        )
+        probes = SlowProbes(
+            settings,
+            foundation.clients,
+            foundation.readmodel,
+            ObjectCounter(foundation.store, grace=timedelta(0)),
+            cloudwatch,
+        )
+        assert [p.name for p in probes.probes()][-1] == "cloudwatch"
+        quiet = await probes.cloudwatch_metrics(Context(now, None))
+        assert {c.reason for c in quiet} == {"OK"}
+        await cloudwatch.put_metric_data(
+            Namespace="AWS/DynamoDB",
+            MetricData=[
+                {
+                    "MetricName": "ThrottledRequests",
+                    "Dimensions": [
+                        {"Name": "TableName", "Value": foundation.table},
+                        {"Name": "Operation", "Value": "PutItem"},
+                    ],
+                    "Timestamp": now - timedelta(minutes=1),
+                    "Value": 4,
+                    "Unit": "Count",
+                }
+            ],
+        )
+        checks = await probes.cloudwatch_metrics(Context(now, None))
+        by_name = {c.name: c for c in checks}
+        throttled = by_name["cloudwatch:dynamodb_throttled"]
+        assert (throttled.status, throttled.reason, throttled.value) == (
+            Level.WARNING,
+            "DYNAMODB_THROTTLED",
+            4,
+        )
+        assert by_name["cloudwatch:dynamodb_errors"].status is Level.NORMAL
