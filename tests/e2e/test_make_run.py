@@ -10,12 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from aegis_runtime.localservers import ManagedServer, free_port
+from aegis_runtime.localservers import ManagedServer
 from aegis_runtime.testing.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -36,7 +37,7 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
         "AEGIS_TABLE": f"AEGIS-{unique_id}",
         "AEGIS_MQTT_URL": private_mosquitto.url,
         "AEGIS_NATS_URL": private_nats.url,
-        "AEGIS_UP_FIRST_HEALTH_PORT": str(free_port()),
+        "AEGIS_UP_FIRST_HEALTH_PORT": "0",
     }
     log = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
@@ -68,8 +69,17 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
         cloud = doc["cloud_infra"] if doc else {}
         return bool(cloud) and all(tier["updated_at"] for tier in cloud["tiers"])
 
+    started = time.monotonic()
     try:
-        await eventually(fleet_visible, within=30, interval=1, what="factory-a/b/c in aegis status")
+        try:
+            await eventually(
+                fleet_visible, within=30, interval=1, what="factory-a/b/c in aegis status"
+            )
+        except AssertionError as err:
+            log.flush()
+            tail = (tmp_path / "up.log").read_text()[-4000:]
+            raise AssertionError(f"{err}\n--- aegis up, last lines ---\n{tail}") from None
+        print(f"fleet visible after {time.monotonic() - started:.1f} s")
         # both collectors tick at start; on a loaded machine their first run may follow the fleet
         await eventually(cloud_visible, within=30, interval=1, what="cloud infra in aegis status")
     finally:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
-from aegis_runtime.localservers import ensure_mosquitto, ensure_moto_server, ensure_nats
+from aegis_runtime.localservers import ensure_mosquitto, ensure_moto_server, ensure_nats, free_port
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import open_clients
@@ -83,7 +83,9 @@ async def run_stack(settings: AegisSettings, *, services: list[str] | None = Non
         )
         names = installed_services() if services is None else services
         first = int(os.environ.get("AEGIS_UP_FIRST_HEALTH_PORT", FIRST_HEALTH_PORT))
-        specs = [ServiceSpec(n, first + i) for i, n in enumerate(names)]
+        # 0: any free port per service (tests; consecutive ports in the ephemeral range may be
+        # taken by outgoing connections)
+        specs = [ServiceSpec(n, first + i if first else free_port()) for i, n in enumerate(names)]
         return await _supervise(settings, specs)
     finally:
         if moto is not None:
