@@ -43,24 +43,30 @@ class Pipeline:
     logs: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     health: dict[str, int] = field(default_factory=dict)
+    # per-test additions to every service's environment (e.g. a webhook URL)
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def env(self, service: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")}
-        return env | {
-            "AEGIS_AWS_ENDPOINT_URL": self.aws_endpoint,
-            "AEGIS_BUCKET": self.bucket,
-            "AEGIS_TABLE": self.table,
-            "AEGIS_MQTT_URL": self.mqtt.url,
-            "AEGIS_NATS_URL": self.nats.url,
-            "AEGIS_LOG_FORMAT": "json",
-            "AEGIS_HEALTH_PORT": str(self.health.setdefault(service, free_port())),
-            # the same client id across restarts: the broker keeps the session and its messages
-            "AEGIS_MQTT_CLIENT_ID": f"ingest-{self.uid}",
-            "AEGIS_MQTT_SHARE_GROUP": f"g-{self.uid}",
-            # an unacked message comes back quickly after a crash
-            "AEGIS_ACK_WAIT_S": "3",
-            "AEGIS_REFRESH_ENABLED": "false",
-        }
+        return (
+            env
+            | {
+                "AEGIS_AWS_ENDPOINT_URL": self.aws_endpoint,
+                "AEGIS_BUCKET": self.bucket,
+                "AEGIS_TABLE": self.table,
+                "AEGIS_MQTT_URL": self.mqtt.url,
+                "AEGIS_NATS_URL": self.nats.url,
+                "AEGIS_LOG_FORMAT": "json",
+                "AEGIS_HEALTH_PORT": str(self.health.setdefault(service, free_port())),
+                # the same client id across restarts: the broker keeps the session and its messages
+                "AEGIS_MQTT_CLIENT_ID": f"ingest-{self.uid}",
+                "AEGIS_MQTT_SHARE_GROUP": f"g-{self.uid}",
+                # an unacked message comes back quickly after a crash
+                "AEGIS_ACK_WAIT_S": "3",
+                "AEGIS_REFRESH_ENABLED": "false",
+            }
+            | self.extra_env
+        )
 
     def start(self, service: str) -> subprocess.Popen[bytes]:
         log = (self.logs / f"{service}.log").open("ab")

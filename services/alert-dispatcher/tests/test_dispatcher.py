@@ -305,7 +305,7 @@ def settings_for(
         table=foundation.table,
         nats_url=nats_url,
         slack_webhook_url=webhook.url,
-        durable=f"alerts-{uid}",
+        alert_durable=f"alerts-{uid}",
         slack_first_delay_s=0.01,
         slack_max_attempts=2,
         fetch_timeout_s=0.5,

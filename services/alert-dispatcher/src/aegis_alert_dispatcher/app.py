@@ -79,7 +79,7 @@ class DispatcherApp:
         @durable_pull(
             self.broker,
             EVENTS_STREAM,
-            settings.durable,
+            settings.alert_durable,
             subject=f"{OBJECT_CREATED}.>",
             batch_size=settings.batch_size,
             fetch_timeout=settings.fetch_timeout_s,

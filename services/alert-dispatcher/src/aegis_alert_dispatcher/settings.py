@@ -13,7 +13,7 @@ class DispatcherSettings(AegisSettings):
     logged)."""
 
     service: str = "alert-dispatcher"
-    durable: str = Field(default="alert-dispatcher", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    alert_durable: str = Field(default="alert-dispatcher", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     # S3 key prefixes whose ObjectCreated events are read; ``*`` matches one path segment
     alert_trigger_prefixes: list[str] = Field(default_factory=lambda: list(DEFAULT_TRIGGERS))
     alert_cooldown_critical_s: float = Field(default=300.0, ge=0)
