@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 import structlog
-from faststream.nats import NatsBroker, NatsMessage
+from faststream.nats import NatsBroker
 
 from aegis_alert_dispatcher.decide import Policy
 from aegis_alert_dispatcher.dispatcher import (
@@ -86,7 +86,7 @@ class DispatcherApp:
             ack_wait=settings.ack_wait_s,
             max_deliver=settings.max_deliver,
         )
-        async def on_object_created(event: ObjectCreated, msg: NatsMessage) -> None:
+        async def on_object_created(event: ObjectCreated) -> None:
             await self.handle(event)
 
     async def handle(self, event: ObjectCreated) -> list[Result]:
