@@ -39,8 +39,9 @@ test: lint ## lint, then the whole suite: unit, integration, e2e against real se
 unit: $(STAMP) ## only the tests that need no server
 	$(VENV)/bin/pytest -m "not integration and not e2e"
 
-bench: $(STAMP) ## benchmarks on this machine's servers: backend ceiling, baseline, AEGIS end to end
+bench: $(STAMP) ## benchmarks on this machine's servers: backend ceiling, baseline, AEGIS end to end, a reporter day
 	$(VENV)/bin/python tests/bench/pipeline.py --out bench-results/pipeline.json
+	$(VENV)/bin/python tests/bench/reporter.py --out bench-results/reporter.json
 
 fmt: $(STAMP) ## format and autofix
 	$(VENV)/bin/ruff format .

@@ -1,0 +1,140 @@
+"""Composition root of the reporter: storage clients, the broker (report events and heartbeats),
+the daily schedule, and the health/metrics server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from contextlib import AsyncExitStack
+from datetime import timedelta
+
+import structlog
+from faststream.nats import NatsBroker
+
+from aegis_contracts.events import ObjectCreated, SystemEvent
+from aegis_contracts.times import Clock, utc_now
+from aegis_reporter.generators import BedrockGenerator, ReportGenerator, TemplateGenerator
+from aegis_reporter.report import Publish, Reporter
+from aegis_reporter.settings import ReporterSettings
+from aegis_runtime import logging as aegis_logging
+from aegis_runtime.broker import create_broker, ensure_streams, nats_ready, publish
+from aegis_runtime.health import HealthServer
+from aegis_runtime.heartbeat import HeartbeatPublisher
+from aegis_runtime.lifecycle import run_service, start_background
+from aegis_runtime.metrics import Metrics
+from aegis_storage.clients import AwsClients, open_clients
+from aegis_storage.readmodel import ReadModel
+from aegis_storage.s3 import ObjectStore
+
+log = structlog.get_logger(__name__)
+
+
+def generator_for(settings: ReporterSettings) -> ReportGenerator:
+    if settings.report_generator == "bedrock":
+        return BedrockGenerator(
+            model_id=settings.report_bedrock_model_id, aws=settings.bedrock_aws()
+        )
+    return TemplateGenerator()
+
+
+def build_reporter(
+    settings: ReporterSettings, clients: AwsClients, publish_event: Publish, clock: Clock
+) -> Reporter:
+    """The reporter the service and ``aegis report`` both run."""
+    s = settings
+    return Reporter(
+        store=ObjectStore(clients.s3, s.bucket),
+        readmodel=ReadModel(clients.dynamodb, s.table),
+        publish=publish_event,
+        clock=clock,
+        generator=generator_for(s),
+        concurrency=s.report_concurrency,
+        gap_s=s.report_gap_s,
+        offline_s=s.report_offline_s,
+        cadence_s=s.report_cadence_s,
+        alpha=s.report_sketch_alpha,
+        run_at=timedelta(minutes=s.report_run_at_minutes),
+        catchup_days=s.report_catchup_days,
+        lease=timedelta(seconds=s.report_claim_lease_s),
+    )
+
+
+class ReporterApp:
+    """``await run(stop_event)`` under run_service; tests drive ``reporter.tick()`` directly."""
+
+    def __init__(self, settings: ReporterSettings, *, clock: Clock = utc_now) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.metrics = Metrics(settings.service)
+        self.days = self.metrics.counter(
+            "reporter_days_total", "KST days reported by this replica."
+        )
+        self.failures = self.metrics.counter(
+            "reporter_tick_failures_total", "Schedule checks that failed (retried at the next)."
+        )
+        self.broker: NatsBroker = create_broker(
+            settings, name=settings.service, metrics=self.metrics
+        )
+        self.health = HealthServer(self.metrics, settings.health_host, settings.health_port)
+        self.health.add_check("nats", nats_ready(self.broker))
+        self.health.add_check("storage", self._storage_ready)
+        self.heartbeat = HeartbeatPublisher.for_service(self.broker, settings, self.health, clock)
+        self.clients: AwsClients | None = None
+        self.reporter: Reporter | None = None
+
+    async def _storage_ready(self) -> bool:
+        if self.clients is None:
+            return False
+        await self.clients.s3.head_bucket(Bucket=self.settings.bucket)
+        return True
+
+    async def _publish(
+        self, subject: str, event: ObjectCreated | SystemEvent, *, msg_id: str
+    ) -> bool:
+        return await publish(self.broker, subject, event, msg_id=msg_id)
+
+    async def tick(self) -> int:
+        if self.reporter is None:
+            raise RuntimeError("the reporter is not started")
+        days = await self.reporter.tick()
+        self.days.inc(len(days))
+        return len(days)
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        """Check for due days now, then at each day's run time (at least every poll_s)."""
+        assert self.reporter is not None
+        while not stop.is_set():
+            try:
+                await self.tick()
+            except Exception:
+                self.failures.inc()
+                log.exception("report_tick_failed")
+            now = self.clock()
+            wait = (self.reporter.next_due(now) - now).total_seconds()
+            wait = min(max(wait, 0.05), self.settings.report_poll_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=wait)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        async with AsyncExitStack() as stack:
+            await self.health.start()
+            stack.push_async_callback(self.health.stop)
+            self.clients = await stack.enter_async_context(open_clients(s.aws()))
+            stack.push_async_callback(self.broker.stop)
+            await ensure_streams(self.broker)
+            self.reporter = build_reporter(s, self.clients, self._publish, self.clock)
+            start_background(stack, self.heartbeat.run, "reporter-heartbeat")
+            log.info(
+                "reporter_started",
+                owner=self.reporter.owner,
+                catchup_days=s.report_catchup_days,
+                generator=s.report_generator,
+            )
+            await self._loop(stop)
+
+
+def main() -> None:
+    settings = ReporterSettings()
+    aegis_logging.configure(settings.log_format, settings.log_level)
+    run_service(ReporterApp(settings).run)
