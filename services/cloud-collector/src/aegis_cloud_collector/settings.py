@@ -38,7 +38,14 @@ class CollectorSettings(AegisSettings):
 
     # heartbeats: services that must have a live replica (any other service seen is checked too)
     expected_services: CommaList = Field(
-        default=["ingest", "processor", "aggregator", "cloud-collector", "alert-dispatcher"]
+        default=[
+            "ingest",
+            "processor",
+            "aggregator",
+            "cloud-collector",
+            "alert-dispatcher",
+            "reporter",
+        ]
     )
     heartbeat_missed: float = Field(default=3.0, gt=0)
 
