@@ -211,3 +211,32 @@ def test_the_template_is_deterministic_and_shows_missing_hours() -> None:
     assert "missing KST hours (no objects at all): 01, 02, 03" in text
     assert sparkline([0.0, 50.0, None, 100.0]) == "▁▅·█"
     assert duration(3725) == "1h 02m 05s" and duration(12.5) == "12.5s"
+
+
+def test_a_threshold_reason_names_its_sensor_by_source_or_by_older_detail() -> None:
+    from aegis_contracts.state import Reason  # noqa: PLC0415
+    from aegis_reporter.folds import _sensor_of  # noqa: PLC0415
+
+    sensors = {"co_ppm", "temperature_c"}
+    new = Reason(
+        code="CO_HIGH",
+        severity="WARNING",
+        detail="co_ppm 60 ppm >= warning threshold 50 ppm",
+        value=60,
+        source="sensors.co_ppm",
+    )
+    old = Reason(
+        code="CO_HIGH",
+        severity="WARNING",
+        detail="co_ppm 60 ppm >= warning threshold 50 ppm",
+        value=60,
+    )
+    camera = Reason(
+        code="FIRE_DETECTED",
+        severity="CRITICAL",
+        detail="fire detected by cam-1",
+        value=0.9,
+        source="cam-1",
+    )
+    assert _sensor_of(new, sensors) == "co_ppm" and _sensor_of(old, sensors) == "co_ppm"
+    assert _sensor_of(camera, sensors) is None

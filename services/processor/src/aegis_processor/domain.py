@@ -153,7 +153,8 @@ def sensor_reasons(state: FactoryState, rules: RiskRules) -> list[Reason]:
     """Known sensors against their thresholds; unknown sensor names are not scored."""
     reasons = []
     for name, rule in rules.sensors.items():
-        reason = _threshold_reason(name, state.sensors.get(name), rule)
+        # the sensor's name as the source: alerts and reports read it from there
+        reason = _threshold_reason(name, state.sensors.get(name), rule, f"sensors.{name}")
         if reason is not None:
             reasons.append(reason)
     return reasons

@@ -299,10 +299,16 @@ def append_run(runs: list[Run], run: Run) -> list[Run]:
 
 
 def _sensor_of(reason: Reason, sensors: Iterable[str]) -> str | None:
-    """The sensor a threshold reason is about: the processor's detail starts with its name."""
-    if reason.value is None or reason.source is not None:
+    """The sensor a threshold reason is about: its source ``sensors.{name}`` (records written
+    before the processor set it: the detail, which starts with the sensor's name)."""
+    if reason.value is None:
         return None
-    name = reason.detail.split(" ", 1)[0]
+    if reason.source is not None:
+        name = (
+            reason.source.removeprefix("sensors.") if reason.source.startswith("sensors.") else ""
+        )
+    else:
+        name = reason.detail.split(" ", 1)[0]
     return name if name in sensors else None
 
 
