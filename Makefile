@@ -41,6 +41,7 @@ unit: $(STAMP) ## only the tests that need no server
 
 bench: $(STAMP) ## benchmarks on this machine's servers: backend ceiling, baseline, AEGIS end to end
 	$(VENV)/bin/python tests/bench/pipeline.py --out bench-results/pipeline.json
+	$(VENV)/bin/python tests/bench/migrate.py --out bench-results/migrate.json
 
 fmt: $(STAMP) ## format and autofix
 	$(VENV)/bin/ruff format .
