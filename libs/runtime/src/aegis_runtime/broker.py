@@ -42,8 +42,10 @@ from faststream.nats import JStream, NatsBroker, PullSub
 from nats.aio.msg import Msg
 from nats.js import api
 
+from aegis_contracts.archive import raw_event_msg_id
 from aegis_contracts.errors import ContractError
-from aegis_contracts.subjects import STREAMS, StreamSpec, dead_letter_subject
+from aegis_contracts.events import RawArchived
+from aegis_contracts.subjects import STREAMS, StreamSpec, dead_letter_subject, raw_subject
 from aegis_contracts.times import utc_now
 from aegis_runtime.logging import bind_message
 from aegis_runtime.metrics import Metrics
@@ -347,6 +349,20 @@ async def publish(
     except (nats.errors.Error, TimeoutError) as err:
         raise PublishFailed(f"publish to {subject} (stream {stream_name}) failed: {err!r}") from err
     return bool(ack.duplicate)
+
+
+async def publish_raw_archived(
+    broker: NatsBroker, event: RawArchived, *, ack_timeout: float = 5.0
+) -> bool:
+    """Publish a RawArchived event the one way ingest and ``aegis replay`` both do: on its raw
+    subject, with the raw key as Nats-Msg-Id. Returns True if JetStream called it a duplicate."""
+    return await publish(
+        broker,
+        raw_subject(event.factory_id, event.source_type),
+        event,
+        msg_id=raw_event_msg_id(event),
+        ack_timeout=ack_timeout,
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""S3 object store: JSON put/get, listing, and the immutable put that raw/ relies on.
+"""S3 object store: JSON put/get, listing, the immutable put that raw/ relies on, and server-side
+copies (CopyObject, or UploadPartCopy parts above a threshold) that keep metadata and content type.
 
 ``put_immutable`` writes with ``If-None-Match: *``: a second put of the same bytes is a success
 (``duplicate``), a put of different bytes under an existing key raises :class:`Conflict` and never
@@ -7,6 +8,7 @@ overwrites. Bodies are serialized once by the caller or here, never twice.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -24,6 +26,20 @@ if TYPE_CHECKING:
 
 JSON = "application/json"
 DELETE_BATCH = 1000  # S3's limit per DeleteObjects; emulators do not enforce it, we do
+# CopyObject copies at most 5 GiB; above that S3 wants a multipart upload of UploadPartCopy parts
+COPY_OBJECT_MAX_BYTES = 5 * 1024**3
+COPY_PART_BYTES = 512 * 1024**2  # 5 MiB..5 GiB per part, at most 10,000 parts
+COPY_PART_MIN_BYTES = 5 * 1024**2
+COPY_MAX_PARTS = 10_000
+# the headers a multipart copy must carry over by hand (CopyObject copies them itself)
+_COPIED_HEADERS = (
+    "ContentType",
+    "ContentEncoding",
+    "ContentDisposition",
+    "ContentLanguage",
+    "CacheControl",
+    "Expires",
+)
 
 
 class PutOutcome(StrEnum):
@@ -45,6 +61,34 @@ class ObjectInfo:
     size_bytes: int
     etag: str
     last_modified: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    key: str
+    body: bytes
+    metadata: dict[str, str]
+    content_type: str
+    etag: str
+
+
+@dataclass(frozen=True, slots=True)
+class CopyResult:
+    key: str
+    etag: str
+    parts: int  # 0 for a CopyObject, else the number of UploadPartCopy parts
+
+
+def is_multipart_etag(etag: str) -> bool:
+    """An ETag of the form ``"<md5>-<parts>"`` is no MD5 of the body."""
+    return "-" in etag
+
+
+def copy_ranges(size: int, part_bytes: int) -> list[tuple[int, int]]:
+    """Inclusive byte ranges for UploadPartCopy: parts of ``part_bytes`` (grown so that there are
+    at most 10,000), the last one shorter."""
+    part = max(part_bytes, COPY_PART_MIN_BYTES, -(-size // COPY_MAX_PARTS))
+    return [(start, min(start + part, size) - 1) for start in range(0, size, part)]
 
 
 def to_json_bytes(value: BaseModel | Mapping[str, Any] | Sequence[Any]) -> bytes:
@@ -127,6 +171,102 @@ class ObjectStore:
             resp = await self._s3.get_object(Bucket=self.bucket, Key=key)
             async with resp["Body"] as stream:
                 return await stream.read()
+
+    async def get_object(self, key: str) -> StoredObject:
+        """Body, user metadata, content type and ETag in one GET."""
+        with translated(f"get s3://{self.bucket}/{key}"):
+            resp = await self._s3.get_object(Bucket=self.bucket, Key=key)
+            async with resp["Body"] as stream:
+                body = await stream.read()
+        return StoredObject(
+            key=key,
+            body=body,
+            metadata=dict(resp.get("Metadata", {})),
+            content_type=str(resp.get("ContentType", "")),
+            etag=str(resp.get("ETag", "")),
+        )
+
+    async def sha256(self, key: str) -> str:
+        """The SHA-256 of an object's body, streamed (for bodies whose ETag is no MD5)."""
+        digest = hashlib.sha256()
+        with translated(f"get s3://{self.bucket}/{key}"):
+            resp = await self._s3.get_object(Bucket=self.bucket, Key=key)
+            async with resp["Body"] as stream:
+                while chunk := await stream.read(1024 * 1024):
+                    digest.update(chunk)
+        return digest.hexdigest()
+
+    async def copy(
+        self,
+        source: ObjectInfo,
+        dest_key: str,
+        *,
+        if_absent: bool = False,
+        multipart_threshold: int = COPY_OBJECT_MAX_BYTES,
+        part_bytes: int = COPY_PART_BYTES,
+    ) -> CopyResult:
+        """Server-side copy of ``source`` to ``dest_key`` in this bucket, metadata and content type
+        kept. Pinned to the listed ETag (CopySourceIfMatch), so a source that changed since it was
+        listed is not copied. ``if_absent`` sends If-None-Match: * (a store that honours it raises
+        :class:`Conflict` when ``dest_key`` exists; moto 5 ignores it on CopyObject but honours
+        it on CompleteMultipartUpload, so callers that must never overwrite also check first)."""
+        if source.size_bytes > multipart_threshold:
+            return await self._copy_multipart(source, dest_key, if_absent, part_bytes)
+        conditions = {"IfNoneMatch": "*"} if if_absent else {}
+        with translated(f"copy s3://{self.bucket}/{source.key} to {dest_key}"):
+            resp = await self._s3.copy_object(
+                Bucket=self.bucket,
+                Key=dest_key,
+                CopySource={"Bucket": self.bucket, "Key": source.key},
+                CopySourceIfMatch=source.etag,
+                MetadataDirective="COPY",
+                **conditions,  # type: ignore[arg-type]
+            )
+        return CopyResult(dest_key, str(resp.get("CopyObjectResult", {}).get("ETag", "")), 0)
+
+    async def _copy_multipart(
+        self, source: ObjectInfo, dest_key: str, if_absent: bool, part_bytes: int
+    ) -> CopyResult:
+        what = f"multipart copy s3://{self.bucket}/{source.key} to {dest_key}"
+        head = await self.head(source.key)
+        if head is None:
+            raise NotFound(f"{what}: the source is gone")
+        headers = {h: head[h] for h in _COPIED_HEADERS if head.get(h)}
+        with translated(what):
+            upload = await self._s3.create_multipart_upload(
+                Bucket=self.bucket, Key=dest_key, Metadata=head.get("Metadata", {}), **headers
+            )
+        upload_id = upload["UploadId"]
+        try:
+            parts = []
+            for number, (first, last) in enumerate(copy_ranges(source.size_bytes, part_bytes), 1):
+                with translated(f"{what}: part {number}"):
+                    resp = await self._s3.upload_part_copy(
+                        Bucket=self.bucket,
+                        Key=dest_key,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        CopySource={"Bucket": self.bucket, "Key": source.key},
+                        CopySourceRange=f"bytes={first}-{last}",
+                        CopySourceIfMatch=source.etag,
+                    )
+                parts.append({"PartNumber": number, "ETag": resp["CopyPartResult"]["ETag"]})
+            conditions = {"IfNoneMatch": "*"} if if_absent else {}
+            with translated(f"{what}: complete"):
+                done = await self._s3.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=dest_key,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},  # type: ignore[typeddict-item]
+                    **conditions,  # type: ignore[arg-type]
+                )
+        except BaseException:
+            with contextlib.suppress(Exception), translated(f"{what}: abort"):
+                await self._s3.abort_multipart_upload(
+                    Bucket=self.bucket, Key=dest_key, UploadId=upload_id
+                )
+            raise
+        return CopyResult(dest_key, str(done.get("ETag", "")), len(parts))
 
     async def get_json(self, key: str) -> Any:
         return json.loads(await self.get_bytes(key))

@@ -19,10 +19,9 @@ from enum import StrEnum
 import structlog
 from faststream.nats import NatsBroker
 
-from aegis_contracts.subjects import raw_subject
 from aegis_ingest.domain import Archive, Reject, admit, conflict
 from aegis_ingest.settings import IngestSettings
-from aegis_runtime.broker import BrokerError, dead_letter, publish
+from aegis_runtime.broker import BrokerError, dead_letter, publish_raw_archived
 from aegis_runtime.logging import bind_message
 from aegis_runtime.metrics import Metrics
 from aegis_storage.errors import Conflict, StorageError
@@ -144,14 +143,8 @@ class IngestHandler:
             else:
                 # also after DUPLICATE: the first delivery may have died between the put and here;
                 # JetStream drops the second event by its msg_id inside the duplicate window.
-                # The msg_id is the raw key, not the bare message_id: de-duplication is per stream,
-                # and two devices may well both send "msg-00000001" within the window.
-                await publish(
-                    self.broker,
-                    raw_subject(decision.factory_id, decision.source_type),
-                    decision.event,
-                    msg_id=decision.key,
-                    ack_timeout=self.settings.nats_ack_timeout_seconds,
+                await publish_raw_archived(
+                    self.broker, decision.event, ack_timeout=self.settings.nats_ack_timeout_seconds
                 )
                 if put.outcome is PutOutcome.DUPLICATE:
                     return Outcome.DUPLICATE, None

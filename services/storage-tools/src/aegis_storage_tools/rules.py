@@ -1,0 +1,245 @@
+"""Mapping rules of ``aegis migrate``: where each legacy key goes, decided without I/O.
+
+A rule takes the keys under a source prefix to a target prefix (the relative path kept), or, with
+``rewrite = "aegis-raw-dated"``, a flat ``{factory_id}/{source_type}/{message_id}.json`` into the
+contract's dated raw layout using the object's arrival time. ``class`` says what the target is:
+``raw`` (immutable: never overwritten) or ``derived``. Sidecars (``*.success`` checkpoints) follow
+the seed-004 policy: ``beside`` the object, or under another prefix (``prod/``), since raw/ holds
+originals only. Rules come from a TOML file or a preset (``seed-004``, ``aegis-legacy``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from aegis_contracts.errors import ContractError
+from aegis_contracts.keys import RAW_PREFIX, raw_key
+
+BESIDE = "beside"
+DEFAULT_SIDECARS = ("*.success",)
+
+
+class TargetClass(StrEnum):
+    RAW = "raw"  # immutable originals: an existing object is never overwritten
+    DERIVED = "derived"
+
+
+class Rewrite(StrEnum):
+    PREFIX = "prefix"
+    AEGIS_RAW_DATED = "aegis-raw-dated"
+
+
+class RuleError(ValueError):
+    """A rule file or preset that cannot be used; the message names the rule and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    source: str
+    target: str
+    target_class: TargetClass = TargetClass.DERIVED
+    rewrite: Rewrite = Rewrite.PREFIX
+    exclude: tuple[str, ...] = ()
+    sidecar_patterns: tuple[str, ...] = DEFAULT_SIDECARS
+    sidecars: str = BESIDE  # BESIDE, or a prefix the sidecar's relative path goes under
+
+    @property
+    def needs_time(self) -> bool:
+        """The destination depends on the object's arrival time (a HEAD per object)."""
+        return self.rewrite is Rewrite.AEGIS_RAW_DATED
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    source: str
+    dest: str
+    rule: str
+    target_class: TargetClass
+    sidecar: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    source: str
+    rule: str | None
+    reason: str  # excluded | in_place | not_flat_legacy | no_rule
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    rules: tuple[Rule, ...]
+    name: str = "rules"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def source_prefixes(self) -> list[str]:
+        return sorted({r.source for r in self.rules})
+
+    def rule_for(self, key: str) -> Rule | None:
+        """The rule with the longest source prefix that ``key`` starts with."""
+        found = [r for r in self.rules if key.startswith(r.source)]
+        return max(found, key=lambda r: len(r.source)) if found else None
+
+
+def map_key(key: str, rules: RuleSet, *, at: datetime | None = None) -> Move | Skip:
+    """Where ``key`` goes. ``at`` (the object's arrival time) is needed by dated rewrites."""
+    rule = rules.rule_for(key)
+    if rule is None:
+        return Skip(key, None, "no_rule")
+    rel = key[len(rule.source) :]
+    if any(fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(key, p) for p in rule.exclude):
+        return Skip(key, rule.name, "excluded")
+    sidecar = any(fnmatch.fnmatchcase(rel, p) for p in rule.sidecar_patterns)
+    if sidecar and rule.sidecars != BESIDE:
+        return _move(key, f"{rule.sidecars}{rel}", rule, TargetClass.DERIVED, sidecar=True)
+    if rule.rewrite is Rewrite.AEGIS_RAW_DATED:
+        return _dated(key, rel, rule, at)
+    return _move(key, f"{rule.target}{rel}", rule, rule.target_class, sidecar=sidecar)
+
+
+def _move(key: str, dest: str, rule: Rule, cls: TargetClass, *, sidecar: bool) -> Move | Skip:
+    if dest == key:
+        return Skip(key, rule.name, "in_place")
+    return Move(key, dest, rule.name, cls, sidecar)
+
+
+def _dated(key: str, rel: str, rule: Rule, at: datetime | None) -> Move | Skip:
+    parts = rel.split("/")
+    if len(parts) != 3 or not parts[2].endswith(".json"):
+        return Skip(key, rule.name, "not_flat_legacy")  # already dated, or something else
+    if at is None:
+        raise ValueError(f"rule {rule.name!r} needs the arrival time of {key}")
+    try:
+        dest = raw_key(parts[0], parts[1], at, parts[2].removesuffix(".json"))
+    except ContractError:
+        return Skip(key, rule.name, "not_flat_legacy")
+    if not rule.target.startswith(RAW_PREFIX):  # the dated layout is the raw contract's
+        dest = rule.target + dest.removeprefix(RAW_PREFIX)
+    return _move(key, dest, rule, rule.target_class, sidecar=False)
+
+
+# -- presets and rule files -------------------------------------------------------------------
+
+
+def seed_004(*, sidecars: str = "prod/") -> RuleSet:
+    """Seed 004's two-tier move: datasets/ -> raw/ (immutable), processing/ -> prod/; prod/ stays.
+    ``.success`` checkpoints go to prod/ by default (raw/ keeps originals only) or ``beside``."""
+    return RuleSet(
+        (
+            Rule("datasets", "datasets/", "raw/", TargetClass.RAW, sidecars=sidecars),
+            Rule("processing", "processing/", "prod/", TargetClass.DERIVED),
+        ),
+        name="seed-004",
+    )
+
+
+def aegis_legacy() -> RuleSet:
+    """AEGIS's own legacy: ``latest/`` copies (nothing reads them) out of the way under
+    ``legacy/latest/``; flat ``raw/{f}/{source_type}/{id}.json`` into the dated raw layout."""
+    return RuleSet(
+        (
+            Rule("latest", "latest/", "legacy/latest/", TargetClass.DERIVED, sidecar_patterns=()),
+            Rule(
+                "flat-raw",
+                "raw/",
+                "raw/",
+                TargetClass.RAW,
+                rewrite=Rewrite.AEGIS_RAW_DATED,
+                sidecar_patterns=(),
+            ),
+        ),
+        name="aegis-legacy",
+    )
+
+
+PRESETS = {"seed-004": seed_004, "aegis-legacy": aegis_legacy}
+
+
+def preset(name: str, *, sidecars: str | None = None) -> RuleSet:
+    if name == "seed-004":
+        return seed_004(sidecars=sidecars or "prod/")
+    if name == "aegis-legacy":
+        return aegis_legacy()
+    raise RuleError(f"no preset {name!r}; presets: {', '.join(PRESETS)}")
+
+
+def load_rules(path: Path) -> RuleSet:
+    """Rules from a TOML file: ``[[rule]]`` tables with name, source, target, class, rewrite,
+    exclude, sidecar_patterns, sidecars."""
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise RuleError(f"{path}: {err}") from None
+    tables = doc.get("rule")
+    if not isinstance(tables, list) or not tables:
+        raise RuleError(f"{path}: no [[rule]] tables")
+    return RuleSet(tuple(parse_rule(t, i) for i, t in enumerate(tables, 1)), name=str(path))
+
+
+_FIELDS = {
+    "name",
+    "source",
+    "target",
+    "class",
+    "rewrite",
+    "exclude",
+    "sidecar_patterns",
+    "sidecars",
+}
+
+
+def parse_rule(table: Mapping[str, Any], number: int = 1) -> Rule:
+    name = str(table.get("name") or f"rule-{number}")
+    unknown = set(table) - _FIELDS
+    if unknown:
+        raise RuleError(f"rule {name!r}: unknown field(s) {sorted(unknown)}")
+    try:
+        source, target = _prefix(table["source"]), _prefix(table["target"])
+        rule = Rule(
+            name=name,
+            source=source,
+            target=target,
+            target_class=TargetClass(table.get("class", "derived")),
+            rewrite=Rewrite(table.get("rewrite", "prefix")),
+            exclude=_strings(table.get("exclude", ())),
+            sidecar_patterns=_strings(table.get("sidecar_patterns", DEFAULT_SIDECARS)),
+            sidecars=table.get("sidecars", BESIDE)
+            if table.get("sidecars", BESIDE) == BESIDE
+            else _prefix(table["sidecars"]),
+        )
+    except KeyError as err:
+        raise RuleError(f"rule {name!r}: {err.args[0]} is required") from None
+    except (ValueError, TypeError) as err:
+        raise RuleError(f"rule {name!r}: {err}") from None
+    if rule.target.startswith(RAW_PREFIX) and rule.target_class is not TargetClass.RAW:
+        raise RuleError(f"rule {name!r}: a target under raw/ is immutable: class must be raw")
+    if rule.target_class is TargetClass.RAW and not rule.target.startswith(RAW_PREFIX):
+        raise RuleError(f"rule {name!r}: class raw needs a target under raw/")
+    return rule
+
+
+def _prefix(value: object) -> str:
+    if not isinstance(value, str) or not value or value.startswith("/") or ".." in value:
+        raise ValueError(f"{value!r} is not a key prefix")
+    return value if value.endswith("/") else f"{value}/"
+
+
+def _strings(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise TypeError(f"{value!r} is not a list of patterns")
+    return tuple(str(v) for v in value)
+
+
+def describe(rules: Sequence[Rule]) -> list[str]:
+    return [
+        f"{r.name}: {r.source} -> {r.target} ({r.target_class.value}, {r.rewrite.value})"
+        for r in rules
+    ]

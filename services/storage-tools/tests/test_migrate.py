@@ -1,0 +1,237 @@
+"""``aegis migrate`` against the S3 emulator: seed 004's legacy layout moved onto raw/ + prod/.
+
+Each test has its own bucket (``foundation``); tens of objects, one 6 MiB object for the
+multipart path (the threshold lowered to 5 MiB, moto's smallest part)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from aegis_runtime.cli import app
+from aegis_storage.s3 import ObjectStore
+from aegis_storage_tools.migrate import CopyOptions, Journal, Migrator, plan
+from aegis_storage_tools.rules import seed_004
+
+pytestmark = pytest.mark.integration
+
+D = "country=us/category=news/date=2026-01-28"
+MIB = 1024 * 1024
+
+
+def legacy_objects() -> dict[str, tuple[bytes, str, dict[str, str]]]:
+    """key -> (body, content type, metadata): datasets/ with .success markers, processing/, prod/."""
+    objs: dict[str, tuple[bytes, str, dict[str, str]]] = {}
+    for i in range(1, 11):
+        name = f"raw_{i:04d}.json"
+        objs[f"datasets/{D}/{name}"] = (
+            json.dumps({"n": i}).encode(),
+            "application/json",
+            {"source": "crawler", "n": str(i)},
+        )
+        objs[f"datasets/{D}/{name}.success"] = (b"", "application/octet-stream", {})
+    for site in ("example.com", "example.org"):
+        base = f"processing/{D}/{site}"
+        objs[f"{base}/domain_metadata.json"] = (
+            b'{"site":"%s"}' % site.encode(),
+            "application/json",
+            {"stage": "silver"},
+        )
+        objs[f"{base}/robots.txt"] = (b"User-agent: *\nDisallow:\n", "text/plain", {})
+        objs[f"{base}/sitemap.xml"] = (b"<urlset/>", "application/xml", {"gz": "no"})
+    objs[f"prod/{D}/final/summary.json"] = (b'{"final":true}', "application/json", {})
+    return objs
+
+
+def expected_after(objs: dict[str, tuple[bytes, str, dict[str, str]]]) -> dict[str, Any]:
+    rules = seed_004()
+    out = {}
+    for key, value in objs.items():
+        from aegis_storage_tools.rules import Move, map_key  # noqa: PLC0415
+
+        mapped = map_key(key, rules)
+        out[mapped.dest if isinstance(mapped, Move) else key] = value
+    return out
+
+
+async def seed(store: ObjectStore, objs: dict[str, tuple[bytes, str, dict[str, str]]]) -> None:
+    for key, (body, ctype, meta) in objs.items():
+        await store.put_bytes(key, body, content_type=ctype, metadata=meta)
+
+
+async def state(store: ObjectStore) -> dict[str, tuple[bytes, str, dict[str, str]]]:
+    """Every object: body, content type, metadata."""
+    out = {}
+    for key in await store.list_keys(""):
+        got = await store.get_object(key)
+        out[key] = (got.body, got.content_type, got.metadata)
+    return out
+
+
+async def versions(store: ObjectStore) -> list[tuple[str, str]]:
+    resp = await store._s3.list_object_versions(Bucket=store.bucket)
+    return sorted(
+        [(v["Key"], v["VersionId"]) for v in resp.get("Versions", [])]
+        + [(m["Key"], m["VersionId"]) for m in resp.get("DeleteMarkers", [])]
+    )
+
+
+@pytest.fixture
+async def legacy(foundation: Any) -> ObjectStore:
+    await seed(foundation.store, legacy_objects())
+    return foundation.store  # type: ignore[no-any-return]
+
+
+def test_a_dry_run_changes_nothing(
+    legacy: ObjectStore, aws_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import asyncio  # noqa: PLC0415
+
+    before = asyncio.run(_versions_via_new_client(aws_endpoint, legacy.bucket))
+    monkeypatch.setenv("AEGIS_AWS_ENDPOINT_URL", aws_endpoint)
+    monkeypatch.setenv("AEGIS_BUCKET", legacy.bucket)
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(
+        app, ["migrate", "plan", "--preset", "seed-004", "--json", str(out), "--no-progress"]
+    )
+    assert result.exit_code == 0, result.output
+    planned = json.loads(out.read_text())
+    assert planned["rules"]["datasets"]["objects"] == 20  # 10 objects + 10 .success markers
+    assert planned["rules"]["datasets"]["copy"] == 20
+    assert planned["rules"]["processing"]["objects"] == 6
+    assert planned["skipped"] == {}  # prod/ is no source: it stays as it is
+    assert planned["conflicts"] == []
+    assert asyncio.run(_versions_via_new_client(aws_endpoint, legacy.bucket)) == before
+
+
+async def _versions_via_new_client(endpoint: str, bucket: str) -> list[tuple[str, str]]:
+    from aegis_storage.clients import AwsConfig, open_clients  # noqa: PLC0415
+
+    async with open_clients(AwsConfig(endpoint_url=endpoint)) as clients:
+        return await versions(ObjectStore(clients.s3, bucket))
+
+
+async def test_copy_only_leaves_sources(legacy: ObjectStore, tmp_path: Path) -> None:
+    objs = legacy_objects()
+    summary = await Migrator(legacy, seed_004(), journal=Journal(tmp_path / "j.json")).run(
+        delete=False
+    )
+    assert (summary.copied, summary.verified, summary.deleted, summary.failed) == (26, 26, 0, 0)
+    after = await state(legacy)
+    for key, value in objs.items():
+        assert after[key] == value  # every source still there, unchanged
+    for key, value in expected_after(objs).items():
+        assert after[key] == value
+
+
+async def test_a_full_run_leaves_each_object_once_at_its_destination(
+    legacy: ObjectStore, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal.json"
+    summary = await Migrator(legacy, seed_004(), journal=Journal(journal)).run()
+    assert (summary.copied, summary.verified, summary.deleted, summary.conflicts) == (26, 26, 26, 0)
+    assert await state(legacy) == expected_after(legacy_objects())  # bytes, type, metadata
+    doc = json.loads(journal.read_text())
+    assert {e["state"] for e in doc["objects"].values() if e.get("dest")} == {"deleted"}
+    assert doc["runs"][0]["summary"]["deleted"] == 26
+    again = await Migrator(legacy, seed_004(), journal=Journal(journal)).run()
+    assert (again.planned, again.copied, again.deleted) == (0, 0, 0)  # nothing twice
+    assert len(json.loads(journal.read_text())["runs"]) == 2
+
+
+async def test_an_interrupted_run_then_a_re_run_ends_as_a_clean_run(
+    legacy: ObjectStore, foundation: Any, tmp_path: Path
+) -> None:
+    # the clean run, in a bucket of its own
+    clean = ObjectStore(foundation.clients.s3, f"{legacy.bucket}-clean")
+    await foundation.clients.s3.create_bucket(
+        Bucket=clean.bucket, CreateBucketConfiguration={"LocationConstraint": "ap-south-1"}
+    )
+    await seed(clean, legacy_objects())
+    await Migrator(clean, seed_004()).run()
+
+    calls = 0
+    real_copy = legacy.copy
+
+    async def crashing_copy(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 9:
+            raise RuntimeError("injected crash in the middle of the copies")
+        return await real_copy(*args, **kwargs)
+
+    journal = tmp_path / "journal.json"
+    legacy.copy = crashing_copy  # type: ignore[method-assign]
+    with pytest.raises(ExceptionGroup):
+        await Migrator(
+            legacy, seed_004(), journal=Journal(journal), options=CopyOptions(concurrency=4)
+        ).run()
+    legacy.copy = real_copy  # type: ignore[method-assign]
+    interrupted = json.loads(journal.read_text())
+    assert 0 < sum(e.get("state") == "copied" for e in interrupted["objects"].values()) < 26
+    assert not any(e.get("state") == "deleted" for e in interrupted["objects"].values())
+
+    rerun = await Migrator(legacy, seed_004(), journal=Journal(journal)).run()
+    assert rerun.present >= 1 and rerun.copied + rerun.present == 26 and rerun.failed == 0
+    assert await state(legacy) == await state(clean)
+
+
+async def test_a_conflicting_destination_under_raw_is_reported_and_left_untouched(
+    legacy: ObjectStore, tmp_path: Path
+) -> None:
+    taken = f"raw/{D}/raw_0003.json"
+    await legacy.put_bytes(taken, b'{"someone":"else"}', metadata={"owner": "other"})
+    before = await legacy.get_object(taken)
+    the_plan = await plan(legacy, seed_004())
+    assert [(c.move.source, c.move.dest) for c in the_plan.conflicts] == [
+        (f"datasets/{D}/raw_0003.json", taken)
+    ]
+    summary = await Migrator(legacy, seed_004(), journal=Journal(tmp_path / "j.json")).run()
+    assert summary.conflicts == 1 and summary.deleted == 25
+    after = await legacy.get_object(taken)
+    assert (after.body, after.metadata, after.etag) == (before.body, before.metadata, before.etag)
+    assert await legacy.exists(f"datasets/{D}/raw_0003.json")  # the source is kept
+    entry = json.loads((tmp_path / "j.json").read_text())["objects"][f"datasets/{D}/raw_0003.json"]
+    assert entry["state"] == "conflict" and "another body" in entry["detail"]
+
+
+async def test_a_destination_that_appears_during_the_run_is_not_overwritten(
+    legacy: ObjectStore,
+) -> None:
+    # written after the plan's listing, before the copy: the check right before the copy sees it
+    taken = f"raw/{D}/raw_0005.json"
+    real_head = legacy.head
+
+    async def head_after_a_rival(key: str) -> Any:
+        if key == taken and not await legacy.exists(f"{taken}.rival"):
+            await legacy.put_bytes(f"{taken}.rival", b"")
+            await legacy.put_bytes(taken, b"rival")
+        return await real_head(key)
+
+    legacy.head = head_after_a_rival  # type: ignore[method-assign]
+    summary = await Migrator(legacy, seed_004()).run()
+    assert summary.conflicts == 1
+    assert await legacy.get_bytes(taken) == b"rival"
+    assert await legacy.exists(f"datasets/{D}/raw_0005.json")
+
+
+async def test_multipart_copy_above_the_threshold_keeps_bytes_type_and_metadata(
+    foundation: Any,
+) -> None:
+    store: ObjectStore = foundation.store
+    body = bytes(range(256)) * (6 * MIB // 256) + b"tail"
+    await store.put_bytes(
+        f"datasets/{D}/big.bin", body, content_type="application/x-big", metadata={"k": "v"}
+    )
+    options = CopyOptions(multipart_threshold=5 * MIB, part_bytes=5 * MIB)
+    summary = await Migrator(store, seed_004(), options=options).run()
+    assert (summary.copied, summary.verified, summary.deleted) == (1, 1, 1)
+    got = await store.get_object(f"raw/{D}/big.bin")
+    assert got.body == body
+    assert (got.content_type, got.metadata) == ("application/x-big", {"k": "v"})
+    assert got.etag.endswith('-2"')  # two UploadPartCopy parts
+    assert not await store.exists(f"datasets/{D}/big.bin")
