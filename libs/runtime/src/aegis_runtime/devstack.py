@@ -13,6 +13,8 @@ import asyncio
 import os
 import signal
 import sys
+import time
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -24,6 +26,9 @@ from aegis_storage.clients import open_clients
 
 LOCAL_ENDPOINT = "http://127.0.0.1:4566"
 FIRST_HEALTH_PORT = 8101
+# started first; the others once these answer /readyz (or after EARLY_READY_TIMEOUT_S)
+EARLY_SERVICES = frozenset({"ingest", "processor", "simulator"})
+EARLY_READY_TIMEOUT_S = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +104,8 @@ async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
         loop.add_signal_handler(sig, stop.set)
     procs: dict[str, asyncio.subprocess.Process] = {}
     async with asyncio.TaskGroup() as group:
-        for spec in specs:
+
+        async def spawn(spec: ServiceSpec) -> None:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -115,6 +121,16 @@ async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
             print(
                 f"aegis up: {spec.name} started, health http://127.0.0.1:{spec.health_port}/readyz"
             )
+
+        # the data path first: on a small machine, starting every service at once delays the
+        # moment the fleet shows by the time all of them take to import
+        early = [s for s in specs if s.name in EARLY_SERVICES]
+        for spec in early:
+            await spawn(spec)
+        await _until_ready(early, procs, stop, within=EARLY_READY_TIMEOUT_S)
+        for spec in specs:
+            if spec not in early and not stop.is_set():
+                await spawn(spec)
         if specs:
             print(
                 f"aegis up: the fleet: `make status` "
@@ -140,6 +156,35 @@ async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
         print(f"aegis up: stopped because {', '.join(crashed)} exited", file=sys.stderr)
         return 1
     return 0
+
+
+async def _until_ready(
+    specs: list[ServiceSpec],
+    procs: dict[str, asyncio.subprocess.Process],
+    stop: asyncio.Event,
+    *,
+    within: float,
+) -> None:
+    """Wait until each of ``specs`` answers /readyz (or exited, or ``stop``, or ``within`` s)."""
+
+    def ready(port: int) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + within
+    waiting = list(specs)
+    while waiting and not stop.is_set() and time.monotonic() < deadline:
+        answers = await asyncio.gather(*(asyncio.to_thread(ready, s.health_port) for s in waiting))
+        waiting = [
+            s
+            for s, ok in zip(waiting, answers, strict=True)
+            if not ok and procs[s.name].returncode is None
+        ]
+        if waiting:
+            await asyncio.sleep(0.25)
 
 
 def main() -> None:
