@@ -437,3 +437,53 @@ def _word(pattern: re.Pattern[str], value: str, what: str) -> str:
             f"invalid_{what}", f"{what} {value!r:.80} does not match {pattern.pattern}"
         )
     return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Orchestration (DESIGN §7, seed 003)
+
+# every job in one partition: a replica loads them all with one query; sk JOB#{job_id}
+JOB_REGISTRY_PK = "JOB#registry"
+JOB_SK_PREFIX = "JOB#"
+RUNNING_SK_PREFIX = "RUNNING#"
+EXEC_PK_PREFIX = "EXEC#"
+# claim-checked execution inputs (over the inline limit); see README "Orchestration storage"
+ORCHESTRATION_PREFIX = "orchestration/"
+_JOB_ID = re.compile(r"[a-z][a-z0-9_-]{0,47}")
+_EXECUTION_ID = re.compile(r"[A-Za-z0-9-]{8,64}")
+
+
+def job_sk(job_id: str) -> str:
+    """``JOB#{job_id}`` under ``JOB#registry``: one job definition (steps, params, conditions)."""
+    return f"{JOB_SK_PREFIX}{_word(_JOB_ID, job_id, 'job_id')}"
+
+
+def job_pk(job_id: str) -> str:
+    """``JOB#{job_id}``: the job's run slots (``RUNNING#{n}``, overlap_allowed of them)."""
+    return f"{JOB_SK_PREFIX}{_word(_JOB_ID, job_id, 'job_id')}"
+
+
+def running_sk(slot: int) -> str:
+    if not isinstance(slot, int) or not 0 <= slot < 1000:
+        raise ContractError("invalid_slot", f"slot {slot!r} is not 0..999")
+    return f"{RUNNING_SK_PREFIX}{slot:03d}"
+
+
+def exec_pk(job_id: str) -> str:
+    """``EXEC#{job_id}``: the execution log of one job (ttl 30 days)."""
+    return f"{EXEC_PK_PREFIX}{_word(_JOB_ID, job_id, 'job_id')}"
+
+
+def exec_sk(started_at: datetime, execution_id: str) -> str:
+    """``{started_at}#{execution_id}``: newest last; query_range reads a time span."""
+    return f"{format_ts(started_at)}#{_word(_EXECUTION_ID, execution_id, 'execution_id')}"
+
+
+def orchestration_input_key(job_id: str, started_at: datetime, execution_id: str, name: str) -> str:
+    """``orchestration/executions/{job_id}/yyyy=/mm=/dd=/{execution_id}/{name}.json``: a claim
+    check for an execution input or step value too large to keep inline."""
+    return (
+        f"{ORCHESTRATION_PREFIX}executions/{_word(_JOB_ID, job_id, 'job_id')}/"
+        f"{Partition.of(started_at).day_path}/{_word(_EXECUTION_ID, execution_id, 'execution_id')}/"
+        f"{_word(re.compile(r'[a-z][a-z0-9_.-]{0,63}'), name, 'name')}.json"
+    )

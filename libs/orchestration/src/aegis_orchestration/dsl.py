@@ -413,3 +413,34 @@ def references(expression: Expression) -> Iterable[str]:
             stack.append(node.value)
         elif isinstance(node, Compare):
             stack += [node.left, node.right]
+
+
+def canonical(text: str) -> str:
+    """A normal form of an expression for duplicate detection: no layout, AND/OR arguments
+    sorted (their order does not change the meaning), literals re-rendered. Raises
+    :class:`ConditionSyntaxError` like :func:`parse`."""
+    parse(text)  # the same refusals, with positions
+    return _render(_PARSER.parse(text))
+
+
+def _render(node: Tree[Token] | Token) -> str:  # noqa: PLR0911
+    import json  # noqa: PLC0415
+
+    if isinstance(node, Token):
+        return str(node)
+    if node.data == "call":
+        name_token, *args = node.children
+        parts = [_render(a) for a in args]
+        if str(name_token) in ("AND", "OR"):
+            parts = sorted(set(parts))
+            if len(parts) == 1 and str(name_token) == "AND":
+                return parts[0]
+        return f"{name_token}({','.join(parts)})"
+    if node.data == "path":
+        inner = str(node.children[0])[1:-1]
+        return "[" + "".join(inner.split()) + "]"
+    if node.data == "string":
+        return json.dumps(_unquote(str(node.children[0])))
+    if node.data == "number":
+        return repr(float(str(node.children[0])))
+    return str(node.data)

@@ -551,6 +551,46 @@ class ReadModel:
             return False
         return True
 
+    async def acquire_lease(
+        self, pk: str, sk: str, *, owner: str, now: datetime, until: datetime
+    ) -> bool:
+        """Hold ``pk``/``sk`` for ``owner`` until ``until`` if it is free or its lease has run out
+        (a holder that died does not keep it); False when someone else holds it."""
+        item = {
+            "pk": pk,
+            "sk": sk,
+            "owner": owner,
+            "since": format_ts(now),
+            "until": format_ts(until),
+        }
+        try:
+            with translated(f"lease {pk}/{sk}"):
+                await self._ddb.put_item(
+                    TableName=self.table,
+                    Item=to_attributes(item),
+                    ConditionExpression="attribute_not_exists(pk) OR #until < :now",
+                    ExpressionAttributeNames={"#until": "until"},
+                    ExpressionAttributeValues={":now": {"S": format_ts(now)}},
+                )
+        except Conflict:
+            return False
+        return True
+
+    async def release_lease(self, pk: str, sk: str, *, owner: str) -> bool:
+        """Give a lease back (only its owner can); False when it was taken over meanwhile."""
+        try:
+            with translated(f"release {pk}/{sk}"):
+                await self._ddb.delete_item(
+                    TableName=self.table,
+                    Key={"pk": {"S": pk}, "sk": {"S": sk}},
+                    ConditionExpression="#owner = :owner",
+                    ExpressionAttributeNames={"#owner": "owner"},
+                    ExpressionAttributeValues={":owner": {"S": owner}},
+                )
+        except Conflict:
+            return False
+        return True
+
     async def finish_window(
         self, job: str, window_start: datetime, *, owner: str, now: datetime
     ) -> bool:

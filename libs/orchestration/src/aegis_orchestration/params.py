@@ -1,0 +1,180 @@
+"""Step parameter resolution (the seed's ``resolveStepParams``), with type coercion, defaults,
+``is_required``, ``max_length`` and conditional params, over one execution context:
+
+    {"trigger": {...}, "payload": {...}, "steps": {step_id: output}, "globals": {...},
+     "errors": {step_id: {"Error", "Cause"}}, "loops": {...}}
+
+Errors: :class:`ParamError` (a ``ValueError``) naming the param; it fails the step, so the step's
+retry and catch path apply.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from jsonpath_ng.exceptions import JsonPathLexerError, JsonPathParserError
+from jsonpath_ng.parser import parse as parse_jsonpath
+
+from aegis_orchestration.dsl import parse
+from aegis_orchestration.model import DataType, Job, SourceType, StepParam
+
+ENV_PREFIX = "AEGIS_JOB_"
+_PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_MISSING = object()
+
+
+class ParamError(ValueError):
+    def __init__(self, param: StepParam, message: str) -> None:
+        super().__init__(f"param {param.param_key!r} ({param.id}): {message}")
+        self.param_id = param.id
+
+
+def lookup(document: Any, path: str | None) -> Any:
+    """The first value of JSONPath ``path`` in ``document``; ``_MISSING`` when there is none."""
+    if not path:
+        return _MISSING
+    try:
+        matches = parse_jsonpath(path if path.startswith("$") else f"$.{path}").find(document)
+    except (JsonPathLexerError, JsonPathParserError, Exception):
+        return _MISSING
+    if not matches:
+        return _MISSING
+    if len(matches) == 1:
+        return matches[0].value
+    return [m.value for m in matches]
+
+
+def source_value(  # noqa: PLR0911 - one return per source
+    param: StepParam,
+    context: Mapping[str, Any],
+    environment: Mapping[str, str],
+) -> Any:
+    match param.source_type:
+        case SourceType.TRIGGER_DATA:
+            return lookup(context.get("trigger"), param.ref_path)
+        case SourceType.PAYLOAD:
+            return lookup(context.get("payload"), param.ref_path)
+        case SourceType.RETURN_DATA:
+            return lookup(context.get("steps"), param.ref_path)
+        case SourceType.GLOBAL_TASK_PARAMETER:
+            globals_ = context.get("globals") or {}
+            return globals_.get(param.ref_path or "", _MISSING)
+        case SourceType.STATIC:
+            return _MISSING if param.param_value is None else param.param_value
+        case SourceType.ENVIRONMENT:
+            if param.param_value is None:
+                return _MISSING
+            return _environment(param, str(param.param_value), environment)
+
+
+def _environment(param: StepParam, template: str, environment: Mapping[str, str]) -> str:
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if not name.startswith(ENV_PREFIX):
+            raise ParamError(param, f"only {ENV_PREFIX}* variables may be read, not {name}")
+        if name not in environment:
+            raise ParamError(param, f"environment variable {name} is not set")
+        return environment[name]
+
+    return _PLACEHOLDER.sub(one, template)
+
+
+def coerce(param: StepParam, value: Any) -> Any:  # noqa: PLR0911, PLR0912 - one branch per type
+    kind = param.data_type
+    try:
+        if kind is DataType.STRING:
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                text = str(value)
+            if param.max_length is not None and len(text) > param.max_length:
+                raise ParamError(param, f"longer than max_length {param.max_length}")
+            return text
+        if kind in (DataType.NUMBER, DataType.INTEGER):
+            if isinstance(value, bool):
+                raise ParamError(param, "a boolean is not a number")
+            number = float(value)
+            if not math.isfinite(number):
+                raise ParamError(param, "not a finite number")
+            if kind is DataType.INTEGER:
+                if number != int(number):
+                    raise ParamError(param, f"{value!r} is not an integer")
+                return int(number)
+            return int(number) if number == int(number) and isinstance(value, int) else number
+        if kind is DataType.BOOLEAN:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().upper() in ("Y", "YES", "TRUE", "1"):
+                return True
+            if isinstance(value, str) and value.strip().upper() in ("N", "NO", "FALSE", "0"):
+                return False
+            if isinstance(value, int | float):
+                return bool(value)
+            raise ParamError(param, f"{value!r} is not a boolean")
+        if kind in (DataType.JSON, DataType.OBJECT, DataType.ARRAY):
+            result = json.loads(value) if isinstance(value, str) else value
+            if param.max_length is not None and len(json.dumps(result)) > param.max_length:
+                raise ParamError(param, f"longer than max_length {param.max_length}")
+            return result
+    except (TypeError, ValueError) as err:
+        if isinstance(err, ParamError):
+            raise
+        raise ParamError(param, f"{value!r:.80} is not {kind.value}") from None
+
+
+def resolve_params(
+    job: Job,
+    step_id: str,
+    context: Mapping[str, Any],
+    environment: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The input of one step: its top-level params by ``param_key`` (nested ones inside)."""
+    params = job.params_of(step_id)
+    env = environment or {}
+    return _resolve_level(params, None, context, env)
+
+
+def _resolve_level(
+    params: list[StepParam],
+    parent: str | None,
+    context: Mapping[str, Any],
+    env: Mapping[str, str],
+) -> dict[str, Any]:
+    level = sorted(
+        (p for p in params if p.parent_param_id == parent),
+        key=lambda p: (p.param_index or 0, p.param_seq or 0, p.id),
+    )
+    resolved: dict[str, Any] = {}
+    for param in level:
+        value = _resolve_one(param, params, context, env)
+        if value is not _MISSING:
+            resolved[param.param_key] = value
+    return resolved
+
+
+def _resolve_one(
+    param: StepParam,
+    params: list[StepParam],
+    context: Mapping[str, Any],
+    env: Mapping[str, str],
+) -> Any:
+    if param.condition_expr and not parse(param.condition_expr)(context):
+        return _MISSING
+    if param.data_type in (DataType.OBJECT, DataType.ARRAY) and any(
+        p.parent_param_id == param.id for p in params
+    ):
+        nested = _resolve_level(params, param.id, context, env)
+        value: Any = nested if param.data_type is DataType.OBJECT else list(nested.values())
+    else:
+        value = source_value(param, context, env)
+    if value is _MISSING or value is None:
+        if param.default_value is not None:
+            value = param.default_value
+        elif param.is_required:
+            raise ParamError(param, "required, and its source has no value")
+        else:
+            return _MISSING
+    return coerce(param, value)

@@ -1,0 +1,188 @@
+"""Triggers: what an event means to the job model, the index that finds the jobs an event can
+start, and the fires of cron schedules.
+
+An event is reduced to a :class:`Trigger`: (trigger type, object id, sub type) and its data, the
+document trigger conditions and TRIGGER_DATA params read. The :class:`TriggerIndex` keeps the
+firing jobs by that triple, so evaluating an event touches only its own jobs (plus those
+registered with ``*`` for object or sub type), each with its condition compiled once.
+
+- BizObject: a read-model change (``ChangeEvent``): object = entity (``factory_latest``), sub type
+  Insert/Update/Delete, data ``{table, pk, sk, beforeData, afterData}``.
+- Platform: a device message (``RawArchived``): object = source type, sub type ``Insert``, data the
+  event plus ``payload`` when the message is small JSON.
+- Automation: a system event: object = its producer (``alert-dispatcher``), sub type = its kind
+  (``alert_sent``), data ``{kind, producer, at, detail}``.
+- Component: an S3 object written (``ObjectCreated``): object = key family, sub type ``Insert``.
+- Schedule: a cron fire: data ``{scheduled_for, time_zone}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
+
+from aegis_orchestration.dsl import Expression, parse
+from aegis_orchestration.model import Job, MisfirePolicy, TriggerType
+
+SUB_TYPES = {"INSERT": "Insert", "MODIFY": "Update", "REMOVE": "Delete"}
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    type: TriggerType
+    object_id: str
+    sub_type: str
+    data: dict[str, Any]
+
+
+def biz_object_trigger(change: Mapping[str, Any], entity: str) -> Trigger:
+    return Trigger(
+        TriggerType.BIZ_OBJECT,
+        entity,
+        SUB_TYPES.get(str(change.get("event_name")), str(change.get("event_name"))),
+        {
+            "table": change.get("table"),
+            "pk": change.get("pk"),
+            "sk": change.get("sk"),
+            "beforeData": change.get("old_image"),
+            "afterData": change.get("new_image"),
+            "at": change.get("at"),
+        },
+    )
+
+
+def platform_trigger(raw: Mapping[str, Any]) -> Trigger:
+    data = dict(raw)
+    text = raw.get("payload_text")
+    if isinstance(text, str):
+        try:
+            data["payload"] = json.loads(text)
+        except ValueError:
+            data["payload"] = None
+        data.pop("payload_text", None)
+    return Trigger(TriggerType.PLATFORM, str(raw.get("source_type")), "Insert", data)
+
+
+def automation_trigger(event: Mapping[str, Any]) -> Trigger:
+    return Trigger(
+        TriggerType.AUTOMATION, str(event.get("producer")), str(event.get("kind")), dict(event)
+    )
+
+
+def component_trigger(created: Mapping[str, Any], family: str) -> Trigger:
+    return Trigger(TriggerType.COMPONENT, family, "Insert", dict(created))
+
+
+def schedule_trigger(job: Job, scheduled_for: datetime) -> Trigger:
+    return Trigger(
+        TriggerType.SCHEDULE,
+        job.object_id or "*",
+        job.trigger_sub_type or "*",
+        {"scheduled_for": scheduled_for.isoformat(), "time_zone": job.time_zone, "job_id": job.id},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    job: Job
+    condition: Expression | None
+
+
+class TriggerIndex:
+    """The firing event-triggered jobs by (type, object, sub type); rebuilt on every change."""
+
+    def __init__(self, jobs: Iterable[Job] = ()) -> None:
+        self._by_key: dict[tuple[str, str, str], list[_Entry]] = {}
+        self._jobs: dict[str, Job] = {}
+        for job in jobs:
+            self.put(job)
+
+    def put(self, job: Job) -> None:
+        self.remove(job.id)
+        self._jobs[job.id] = job
+        if not job.fires or job.trigger_type is TriggerType.SCHEDULE:
+            return
+        condition = parse(job.trigger_condition_expr) if job.trigger_condition_expr else None
+        self._by_key.setdefault(job.trigger_key(), []).append(_Entry(job, condition))
+
+    def remove(self, job_id: str) -> None:
+        old = self._jobs.pop(job_id, None)
+        if old is None:
+            return
+        entries = self._by_key.get(old.trigger_key(), [])
+        entries[:] = [e for e in entries if e.job.id != job_id]
+
+    def jobs(self) -> list[Job]:
+        return list(self._jobs.values())
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def schedules(self) -> list[Job]:
+        return [
+            j for j in self._jobs.values() if j.fires and j.trigger_type is TriggerType.SCHEDULE
+        ]
+
+    def matching(self, trigger: Trigger) -> list[Job]:
+        """The jobs this trigger starts: same key (or ``*``), condition holds (never raises)."""
+        t, o, s = trigger.type.value, trigger.object_id, trigger.sub_type
+        found: list[Job] = []
+        for key in {(t, o, s), (t, "*", s), (t, o, "*"), (t, "*", "*")}:
+            for entry in self._by_key.get(key, ()):
+                if entry.condition is None or entry.condition(trigger.data):
+                    found.append(entry.job)
+        return found
+
+
+# -- schedules ------------------------------------------------------------------------------------
+
+
+def fires_between(cron: str, time_zone: str, after: datetime, until: datetime) -> list[datetime]:
+    """Cron fires in ``(after, until]`` (aware datetimes; the cron is read in ``time_zone``)."""
+    tz = ZoneInfo(time_zone)
+    it = croniter(cron, after.astimezone(tz))
+    fires: list[datetime] = []
+    while True:
+        nxt = it.get_next(datetime)
+        if nxt > until:
+            return fires
+        fires.append(nxt)
+        if len(fires) > 10_000:
+            return fires
+
+
+def next_fire(cron: str, time_zone: str, after: datetime) -> datetime:
+    it = croniter(cron, after.astimezone(ZoneInfo(time_zone)))
+    result: datetime = it.get_next(datetime)
+    return result
+
+
+def due_fires(
+    job: Job,
+    last_checked: datetime | None,
+    now: datetime,
+    *,
+    tick: timedelta = timedelta(seconds=2),
+) -> list[datetime]:
+    """The fires of ``job`` to run now. After a tick at ``last_checked``, every fire since is on
+    time. On a replica's first tick, fires within ``misfire_grace_s`` were missed (nobody ran, or
+    another replica did: the per-fire claim tells) and are caught up by the misfire policy; a fire
+    within the last ``tick`` counts as on time."""
+    assert job.trigger_cron is not None
+    if last_checked is not None:
+        return fires_between(job.trigger_cron, job.time_zone, last_checked, now)
+    window = max(timedelta(seconds=job.misfire_grace_s), tick)
+    fires = fires_between(job.trigger_cron, job.time_zone, now - window, now)
+    on_time = [f for f in fires if f > now - tick]
+    missed = [f for f in fires if f <= now - tick]
+    if not missed or job.misfire_policy is MisfirePolicy.SKIP:
+        return on_time
+    if job.misfire_policy is MisfirePolicy.FIRE_ONCE:
+        return on_time or missed[-1:]
+    return missed + on_time

@@ -1,0 +1,293 @@
+"""Composition root of the orchestrator: trigger sources (read-model change events, device
+messages, system events, cron schedules), the in-memory trigger index refreshed by job change
+events, the runner, heartbeats and health."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import structlog
+from faststream.nats import NatsBroker, NatsMessage
+from faststream.nats.subscriber.usecases import PullStreamSubscriber
+
+from aegis_contracts.events import ChangeEvent, RawArchived, SystemEvent
+from aegis_contracts.subjects import CHANGES, STREAMS, SYSTEM, StreamSpec, change_subject
+from aegis_contracts.times import Clock, utc_now
+from aegis_orchestration.model import Job
+from aegis_orchestration.params import ENV_PREFIX
+from aegis_orchestration.triggers import (
+    Trigger,
+    TriggerIndex,
+    automation_trigger,
+    biz_object_trigger,
+    due_fires,
+    platform_trigger,
+    schedule_trigger,
+)
+from aegis_orchestration.yamlio import load_jobs
+from aegis_orchestrator.runner import Runner
+from aegis_orchestrator.settings import OrchestratorSettings
+from aegis_orchestrator.store import DuplicateJob, JobStore
+from aegis_orchestrator.tasks import Tasks
+from aegis_runtime import logging as aegis_logging
+from aegis_runtime.broker import create_broker, durable_pull, ensure_streams, nats_ready, publish
+from aegis_runtime.health import HealthServer
+from aegis_runtime.heartbeat import HeartbeatPublisher, instance_id
+from aegis_runtime.lifecycle import run_service, start_background
+from aegis_runtime.metrics import Metrics
+from aegis_storage.clients import AwsClients, open_clients
+from aegis_storage.errors import Conflict
+from aegis_storage.readmodel import ReadModel
+from aegis_storage.s3 import ObjectStore
+
+log = structlog.get_logger(__name__)
+
+EVENTS_STREAM = next(s for s in STREAMS if s.name == "AEGIS_EVENTS")
+RAW_STREAM = next(s for s in STREAMS if s.name == "AEGIS_RAW")
+JOB_ENTITY = "orch_job"
+CLAIM_TTL = timedelta(days=7)
+
+
+def job_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """What ENVIRONMENT params may read: ``AEGIS_JOB_*`` only (never the service's secrets)."""
+    return {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
+
+
+class OrchestratorApp:
+    def __init__(
+        self,
+        settings: OrchestratorSettings,
+        *,
+        clock: Clock = utc_now,
+        environment: Mapping[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.environment = job_environment(os.environ if environment is None else environment)
+        self.metrics = Metrics(settings.service)
+        self.fired = self.metrics.counter(
+            "orchestrator_executions_started_total",
+            "Executions started by trigger type.",
+            ("trigger",),
+        )
+        self.broker: NatsBroker = create_broker(
+            settings, name=settings.service, metrics=self.metrics
+        )
+        self.health = HealthServer(self.metrics, settings.health_host, settings.health_port)
+        self.health.add_check("nats", nats_ready(self.broker))
+        self.health.add_check("storage", self._storage_ready)
+        self.heartbeat = HeartbeatPublisher.for_service(self.broker, settings, self.health, clock)
+        self.owner = instance_id()
+        self.index = TriggerIndex()
+        self.clients: AwsClients | None = None
+        self.store: JobStore | None = None
+        self.runner: Runner | None = None
+        self._stack: AsyncExitStack | None = None
+        self._checked: dict[str, datetime] = {}
+        durable = settings.orchestrator_durable
+
+        def consumer(
+            spec: StreamSpec, name: str, subject: str | None = None
+        ) -> PullStreamSubscriber:
+            return durable_pull(
+                self.broker,
+                spec,
+                f"{durable}-{name}",
+                subject=subject,
+                batch_size=settings.batch_size,
+                fetch_timeout=settings.fetch_timeout_s,
+                ack_wait=settings.ack_wait_s,
+                max_deliver=settings.max_deliver,
+            )
+
+        @consumer(EVENTS_STREAM, "changes", f"{CHANGES}.>")
+        async def on_change(event: ChangeEvent, msg: NatsMessage) -> None:
+            entity = msg.raw_message.subject.rsplit(".", 1)[-1]
+            self.handle(biz_object_trigger(event.model_dump(mode="json"), entity))
+
+        @consumer(EVENTS_STREAM, "events", f"{SYSTEM}.>")
+        async def on_system(event: SystemEvent) -> None:
+            self.handle(automation_trigger(event.model_dump(mode="json")))
+
+        @consumer(RAW_STREAM, "raw")
+        async def on_raw(event: RawArchived) -> None:
+            self.handle(platform_trigger(event.model_dump(mode="json")))
+
+        # every replica hears every job change (core NATS, no queue group): no per-event DB read
+        @self.broker.subscriber(change_subject(JOB_ENTITY))
+        async def on_job_change(event: ChangeEvent) -> None:
+            await self.reload(event.sk.removeprefix("JOB#"))
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    async def refresh(self) -> int:
+        assert self.store is not None
+        jobs = await self.store.all()
+        self.index = TriggerIndex(jobs)
+        return len(jobs)
+
+    async def reload(self, job_id: str) -> Job | None:
+        assert self.store is not None
+        job = await self.store.get(job_id)
+        if job is None:
+            self.index.remove(job_id)
+        else:
+            self.index.put(job)
+        log.info("job_reloaded", job_id=job_id, found=job is not None)
+        return job
+
+    def handle(self, trigger: Trigger) -> list[Job]:
+        """Start the jobs ``trigger`` fires (in the background); returns them."""
+        jobs = self.index.matching(trigger)
+        for job in jobs:
+            self.launch(job, trigger)
+        return jobs
+
+    def launch(self, job: Job, trigger: Trigger) -> asyncio.Task[dict[str, Any]]:
+        if self.runner is None:
+            raise RuntimeError("the orchestrator is not started")  # nacked: retried later
+        self.fired.labels(trigger=trigger.type.value).inc()
+        log.info("execution_started", job_id=job.id, trigger=trigger.type.value)
+        return self.runner.start(job, trigger)
+
+    async def tick_schedules(self) -> list[tuple[str, datetime]]:
+        """Claim and start the due fires of every schedule job; returns what this replica ran."""
+        assert self.clients is not None
+        readmodel = ReadModel(self.clients.dynamodb, self.settings.table)
+        now = self.clock()
+        started: list[tuple[str, datetime]] = []
+        for job in self.index.schedules():
+            for fire in due_fires(job, self._checked.get(job.id), now):
+                claimed = await readmodel.claim_window(
+                    f"orch-{job.id}",
+                    fire,
+                    owner=self.owner,
+                    now=now,
+                    ttl=int((now + CLAIM_TTL).timestamp()),
+                )
+                if claimed:
+                    self.launch(job, schedule_trigger(job, fire))
+                    started.append((job.id, fire))
+            self._checked[job.id] = now
+        return started
+
+    async def _schedule_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.tick_schedules()
+            except Exception:
+                log.exception("schedule_tick_failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.orchestrator_schedule_tick_s)
+
+    async def _refresh_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.orchestrator_refresh_s)
+            if not stop.is_set():
+                try:
+                    await self.refresh()
+                except Exception:
+                    log.exception("job_refresh_failed")
+
+    async def register_file(self, path: Path) -> list[str]:
+        """Register the jobs of a YAML file that are not registered yet (``make run``)."""
+        assert self.store is not None
+        added: list[str] = []
+        for job in load_jobs(await asyncio.to_thread(path.read_text)):
+            try:
+                await self.store.register(job)
+            except (Conflict, DuplicateJob) as err:
+                log.info("example_job_kept", job_id=job.id, reason=str(err))
+                continue
+            added.append(job.id)
+        return added
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def _storage_ready(self) -> bool:
+        if self.clients is None:
+            return False
+        await self.clients.dynamodb.describe_table(TableName=self.settings.table)
+        return True
+
+    async def _publish(self, subject: str, event: SystemEvent, msg_id: str) -> bool:
+        return await publish(self.broker, subject, event, msg_id=msg_id)
+
+    async def start(self) -> None:
+        s = self.settings
+        stack = self._stack = AsyncExitStack()
+        try:
+            await self.health.start()
+            stack.push_async_callback(self.health.stop)
+            self.clients = await stack.enter_async_context(open_clients(s.aws()))
+            session = await stack.enter_async_context(aiohttp.ClientSession())
+            readmodel = ReadModel(self.clients.dynamodb, s.table)
+            self.store = JobStore(readmodel, self.clock)
+            self.runner = Runner(
+                store=self.store,
+                readmodel=readmodel,
+                objects=ObjectStore(self.clients.s3, s.bucket),
+                tasks=Tasks(
+                    session=session,
+                    readmodel=readmodel,
+                    publish=self._publish,
+                    clock=self.clock,
+                    slack_webhook_url=(
+                        s.slack_webhook_url.get_secret_value() if s.slack_webhook_url else None
+                    ),
+                    commands=s.orchestrator_commands,
+                    command_timeout=s.orchestrator_command_timeout_s,
+                ),
+                clock=self.clock,
+                environment=self.environment,
+                owner=self.owner,
+                lease=timedelta(seconds=s.orchestrator_run_lease_s),
+                inline_limit=s.orchestrator_inline_limit_bytes,
+                log_inline=s.orchestrator_log_inline_bytes,
+                log_ttl=timedelta(days=s.orchestrator_log_ttl_days),
+            )
+            stack.push_async_callback(self.runner.drain, 20.0)
+            jobs_file = Path(s.orchestrator_jobs_file) if s.orchestrator_jobs_file else None
+            if jobs_file is not None and await asyncio.to_thread(jobs_file.is_file):
+                added = await self.register_file(jobs_file)
+                log.info("example_jobs_registered", file=s.orchestrator_jobs_file, added=added)
+            count = await self.refresh()
+            await ensure_streams(self.broker)
+            stack.push_async_callback(self.broker.stop)
+            await self.broker.start()
+            start_background(stack, self.heartbeat.run, "orchestrator-heartbeat")
+            start_background(stack, self._schedule_loop, "orchestrator-schedules")
+            start_background(stack, self._refresh_loop, "orchestrator-refresh")
+        except BaseException:
+            await stack.aclose()
+            raise
+        log.info("orchestrator_started", jobs=count, owner=self.owner)
+
+    async def stop(self) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+        self.runner = None
+        self.clients = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
+
+def main() -> None:
+    settings = OrchestratorSettings()
+    aegis_logging.configure(settings.log_format, settings.log_level)
+    run_service(OrchestratorApp(settings).run)

@@ -1,0 +1,36 @@
+"""Orchestrator settings: the shared AEGIS ones plus its consumers, schedules and limits."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from aegis_runtime.settings import AegisSettings
+
+
+class OrchestratorSettings(AegisSettings):
+    """``AEGIS_*`` variables (``AEGIS_ORCHESTRATOR_JOBS_FILE`` etc.)."""
+
+    service: str = "orchestrator"
+    # durable consumers: one per trigger source, shared by the replicas
+    orchestrator_durable: str = Field(default="orchestrator", pattern=r"^[A-Za-z0-9_-]{1,48}$")
+    # jobs registered at start when absent (`make run`); empty: none
+    orchestrator_jobs_file: str = "deploy/jobs/examples.yaml"
+    # safety net beside the change events that refresh the in-memory jobs
+    orchestrator_refresh_s: float = Field(default=60.0, gt=0)
+    orchestrator_schedule_tick_s: float = Field(default=1.0, gt=0)
+    # a run slot (overlap_allowed) is held at most this long if its replica dies
+    orchestrator_run_lease_s: float = Field(default=3600.0, gt=0)
+    # execution inputs above this many bytes go to S3 by reference (claim check)
+    orchestrator_inline_limit_bytes: int = Field(default=256 * 1024, ge=1024)
+    # step values in the execution log above this go to S3 too (DynamoDB items stop at 400 KB)
+    orchestrator_log_inline_bytes: int = Field(default=16 * 1024, ge=256)
+    orchestrator_log_ttl_days: float = Field(default=30.0, gt=0)
+    # `aegis` subcommands a RUN_COMMAND step may run
+    orchestrator_commands: list[str] = Field(
+        default_factory=lambda: ["aggregate", "report", "status"]
+    )
+    orchestrator_command_timeout_s: float = Field(default=600.0, gt=0)
+    batch_size: int = Field(default=16, ge=1, le=256)
+    fetch_timeout_s: float = Field(default=1.0, gt=0)
+    ack_wait_s: float = Field(default=60.0, gt=0)
+    max_deliver: int = Field(default=5, ge=1)

@@ -1,0 +1,135 @@
+"""TASK executors: Slack, HTTP webhook, publish a system event, run an allow-listed ``aegis``
+subcommand, query the read model. Each raises on failure; the engine retries and catches."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+
+from aegis_contracts.events import SystemEvent
+from aegis_contracts.subjects import system_subject
+from aegis_orchestration.engine import Executor
+from aegis_orchestration.model import Job, JobStep, TaskKind
+from aegis_orchestration.query import build_query
+from aegis_storage.readmodel import ReadModel
+
+Publish = Callable[[str, SystemEvent, str], Awaitable[bool]]
+SERVICE = "orchestrator"
+
+
+class TaskFailed(Exception):
+    pass
+
+
+class Tasks:
+    def __init__(
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        readmodel: ReadModel,
+        publish: Publish,
+        clock: Callable[[], datetime],
+        slack_webhook_url: str | None,
+        commands: list[str],
+        command_timeout: float,
+    ) -> None:
+        self.session = session
+        self.readmodel = readmodel
+        self.publish = publish
+        self.clock = clock
+        self.slack_webhook_url = slack_webhook_url
+        self.commands = set(commands)
+        self.command_timeout = command_timeout
+
+    def executors(self, job: Job, execution_id: str) -> dict[TaskKind, Executor]:
+        async def slack(step: JobStep, params: dict[str, Any], _: Mapping[str, Any]) -> Any:
+            url = params.get("webhook_url") or self.slack_webhook_url
+            if not url:
+                return {"delivered": False, "reason": "no webhook configured"}
+            body = {k: v for k, v in params.items() if k in ("text", "blocks", "channel")}
+            return await self._post(str(url), body)
+
+        async def webhook(step: JobStep, params: dict[str, Any], _: Mapping[str, Any]) -> Any:
+            url = str(params.get("url", ""))
+            if not url.startswith(("http://", "https://")):
+                raise TaskFailed(f"url {url!r:.80} is not http(s)")
+            return await self._post(
+                url, params.get("body", {}), method=params.get("method", "POST")
+            )
+
+        async def publish(step: JobStep, params: dict[str, Any], _: Mapping[str, Any]) -> Any:
+            kind = str(params.get("kind", ""))
+            detail = params.get("detail") or {}
+            event = SystemEvent(
+                kind=kind,
+                producer=SERVICE,
+                at=self.clock(),
+                detail={
+                    **(detail if isinstance(detail, dict) else {"value": detail}),
+                    "job_id": job.id,
+                    "execution_id": execution_id,
+                },
+            )
+            subject = system_subject(kind)
+            duplicate = await self.publish(subject, event, f"orch:{execution_id}:{step.id}")
+            return {"subject": subject, "duplicate": duplicate}
+
+        async def command(step: JobStep, params: dict[str, Any], _: Mapping[str, Any]) -> Any:
+            return await self._command(params)
+
+        async def query(step: JobStep, params: dict[str, Any], _: Mapping[str, Any]) -> Any:
+            spec = build_query(job.conditions_of(step.id), params)
+            items = await self.readmodel.partition(spec.pk, now=self.clock())
+            found = spec.apply(items)
+            return {"items": found, "count": len(found)}
+
+        return {
+            TaskKind.SLACK_NOTIFY: slack,
+            TaskKind.HTTP_WEBHOOK: webhook,
+            TaskKind.PUBLISH_EVENT: publish,
+            TaskKind.RUN_COMMAND: command,
+            TaskKind.READ_MODEL_QUERY: query,
+        }
+
+    async def _post(self, url: str, body: Any, method: str = "POST") -> dict[str, Any]:
+        async with self.session.request(
+            str(method).upper(), url, json=body, timeout=aiohttp.ClientTimeout(total=30)
+        ) as resp:
+            text = (await resp.text())[:2000]
+            if not 200 <= resp.status < 300:
+                raise TaskFailed(f"HTTP {resp.status}: {text[:200]}")
+            return {"status": resp.status, "body": text}
+
+    async def _command(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = str(params.get("command", ""))
+        if name not in self.commands:
+            raise TaskFailed(
+                f"command {name!r} is not allowed ({', '.join(sorted(self.commands))})"
+            )
+        args = params.get("args") or []
+        if not isinstance(args, list) or not all(isinstance(a, str | int | float) for a in args):
+            raise TaskFailed("args must be a list of strings")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "aegis_runtime.cli",
+            name,
+            *[str(a) for a in args],
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), self.command_timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise TaskFailed(f"aegis {name} ran over {self.command_timeout}s") from None
+        text = out.decode(errors="replace")[-4000:]
+        if proc.returncode:
+            raise TaskFailed(f"aegis {name} exited {proc.returncode}: {text[-500:]}")
+        return {"exit_code": proc.returncode, "output": text}
