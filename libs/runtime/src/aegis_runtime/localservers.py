@@ -447,10 +447,9 @@ def start_private_mosquitto(*, port: int | None = None, timeout: float = 15.0) -
 
 
 def _moto_command(host: str, port: int) -> list[str]:
-    # The venv's console script sits next to the interpreter (do not resolve the venv symlink).
-    script = Path(sys.executable).with_name("moto_server")
-    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "moto.server"]
-    return [*prefix, "-H", host, "-p", str(port)]
+    # moto_server's own main, with its requests serialized so that conditional writes are atomic
+    # as on AWS (see aegis_runtime.motoserver)
+    return [sys.executable, "-m", "aegis_runtime.motoserver", "-H", host, "-p", str(port)]
 
 
 def start_moto_server(
