@@ -24,7 +24,7 @@ from typing import Any
 
 from aegis_contracts.keys import factory_pk, history_state_sk
 from aegis_contracts.times import format_ts
-from aegis_runtime.lifecycle import run_service
+from aegis_runtime.lifecycle import run_service, settle_heap
 from aegis_runtime.logging import configure
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.bootstrap import bootstrap
@@ -106,6 +106,7 @@ async def serve(endpoint: str, samples: dict[str, Any], stop: asyncio.Event) -> 
         await bootstrap(c, bucket=bucket, table=table)
         ops = calls(c, bucket, table, samples)
         ids = itertools.count()  # keys never repeat: the put-once keys must be new
+        settle_heap()  # as the services do once they are up
         print(json.dumps({"ready": True}), flush=True)
         while not stop.is_set():
             line = await loop.run_in_executor(None, sys.stdin.readline)

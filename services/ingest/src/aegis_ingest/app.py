@@ -24,7 +24,7 @@ from aegis_ingest.mqtt import Acker, create_client
 from aegis_ingest.settings import IngestSettings
 from aegis_runtime.broker import create_broker, ensure_streams, nats_ready
 from aegis_runtime.health import HealthServer
-from aegis_runtime.lifecycle import run_service
+from aegis_runtime.lifecycle import run_service, settle_heap
 from aegis_runtime.logging import configure
 from aegis_runtime.metrics import Metrics
 from aegis_storage.clients import open_clients
@@ -58,8 +58,9 @@ class _Backoff:
 
 
 class IngestApp:
-    def __init__(self, settings: IngestSettings) -> None:
+    def __init__(self, settings: IngestSettings, *, settle: bool = False) -> None:
         self.settings = settings
+        self.settle = settle  # a process of its own: settle_heap() once started
         self.metrics = Metrics(settings.service)
         self.health = HealthServer(self.metrics, settings.health_host, settings.health_port)
         self.broker: NatsBroker = create_broker(settings, name=settings.service)
@@ -88,6 +89,8 @@ class IngestApp:
                 metrics=self.metrics,
                 stopping=stop,
             )
+            if self.settle:
+                settle_heap()
             log.info(
                 "ingest_started",
                 client_id=s.mqtt_client_id,
@@ -223,12 +226,13 @@ async def _first(awaitable: Awaitable[_T], *events: asyncio.Event) -> _T | None:
     return task.result()
 
 
-def create_app(settings: IngestSettings | None = None) -> IngestApp:
-    return IngestApp(settings or IngestSettings())
+def create_app(settings: IngestSettings | None = None, *, settle: bool = False) -> IngestApp:
+    """``settle``: the app owns its process (the console script); see ``settle_heap``."""
+    return IngestApp(settings or IngestSettings(), settle=settle)
 
 
 def main() -> None:
     settings = IngestSettings()
     configure(settings.log_format, settings.log_level)
-    app = create_app(settings)
+    app = create_app(settings, settle=True)
     run_service(app.run, shutdown_timeout=settings.shutdown_grace_seconds + 10)

@@ -29,7 +29,7 @@ from aegis_runtime.broker import (
     publish,
 )
 from aegis_runtime.health import HealthServer
-from aegis_runtime.lifecycle import run_service
+from aegis_runtime.lifecycle import run_service, settle_heap
 from aegis_runtime.metrics import Metrics
 from aegis_storage.clients import AwsClients, open_clients
 from aegis_storage.readmodel import ReadModel
@@ -44,9 +44,15 @@ class ProcessorApp:
     """``await start()`` / ``await stop()``, or ``await run(stop_event)`` under run_service."""
 
     def __init__(
-        self, settings: ProcessorSettings, *, rules: RiskRules, clock: Clock = utc_now
+        self,
+        settings: ProcessorSettings,
+        *,
+        rules: RiskRules,
+        clock: Clock = utc_now,
+        settle: bool = False,
     ) -> None:
         self.settings = settings
+        self.settle = settle  # a process of its own: settle_heap() once started
         self.rules = rules
         self.clock = clock
         self.metrics = Metrics(settings.service)
@@ -141,6 +147,8 @@ class ProcessorApp:
         except BaseException:
             await stack.aclose()
             raise
+        if self.settle:
+            settle_heap()
         log.info("processor_started", durable=s.durable, rules_version=self.rules.version)
 
     async def stop(self) -> None:
@@ -170,17 +178,22 @@ def create_app(
     *,
     rules: RiskRules | None = None,
     clock: Clock = utc_now,
+    settle: bool = False,
 ) -> ProcessorApp:
-    """Build the processor; nothing connects until ``start()``."""
+    """Build the processor; nothing connects until ``start()``. ``settle``: the app owns its
+    process (the console script), so it may take the garbage collector's settings in hand."""
     s = settings or ProcessorSettings()
     loaded = rules or load_rules(s.rules_file)
     return ProcessorApp(
-        s, rules=loaded.with_staleness(s.stale_after_s, s.offline_after_s), clock=clock
+        s,
+        rules=loaded.with_staleness(s.stale_after_s, s.offline_after_s),
+        clock=clock,
+        settle=settle,
     )
 
 
 def main() -> None:
     settings = ProcessorSettings()
     aegis_logging.configure(settings.log_format, settings.log_level)
-    app = create_app(settings)
+    app = create_app(settings, settle=True)
     run_service(app.run)
