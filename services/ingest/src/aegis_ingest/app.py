@@ -8,10 +8,11 @@ RawArchived on JetStream, with acknowledgement to the MQTT broker only after bot
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import AsyncExitStack
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiomqtt
 import structlog
@@ -114,7 +115,8 @@ class IngestApp:
             except (aiomqtt.MqttError, _Redeliver) as err:
                 delay = backoff.next()
                 log.warning("mqtt_disconnected", error=str(err) or repr(err), retry_in_s=delay)
-                await _first(asyncio.sleep(delay), stop)
+                async with _halt_on(stop) as halt:
+                    await _first(asyncio.sleep(delay), halt)
 
     async def _session(
         self,
@@ -129,18 +131,20 @@ class IngestApp:
         acker = Acker(client)
         redeliver = asyncio.Event()
         try:
-            async with client:
+            async with client, _halt_on(stop, redeliver) as halt:
                 self.mqtt_connected = True
                 await client.subscribe(s.shared_subscription, qos=1)
                 self.subscribed.set()
                 backoff.reset()
                 log.info("mqtt_subscribed", subscription=s.shared_subscription)
                 messages = aiter(client.messages)
-                while True:
+                while not halt.done():
                     # a free slot first, then the next message: the rest wait at the broker
-                    if not await _first(slots.acquire(), stop, redeliver):
+                    if not slots.locked():
+                        await slots.acquire()  # a free one is taken at once, without waiting
+                    elif not await _first(slots.acquire(), halt):
                         break
-                    message = await _first(anext(messages), stop, redeliver)
+                    message = await _first(anext(messages), halt)
                     if message is None:
                         slots.release()
                         break
@@ -207,15 +211,37 @@ class IngestApp:
             await asyncio.wait(pending)
 
 
-async def _first(awaitable: Awaitable[_T], *events: asyncio.Event) -> _T | None:
-    """The result of ``awaitable``, or None (and it is cancelled) when an event is set first."""
-    task = asyncio.ensure_future(awaitable)
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+@contextlib.asynccontextmanager
+async def _halt_on(*events: asyncio.Event) -> AsyncIterator[asyncio.Future[None]]:
+    """A future that is done once any of ``events`` is set: one watcher for the whole block,
+    where waiting on the events themselves took two tasks per message."""
+    halt: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def watch() -> None:
+        waiters = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        if not halt.done():
+            halt.set_result(None)
+
+    watcher = asyncio.create_task(watch())
     try:
-        await asyncio.wait([task, *waiters], return_when=asyncio.FIRST_COMPLETED)
+        yield halt
     finally:
-        for waiter in waiters:
-            waiter.cancel()
+        watcher.cancel()
+        await asyncio.wait([watcher])
+
+
+async def _first(awaitable: Awaitable[_T], halt: asyncio.Future[None]) -> _T | None:
+    """The result of ``awaitable``, or None (and it is cancelled) when ``halt`` is done first."""
+    task = asyncio.ensure_future(awaitable)
+    either: list[asyncio.Future[Any]] = [task, halt]
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
         if not task.done():
             task.cancel()
             # settle it here: a cancelled Semaphore.acquire hands its permit on, a cancelled
