@@ -59,7 +59,7 @@ from aegis_processor import domain
 from aegis_processor.rules import RiskRules
 from aegis_runtime.broker import Poison
 from aegis_storage.errors import Conflict, NotFound, Transient
-from aegis_storage.readmodel import LATEST_GROUPS, ReadModel, as_stored
+from aegis_storage.readmodel import LATEST_GROUPS, ReadModel, encode
 from aegis_storage.s3 import ObjectStore, PutResult
 
 log = structlog.get_logger(__name__)
@@ -321,25 +321,24 @@ class Processor:
                     "prev_updated_at": None if seen is None else parse_ts(str(seen)),
                 }
             ).model_dump(mode="json")
-            # a group no message has set yet is absent, not null (the partial-update contract)
-            image = as_stored({k: v for k, v in dump.items() if v is not None})
-            history = {
-                **image,
-                "sk": keys.history_state_sk(updated_at),
-                "ttl": self.ttl.history_expiry(now),
-            }
+            # a group no message has set yet is absent, not null (the partial-update contract);
+            # converted once for both writes
+            encoded = encode({k: v for k, v in dump.items() if v is not None})
+            image = encoded.plain
+            history_sk = keys.history_state_sk(updated_at)
+            history = encoded.with_fields(sk=history_sk, ttl=self.ttl.history_expiry(now))
             try:
                 await self.readmodel.put_item(history, if_absent=True)
             except Conflict:  # that millisecond holds another state: read again, move on
                 floor = updated_at + timedelta(milliseconds=1)
                 continue
             if await self.readmodel.replace_latest(
-                factory_id, image, expected=None if seen is None else str(seen)
+                factory_id, encoded, expected=None if seen is None else str(seen)
             ):
                 self._remember(factory_id, image)
                 return Commit(old=old, new=image, at=updated_at)
             # another writer replaced LATEST first: this state never was, so it is no history
-            await self.readmodel.delete_item(pk, history["sk"])
+            await self.readmodel.delete_item(pk, history_sk)
             self._known.pop(factory_id, None)
         raise Transient(f"LATEST of {factory_id} kept changing under {COMMIT_ATTEMPTS} attempts")
 
