@@ -27,6 +27,7 @@ from aegis_runtime.broker import (
     RetryPolicy,
     create_broker,
     dead_letter,
+    delivery,
     durable_pull,
     ensure_streams,
     jstream,
@@ -338,10 +339,12 @@ async def test_transient_error_is_nacked_and_redelivered(
     service = create_broker(settings, name="flaky", metrics=metrics, retry=FAST_RETRY)
     router = NatsRouter()  # the middleware reaches subscribers declared on routers too
     deliveries: list[int] = []
+    told: list[int] = []  # what delivery() says: the same, without a context parameter
 
     @durable_pull(router, stream, "flaky", subject=subject, fetch_timeout=0.5, max_deliver=5)
     async def handle(body: bytes, msg: NatsMessage) -> None:
         deliveries.append(msg.raw_message.metadata.num_delivered or 0)
+        told.append(delivery())
         if len(deliveries) < 3:
             raise ConnectionError("storage unavailable")
 
@@ -355,7 +358,8 @@ async def test_transient_error_is_nacked_and_redelivered(
     finally:
         await service.stop()
 
-    assert deliveries == [1, 2, 3]
+    assert deliveries == told == [1, 2, 3]
+    assert delivery() == 1  # outside a message
     assert _outcomes(metrics) == {"retried": 2, "ok": 1}
     summaries = [
         line

@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import ExitStack
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -482,6 +483,17 @@ def poison_reason(exc: BaseException) -> str | None:
 # Per-message outcome
 
 
+_delivery: ContextVar[int] = ContextVar("aegis_delivery", default=1)
+
+
+def delivery() -> int:
+    """Which delivery of the JetStream message being handled this is (1: the first), as the
+    :class:`MessageOutcomes` middleware found it. Handlers read it here rather than declaring a
+    ``msg: NatsMessage`` parameter: FastStream resolves such a context parameter by running a
+    synchronous function in a worker thread, a thread hand-off for every message."""
+    return _delivery.get()
+
+
 class MessageOutcomes:
     """Broker middleware factory: per JetStream message, bind log context (service, message_id,
     subject, delivery), count it in the metrics, write one summary line, and settle failures:
@@ -523,6 +535,8 @@ class _MessageOutcome(BaseMiddleware):
         self.delivery = meta.num_delivered or 1
         headers = raw.headers or {}
         self.message_id = headers.get(MSG_ID_HEADER) or f"{meta.stream}:{meta.sequence.stream}"
+        _delivery.set(self.delivery)
+        self.scope.callback(_delivery.set, 1)
         self.scope.enter_context(
             bind_message(
                 service=self.outcomes.service,

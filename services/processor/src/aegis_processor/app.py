@@ -9,7 +9,7 @@ from contextlib import AsyncExitStack
 from datetime import timedelta
 
 import structlog
-from faststream.nats import NatsBroker, NatsMessage
+from faststream.nats import NatsBroker
 from pydantic import BaseModel
 
 from aegis_contracts.events import RawArchived
@@ -23,6 +23,7 @@ from aegis_runtime import logging as aegis_logging
 from aegis_runtime.broker import (
     RetryPolicy,
     create_broker,
+    delivery,
     durable_pull,
     ensure_streams,
     nats_ready,
@@ -91,9 +92,8 @@ class ProcessorApp:
             ack_wait=settings.ack_wait_s,
             max_deliver=settings.max_deliver,
         )
-        async def on_raw_archived(event: RawArchived, msg: NatsMessage) -> None:
-            delivered = msg.raw_message.metadata.num_delivered or 1
-            await self.handle(event, redelivered=delivered > 1)
+        async def on_raw_archived(event: RawArchived) -> None:
+            await self.handle(event, redelivered=delivery() > 1)
 
     async def handle(self, event: RawArchived, *, redelivered: bool = False) -> Outcome:
         if self.processor is None:
