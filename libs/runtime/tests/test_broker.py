@@ -22,6 +22,7 @@ from aegis_contracts.errors import ContractError
 from aegis_contracts.subjects import DEAD_LETTER, STREAMS, StreamSpec, dead_letter_subject
 from aegis_runtime.broker import (
     DeadLetter,
+    Outgoing,
     Poison,
     PublishFailed,
     RetryPolicy,
@@ -34,6 +35,7 @@ from aegis_runtime.broker import (
     nats_ready,
     poison_reason,
     publish,
+    publish_many,
     stream_for,
 )
 from aegis_runtime.logging import _AegisHandler, configure
@@ -245,6 +247,26 @@ async def test_same_msg_id_is_stored_once(
     third = await js.get_msg(stream.name, seq=3)
     assert third.data is not None
     assert Reading.model_validate_json(third.data) == model
+
+
+async def test_publish_many_sends_all_then_waits_for_every_ack(
+    broker: NatsBroker, js: JetStreamContext, stream: StreamSpec, unique_id: str
+) -> None:
+    subject = f"test.{unique_id}.many"
+    model = Reading(device_id="d-1", value=2.5)
+    batch = [Outgoing(subject, b"one", "n-1"), Outgoing(subject, model, "n-2")]
+    assert await publish_many(broker, batch, stream=stream.name) == [False, False]
+    again = [Outgoing(subject, b"one", "n-1"), Outgoing(subject, b"three", "n-3")]
+    assert await publish_many(broker, again, stream=stream.name) == [True, False]
+    info = await js.stream_info(stream.name)
+    assert info.state.messages == 3
+    with pytest.raises(PublishFailed):
+        await publish_many(
+            broker,
+            [Outgoing(subject, b"four", "n-4"), Outgoing(f"nowhere.{unique_id}", b"x", None)],
+            stream=stream.name,
+            ack_timeout=1,
+        )
 
 
 async def test_publish_to_a_subject_no_stream_captures_fails(

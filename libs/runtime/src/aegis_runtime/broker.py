@@ -18,13 +18,14 @@ Errors:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -309,6 +310,15 @@ def _subject_matches(subject: str, pattern: str) -> bool:
     return len(tokens) == len(wanted)
 
 
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message for :func:`publish_many`: ``msg_id`` becomes its ``Nats-Msg-Id``."""
+
+    subject: str
+    payload: bytes | pydantic.BaseModel
+    msg_id: str | None
+
+
 async def publish(
     broker: NatsBroker,
     subject: str,
@@ -327,27 +337,70 @@ async def publish(
     JSON (content-type application/json). ``stream`` defaults to the AEGIS stream of ``subject``;
     the server refuses the publish if the subject lands elsewhere. Raises :class:`PublishFailed`.
     """
-    stream_name = stream or stream_for(subject).name
+    (duplicate,) = await publish_many(
+        broker,
+        [Outgoing(subject, payload, msg_id)],
+        headers=headers,
+        stream=stream,
+        correlation_id=correlation_id,
+        ack_timeout=ack_timeout,
+    )
+    return duplicate
+
+
+async def publish_many(
+    broker: NatsBroker,
+    messages: Sequence[Outgoing],
+    *,
+    headers: Mapping[str, str] | None = None,
+    stream: str | None = None,
+    correlation_id: str | None = None,
+    ack_timeout: float = 5.0,
+) -> list[bool]:
+    """:func:`publish` for several messages at once: all are sent, then all acks awaited
+    (``ack_timeout`` for the lot); True for each that was a duplicate. Raises
+    :class:`PublishFailed` if any was not confirmed (the others may well be stored)."""
+    js = _jetstream(broker)
+    pending: list[asyncio.Future[api.PubAck]] = []
+    subject = ""
+    try:
+        for message in messages:
+            subject = message.subject
+            data, sent_headers = _outgoing(message, headers, correlation_id)
+            # straight to nats-py's JetStream context: FastStream's publisher pipeline
+            # (middlewares, serializer, its own headers) costs more client CPU than the publish
+            # itself; and the async form, acks matched by one reply subscription, costs less
+            # than a request per message
+            pending.append(
+                await js.publish_async(
+                    subject,
+                    data,
+                    stream=stream or stream_for(subject).name,
+                    headers=sent_headers,
+                )
+            )
+        acks = await asyncio.wait_for(asyncio.gather(*pending), ack_timeout)
+    except (nats.errors.Error, TimeoutError) as err:
+        for future in pending:
+            if future.done() and not future.cancelled():
+                future.exception()  # seen: not "never retrieved"
+            future.cancel()
+        raise PublishFailed(f"publish to {subject} failed: {err!r}") from err
+    return [bool(ack.duplicate) for ack in acks]
+
+
+def _outgoing(
+    message: Outgoing, headers: Mapping[str, str] | None, correlation_id: str | None
+) -> tuple[bytes, dict[str, str]]:
     sent_headers = dict(headers or {})
-    if msg_id is not None:
-        sent_headers[MSG_ID_HEADER] = msg_id
+    if message.msg_id is not None:
+        sent_headers[MSG_ID_HEADER] = message.msg_id
     if correlation_id is not None:
         sent_headers["correlation_id"] = correlation_id
-    if isinstance(payload, pydantic.BaseModel):
-        data = payload.model_dump_json().encode()
+    if isinstance(message.payload, pydantic.BaseModel):
         sent_headers.setdefault("content-type", "application/json")
-    else:
-        data = payload
-    try:
-        # straight to nats-py's JetStream context: FastStream's publisher pipeline (middlewares,
-        # serializer, its own headers) costs more client CPU than the publish itself, and these
-        # events are sent several times per message
-        ack = await _jetstream(broker).publish(
-            subject, data, timeout=ack_timeout, stream=stream_name, headers=sent_headers
-        )
-    except (nats.errors.Error, TimeoutError) as err:
-        raise PublishFailed(f"publish to {subject} (stream {stream_name}) failed: {err!r}") from err
-    return bool(ack.duplicate)
+        return message.payload.model_dump_json().encode(), sent_headers
+    return message.payload, sent_headers
 
 
 # --------------------------------------------------------------------------------------------------

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from datetime import timedelta
 
 import structlog
 from faststream.nats import NatsBroker
-from pydantic import BaseModel
 
 from aegis_contracts.events import RawArchived
 from aegis_contracts.subjects import STREAMS
@@ -21,13 +21,14 @@ from aegis_processor.rules import RiskRules, load_rules
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime.broker import (
+    Outgoing,
     RetryPolicy,
     create_broker,
     delivery,
     durable_pull,
     ensure_streams,
     nats_ready,
-    publish,
+    publish_many,
 )
 from aegis_runtime.health import HealthServer
 from aegis_runtime.lifecycle import run_service, settle_heap
@@ -102,8 +103,8 @@ class ProcessorApp:
         self.latest_outcomes.labels(outcome=outcome.latest).inc()
         return outcome
 
-    async def _publish(self, subject: str, event: BaseModel, *, msg_id: str) -> bool:
-        return await publish(self.broker, subject, event, msg_id=msg_id)
+    async def _publish(self, events: Sequence[Outgoing]) -> list[bool]:
+        return await publish_many(self.broker, events)
 
     async def _storage_ready(self) -> bool:
         if self.clients is None:

@@ -29,13 +29,12 @@ import contextlib
 import json
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any, Protocol, TypeVar, cast
 
 import structlog
-from pydantic import BaseModel
 
 from aegis_contracts import keys
 from aegis_contracts.events import ChangeEvent, ObjectCreated, RawArchived
@@ -57,7 +56,7 @@ from aegis_contracts.times import (
 from aegis_contracts.ttl import TtlSettings
 from aegis_processor import domain
 from aegis_processor.rules import RiskRules
-from aegis_runtime.broker import Poison
+from aegis_runtime.broker import Outgoing, Poison
 from aegis_storage.errors import Conflict, NotFound, Transient
 from aegis_storage.readmodel import LATEST_GROUPS, ReadModel, encode
 from aegis_storage.s3 import ObjectStore, PutResult
@@ -79,9 +78,9 @@ _B = TypeVar("_B")
 
 
 class Publish(Protocol):
-    """Publish ``event`` to ``subject`` with de-duplication id ``msg_id``."""
+    """Publish events (subject, event, de-duplication id) together; wait until all are stored."""
 
-    def __call__(self, subject: str, event: BaseModel, *, msg_id: str) -> Awaitable[bool]: ...
+    def __call__(self, events: Sequence[Outgoing]) -> Awaitable[list[bool]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,8 +424,8 @@ class Processor:
         commits: list[Commit],
         now: datetime,
     ) -> None:
-        sends = [
-            self.publish(
+        events = [
+            Outgoing(
                 object_created_subject(_family(put.key)),
                 ObjectCreated(
                     bucket=self.store.bucket,
@@ -436,15 +435,15 @@ class Processor:
                     producer=PRODUCER,
                     created_at=now,
                 ),
-                msg_id=f"oc:{put.key}",
+                f"oc:{put.key}",
             )
             for put in created
         ]
         pk = keys.factory_pk(factory_id)
         for change in commits:
             new = change.new
-            sends.append(
-                self.publish(
+            events.append(
+                Outgoing(
                     change_subject(LATEST_ENTITY),
                     ChangeEvent(
                         table=self.readmodel.table,
@@ -456,14 +455,10 @@ class Processor:
                         producer=PRODUCER,
                         at=now,
                     ),
-                    msg_id=f"chg:{pk}:{keys.LATEST_SK}:{new.get('updated_at')}",
+                    f"chg:{pk}:{keys.LATEST_SK}:{new.get('updated_at')}",
                 )
             )
-        await all_of(*(_awaited(s) for s in sends))
-
-
-async def _awaited(aw: Awaitable[bool]) -> bool:
-    return await aw
+        await self.publish(events)
 
 
 def _family(key: str) -> str:
