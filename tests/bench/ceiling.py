@@ -1,210 +1,135 @@
-"""Backend ceiling: how fast the S3/DynamoDB endpoint takes the writes one message needs.
+"""Backend ceiling and client-CPU floor: the writes one message needs, issued in bulk.
 
-Measures, against the same endpoint the pipeline uses, the sustained rate of each write kind with
-high concurrency through aiobotocore (the services' own client settings), and the client CPU each
-write costs when issued in bulk (the floor no pipeline can go under).
+Runs as a process of its own, started by ``pipeline.py`` like a service and measured like one:
+the same entry (``run_service``), the same client settings (``AegisSettings().aws()``), the same
+storage adapters and calls the services make, with the very bytes and items the services wrote
+for a real message (``--samples``). It reads one JSON line per measurement on stdin
+(``{"op": ..., "seconds": ..., "concurrency": ...}``) and answers with one JSON line (how many
+calls in how long); the bench takes its CPU from /proc, as it does for ingest and processor.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
-import os
-import statistics
+import sys
 import time
 import uuid
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
+from aegis_contracts.keys import factory_pk, history_state_sk
+from aegis_contracts.times import format_ts
+from aegis_runtime.lifecycle import run_service, settle_heap
+from aegis_runtime.logging import configure
+from aegis_runtime.settings import AegisSettings
 from aegis_storage.bootstrap import bootstrap
-from aegis_storage.clients import AwsClients, AwsConfig, open_clients
-from aegis_storage.readmodel import to_attributes, to_plain
+from aegis_storage.clients import AwsClients, open_clients
+from aegis_storage.readmodel import ReadModel
+from aegis_storage.s3 import ObjectStore
 
-# what one factory's state looks like in the read model (LATEST / HISTORY#STATE): the size that
-# the services really serialize and send per write
-_META = {
-    "message_id": "factory-a-2b3a3f-fs00000008",
-    "device_id": "edge-01",
-    "emitted_at": "2026-11-30T10:34:03.981Z",
-    "event_time": "2026-11-30T10:34:03.981Z",
-    "received_at": "2026-11-30T10:34:03.990Z",
-    "raw_key": "raw/factory-a/factory_state/yyyy=2026/mm=11/dd=30/factory-a-2b3a3f-fs00000008.json",
-    "schema_version": "1.0",
-    "flags": [],
-}
-SAMPLE_STATE: dict[str, object] = {
-    "factory_id": "factory-a",
-    "factory_state": {
-        "meta": _META,
-        "sensors": {
-            "temperature_c": 24.61,
-            "humidity_pct": 41.2,
-            "co_ppm": 3.4,
-            "smoke_obscuration_pct": 0.1,
-            "vibration_mm_s": 2.3,
-            "noise_db": 77.9,
-        },
-        "model_version": "yolo-v8.2",
-        "detections": [
-            {"label": "no_helmet", "confidence": 0.71, "camera_id": "cam-2", "bbox": None}
-        ],
-    },
-    "infra_state": {
-        "meta": {**_META, "message_id": "factory-a-2b3a3f-is00000002"},
-        "host": {"cpu_pct": 35.1, "mem_pct": 61.0, "disk_pct": 40.2, "temperature_c": 55.0},
-        "network": {"rtt_ms": 12.5, "loss_pct": 0.0},
-        "cameras": {"cam-1": "online", "cam-2": "online"},
-        "pipeline": {"inference": "ok", "uploader": "ok"},
-    },
-    "risk": {
-        "score": 40.0,
-        "level": "WARNING",
-        "reasons": [
-            {
-                "code": "NO_HELMET_DETECTED",
-                "severity": "WARNING",
-                "detail": "no_helmet detected with confidence 0.71 on cam-2",
-                "value": 0.71,
-                "threshold": 0.6,
-                "source": "ai",
-            }
-        ],
-    },
-    "pipeline_status": {"status": "OK", "checked_at": "2026-11-30T10:34:04.000Z"},
-    "last_factory_state_at": "2026-11-30T10:34:03.981Z",
-    "last_infra_state_at": "2026-11-30T10:33:51.002Z",
-    "updated_at": "2026-11-30T10:34:04.000Z",
-    "prev_updated_at": "2026-11-30T10:33:59.000Z",
-}
-
-# unique across runs: the put-once keys must never repeat
-_IDS = itertools.count()
+Call = Callable[[int], Awaitable[object]]
 
 
-@dataclass
-class OpRate:
-    op: str
-    count: int
-    seconds: float
-    per_second: float
-    client_cpu_ms: float
+def calls(c: AwsClients, bucket: str, table: str, samples: dict[str, Any]) -> dict[str, Call]:
+    """One callable per write kind, each the adapter call a service makes for one message."""
+    store, readmodel = ObjectStore(c.s3, bucket), ReadModel(c.dynamodb, table)
+    run = uuid.uuid4().hex[:6]
+    raw = samples["raw"]
+    raw_body = raw["body"].encode()
+    bodies = [(key, body.encode()) for key, body in samples["objects"].items()]
+    history, latest = samples["history"], samples["latest"]
+    start = datetime.now(UTC)
+    # LATEST is replaced on condition that it is the version read: one item per worker slot,
+    # each write naming the updated_at of the one before
+    seen: dict[int, str | None] = {}
+
+    async def s3_put_if_none_match(i: int) -> object:
+        # ingest: the raw bytes under a new key, with its metadata
+        return await store.put_immutable(
+            f"floor/{run}/{i}/{raw['key']}", raw_body, metadata=raw["metadata"]
+        )
+
+    async def s3_put(i: int) -> object:
+        # processor: processed factory_state, risk_score and state_snapshot, in turn
+        key, body = bodies[i % len(bodies)]
+        return await store.put_bytes(f"floor/{run}/{i}/{key}", body)
+
+    async def ddb_put_if_absent(i: int) -> object:
+        # processor: HISTORY#STATE#{updated_at}, if absent
+        at = start + timedelta(milliseconds=i)
+        item = {**history, "pk": f"{history['pk']}-{run}", "sk": history_state_sk(at)}
+        return await readmodel.put_item(item, if_absent=True)
+
+    async def ddb_replace_latest(i: int) -> object:
+        # processor: the whole LATEST, on condition that it is still the version read
+        slot = i % 64
+        updated_at = format_ts(start + timedelta(milliseconds=i))
+        fid = f"{latest['factory_id']}-{run}-{slot}"
+        image = {**latest, "pk": factory_pk(fid), "updated_at": updated_at}
+        expected, seen[slot] = seen.get(slot), updated_at
+        return await readmodel.replace_latest(fid, image, expected=expected)
+
+    return {
+        "s3_put_if_none_match": s3_put_if_none_match,
+        "s3_put": s3_put,
+        "ddb_put_if_absent": ddb_put_if_absent,
+        "ddb_replace_latest": ddb_replace_latest,
+    }
 
 
-def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-async def _drive(name: str, call, *, seconds: float, concurrency: int) -> OpRate:  # type: ignore[no-untyped-def]
+async def drive(call: Call, ids: itertools.count[int], *, seconds: float, concurrency: int) -> int:
+    """``concurrency`` workers issue ``call`` back to back for ``seconds``; how many completed."""
     stop = time.perf_counter() + seconds
     count = 0
 
     async def worker() -> None:
         nonlocal count
         while time.perf_counter() < stop:
-            await call(next(_IDS))
+            await call(next(ids))
             count += 1
 
-    cpu0, t0 = _cpu(), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed, cpu = time.perf_counter() - t0, _cpu() - cpu0
-    return OpRate(name, count, elapsed, count / elapsed, cpu / max(count, 1) * 1000)
+    return count
 
 
-async def measure(
-    endpoint: str,
-    *,
-    seconds: float = 5.0,
-    concurrency: int = 32,
-    ops: tuple[str, ...] = (),
-    repeats: int = 3,
-) -> dict[str, OpRate]:
-    bucket = f"aegis-bench-{uuid.uuid4().hex[:8]}"
-    table = f"AEGIS-bench-{uuid.uuid4().hex[:8]}"
-    cfg = AwsConfig(endpoint_url=endpoint, max_pool_connections=concurrency * 2)
-    body = json.dumps(SAMPLE_STATE["factory_state"]).encode()
-    now = datetime.now(UTC).isoformat()
-    async with open_clients(cfg) as c:
+async def serve(endpoint: str, samples: dict[str, Any], stop: asyncio.Event) -> None:
+    settings = AegisSettings(aws_endpoint_url=endpoint)
+    bucket = f"aegis-floor-{uuid.uuid4().hex[:8]}"
+    table = f"AEGIS-floor-{uuid.uuid4().hex[:8]}"
+    loop = asyncio.get_running_loop()
+    async with open_clients(settings.aws()) as c:
         await bootstrap(c, bucket=bucket, table=table)
-        return await _measure(c, bucket, table, body, now, seconds, concurrency, ops, repeats)
+        ops = calls(c, bucket, table, samples)
+        ids = itertools.count()  # keys never repeat: the put-once keys must be new
+        settle_heap()  # as the services do once they are up
+        print(json.dumps({"ready": True}), flush=True)
+        while not stop.is_set():
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line:
+                return
+            ask = json.loads(line)
+            began = time.perf_counter()
+            count = await drive(
+                ops[ask["op"]], ids, seconds=ask["seconds"], concurrency=ask["concurrency"]
+            )
+            answer = {"op": ask["op"], "count": count, "seconds": time.perf_counter() - began}
+            print(json.dumps(answer), flush=True)
 
 
-async def _measure(
-    c: AwsClients,
-    bucket: str,
-    table: str,
-    body: bytes,
-    now: str,
-    seconds: float,
-    concurrency: int,
-    ops: tuple[str, ...],
-    repeats: int,
-) -> dict[str, OpRate]:
-    run = uuid.uuid4().hex[:6]
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--samples", required=True, help="JSON file written by pipeline.py")
+    args = parser.parse_args()
+    samples = json.loads(Path(args.samples).read_text())
+    configure("json", "WARNING", stream=sys.stderr)  # stdout carries the answers
 
-    async def s3_put(i: int) -> None:
-        await c.s3.put_object(Bucket=bucket, Key=f"bench/{run}/{i}.json", Body=body)
+    async def main(stop: asyncio.Event) -> None:
+        await serve(args.endpoint, samples, stop)
 
-    async def s3_put_once(i: int) -> None:
-        await c.s3.put_object(
-            Bucket=bucket, Key=f"bench/{run}/once-{i}.json", Body=body, IfNoneMatch="*"
-        )
-
-    async def ddb_put(i: int) -> None:
-        await c.dynamodb.put_item(
-            TableName=table,
-            Item={"pk": {"S": f"B#{i % 64}"}, "sk": {"S": f"H#{i:09d}"}, "v": {"S": now}},
-        )
-
-    async def ddb_update(i: int) -> None:
-        await c.dynamodb.update_item(
-            TableName=table,
-            Key={"pk": {"S": f"B#{i % 64}"}, "sk": {"S": "LATEST"}},
-            UpdateExpression="SET #v = :v, #t = :t",
-            ConditionExpression="attribute_not_exists(#t) OR #t < :t",
-            ExpressionAttributeNames={"#v": "v", "#t": "t"},
-            ExpressionAttributeValues={":v": {"S": now}, ":t": {"N": str(i)}},
-            ReturnValues="ALL_OLD",
-        )
-
-    async def ddb_put_if_absent(i: int) -> None:
-        # an item as large as the read model's: a whole LATEST image, serialized as the
-        # services serialize it
-        item = to_attributes(to_plain({**SAMPLE_STATE, "pk": f"A#{i % 64}", "sk": f"H#{i:09d}"}))
-        await c.dynamodb.put_item(
-            TableName=table, Item=item, ConditionExpression="attribute_not_exists(pk)"
-        )
-
-    async def ddb_get(i: int) -> None:
-        await c.dynamodb.get_item(
-            TableName=table,
-            Key={"pk": {"S": f"B#{i % 64}"}, "sk": {"S": "LATEST"}},
-            ConsistentRead=True,
-        )
-
-    calls = {
-        "s3_put": s3_put,
-        "s3_put_if_none_match": s3_put_once,
-        "ddb_put": ddb_put,
-        "ddb_put_if_absent": ddb_put_if_absent,
-        "ddb_conditional_update": ddb_update,
-        "ddb_get": ddb_get,
-    }
-    results: dict[str, OpRate] = {}
-    for name in ops or tuple(calls):
-        # the median of a few runs: this machine is a shared VM whose speed drifts by tens of
-        # per cent within a minute; a median is what the backend typically does, where the best
-        # run would set a bar that no other measurement taken at another moment could meet
-        runs = [
-            await _drive(name, calls[name], seconds=seconds, concurrency=concurrency)
-            for _ in range(repeats)
-        ]
-        results[name] = OpRate(
-            name,
-            sum(r.count for r in runs),
-            sum(r.seconds for r in runs),
-            statistics.median(r.per_second for r in runs),
-            statistics.median(r.client_cpu_ms for r in runs),
-        )
-    return results
+    run_service(main, shutdown_timeout=5)

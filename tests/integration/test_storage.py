@@ -10,6 +10,7 @@ import pytest
 from aegis_contracts import keys
 from aegis_contracts.times import format_ts
 from aegis_storage.errors import Conflict, NotFound
+from aegis_storage.readmodel import encode
 from aegis_storage.s3 import PutOutcome
 
 pytestmark = pytest.mark.integration
@@ -169,6 +170,29 @@ async def test_history_keeps_numbers_numbers(foundation):
         TableName=foundation.table, Key={"pk": {"S": item["pk"]}, "sk": {"S": item["sk"]}}
     )
     assert raw["Item"]["sensors"]["M"]["co_ppm"] == {"N": "60.5"}
+
+
+async def test_an_item_encoded_once_is_written_under_two_keys_and_read_back_as_plain(foundation):
+    rm = foundation.readmodel
+    ttl = int((T0 + timedelta(hours=2)).timestamp())
+    encoded = encode(
+        {
+            "pk": keys.factory_pk("factory-e"),
+            "sk": keys.LATEST_SK,
+            "factory_id": "factory-e",
+            "sensors": {"co_ppm": 60.5, "count": 3.0},
+            "at": T0,
+        }
+    )
+    assert encoded.plain["sensors"] == {"co_ppm": 60.5, "count": 3}  # as a read returns it
+    history_sk = keys.history_state_sk(T0)
+    await rm.put_item(encoded.with_fields(sk=history_sk, ttl=ttl), if_absent=True)
+    assert await rm.replace_latest("factory-e", encoded, expected=None)
+    history = await rm.get_item(keys.factory_pk("factory-e"), history_sk)
+    assert history == {**encoded.plain, "sk": history_sk, "ttl": ttl}
+    assert await rm.get_latest("factory-e") == encoded.plain
+    with pytest.raises(Conflict):
+        await rm.put_item(encoded.with_fields(sk=history_sk, ttl=ttl), if_absent=True)
 
 
 async def test_history_snapshots_never_collide(foundation):

@@ -22,17 +22,20 @@ from aegis_contracts.errors import ContractError
 from aegis_contracts.subjects import DEAD_LETTER, STREAMS, StreamSpec, dead_letter_subject
 from aegis_runtime.broker import (
     DeadLetter,
+    Outgoing,
     Poison,
     PublishFailed,
     RetryPolicy,
     create_broker,
     dead_letter,
+    delivery,
     durable_pull,
     ensure_streams,
     jstream,
     nats_ready,
     poison_reason,
     publish,
+    publish_many,
     stream_for,
 )
 from aegis_runtime.logging import _AegisHandler, configure
@@ -246,6 +249,26 @@ async def test_same_msg_id_is_stored_once(
     assert Reading.model_validate_json(third.data) == model
 
 
+async def test_publish_many_sends_all_then_waits_for_every_ack(
+    broker: NatsBroker, js: JetStreamContext, stream: StreamSpec, unique_id: str
+) -> None:
+    subject = f"test.{unique_id}.many"
+    model = Reading(device_id="d-1", value=2.5)
+    batch = [Outgoing(subject, b"one", "n-1"), Outgoing(subject, model, "n-2")]
+    assert await publish_many(broker, batch, stream=stream.name) == [False, False]
+    again = [Outgoing(subject, b"one", "n-1"), Outgoing(subject, b"three", "n-3")]
+    assert await publish_many(broker, again, stream=stream.name) == [True, False]
+    info = await js.stream_info(stream.name)
+    assert info.state.messages == 3
+    with pytest.raises(PublishFailed):
+        await publish_many(
+            broker,
+            [Outgoing(subject, b"four", "n-4"), Outgoing(f"nowhere.{unique_id}", b"x", None)],
+            stream=stream.name,
+            ack_timeout=1,
+        )
+
+
 async def test_publish_to_a_subject_no_stream_captures_fails(
     broker: NatsBroker, stream: StreamSpec, unique_id: str
 ) -> None:
@@ -338,10 +361,12 @@ async def test_transient_error_is_nacked_and_redelivered(
     service = create_broker(settings, name="flaky", metrics=metrics, retry=FAST_RETRY)
     router = NatsRouter()  # the middleware reaches subscribers declared on routers too
     deliveries: list[int] = []
+    told: list[int] = []  # what delivery() says: the same, without a context parameter
 
     @durable_pull(router, stream, "flaky", subject=subject, fetch_timeout=0.5, max_deliver=5)
     async def handle(body: bytes, msg: NatsMessage) -> None:
         deliveries.append(msg.raw_message.metadata.num_delivered or 0)
+        told.append(delivery())
         if len(deliveries) < 3:
             raise ConnectionError("storage unavailable")
 
@@ -355,7 +380,8 @@ async def test_transient_error_is_nacked_and_redelivered(
     finally:
         await service.stop()
 
-    assert deliveries == [1, 2, 3]
+    assert deliveries == told == [1, 2, 3]
+    assert delivery() == 1  # outside a message
     assert _outcomes(metrics) == {"retried": 2, "ok": 1}
     summaries = [
         line

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -199,3 +200,13 @@ async def test_a_second_signal_forces_exit(tmp_path: Path) -> None:
     code, events, _ = await _run_service(tmp_path, "stuck", 30.0, signals=2)
     assert code == 1
     assert events[-1]["reason"] == "forced"
+
+
+def test_settle_heap_takes_what_exists_out_of_the_collectors_sight() -> None:
+    # a child process: freezing pytest's own heap would outlive this test
+    code = (
+        "import gc; from aegis_runtime.lifecycle import settle_heap; "
+        "assert gc.get_freeze_count() == 0; settle_heap(); "
+        "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -18,14 +18,16 @@ Errors:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -310,6 +312,15 @@ def _subject_matches(subject: str, pattern: str) -> bool:
     return len(tokens) == len(wanted)
 
 
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message for :func:`publish_many`: ``msg_id`` becomes its ``Nats-Msg-Id``."""
+
+    subject: str
+    payload: bytes | pydantic.BaseModel
+    msg_id: str | None
+
+
 async def publish(
     broker: NatsBroker,
     subject: str,
@@ -328,27 +339,70 @@ async def publish(
     JSON (content-type application/json). ``stream`` defaults to the AEGIS stream of ``subject``;
     the server refuses the publish if the subject lands elsewhere. Raises :class:`PublishFailed`.
     """
-    stream_name = stream or stream_for(subject).name
+    (duplicate,) = await publish_many(
+        broker,
+        [Outgoing(subject, payload, msg_id)],
+        headers=headers,
+        stream=stream,
+        correlation_id=correlation_id,
+        ack_timeout=ack_timeout,
+    )
+    return duplicate
+
+
+async def publish_many(
+    broker: NatsBroker,
+    messages: Sequence[Outgoing],
+    *,
+    headers: Mapping[str, str] | None = None,
+    stream: str | None = None,
+    correlation_id: str | None = None,
+    ack_timeout: float = 5.0,
+) -> list[bool]:
+    """:func:`publish` for several messages at once: all are sent, then all acks awaited
+    (``ack_timeout`` for the lot); True for each that was a duplicate. Raises
+    :class:`PublishFailed` if any was not confirmed (the others may well be stored)."""
+    js = _jetstream(broker)
+    pending: list[asyncio.Future[api.PubAck]] = []
+    subject = ""
+    try:
+        for message in messages:
+            subject = message.subject
+            data, sent_headers = _outgoing(message, headers, correlation_id)
+            # straight to nats-py's JetStream context: FastStream's publisher pipeline
+            # (middlewares, serializer, its own headers) costs more client CPU than the publish
+            # itself; and the async form, acks matched by one reply subscription, costs less
+            # than a request per message
+            pending.append(
+                await js.publish_async(
+                    subject,
+                    data,
+                    stream=stream or stream_for(subject).name,
+                    headers=sent_headers,
+                )
+            )
+        acks = await asyncio.wait_for(asyncio.gather(*pending), ack_timeout)
+    except (nats.errors.Error, TimeoutError) as err:
+        for future in pending:
+            if future.done() and not future.cancelled():
+                future.exception()  # seen: not "never retrieved"
+            future.cancel()
+        raise PublishFailed(f"publish to {subject} failed: {err!r}") from err
+    return [bool(ack.duplicate) for ack in acks]
+
+
+def _outgoing(
+    message: Outgoing, headers: Mapping[str, str] | None, correlation_id: str | None
+) -> tuple[bytes, dict[str, str]]:
     sent_headers = dict(headers or {})
-    if msg_id is not None:
-        sent_headers[MSG_ID_HEADER] = msg_id
+    if message.msg_id is not None:
+        sent_headers[MSG_ID_HEADER] = message.msg_id
     if correlation_id is not None:
         sent_headers["correlation_id"] = correlation_id
-    if isinstance(payload, pydantic.BaseModel):
-        data = payload.model_dump_json().encode()
+    if isinstance(message.payload, pydantic.BaseModel):
         sent_headers.setdefault("content-type", "application/json")
-    else:
-        data = payload
-    try:
-        # straight to nats-py's JetStream context: FastStream's publisher pipeline (middlewares,
-        # serializer, its own headers) costs more client CPU than the publish itself, and these
-        # events are sent several times per message
-        ack = await _jetstream(broker).publish(
-            subject, data, timeout=ack_timeout, stream=stream_name, headers=sent_headers
-        )
-    except (nats.errors.Error, TimeoutError) as err:
-        raise PublishFailed(f"publish to {subject} (stream {stream_name}) failed: {err!r}") from err
-    return bool(ack.duplicate)
+        return message.payload.model_dump_json().encode(), sent_headers
+    return message.payload, sent_headers
 
 
 async def publish_raw_archived(
@@ -498,6 +552,17 @@ def poison_reason(exc: BaseException) -> str | None:
 # Per-message outcome
 
 
+_delivery: ContextVar[int] = ContextVar("aegis_delivery", default=1)
+
+
+def delivery() -> int:
+    """Which delivery of the JetStream message being handled this is (1: the first), as the
+    :class:`MessageOutcomes` middleware found it. Handlers read it here rather than declaring a
+    ``msg: NatsMessage`` parameter: FastStream resolves such a context parameter by running a
+    synchronous function in a worker thread, a thread hand-off for every message."""
+    return _delivery.get()
+
+
 class MessageOutcomes:
     """Broker middleware factory: per JetStream message, bind log context (service, message_id,
     subject, delivery), count it in the metrics, write one summary line, and settle failures:
@@ -539,6 +604,8 @@ class _MessageOutcome(BaseMiddleware):
         self.delivery = meta.num_delivered or 1
         headers = raw.headers or {}
         self.message_id = headers.get(MSG_ID_HEADER) or f"{meta.stream}:{meta.sequence.stream}"
+        _delivery.set(self.delivery)
+        self.scope.callback(_delivery.set, 1)
         self.scope.enter_context(
             bind_message(
                 service=self.outcomes.service,

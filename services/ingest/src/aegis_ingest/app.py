@@ -8,10 +8,11 @@ RawArchived on JetStream, with acknowledgement to the MQTT broker only after bot
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import AsyncExitStack
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiomqtt
 import structlog
@@ -25,7 +26,7 @@ from aegis_ingest.settings import IngestSettings
 from aegis_runtime.broker import create_broker, ensure_streams, nats_ready
 from aegis_runtime.health import HealthServer
 from aegis_runtime.heartbeat import HeartbeatPublisher
-from aegis_runtime.lifecycle import run_service, start_background
+from aegis_runtime.lifecycle import run_service, settle_heap, start_background
 from aegis_runtime.logging import configure
 from aegis_runtime.metrics import Metrics
 from aegis_storage.clients import open_clients
@@ -60,8 +61,9 @@ class _Backoff:
 
 
 class IngestApp:
-    def __init__(self, settings: IngestSettings) -> None:
+    def __init__(self, settings: IngestSettings, *, settle: bool = False) -> None:
         self.settings = settings
+        self.settle = settle  # a process of its own: settle_heap() once started
         self.metrics = Metrics(settings.service)
         self.health = HealthServer(self.metrics, settings.health_host, settings.health_port)
         self.broker: NatsBroker = create_broker(settings, name=settings.service)
@@ -92,6 +94,8 @@ class IngestApp:
                 metrics=self.metrics,
                 stopping=stop,
             )
+            if self.settle:
+                settle_heap()
             log.info(
                 "ingest_started",
                 client_id=s.mqtt_client_id,
@@ -115,7 +119,8 @@ class IngestApp:
             except (aiomqtt.MqttError, _Redeliver) as err:
                 delay = backoff.next()
                 log.warning("mqtt_disconnected", error=str(err) or repr(err), retry_in_s=delay)
-                await _first(asyncio.sleep(delay), stop)
+                async with _halt_on(stop) as halt:
+                    await _first(asyncio.sleep(delay), halt)
 
     async def _session(
         self,
@@ -130,18 +135,20 @@ class IngestApp:
         acker = Acker(client)
         redeliver = asyncio.Event()
         try:
-            async with client:
+            async with client, _halt_on(stop, redeliver) as halt:
                 self.mqtt_connected = True
                 await client.subscribe(s.shared_subscription, qos=1)
                 self.subscribed.set()
                 backoff.reset()
                 log.info("mqtt_subscribed", subscription=s.shared_subscription)
                 messages = aiter(client.messages)
-                while True:
+                while not halt.done():
                     # a free slot first, then the next message: the rest wait at the broker
-                    if not await _first(slots.acquire(), stop, redeliver):
+                    if not slots.locked():
+                        await slots.acquire()  # a free one is taken at once, without waiting
+                    elif not await _first(slots.acquire(), halt):
                         break
-                    message = await _first(anext(messages), stop, redeliver)
+                    message = await _first(anext(messages), halt)
                     if message is None:
                         slots.release()
                         break
@@ -208,15 +215,37 @@ class IngestApp:
             await asyncio.wait(pending)
 
 
-async def _first(awaitable: Awaitable[_T], *events: asyncio.Event) -> _T | None:
-    """The result of ``awaitable``, or None (and it is cancelled) when an event is set first."""
-    task = asyncio.ensure_future(awaitable)
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+@contextlib.asynccontextmanager
+async def _halt_on(*events: asyncio.Event) -> AsyncIterator[asyncio.Future[None]]:
+    """A future that is done once any of ``events`` is set: one watcher for the whole block,
+    where waiting on the events themselves took two tasks per message."""
+    halt: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def watch() -> None:
+        waiters = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        if not halt.done():
+            halt.set_result(None)
+
+    watcher = asyncio.create_task(watch())
     try:
-        await asyncio.wait([task, *waiters], return_when=asyncio.FIRST_COMPLETED)
+        yield halt
     finally:
-        for waiter in waiters:
-            waiter.cancel()
+        watcher.cancel()
+        await asyncio.wait([watcher])
+
+
+async def _first(awaitable: Awaitable[_T], halt: asyncio.Future[None]) -> _T | None:
+    """The result of ``awaitable``, or None (and it is cancelled) when ``halt`` is done first."""
+    task = asyncio.ensure_future(awaitable)
+    either: list[asyncio.Future[Any]] = [task, halt]
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
         if not task.done():
             task.cancel()
             # settle it here: a cancelled Semaphore.acquire hands its permit on, a cancelled
@@ -227,12 +256,13 @@ async def _first(awaitable: Awaitable[_T], *events: asyncio.Event) -> _T | None:
     return task.result()
 
 
-def create_app(settings: IngestSettings | None = None) -> IngestApp:
-    return IngestApp(settings or IngestSettings())
+def create_app(settings: IngestSettings | None = None, *, settle: bool = False) -> IngestApp:
+    """``settle``: the app owns its process (the console script); see ``settle_heap``."""
+    return IngestApp(settings or IngestSettings(), settle=settle)
 
 
 def main() -> None:
     settings = IngestSettings()
     configure(settings.log_format, settings.log_level)
-    app = create_app(settings)
+    app = create_app(settings, settle=True)
     run_service(app.run, shutdown_timeout=settings.shutdown_grace_seconds + 10)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from datetime import timedelta
 
 import structlog
-from faststream.nats import NatsBroker, NatsMessage
-from pydantic import BaseModel
+from faststream.nats import NatsBroker
 
 from aegis_contracts.events import RawArchived
 from aegis_contracts.subjects import STREAMS
@@ -21,16 +21,18 @@ from aegis_processor.rules import RiskRules, load_rules
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime.broker import (
+    Outgoing,
     RetryPolicy,
     create_broker,
+    delivery,
     durable_pull,
     ensure_streams,
     nats_ready,
-    publish,
+    publish_many,
 )
 from aegis_runtime.health import HealthServer
 from aegis_runtime.heartbeat import HeartbeatPublisher
-from aegis_runtime.lifecycle import run_service, start_background
+from aegis_runtime.lifecycle import run_service, settle_heap, start_background
 from aegis_runtime.metrics import Metrics
 from aegis_storage.clients import AwsClients, open_clients
 from aegis_storage.readmodel import ReadModel
@@ -45,9 +47,15 @@ class ProcessorApp:
     """``await start()`` / ``await stop()``, or ``await run(stop_event)`` under run_service."""
 
     def __init__(
-        self, settings: ProcessorSettings, *, rules: RiskRules, clock: Clock = utc_now
+        self,
+        settings: ProcessorSettings,
+        *,
+        rules: RiskRules,
+        clock: Clock = utc_now,
+        settle: bool = False,
     ) -> None:
         self.settings = settings
+        self.settle = settle  # a process of its own: settle_heap() once started
         self.rules = rules
         self.clock = clock
         self.metrics = Metrics(settings.service)
@@ -87,9 +95,8 @@ class ProcessorApp:
             ack_wait=settings.ack_wait_s,
             max_deliver=settings.max_deliver,
         )
-        async def on_raw_archived(event: RawArchived, msg: NatsMessage) -> None:
-            delivered = msg.raw_message.metadata.num_delivered or 1
-            await self.handle(event, redelivered=delivered > 1)
+        async def on_raw_archived(event: RawArchived) -> None:
+            await self.handle(event, redelivered=delivery() > 1)
 
     async def handle(self, event: RawArchived, *, redelivered: bool = False) -> Outcome:
         if self.processor is None:
@@ -98,8 +105,8 @@ class ProcessorApp:
         self.latest_outcomes.labels(outcome=outcome.latest).inc()
         return outcome
 
-    async def _publish(self, subject: str, event: BaseModel, *, msg_id: str) -> bool:
-        return await publish(self.broker, subject, event, msg_id=msg_id)
+    async def _publish(self, events: Sequence[Outgoing]) -> list[bool]:
+        return await publish_many(self.broker, events)
 
     async def _storage_ready(self) -> bool:
         if self.clients is None:
@@ -144,6 +151,8 @@ class ProcessorApp:
         except BaseException:
             await stack.aclose()
             raise
+        if self.settle:
+            settle_heap()
         log.info("processor_started", durable=s.durable, rules_version=self.rules.version)
 
     async def stop(self) -> None:
@@ -173,17 +182,22 @@ def create_app(
     *,
     rules: RiskRules | None = None,
     clock: Clock = utc_now,
+    settle: bool = False,
 ) -> ProcessorApp:
-    """Build the processor; nothing connects until ``start()``."""
+    """Build the processor; nothing connects until ``start()``. ``settle``: the app owns its
+    process (the console script), so it may take the garbage collector's settings in hand."""
     s = settings or ProcessorSettings()
     loaded = rules or load_rules(s.rules_file)
     return ProcessorApp(
-        s, rules=loaded.with_staleness(s.stale_after_s, s.offline_after_s), clock=clock
+        s,
+        rules=loaded.with_staleness(s.stale_after_s, s.offline_after_s),
+        clock=clock,
+        settle=settle,
     )
 
 
 def main() -> None:
     settings = ProcessorSettings()
     aegis_logging.configure(settings.log_format, settings.log_level)
-    app = create_app(settings)
+    app = create_app(settings, settle=True)
     run_service(app.run)

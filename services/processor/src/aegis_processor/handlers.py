@@ -29,13 +29,12 @@ import contextlib
 import json
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any, Protocol, TypeVar, cast
 
 import structlog
-from pydantic import BaseModel
 
 from aegis_contracts import keys
 from aegis_contracts.events import ChangeEvent, ObjectCreated, RawArchived
@@ -57,9 +56,9 @@ from aegis_contracts.times import (
 from aegis_contracts.ttl import TtlSettings
 from aegis_processor import domain
 from aegis_processor.rules import RiskRules
-from aegis_runtime.broker import Poison
+from aegis_runtime.broker import Outgoing, Poison
 from aegis_storage.errors import Conflict, NotFound, Transient
-from aegis_storage.readmodel import LATEST_GROUPS, ReadModel, as_stored
+from aegis_storage.readmodel import LATEST_GROUPS, ReadModel, encode
 from aegis_storage.s3 import ObjectStore, PutResult
 
 log = structlog.get_logger(__name__)
@@ -79,9 +78,9 @@ _B = TypeVar("_B")
 
 
 class Publish(Protocol):
-    """Publish ``event`` to ``subject`` with de-duplication id ``msg_id``."""
+    """Publish events (subject, event, de-duplication id) together; wait until all are stored."""
 
-    def __call__(self, subject: str, event: BaseModel, *, msg_id: str) -> Awaitable[bool]: ...
+    def __call__(self, events: Sequence[Outgoing]) -> Awaitable[list[bool]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,25 +320,24 @@ class Processor:
                     "prev_updated_at": None if seen is None else parse_ts(str(seen)),
                 }
             ).model_dump(mode="json")
-            # a group no message has set yet is absent, not null (the partial-update contract)
-            image = as_stored({k: v for k, v in dump.items() if v is not None})
-            history = {
-                **image,
-                "sk": keys.history_state_sk(updated_at),
-                "ttl": self.ttl.history_expiry(now),
-            }
+            # a group no message has set yet is absent, not null (the partial-update contract);
+            # converted once for both writes
+            encoded = encode({k: v for k, v in dump.items() if v is not None})
+            image = encoded.plain
+            history_sk = keys.history_state_sk(updated_at)
+            history = encoded.with_fields(sk=history_sk, ttl=self.ttl.history_expiry(now))
             try:
                 await self.readmodel.put_item(history, if_absent=True)
             except Conflict:  # that millisecond holds another state: read again, move on
                 floor = updated_at + timedelta(milliseconds=1)
                 continue
             if await self.readmodel.replace_latest(
-                factory_id, image, expected=None if seen is None else str(seen)
+                factory_id, encoded, expected=None if seen is None else str(seen)
             ):
                 self._remember(factory_id, image)
                 return Commit(old=old, new=image, at=updated_at)
             # another writer replaced LATEST first: this state never was, so it is no history
-            await self.readmodel.delete_item(pk, history["sk"])
+            await self.readmodel.delete_item(pk, history_sk)
             self._known.pop(factory_id, None)
         raise Transient(f"LATEST of {factory_id} kept changing under {COMMIT_ATTEMPTS} attempts")
 
@@ -426,8 +424,8 @@ class Processor:
         commits: list[Commit],
         now: datetime,
     ) -> None:
-        sends = [
-            self.publish(
+        events = [
+            Outgoing(
                 object_created_subject(_family(put.key)),
                 ObjectCreated(
                     bucket=self.store.bucket,
@@ -437,15 +435,15 @@ class Processor:
                     producer=PRODUCER,
                     created_at=now,
                 ),
-                msg_id=f"oc:{put.key}",
+                f"oc:{put.key}",
             )
             for put in created
         ]
         pk = keys.factory_pk(factory_id)
         for change in commits:
             new = change.new
-            sends.append(
-                self.publish(
+            events.append(
+                Outgoing(
                     change_subject(LATEST_ENTITY),
                     ChangeEvent(
                         table=self.readmodel.table,
@@ -457,14 +455,10 @@ class Processor:
                         producer=PRODUCER,
                         at=now,
                     ),
-                    msg_id=f"chg:{pk}:{keys.LATEST_SK}:{new.get('updated_at')}",
+                    f"chg:{pk}:{keys.LATEST_SK}:{new.get('updated_at')}",
                 )
             )
-        await all_of(*(_awaited(s) for s in sends))
-
-
-async def _awaited(aw: Awaitable[bool]) -> bool:
-    return await aw
+        await self.publish(events)
 
 
 def _family(key: str) -> str:
