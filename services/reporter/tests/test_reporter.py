@@ -495,3 +495,126 @@ async def test_aegis_report_backfills_a_date_and_publishes_the_events(
         assert event.detail["key"] == keys.report_key(DAY, unique_id, ReportArtifact.REPORT)
     finally:
         await broker.stop()
+
+
+async def test_a_simulated_day_reports_exactly_the_injected_incidents(
+    foundation: Foundation, unique_id: str
+) -> None:
+    """The simulator's own model (gas leak and fire injected at known times) -> the processor's own
+    normalization and risk -> processed/ objects -> the report; incidents and numbers against a
+    brute-force computation over the same records."""
+    from aegis_contracts.events import RawArchived  # noqa: PLC0415
+    from aegis_contracts.ids import SourceType  # noqa: PLC0415
+    from aegis_contracts.payloads import parse_device_message  # noqa: PLC0415
+    from aegis_contracts.state import FactoryState, RiskRecord  # noqa: PLC0415
+    from aegis_contracts.times import parse_ts, resolve_event_time  # noqa: PLC0415
+    from aegis_processor.domain import message_risk, normalize  # noqa: PLC0415
+    from aegis_processor.rules import load_rules  # noqa: PLC0415
+    from aegis_simulator.domain import Fleet, parse_scenarios  # noqa: PLC0415
+
+    fid = unique_id
+    begin = START + timedelta(hours=2)  # KST 02:00
+    fleet = Fleet(
+        [fid],
+        start=begin,
+        seed=11,
+        run_id="rep",
+        scenarios=parse_scenarios([f"gas_leak@{fid}+600:300", f"fire@{fid}+1800:180"]),
+        intervals={SourceType.FACTORY_STATE: 5.0},
+        jitter=0.0,
+    )
+    rules = load_rules()
+    records: list[tuple[FactoryState, RiskRecord]] = []
+    now = begin
+    while now < begin + timedelta(minutes=50):
+        for emission in fleet.due(now):
+            received = now + timedelta(milliseconds=40)
+            message = parse_device_message(
+                emission.source_type, emission.payload, topic_factory_id=fid
+            )
+            event = RawArchived(
+                message_id=emission.message_id,
+                factory_id=fid,
+                source_type=emission.source_type,
+                topic=emission.topic,
+                bucket=foundation.bucket,
+                key=keys.raw_key(fid, emission.source_type, received, emission.message_id),
+                received_at=received,
+                size_bytes=len(emission.payload),
+                qos=1,
+            )
+            when = resolve_event_time(message.emitted_at, received)
+            state = normalize(message, event, when)
+            assert isinstance(state, FactoryState)
+            records.append((state, RiskRecord(meta=state.meta, risk=message_risk(state, rules))))
+        now += timedelta(seconds=1)
+    objects = []
+    for state, risk in records:
+        at, mid = state.meta.event_time, state.meta.message_id
+        objects.append(
+            (
+                keys.processed_key(fid, Dataset.FACTORY_STATE, at, mid),
+                state.model_dump_json().encode(),
+            )
+        )
+        objects.append(
+            (keys.processed_key(fid, Dataset.RISK_SCORE, at, mid), risk.model_dump_json().encode())
+        )
+    await put_all(foundation.store, objects)
+
+    (run,) = await reporter(foundation, FakeClock(AFTER)).run_day(DAY, [fid])
+    assert run.objects == len(objects)
+    summary = json.loads(
+        (await artifacts(foundation.store, DAY, fid))["factory-daily-summary.json"]
+    )
+
+    # brute force: runs of consecutive records at WARNING or above, each ending at the first
+    # record below it
+    ordered = sorted(records, key=lambda r: (r[0].meta.event_time, r[0].meta.message_id))
+    expected: list[tuple[str, datetime, datetime]] = []
+    start_at: datetime | None = None
+    worst = Level.NORMAL
+    for state, risk in ordered:
+        level = risk.risk.level
+        if level is not Level.NORMAL:
+            if start_at is None:
+                start_at, worst = state.meta.event_time, level
+            worst = Level.worst(worst, level)
+        elif start_at is not None:
+            expected.append((worst.value, start_at, state.meta.event_time))
+            start_at = None
+    assert start_at is None  # both scenarios are over before the data ends
+    got = [(i["level"], i["start_utc"], i["end_utc"]) for i in summary["incidents"]]
+    assert got == [(lvl, format_ts(s), format_ts(e)) for lvl, s, e in expected]
+    # exactly the injected ones: the gas leak (600-900 s) and the fire (1800-1980 s)
+    # the injected ones are exactly the incidents with a gas or fire reason (the simulator's
+    # background also has short PPE detections, NO_HELMET_DETECTED, which are incidents too)
+    injected = [
+        i
+        for i in summary["incidents"]
+        if {r["code"] for r in i["reasons"]} & {"CO_HIGH", "FIRE_DETECTED"}
+    ]
+    assert all(
+        {r["code"] for r in i["reasons"]} == {"NO_HELMET_DETECTED"}
+        for i in summary["incidents"]
+        if i not in injected
+    )
+    assert [i["level"] for i in injected] == ["WARNING", "CRITICAL"]
+    gas, fire = ((parse_ts(i["start_utc"]), parse_ts(i["end_utc"])) for i in injected)
+    # gas leak +600 s for 300 s (CO ramps up, so it crosses the threshold a little later)
+    assert 600 <= (gas[0] - begin).total_seconds() < 900 < (gas[1] - begin).total_seconds() <= 910
+    # fire +1800 s for 180 s: CRITICAL from its first message to the first one after it
+    assert 1800 <= (fire[0] - begin).total_seconds() <= 1805
+    assert 1980 <= (fire[1] - begin).total_seconds() <= 1985
+    assert injected[1]["duration_s"] == (fire[1] - fire[0]).total_seconds()
+    reasons = {r["code"] for i in summary["incidents"] for r in i["reasons"]}
+    assert "FIRE_DETECTED" in reasons and any(
+        code.startswith("CO") or "GAS" in code for code in reasons
+    )
+    kst = summary["incidents"][1]["start_kst"]
+    assert kst.endswith("+09:00") and kst[11:13] == "02"
+    values = [s.sensors["co_ppm"] for s, _ in ordered if "co_ppm" in s.sensors]
+    co = summary["sensors"]["co_ppm"]
+    assert co["count"] == len(values) and co["max"] == max(values) and co["min"] == min(values)
+    assert co["avg"] == pytest.approx(math.fsum(values) / len(values), rel=1e-12)
+    assert summary["completeness"]["received"] == len(records)
