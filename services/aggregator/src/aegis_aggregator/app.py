@@ -1,5 +1,5 @@
-"""Composition root of the aggregator: storage clients, the broker (ObjectCreated events and
-heartbeats), the window loop, and the health/metrics server."""
+"""Composition root of the aggregator: the service shell (broker, clients, health, heartbeat) and
+the window loop."""
 
 from __future__ import annotations
 
@@ -9,32 +9,27 @@ from contextlib import AsyncExitStack
 from datetime import timedelta
 
 import structlog
-from faststream.nats import NatsBroker
 
 from aegis_aggregator.aggregate import WINDOW, Aggregator
 from aegis_aggregator.settings import AggregatorSettings
-from aegis_contracts.events import ObjectCreated
 from aegis_contracts.times import Clock, floor_to, utc_now
 from aegis_runtime import logging as aegis_logging
-from aegis_runtime.broker import create_broker, ensure_streams, nats_ready, publish
-from aegis_runtime.health import HealthServer
-from aegis_runtime.heartbeat import HeartbeatPublisher
 from aegis_runtime.lifecycle import run_service, start_background
-from aegis_runtime.metrics import Metrics
-from aegis_storage.clients import AwsClients, open_clients
+from aegis_runtime.service import ServiceApp
+from aegis_storage.clients import AwsClients
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
 log = structlog.get_logger(__name__)
 
 
-class AggregatorApp:
+class AggregatorApp(ServiceApp):
     """``await run(stop_event)`` under run_service; tests drive ``aggregator.tick()`` directly."""
 
+    settings: AggregatorSettings
+
     def __init__(self, settings: AggregatorSettings, *, clock: Clock = utc_now) -> None:
-        self.settings = settings
-        self.clock = clock
-        self.metrics = Metrics(settings.service)
+        super().__init__(settings, clock=clock)
         self.windows = self.metrics.counter(
             "aggregator_windows_total", "5-minute windows aggregated by this replica."
         )
@@ -47,24 +42,7 @@ class AggregatorApp:
         self.failures = self.metrics.counter(
             "aggregator_tick_failures_total", "Ticks that failed (retried at the next one)."
         )
-        self.broker: NatsBroker = create_broker(
-            settings, name=settings.service, metrics=self.metrics
-        )
-        self.health = HealthServer(self.metrics, settings.health_host, settings.health_port)
-        self.health.add_check("nats", nats_ready(self.broker))
-        self.health.add_check("storage", self._storage_ready)
-        self.heartbeat = HeartbeatPublisher.for_service(self.broker, settings, self.health, clock)
-        self.clients: AwsClients | None = None
         self.aggregator: Aggregator | None = None
-
-    async def _storage_ready(self) -> bool:
-        if self.clients is None:
-            return False
-        await self.clients.dynamodb.describe_table(TableName=self.settings.table)
-        return True
-
-    async def _publish(self, subject: str, event: ObjectCreated, *, msg_id: str) -> bool:
-        return await publish(self.broker, subject, event, msg_id=msg_id)
 
     async def tick(self) -> int:
         """One pass over the due windows; returns how many this replica ran."""
@@ -92,31 +70,22 @@ class AggregatorApp:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=wait)
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
         s = self.settings
-        async with AsyncExitStack() as stack:
-            await self.health.start()
-            stack.push_async_callback(self.health.stop)
-            self.clients = await stack.enter_async_context(open_clients(s.aws()))
-            stack.push_async_callback(self.broker.stop)
-            await ensure_streams(self.broker)
-            self.aggregator = Aggregator(
-                readmodel=ReadModel(self.clients.dynamodb, s.table),
-                store=ObjectStore(self.clients.s3, s.bucket),
-                publish=self._publish,
-                ttl=s.ttl,
-                clock=self.clock,
-                delay=timedelta(seconds=s.aggregate_delay_s),
-                lease=timedelta(seconds=s.claim_lease_s),
-                fresh_for=timedelta(seconds=s.fresh_for_s),
-                catchup=s.catchup_windows,
-                concurrency=s.factory_concurrency,
-            )
-            start_background(stack, self.heartbeat.run, "aggregator-heartbeat")
-            log.info(
-                "aggregator_started", owner=self.aggregator.owner, catchup=self.aggregator.catchup
-            )
-            await self._loop(stop)
+        self.aggregator = Aggregator(
+            readmodel=ReadModel(clients.dynamodb, s.table),
+            store=ObjectStore(clients.s3, s.bucket),
+            publish=self.publish,
+            ttl=s.ttl,
+            clock=self.clock,
+            delay=timedelta(seconds=s.aggregate_delay_s),
+            lease=timedelta(seconds=s.claim_lease_s),
+            fresh_for=timedelta(seconds=s.fresh_for_s),
+            catchup=s.catchup_windows,
+            concurrency=s.factory_concurrency,
+        )
+        start_background(stack, self._loop, "aggregator-windows")
+        log.info("aggregator_started", owner=self.aggregator.owner, catchup=self.aggregator.catchup)
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""Composition root of the reporter: storage clients, the broker (report events and heartbeats),
-the daily schedule, and the health/metrics server."""
+"""Composition root of the reporter: the service shell (broker, clients, health, heartbeat) and
+the daily schedule."""
 
 from __future__ import annotations
 
@@ -9,20 +9,15 @@ from contextlib import AsyncExitStack
 from datetime import timedelta
 
 import structlog
-from faststream.nats import NatsBroker
 
-from aegis_contracts.events import ObjectCreated, SystemEvent
 from aegis_contracts.times import Clock, utc_now
 from aegis_reporter.generators import BedrockGenerator, ReportGenerator, TemplateGenerator
 from aegis_reporter.report import Publish, Reporter
 from aegis_reporter.settings import ReporterSettings
 from aegis_runtime import logging as aegis_logging
-from aegis_runtime.broker import create_broker, ensure_streams, nats_ready, publish
-from aegis_runtime.health import HealthServer
-from aegis_runtime.heartbeat import HeartbeatPublisher
 from aegis_runtime.lifecycle import run_service, start_background
-from aegis_runtime.metrics import Metrics
-from aegis_storage.clients import AwsClients, open_clients
+from aegis_runtime.service import ServiceApp
+from aegis_storage.clients import AwsClients
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
@@ -59,39 +54,20 @@ def build_reporter(
     )
 
 
-class ReporterApp:
+class ReporterApp(ServiceApp):
     """``await run(stop_event)`` under run_service; tests drive ``reporter.tick()`` directly."""
 
+    settings: ReporterSettings
+
     def __init__(self, settings: ReporterSettings, *, clock: Clock = utc_now) -> None:
-        self.settings = settings
-        self.clock = clock
-        self.metrics = Metrics(settings.service)
+        super().__init__(settings, clock=clock)
         self.days = self.metrics.counter(
             "reporter_days_total", "KST days reported by this replica."
         )
         self.failures = self.metrics.counter(
             "reporter_tick_failures_total", "Schedule checks that failed (retried at the next)."
         )
-        self.broker: NatsBroker = create_broker(
-            settings, name=settings.service, metrics=self.metrics
-        )
-        self.health = HealthServer(self.metrics, settings.health_host, settings.health_port)
-        self.health.add_check("nats", nats_ready(self.broker))
-        self.health.add_check("storage", self._storage_ready)
-        self.heartbeat = HeartbeatPublisher.for_service(self.broker, settings, self.health, clock)
-        self.clients: AwsClients | None = None
         self.reporter: Reporter | None = None
-
-    async def _storage_ready(self) -> bool:
-        if self.clients is None:
-            return False
-        await self.clients.s3.head_bucket(Bucket=self.settings.bucket)
-        return True
-
-    async def _publish(
-        self, subject: str, event: ObjectCreated | SystemEvent, *, msg_id: str
-    ) -> bool:
-        return await publish(self.broker, subject, event, msg_id=msg_id)
 
     async def tick(self) -> int:
         if self.reporter is None:
@@ -115,23 +91,16 @@ class ReporterApp:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=wait)
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
         s = self.settings
-        async with AsyncExitStack() as stack:
-            await self.health.start()
-            stack.push_async_callback(self.health.stop)
-            self.clients = await stack.enter_async_context(open_clients(s.aws()))
-            stack.push_async_callback(self.broker.stop)
-            await ensure_streams(self.broker)
-            self.reporter = build_reporter(s, self.clients, self._publish, self.clock)
-            start_background(stack, self.heartbeat.run, "reporter-heartbeat")
-            log.info(
-                "reporter_started",
-                owner=self.reporter.owner,
-                catchup_days=s.report_catchup_days,
-                generator=s.report_generator,
-            )
-            await self._loop(stop)
+        self.reporter = build_reporter(s, clients, self.publish, self.clock)
+        start_background(stack, self._loop, "reporter-schedule")
+        log.info(
+            "reporter_started",
+            owner=self.reporter.owner,
+            catchup_days=s.report_catchup_days,
+            generator=s.report_generator,
+        )
 
 
 def main() -> None:

@@ -1,0 +1,98 @@
+"""The shell every AEGIS service process shares (DESIGN §2: health, metrics, heartbeats, graceful
+shutdown): metrics, a broker, ``/healthz`` ``/readyz`` ``/metrics`` with NATS and storage
+readiness, a heartbeat, AWS clients opened in :meth:`ServiceApp.start` and everything closed in
+reverse order by :meth:`ServiceApp.stop`.
+
+A service subclasses it: registers its consumers on ``self.broker`` in ``__init__``, builds its
+parts in :meth:`ServiceApp.setup` (the clients are open then; a periodic loop goes on
+``start_background(stack, ...)``), and is run by ``run_service(app.run)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING
+
+import pydantic
+import structlog
+
+from aegis_contracts.times import Clock, utc_now
+from aegis_runtime.broker import RetryPolicy, create_broker, ensure_streams, nats_ready, publish
+from aegis_runtime.health import HealthServer
+from aegis_runtime.heartbeat import HeartbeatPublisher
+from aegis_runtime.lifecycle import start_background
+from aegis_runtime.metrics import Metrics
+from aegis_storage.clients import AwsClients, open_clients
+
+if TYPE_CHECKING:
+    from faststream.nats import NatsBroker
+
+    from aegis_runtime.settings import AegisSettings
+
+log = structlog.get_logger(__name__)
+
+
+class ServiceApp:
+    """``await start()`` / ``await stop()``, or ``await run(stop_event)`` under run_service."""
+
+    def __init__(
+        self, settings: AegisSettings, *, clock: Clock = utc_now, retry: RetryPolicy | None = None
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.metrics = Metrics(settings.service)
+        self.broker: NatsBroker = create_broker(
+            settings, name=settings.service, metrics=self.metrics, retry=retry
+        )
+        self.health = HealthServer(self.metrics, settings.health_host, settings.health_port)
+        self.health.add_check("nats", nats_ready(self.broker))
+        self.health.add_check("storage", self.storage_ready)
+        self.heartbeat = HeartbeatPublisher.for_service(self.broker, settings, self.health, clock)
+        self.clients: AwsClients | None = None
+        self._stack: AsyncExitStack | None = None
+
+    async def storage_ready(self) -> bool:
+        """Ready when the bucket answers (the clients are open and the endpoint reachable)."""
+        if self.clients is None:
+            return False
+        await self.clients.s3.head_bucket(Bucket=self.settings.bucket)
+        return True
+
+    async def publish(self, subject: str, event: pydantic.BaseModel, *, msg_id: str) -> bool:
+        return await publish(self.broker, subject, event, msg_id=msg_id)
+
+    async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
+        """Build the service's parts; what it registers on ``stack`` is closed first on stop."""
+
+    async def start(self) -> None:
+        stack = self._stack = AsyncExitStack()
+        try:
+            await self.health.start()
+            stack.push_async_callback(self.health.stop)
+            self.clients = await stack.enter_async_context(open_clients(self.settings.aws()))
+            await ensure_streams(self.broker)
+            stack.push_async_callback(self.broker.stop)
+            await self.setup(stack, self.clients)
+            await self.broker.start()  # the consumers registered in __init__ start pulling
+            start_background(stack, self.heartbeat.run, f"{self.settings.service}-heartbeat")
+        except BaseException:
+            self._stack = None
+            await stack.aclose()
+            raise
+        log.info("service_started", service=self.settings.service)
+
+    async def stop(self) -> None:
+        """Heartbeat and the parts' tasks first, then the consumers (in-flight messages finish or
+        are nacked), the clients and the health server."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+        self.clients = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
