@@ -15,8 +15,10 @@ from aegis_contracts.times import format_ts
 from aegis_dashboard_api.access import token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
+from aegis_runtime.localservers import free_port
 from aegis_runtime.testing.clock import FakeClock
 from aegis_runtime.testing.storage import Foundation
+from aegis_storage.clients import AwsConfig, open_clients
 
 pytestmark = pytest.mark.integration
 
@@ -319,3 +321,16 @@ def test_tokens_setting_takes_digests_only() -> None:
     with pytest.raises(ValueError, match="AEGIS_DASHBOARD_TOKENS"):
         DashboardSettings(dashboard_tokens="plain-token")
     assert DashboardSettings(dashboard_tokens="").token_digests == ()
+
+
+async def test_storage_down_is_503_with_a_clear_body() -> None:
+    dead = AwsConfig(endpoint_url=f"http://127.0.0.1:{free_port()}", max_attempts=1)
+    async with open_clients(dead) as clients:
+        settings = DashboardSettings(dashboard_tokens=token_digest(TOKEN))
+        app = create_app(settings, clients=clients, clock=FakeClock(NOW))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
+            resp = await c.get("/api/fleet", headers=AUTH)
+            assert resp.status_code == 503
+            assert resp.json()["error"] == "storage_unavailable"
+            assert (await c.get("/readyz")).status_code == 503

@@ -18,6 +18,7 @@ from aegis_dashboard_api.routes import ApiError, Reader, router
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_runtime import logging as aegis_logging
 from aegis_storage.clients import AwsClients, open_clients
+from aegis_storage.errors import StorageError
 
 log = structlog.get_logger(__name__)
 
@@ -66,6 +67,14 @@ def create_app(
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse(
             {"error": exc.error, "message": exc.message}, status_code=exc.status, headers=headers
+        )
+
+    @app.exception_handler(StorageError)
+    async def storage_error(_: Request, exc: StorageError) -> JSONResponse:
+        log.warning("storage_failed", error=str(exc))
+        return JSONResponse(
+            {"error": "storage_unavailable", "message": "the read model could not be read"},
+            status_code=503,
         )
 
     @app.get("/healthz", include_in_schema=False)
