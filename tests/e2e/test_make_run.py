@@ -38,6 +38,7 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
         "AEGIS_MQTT_URL": private_mosquitto.url,
         "AEGIS_NATS_URL": private_nats.url,
         "AEGIS_UP_FIRST_HEALTH_PORT": "0",
+        "AEGIS_DASHBOARD_PORT": "0",  # any free port: 8080 may be a running `make run`'s
     }
     log = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block

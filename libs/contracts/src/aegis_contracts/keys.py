@@ -162,6 +162,11 @@ def image_snapshot_key(factory_id: str, captured_at: datetime, filename: str) ->
     )
 
 
+def image_snapshot_day_prefix(factory_id: str, day: date) -> str:
+    """``image_snapshot/factory_id={f}/yyyy=/mm=/dd=/``: one UTC day of a factory's images."""
+    return f"{IMAGE_SNAPSHOT_PREFIX}factory_id={factory(factory_id)}/{day_path(day)}/"
+
+
 def report_target(target: str) -> str:
     """A report target: a factory id, or ``cloud-infra``."""
     return CLOUD_INFRA_TARGET if target == CLOUD_INFRA_TARGET else factory(target)

@@ -137,6 +137,8 @@ async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
                 f"(or AEGIS_AWS_ENDPOINT_URL={endpoint_of(settings)} aegis status)",
                 flush=True,
             )
+            if any(s.name == "dashboard-api" for s in specs):
+                print(f"aegis up: the dashboard API: {settings.dashboard_url}/docs", flush=True)
         else:
             print("aegis up: no services installed yet; the local stack is ready (Ctrl-C stops)")
         waiters = [asyncio.create_task(p.wait()) for p in procs.values()]

@@ -266,6 +266,32 @@ class ReadModel:
                 items.extend(from_attributes(i) for i in page.get("Items", []))
         return sorted(items, key=lambda i: str(i["pk"]))
 
+    async def firing_alerts(self, *, now: datetime) -> list[dict[str, Any]]:
+        """Every live ALERT# state that is firing (the dashboard's open alerts), by scope then sort
+        key. A filtered scan, like the fleet: alert partitions are few and small."""
+        items: list[dict[str, Any]] = []
+        paginator = self._ddb.get_paginator("scan")
+        with translated(f"scan {self.table} for firing alerts"):
+            async for page in paginator.paginate(
+                TableName=self.table,
+                FilterExpression=(
+                    "begins_with(pk, :alert) AND firing = :true"
+                    " AND (attribute_not_exists(#ttl) OR #ttl > :now)"
+                ),
+                ExpressionAttributeNames={"#ttl": "ttl"},
+                ExpressionAttributeValues={
+                    ":alert": {"S": "ALERT#"},
+                    ":true": {"BOOL": True},
+                    ":now": {"N": str(int(now.timestamp()))},
+                },
+            ):
+                items.extend(
+                    item
+                    for item in (from_attributes(i) for i in page.get("Items", []))
+                    if live(item, now)
+                )
+        return sorted(items, key=lambda i: (str(i["pk"]), str(i["sk"])))
+
     # -- HISTORY and other keyed items ------------------------------------------------------------
 
     async def put_history_state(

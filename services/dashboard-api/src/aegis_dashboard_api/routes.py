@@ -1,0 +1,243 @@
+"""The read-only routes: views of the read model (DynamoDB) and of images and reports (S3).
+
+Absent data is an empty result; an unknown or invalid factory id is a 404 with a clear body."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from markdown_it import MarkdownIt
+
+from aegis_contracts import keys
+from aegis_contracts.errors import ContractError
+from aegis_contracts.times import Clock, format_ts, parse_ts
+from aegis_dashboard_api.models import (
+    Alerts,
+    Cloud,
+    DayImages,
+    Factory,
+    Fleet,
+    FleetEntry,
+    History,
+    ImageLink,
+    Item,
+    LatestImage,
+    Problem,
+    ReportEntry,
+    Reports,
+    Window,
+)
+from aegis_dashboard_api.settings import DashboardSettings
+from aegis_storage.clients import AwsClients
+from aegis_storage.errors import NotFound
+from aegis_storage.readmodel import ReadModel
+from aegis_storage.s3 import ObjectStore
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, error: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.error, self.message = status, error, message
+
+
+class Reader:
+    """What the routes read through: the read model, the bucket, presigning and the clock."""
+
+    def __init__(self, clients: AwsClients, settings: DashboardSettings, clock: Clock) -> None:
+        self.clients, self.settings, self.clock = clients, settings, clock
+        self.readmodel = ReadModel(self.clients.dynamodb, self.settings.table)
+        self.store = ObjectStore(self.clients.s3, self.settings.bucket)
+
+    async def ready(self) -> bool:
+        try:
+            await self.clients.s3.head_bucket(Bucket=self.settings.bucket)
+        except Exception:  # any failure means not ready
+            return False
+        return True
+
+    async def latest(self, factory_id: str) -> Item:
+        """The factory's LATEST, or a 404 naming why."""
+        try:
+            fid = keys.factory(factory_id)
+        except ContractError as err:
+            raise ApiError(404, "unknown_factory", f"no factory {factory_id!r}: {err}") from None
+        item = await self.readmodel.get_latest(fid)
+        if item is None:
+            raise ApiError(404, "unknown_factory", f"no factory {fid!r} in the read model")
+        return item
+
+    async def link(self, key: str, **fields: Any) -> ImageLink:
+        ttl = self.settings.dashboard_presign_ttl_s
+        url = await self.clients.s3.generate_presigned_url(
+            "get_object", Params={"Bucket": self.settings.bucket, "Key": key}, ExpiresIn=ttl
+        )
+        return ImageLink(s3_key=key, url=url, expires_in_s=ttl, **fields)
+
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": Problem}, 401: {"model": Problem}}
+UNAUTHORIZED: dict[int | str, dict[str, Any]] = {401: {"model": Problem}}
+
+router = APIRouter()
+
+
+def _reader(request: Request) -> Reader:
+    reader: Reader = request.app.state.reader
+    return reader
+
+
+def _age_s(at: object, now: datetime) -> float | None:
+    if not isinstance(at, str):
+        return None
+    try:
+        return round((now - parse_ts(at)).total_seconds(), 3)
+    except ValueError:
+        return None
+
+
+def fleet_entry(item: Item, now: datetime) -> FleetEntry:
+    risk = item.get("risk") or {}
+    pipeline = item.get("pipeline_status") or {}
+    at = item.get("last_factory_state_at")
+    return FleetEntry(
+        factory_id=str(item.get("factory_id") or str(item["pk"]).removeprefix("FACTORY#")),
+        level=risk.get("level"),
+        score=risk.get("score"),
+        reasons=list(risk.get("reasons") or []),
+        last_factory_state_at=at if isinstance(at, str) else None,
+        age_s=_age_s(at, now),
+        pipeline_status=pipeline.get("status"),
+        updated_at=item.get("updated_at"),
+    )
+
+
+@router.get("/fleet", response_model=Fleet, responses=UNAUTHORIZED)
+async def fleet(request: Request) -> Fleet:
+    """Every factory's level, score, reasons, freshness and pipeline status."""
+    reader = _reader(request)
+    now = reader.clock()
+    items = await reader.readmodel.factory_latest_items()
+    return Fleet(generated_at=format_ts(now), factories=[fleet_entry(i, now) for i in items])
+
+
+@router.get("/factories/{factory_id}", response_model=Factory, responses=NOT_FOUND)
+async def factory(factory_id: str, request: Request) -> Factory:
+    """One factory's LATEST item."""
+    item = await _reader(request).latest(factory_id)
+    return Factory(factory_id=factory_id, latest=item)
+
+
+@router.get("/factories/{factory_id}/history", response_model=History, responses=NOT_FOUND)
+async def history(factory_id: str, request: Request, window: Window = "1h") -> History:
+    """1h: HISTORY#STATE (raw resolution); 6h/12h/24h: GRAPH#5M buckets. Expired items left out."""
+    reader = _reader(request)
+    await reader.latest(factory_id)
+    family, items = await reader.readmodel.factory_window(factory_id, window, now=reader.clock())
+    return History(factory_id=factory_id, window=window, family=family, items=items)
+
+
+@router.get("/cloud", response_model=Cloud, responses=UNAUTHORIZED)
+async def cloud(request: Request) -> Cloud:
+    """CLOUD#infra LATEST with the fast (6 h) and slow (24 h) history."""
+    reader = _reader(request)
+    now = reader.clock()
+    return Cloud(
+        latest=await reader.readmodel.get_cloud_latest(),
+        fast=await reader.readmodel.cloud_window("fast", now=now),
+        slow=await reader.readmodel.cloud_window("slow", now=now),
+    )
+
+
+@router.get("/alerts", response_model=Alerts, responses=UNAUTHORIZED)
+async def alerts(request: Request) -> Alerts:
+    """Alerts firing now (ALERT# states with firing = true, expired ones left out)."""
+    reader = _reader(request)
+    return Alerts(alerts=await reader.readmodel.firing_alerts(now=reader.clock()))
+
+
+@router.get(
+    "/factories/{factory_id}/images/latest", response_model=LatestImage, responses=NOT_FOUND
+)
+async def latest_image(factory_id: str, request: Request) -> LatestImage:
+    """The latest camera image as a short-lived presigned URL; null when there is none."""
+    reader = _reader(request)
+    ref = (await reader.latest(factory_id)).get("latest_image_snapshot")
+    if not isinstance(ref, dict) or not ref.get("s3_key"):
+        return LatestImage(factory_id=factory_id, image=None)
+    image = await reader.link(
+        str(ref["s3_key"]),
+        size_bytes=ref.get("size_bytes"),
+        captured_at=ref.get("captured_at"),
+        camera_id=ref.get("camera_id"),
+        content_type=ref.get("content_type"),
+    )
+    return LatestImage(factory_id=factory_id, image=image)
+
+
+@router.get("/factories/{factory_id}/images", response_model=DayImages, responses=NOT_FOUND)
+async def day_images(
+    factory_id: str,
+    request: Request,
+    day: Annotated[date, Query(alias="date", description="UTC day")],
+) -> DayImages:
+    """A UTC day's camera images, oldest first, as short-lived presigned URLs."""
+    reader = _reader(request)
+    await reader.latest(factory_id)
+    prefix = keys.image_snapshot_day_prefix(factory_id, day)
+    images = [
+        await reader.link(info.key, size_bytes=info.size_bytes)
+        async for info in reader.store.list_objects(prefix)
+    ]
+    return DayImages(factory_id=factory_id, day=day, images=images)
+
+
+@router.get("/reports", response_model=Reports, responses=UNAUTHORIZED)
+async def reports(
+    request: Request, day: Annotated[date, Query(alias="date", description="KST report date")]
+) -> Reports:
+    """The reports of one KST date: each target with the artifacts written for it."""
+    reader = _reader(request)
+    prefix = keys.report_prefix(day)
+    by_target: dict[str, list[str]] = {}
+    async for info in reader.store.list_objects(prefix):
+        target, _, artifact = info.key.removeprefix(prefix).partition("/")
+        if artifact:
+            by_target.setdefault(target, []).append(artifact)
+    entries = [ReportEntry(target=t, artifacts=a) for t, a in sorted(by_target.items())]
+    return Reports(day=day, reports=entries)
+
+
+@router.get(
+    "/reports/{report_date}/{target}",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"content": {"text/markdown": {}, "text/html": {}}},
+        404: {"model": Problem},
+        401: {"model": Problem},
+    },
+)
+async def report(
+    report_date: date,
+    target: str,
+    request: Request,
+    output: Annotated[Literal["markdown", "html"], Query(alias="format")] = "markdown",
+) -> Response:
+    """A target's report.md as written (text/markdown), or rendered (``?format=html``)."""
+    reader = _reader(request)
+    try:
+        key = keys.report_key(report_date, target, keys.ReportArtifact.REPORT)
+    except ContractError as err:
+        raise ApiError(404, "unknown_target", f"no report target {target!r}: {err}") from None
+    try:
+        body = await reader.store.get_bytes(key)
+    except NotFound:
+        raise ApiError(
+            404, "no_report", f"no report for {target!r} on {report_date.isoformat()}"
+        ) from None
+    if output == "html":
+        # raw HTML in a report is escaped, not passed through
+        html = MarkdownIt("commonmark", {"html": False}).render(body.decode("utf-8", "replace"))
+        return HTMLResponse(html)
+    return Response(body, media_type="text/markdown; charset=utf-8")
