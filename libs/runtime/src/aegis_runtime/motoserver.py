@@ -5,11 +5,17 @@ moto serves each request in its own thread and checks a condition (DynamoDB's
 second thread from doing the same: under load two concurrent conditional writes can both succeed,
 which real DynamoDB and S3 never allow. The claims that make N replicas do a piece of work once
 rely on exactly that, so the local emulator runs its requests under one lock. moto is GIL-bound
-Python, so this costs little throughput. Everything else is moto_server's own ``main``.
+Python, so this costs little throughput.
+
+Its full garbage collections are deferred too: moto keeps every object and item in one Python
+heap, and a full collection of a heap that a test suite has filled stalls every request for up to
+a second (measured by ``make bench``), which AWS does not do and which made latency assertions
+flaky. Everything else is moto_server's own ``main``.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 from typing import Any
@@ -31,6 +37,7 @@ def serialize_requests() -> None:
 def main(argv: list[str] | None = None) -> None:
     from moto.server import main as moto_main  # noqa: PLC0415
 
+    gc.set_threshold(700, 10, 1_000_000)
     serialize_requests()
     moto_main(argv if argv is not None else sys.argv[1:])
 
