@@ -27,6 +27,7 @@ from aegis_runtime.broker import (
     PublishFailed,
     RetryPolicy,
     create_broker,
+    current_subject,
     dead_letter,
     delivery,
     durable_pull,
@@ -362,11 +363,13 @@ async def test_transient_error_is_nacked_and_redelivered(
     router = NatsRouter()  # the middleware reaches subscribers declared on routers too
     deliveries: list[int] = []
     told: list[int] = []  # what delivery() says: the same, without a context parameter
+    subjects: list[str] = []  # and current_subject()
 
     @durable_pull(router, stream, "flaky", subject=subject, fetch_timeout=0.5, max_deliver=5)
     async def handle(body: bytes, msg: NatsMessage) -> None:
         deliveries.append(msg.raw_message.metadata.num_delivered or 0)
         told.append(delivery())
+        subjects.append(current_subject())
         if len(deliveries) < 3:
             raise ConnectionError("storage unavailable")
 
@@ -381,7 +384,8 @@ async def test_transient_error_is_nacked_and_redelivered(
         await service.stop()
 
     assert deliveries == told == [1, 2, 3]
-    assert delivery() == 1  # outside a message
+    assert subjects == [subject] * 3
+    assert delivery() == 1 and current_subject() == ""  # outside a message
     assert _outcomes(metrics) == {"retried": 2, "ok": 1}
     summaries = [
         line

@@ -553,6 +553,7 @@ def poison_reason(exc: BaseException) -> str | None:
 
 
 _delivery: ContextVar[int] = ContextVar("aegis_delivery", default=1)
+_subject: ContextVar[str] = ContextVar("aegis_subject", default="")
 
 
 def delivery() -> int:
@@ -561,6 +562,12 @@ def delivery() -> int:
     ``msg: NatsMessage`` parameter: FastStream resolves such a context parameter by running a
     synchronous function in a worker thread, a thread hand-off for every message."""
     return _delivery.get()
+
+
+def current_subject() -> str:
+    """The subject of the JetStream message being handled (empty outside a handler); read it here
+    for the same reason as :func:`delivery`."""
+    return _subject.get()
 
 
 class MessageOutcomes:
@@ -606,6 +613,8 @@ class _MessageOutcome(BaseMiddleware):
         self.message_id = headers.get(MSG_ID_HEADER) or f"{meta.stream}:{meta.sequence.stream}"
         _delivery.set(self.delivery)
         self.scope.callback(_delivery.set, 1)
+        _subject.set(raw.subject)
+        self.scope.callback(_subject.set, "")
         self.scope.enter_context(
             bind_message(
                 service=self.outcomes.service,

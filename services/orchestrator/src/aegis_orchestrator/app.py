@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 import structlog
-from faststream.nats import NatsBroker, NatsMessage
+from faststream.nats import NatsBroker
 from faststream.nats.subscriber.usecases import PullStreamSubscriber
 
 from aegis_contracts.events import ChangeEvent, RawArchived, SystemEvent
@@ -38,7 +38,14 @@ from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.store import DuplicateJob, JobStore
 from aegis_orchestrator.tasks import Tasks
 from aegis_runtime import logging as aegis_logging
-from aegis_runtime.broker import create_broker, durable_pull, ensure_streams, nats_ready, publish
+from aegis_runtime.broker import (
+    create_broker,
+    current_subject,
+    durable_pull,
+    ensure_streams,
+    nats_ready,
+    publish,
+)
 from aegis_runtime.health import HealthServer
 from aegis_runtime.heartbeat import HeartbeatPublisher, instance_id
 from aegis_runtime.lifecycle import run_service, start_background
@@ -109,8 +116,8 @@ class OrchestratorApp:
             )
 
         @consumer(EVENTS_STREAM, "changes", f"{CHANGES}.>")
-        async def on_change(event: ChangeEvent, msg: NatsMessage) -> None:
-            entity = msg.raw_message.subject.rsplit(".", 1)[-1]
+        async def on_change(event: ChangeEvent) -> None:
+            entity = current_subject().rsplit(".", 1)[-1]
             self.handle(biz_object_trigger(event.model_dump(mode="json"), entity))
 
         @consumer(EVENTS_STREAM, "events", f"{SYSTEM}.>")
