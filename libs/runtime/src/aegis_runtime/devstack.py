@@ -118,9 +118,13 @@ async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
             procs[spec.name] = proc
             assert proc.stdout is not None
             group.create_task(_pipe(spec.name, proc.stdout))
-            print(
-                f"aegis up: {spec.name} started, health http://127.0.0.1:{spec.health_port}/readyz"
+            # the dashboard answers /readyz on its own (API) port
+            health = (
+                f"{settings.dashboard_url.rstrip('/')}/readyz"
+                if spec.name == "dashboard-api"
+                else f"http://127.0.0.1:{spec.health_port}/readyz"
             )
+            print(f"aegis up: {spec.name} started, health {health}")
 
         # the data path first: on a small machine, starting every service at once delays the
         # moment the fleet shows by the time all of them take to import
