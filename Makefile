@@ -39,11 +39,12 @@ test: lint ## lint, then the whole suite: unit, integration, e2e against real se
 unit: $(STAMP) ## only the tests that need no server
 	$(VENV)/bin/pytest -m "not integration and not e2e"
 
-bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), backend ceiling, baseline, AEGIS end to end, a reporter day, migration
+bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), backend ceiling, baseline, AEGIS end to end, a reporter day, migration, the dashboard's fleet
 	$(VENV)/bin/python tests/bench/triggers.py --out bench-results/triggers.json
 	$(VENV)/bin/python tests/bench/pipeline.py --out bench-results/pipeline.json
 	$(VENV)/bin/python tests/bench/reporter.py --out bench-results/reporter.json
 	$(VENV)/bin/python tests/bench/migrate.py --out bench-results/migrate.json
+	$(VENV)/bin/python tests/bench/dashboard.py --out bench-results/dashboard.json
 
 fmt: $(STAMP) ## format and autofix
 	$(VENV)/bin/ruff format .

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -334,3 +335,34 @@ async def test_storage_down_is_503_with_a_clear_body() -> None:
             assert resp.status_code == 503
             assert resp.json()["error"] == "storage_unavailable"
             assert (await c.get("/readyz")).status_code == 503
+
+
+async def test_the_fleet_is_read_once_per_cache_period_for_every_screen(
+    foundation: Foundation, unique_id: str
+) -> None:
+    settings = DashboardSettings(
+        bucket=foundation.bucket,
+        table=foundation.table,
+        dashboard_tokens=token_digest(TOKEN),
+        dashboard_fleet_cache_s=60,
+    )
+    app = create_app(settings, clients=foundation.clients, clock=FakeClock(NOW))
+    scans = 0
+    reader = app.state.reader
+    scan = reader.readmodel.factory_latest_items
+
+    async def counted() -> list[dict[str, Any]]:
+        nonlocal scans
+        scans += 1
+        return await scan()
+
+    reader.readmodel.factory_latest_items = counted
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
+        screens = await asyncio.gather(*(c.get("/api/fleet", headers=AUTH) for _ in range(20)))
+        assert {r.status_code for r in screens} == {200} and scans == 1
+        await seed(foundation, unique_id)  # inside the period: the cached fleet is served
+        assert (await c.get("/api/fleet", headers=AUTH)).json()["factories"] == []
+        reader._fleet_read_at = 0.0  # the period has passed
+        (entry,) = (await c.get("/api/fleet", headers=AUTH)).json()["factories"]
+        assert entry["factory_id"] == unique_id and scans == 2

@@ -3,6 +3,7 @@ unless given), the read-only routes, bearer-token access, CORS, and ``main()`` u
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -39,8 +40,14 @@ def create_app(
             yield
             return
         async with open_clients(s.aws()) as opened:
-            app.state.reader = Reader(opened, s, clock)
-            yield
+            reader = app.state.reader = Reader(opened, s, clock)
+            stop = asyncio.Event()
+            warm = asyncio.create_task(reader.keep_fleet_warm(stop), name="fleet-cache")
+            try:
+                yield
+            finally:
+                stop.set()
+                await warm
 
     async def require_token(request: Request) -> None:
         if not allowed(bearer_token(request.headers.get("authorization")), s.token_digests):

@@ -4,9 +4,13 @@ Absent data is an empty result; an unknown or invalid factory id is a 404 with a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
+import structlog
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from markdown_it import MarkdownIt
@@ -36,6 +40,8 @@ from aegis_storage.errors import NotFound
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
+log = structlog.get_logger(__name__)
+
 
 class ApiError(Exception):
     def __init__(self, status: int, error: str, message: str) -> None:
@@ -50,6 +56,35 @@ class Reader:
         self.clients, self.settings, self.clock = clients, settings, clock
         self.readmodel = ReadModel(self.clients.dynamodb, self.settings.table)
         self.store = ObjectStore(self.clients.s3, self.settings.bucket)
+        # the fleet is one table scan shared by every open screen, at most once per
+        # dashboard_fleet_cache_s (a scan of 500 items takes ~2 s on moto, tens of ms on AWS)
+        self._fleet: list[Item] | None = None
+        self._fleet_read_at = 0.0
+        self._fleet_lock = asyncio.Lock()
+
+    async def fleet_items(self) -> list[Item]:
+        """Every FACTORY LATEST, read again when older than the cache period (one read at a
+        time: concurrent requests wait for it rather than each scanning)."""
+        ttl = self.settings.dashboard_fleet_cache_s
+        if self._fleet is not None and time.monotonic() - self._fleet_read_at < ttl:
+            return self._fleet
+        async with self._fleet_lock:
+            if self._fleet is None or time.monotonic() - self._fleet_read_at >= ttl:
+                self._fleet = await self.readmodel.factory_latest_items()
+                self._fleet_read_at = time.monotonic()
+            return self._fleet
+
+    async def keep_fleet_warm(self, stop: asyncio.Event) -> None:
+        """Re-read the fleet every cache period, so a request never waits for the scan."""
+        period = max(self.settings.dashboard_fleet_cache_s, 0.2)
+        while not stop.is_set():
+            try:
+                self._fleet_read_at = 0.0
+                await self.fleet_items()
+            except Exception as err:
+                log.warning("fleet_refresh_failed", error=str(err))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=period)
 
     async def ready(self) -> bool:
         try:
@@ -118,7 +153,7 @@ async def fleet(request: Request) -> Fleet:
     """Every factory's level, score, reasons, freshness and pipeline status."""
     reader = _reader(request)
     now = reader.clock()
-    items = await reader.readmodel.factory_latest_items()
+    items = await reader.fleet_items()
     return Fleet(generated_at=format_ts(now), factories=[fleet_entry(i, now) for i in items])
 
 

@@ -28,6 +28,8 @@ class DashboardSettings(AegisSettings):
     dashboard_cors_origins: str = ""
     # how long a presigned image URL stays valid
     dashboard_presign_ttl_s: int = Field(default=300, ge=1, le=3600)
+    # the fleet view is read at most this often, once for every open screen
+    dashboard_fleet_cache_s: float = Field(default=1.0, ge=0, le=60)
 
     @field_validator("dashboard_tokens")
     @classmethod
