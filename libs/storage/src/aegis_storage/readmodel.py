@@ -644,6 +644,26 @@ class ReadModel:
             return False
         return True
 
+    async def claim_pending(
+        self,
+        job: str,
+        window_start: datetime,
+        *,
+        claims: Mapping[str, Mapping[str, Any]],
+        owner: str,
+        now: datetime,
+        ttl: int,
+        lease: timedelta,
+    ) -> bool:
+        """Claim a window that :meth:`window_claims` (``claims``) does not show as done: the
+        periodic jobs that look back over their windows and mark each one finished."""
+        seen = claims.get(format_ts(window_start))
+        if seen is not None and seen.get("done_at"):
+            return False
+        return await self.claim_window(
+            job, window_start, owner=owner, now=now, ttl=ttl, lease=lease
+        )
+
     async def finish_window(
         self, job: str, window_start: datetime, *, owner: str, now: datetime
     ) -> bool:

@@ -100,12 +100,10 @@ class Aggregator:
         factories: list[str] | None = None
         runs: list[WindowRun] = []
         for start in due:
-            claim = claims.get(format_ts(start))
-            if claim is not None and claim.get("done_at"):
-                continue
-            won = await self.readmodel.claim_window(
+            won = await self.readmodel.claim_pending(
                 JOB,
                 start,
+                claims=claims,
                 owner=self.owner,
                 now=now,
                 ttl=expires_at(now, CLAIM_TTL_S),

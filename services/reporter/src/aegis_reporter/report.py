@@ -176,12 +176,10 @@ class Reporter:
         ran: list[date] = []
         for day in due:
             start = kst_day_bounds(day)[0]
-            claim = claims.get(format_ts(start))
-            if claim is not None and claim.get("done_at"):
-                continue
-            won = await self.readmodel.claim_window(
+            won = await self.readmodel.claim_pending(
                 JOB,
                 start,
+                claims=claims,
                 owner=self.owner,
                 now=now,
                 ttl=expires_at(now, CLAIM_TTL_S),
