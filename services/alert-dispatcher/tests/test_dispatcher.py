@@ -374,3 +374,22 @@ async def test_two_replicas_on_one_durable_send_each_alert_once_and_resend_recov
     assert headlines(webhook)[-1] == "CRITICAL · factory-z · FIRE_DETECTED"
     again = await asyncio.to_thread(runner.invoke, cli_app, ["alerts", "resend"])
     assert "delivered=0" in again.output  # resent once, not twice
+
+
+async def test_a_newer_snapshot_racing_an_older_one_is_never_taken_for_stale(
+    foundation, webhook, session
+) -> None:
+    """Snapshots of one factory handled at once (one fetched batch): the older may move the
+    cursor first; the newer must still be handled, so the recovery is not lost."""
+    d = make(foundation, webhook, session, Recorded())
+    await d.handle(await put_state(foundation, "factory-a", T0, [FIRE]))
+    fires = [
+        await put_state(foundation, "factory-a", T0 + timedelta(seconds=i), [FIRE])
+        for i in range(1, 6)
+    ]
+    calm = await put_state(foundation, "factory-a", T0 + timedelta(seconds=10), [])
+    await asyncio.gather(*(d.handle(e) for e in fires), d.handle(calm))
+    assert headlines(webhook) == [
+        "CRITICAL · factory-a · FIRE_DETECTED",
+        "RESOLVED · factory-a · FIRE_DETECTED",
+    ]

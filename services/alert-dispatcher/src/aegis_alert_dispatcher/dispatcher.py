@@ -55,6 +55,8 @@ DEFAULT_TRIGGERS = (
     "processed/cloud_infra/slow/",
 )
 SERVICE = "alert-dispatcher"
+# concurrent snapshots of one stream racing to move its cursor (a handful at most)
+CURSOR_ATTEMPTS = 20
 UNDELIVERABLE = "undeliverable"
 
 
@@ -222,16 +224,25 @@ class Dispatcher:
             last_snapshot_at=snapshot.at,
             ttl=self.ttl.alert_expiry(snapshot.at),
         )
-        expected = (
-            None if cursor is None else {"last_snapshot_at": format_ts(cursor.last_snapshot_at)}
-        )
-        try:
-            await self.readmodel.put_item(item, if_absent=cursor is None, expected=expected)
-        except Conflict:
-            # another replica moved it: fine if to this same snapshot (a redelivery), else stale
-            fresh = await self.readmodel.get_item(item.pk, item.sk)
-            return fresh is not None and str(fresh["last_snapshot_at"]) == format_ts(snapshot.at)
-        return True
+        seen = None if cursor is None else format_ts(cursor.last_snapshot_at)
+        at = format_ts(snapshot.at)
+        for _ in range(CURSOR_ATTEMPTS):
+            try:
+                await self.readmodel.put_item(
+                    item,
+                    if_absent=seen is None,
+                    expected=None if seen is None else {"last_snapshot_at": seen},
+                )
+            except Conflict:
+                # another snapshot of this stream moved it meanwhile: this one is stale if that
+                # was newer, a redelivery if the same, and still the newest if older (try again)
+                fresh = await self.readmodel.get_item(item.pk, item.sk)
+                seen = None if fresh is None else str(fresh["last_snapshot_at"])
+                if seen is not None and seen >= at:
+                    return seen == at
+                continue
+            return True
+        return False
 
     async def _observe(
         self,
