@@ -1,20 +1,26 @@
-"""Composition root of the dashboard API: settings, storage clients (opened in the lifespan
-unless given), the read-only routes, bearer-token access, CORS, and ``main()`` under uvicorn."""
+"""Composition root of the dashboard: settings, storage clients (opened in the lifespan unless
+given), the read-only API, the web page and its live updates (one NATS listener per process,
+fanned out to every browser), token access, CORS, and ``main()`` under uvicorn."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 
 import structlog
 import uvicorn
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+from sse_starlette import EventSourceResponse
 
 from aegis_contracts.times import Clock, utc_now
-from aegis_dashboard_api.access import allowed, bearer_token
+from aegis_dashboard_api import pages
+from aegis_dashboard_api.access import QueryTokenMiddleware, allowed, request_token
+from aegis_dashboard_api.feed import LiveFeed
+from aegis_dashboard_api.live import Hub, stream
 from aegis_dashboard_api.routes import ApiError, Reader, router
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_runtime import logging as aegis_logging
@@ -24,43 +30,86 @@ from aegis_storage.errors import StorageError
 log = structlog.get_logger(__name__)
 
 
+async def require_token(request: Request) -> None:
+    settings: DashboardSettings = request.app.state.settings
+    if not allowed(request_token(request), settings.token_digests):
+        raise ApiError(401, "unauthorized", "a valid read-only bearer token is required")
+
+
+live_router = APIRouter(dependencies=[Depends(require_token)])
+
+
+@live_router.get("/api/live", include_in_schema=False)
+async def live(request: Request) -> EventSourceResponse:
+    """Server-sent events: a snapshot, then every change (see aegis_dashboard_api.feed)."""
+    hub: Hub = request.app.state.hub
+    settings: DashboardSettings = request.app.state.settings
+    listener = hub.listen()  # first, so nothing published during the snapshot is missed
+    try:
+        snapshot = await request.app.state.feed.snapshot()
+    except BaseException:
+        hub.forget(listener)
+        raise
+    return EventSourceResponse(
+        stream(hub, listener, snapshot, resumed_from=request.headers.get("last-event-id")),
+        ping=settings.dashboard_live_ping_s,
+        send_timeout=30,
+    )
+
+
+def _lifespan(
+    s: DashboardSettings, clients: AwsClients | None, clock: Clock, hub: Hub
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            if clients is None:
+                opened = await stack.enter_async_context(open_clients(s.aws()))
+            else:
+                opened = clients
+            reader = app.state.reader = Reader(opened, s, clock)
+            feed = app.state.feed = LiveFeed(reader, hub, s.nats_url)
+            stop = asyncio.Event()
+            background = []
+            if clients is None:  # tests that bring their clients count the fleet reads
+                background.append(asyncio.create_task(reader.keep_fleet_warm(stop), name="fleet"))
+            if s.dashboard_live:
+                background.append(asyncio.create_task(feed.run(stop), name="live-feed"))
+            try:
+                yield
+            finally:
+                stop.set()
+                hub.close()
+                for task in background:
+                    try:
+                        await task
+                    except Exception as err:
+                        log.warning("background_task_failed", task=task.get_name(), error=str(err))
+
+    return lifespan
+
+
 def create_app(
     settings: DashboardSettings | None = None,
     *,
     clients: AwsClients | None = None,
     clock: Clock = utc_now,
 ) -> FastAPI:
-    """The API. With ``clients`` (tests) the caller owns them; else they open in the lifespan."""
+    """The API and the page. With ``clients`` (tests) the caller owns them; else they open in
+    the lifespan, which also starts the live feed (NATS) when ``dashboard_live`` is on."""
     s = settings or DashboardSettings()
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if clients is not None:
-            app.state.reader = Reader(clients, s, clock)
-            yield
-            return
-        async with open_clients(s.aws()) as opened:
-            reader = app.state.reader = Reader(opened, s, clock)
-            stop = asyncio.Event()
-            warm = asyncio.create_task(reader.keep_fleet_warm(stop), name="fleet-cache")
-            try:
-                yield
-            finally:
-                stop.set()
-                await warm
-
-    async def require_token(request: Request) -> None:
-        if not allowed(bearer_token(request.headers.get("authorization")), s.token_digests):
-            raise ApiError(401, "unauthorized", "a valid read-only bearer token is required")
-
+    hub = Hub(s.dashboard_live_queue)
     app = FastAPI(
         title="AEGIS dashboard API",
         version="0.1.0",
         summary="Read-only views of the AEGIS read model, images and reports.",
-        lifespan=lifespan,
+        lifespan=_lifespan(s, clients, clock, hub),
     )
+    app.state.settings = s
+    app.state.hub = hub
     if clients is not None:  # reachable before the lifespan too (ASGITransport runs none)
         app.state.reader = Reader(clients, s, clock)
+        app.state.feed = LiveFeed(app.state.reader, hub, s.nats_url)
     if s.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -94,7 +143,13 @@ def create_app(
         ok = reader is not None and await reader.ready()
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
+    pages.install(app)
+    app.include_router(live_router)
     app.include_router(router, prefix="/api", dependencies=[Depends(require_token)])
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=pages.STATIC_DIR), name="static")
+    # outermost: ?token= leaves the query string before anything (or any log) sees it
+    app.add_middleware(QueryTokenMiddleware)
     return app
 
 
@@ -112,4 +167,5 @@ def main() -> None:
         port=settings.dashboard_port,
         log_config=None,
         access_log=False,
+        timeout_graceful_shutdown=5,  # open event streams end; browsers reconnect elsewhere
     )

@@ -74,6 +74,20 @@ class Reader:
                 self._fleet_read_at = time.monotonic()
             return self._fleet
 
+    def note_latest(self, image: Item) -> None:
+        """A LATEST heard on the queue replaces its factory's item in the cached fleet, so a page
+        loaded right after an event never shows the state before it."""
+        fleet = self._fleet
+        if fleet is None:
+            return
+        fid = image.get("factory_id")
+        for i, item in enumerate(fleet):
+            if item.get("factory_id") == fid:
+                if str(image.get("updated_at") or "") >= str(item.get("updated_at") or ""):
+                    self._fleet = [*fleet[:i], image, *fleet[i + 1 :]]
+                return
+        self._fleet = [*fleet, image]
+
     async def keep_fleet_warm(self, stop: asyncio.Event) -> None:
         """Re-read the fleet every cache period, so a request never waits for the scan."""
         period = max(self.settings.dashboard_fleet_cache_s, 0.2)

@@ -30,6 +30,11 @@ class DashboardSettings(AegisSettings):
     dashboard_presign_ttl_s: int = Field(default=300, ge=1, le=3600)
     # the fleet view is read at most this often, once for every open screen
     dashboard_fleet_cache_s: float = Field(default=1.0, ge=0, le=60)
+    # live updates (/api/live): the NATS subscription, each browser's queue of undelivered
+    # events (a browser that falls this far behind is dropped and reconnects), the heartbeat
+    dashboard_live: bool = True
+    dashboard_live_queue: int = Field(default=256, ge=1, le=100_000)
+    dashboard_live_ping_s: float = Field(default=15.0, gt=0, le=300)
 
     @field_validator("dashboard_tokens")
     @classmethod

@@ -1,0 +1,162 @@
+"""The dashboard process's one listener on the queue: a NATS connection whose core subscriptions
+hear the events the other services publish, and turn them into page events on the :class:`Hub`.
+
+The number of subscriptions is fixed per process (one per subject below), never per open screen.
+Core NATS, not a JetStream consumer: a live view needs no replay (every browser starts from a
+snapshot on each connect), and a dashboard that stops leaves no consumer behind on the server.
+
+| subject | published by | page event |
+|---|---|---|
+| ``aegis.changes.factory_latest`` | processor, its refresh | ``factory`` (fleet entry + LATEST) |
+| ``aegis.objects.created.cloud_infra`` | cloud collectors | ``cloud`` (CLOUD#infra LATEST, read once) |
+| ``aegis.events.alert_sent`` | alert dispatcher | ``alerts`` (the firing alerts, read once) |
+| ``aegis.objects.created.metrics_5m`` | aggregator | ``graph`` (which factory's 6-24 h charts) |
+| ``aegis.objects.created.reports`` | reporter | ``reports`` (date and target) |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import nats
+import pydantic
+import structlog
+
+from aegis_contracts.events import ChangeEvent, ObjectCreated
+from aegis_contracts.subjects import change_subject, object_created_subject, system_subject
+from aegis_dashboard_api.live import Hub, LiveEvent, factory_event, family_of
+from aegis_dashboard_api.routes import Reader, fleet_entry
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+
+log = structlog.get_logger(__name__)
+
+FACTORY_CHANGES = change_subject("factory_latest")
+CLOUD_OBJECTS = object_created_subject("cloud_infra")
+GRAPH_OBJECTS = object_created_subject("metrics_5m")
+REPORT_OBJECTS = object_created_subject("reports")
+ALERTS_SENT = system_subject("alert_sent")
+SUBJECTS = (FACTORY_CHANGES, CLOUD_OBJECTS, GRAPH_OBJECTS, REPORT_OBJECTS, ALERTS_SENT)
+# the cloud and alert views a connecting browser gets are read again when older than this (an
+# alert can also clear without a message being sent)
+SNAPSHOT_MAX_AGE_S = 15.0
+
+
+class LiveFeed:
+    """Connects in the background (the read API serves while NATS is away), subscribes once,
+    and keeps the latest cloud and alert views for the snapshot a browser gets on connect."""
+
+    def __init__(self, reader: Reader, hub: Hub, nats_url: str) -> None:
+        self.reader, self.hub = reader, hub
+        self.servers = [s.strip() for s in nats_url.split(",") if s.strip()]
+        self.nc: Client | None = None
+        self.cloud: dict[str, Any] | None = None
+        self.alerts: list[dict[str, Any]] | None = None
+        self._refresh_lock = asyncio.Lock()
+        self._cloud_at = self._alerts_at = 0.0
+        self._closing = False
+
+    @property
+    def connected(self) -> bool:
+        return self.nc is not None and self.nc.is_connected
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Connect (retrying forever), subscribe, and stay until ``stop``."""
+        try:
+            self.nc = await nats.connect(
+                self.servers,
+                name="aegis-dashboard-api",
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=1,
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+            )
+            for subject in SUBJECTS:
+                await self.nc.subscribe(subject, cb=self._on_message)
+            log.info("live_feed_subscribed", subjects=list(SUBJECTS))
+            await stop.wait()
+        finally:
+            self._closing = True
+            if self.nc is not None:
+                with contextlib.suppress(Exception):
+                    await self.nc.close()
+
+    async def _on_error(self, err: Exception) -> None:
+        log.warning("live_feed_nats_error", error=str(err))
+
+    async def _on_disconnected(self) -> None:
+        if not self._closing:
+            log.warning("live_feed_disconnected")
+
+    async def _on_reconnected(self) -> None:
+        # events were missed while away: tell every screen to read the state again
+        log.info("live_feed_reconnected")
+        self.hub.publish(LiveEvent("resync", {}))
+
+    async def _on_message(self, msg: Msg) -> None:
+        try:
+            await self.handle(msg.subject, msg.data)
+        except (pydantic.ValidationError, ValueError) as err:
+            log.warning("live_event_ignored", subject=msg.subject, error=str(err)[:300])
+        except Exception as err:  # a read for the page failed: the next event tries again
+            log.warning("live_event_failed", subject=msg.subject, error=str(err)[:300])
+
+    async def handle(self, subject: str, data: bytes) -> None:
+        """Turn one queue event into page events (also called by tests with made-up events)."""
+        settings = self.reader.settings
+        if subject == FACTORY_CHANGES:
+            change = ChangeEvent.model_validate_json(data)
+            event = factory_event(
+                change, table=settings.table, now=self.reader.clock(), entry_of=fleet_entry
+            )
+            if event is not None:
+                if event.name == "factory":
+                    self.reader.note_latest(event.data["latest"])
+                self.hub.publish(event)
+        elif subject == ALERTS_SENT:
+            self.hub.publish(LiveEvent("alerts", {"alerts": await self.read_alerts()}))
+        else:
+            created = ObjectCreated.model_validate_json(data)
+            found = family_of(created.key) if created.bucket == settings.bucket else None
+            if found is None:
+                return
+            family, target = found
+            if family == "cloud":
+                self.hub.publish(LiveEvent("cloud", {"latest": await self.read_cloud()}))
+            else:
+                self.hub.publish(LiveEvent(family, {"target": target, "key": created.key}))
+
+    async def read_cloud(self) -> dict[str, Any] | None:
+        self.cloud = await self.reader.readmodel.get_cloud_latest()
+        self._cloud_at = time.monotonic()
+        return self.cloud
+
+    async def read_alerts(self) -> list[dict[str, Any]]:
+        self.alerts = await self.reader.readmodel.firing_alerts(now=self.reader.clock())
+        self._alerts_at = time.monotonic()
+        return self.alerts
+
+    async def snapshot(self) -> list[LiveEvent]:
+        """What a browser gets on every connect: the fleet, the firing alerts, cloud infra."""
+        now = self.reader.clock()
+        fleet = [
+            fleet_entry(i, now).model_dump(mode="json") for i in await self.reader.fleet_items()
+        ]
+        async with self._refresh_lock:  # N screens reconnecting at once read these once
+            fresh = time.monotonic() - SNAPSHOT_MAX_AGE_S
+            alerts = self.alerts
+            if alerts is None or self._alerts_at < fresh:
+                alerts = await self.read_alerts()
+            cloud = self.cloud if self._cloud_at >= fresh else await self.read_cloud()
+        return [
+            LiveEvent("fleet", {"factories": fleet, "generated_at": now.isoformat()}),
+            LiveEvent("alerts", {"alerts": alerts}),
+            LiveEvent("cloud", {"latest": cloud}),
+        ]

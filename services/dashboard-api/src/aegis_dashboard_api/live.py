@@ -1,0 +1,170 @@
+"""Live updates: the change events of the queue, turned into the page's events and fanned out
+in-process to every open screen (server-sent events).
+
+One :class:`Hub` per process holds a bounded queue per connected browser. Publishing never
+waits: a browser whose queue is full (a slow or stalled client) is dropped, its stream ends, and
+its EventSource reconnects and starts again from a fresh snapshot, so one slow screen never
+delays the others. The translation of queue events into page events is pure (``factory_event``,
+``family_of``) so it is tested without a broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import secrets
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import structlog
+from sse_starlette import ServerSentEvent
+
+from aegis_contracts.events import ChangeEvent
+from aegis_dashboard_api.models import Item
+
+log = structlog.get_logger(__name__)
+
+# how long a browser waits before reconnecting after the stream ends (the SSE `retry:` field)
+RETRY_MS = 3000
+
+
+@dataclass(frozen=True, slots=True)
+class LiveEvent:
+    """One page event: ``name`` is the SSE event type, ``data`` its JSON body."""
+
+    name: str
+    data: dict[str, Any]
+
+    def sse(self, event_id: str | None = None) -> ServerSentEvent:
+        body = json.dumps(self.data, separators=(",", ":"), ensure_ascii=False, default=str)
+        return ServerSentEvent(body, event=self.name, id=event_id)
+
+
+class Listener:
+    """One connected browser: a bounded queue; ``None`` in it ends the stream."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.queue: asyncio.Queue[tuple[str, LiveEvent] | None] = asyncio.Queue(maxsize)
+        self.dropped = False
+
+    def offer(self, event_id: str, event: LiveEvent) -> bool:
+        """Queue the event without waiting; False (and the stream ends) when the queue is full."""
+        try:
+            self.queue.put_nowait((event_id, event))
+        except asyncio.QueueFull:
+            self.dropped = True
+            self.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        self.queue.put_nowait(None)
+
+    async def events(self) -> AsyncIterator[tuple[str, LiveEvent]]:
+        while (item := await self.queue.get()) is not None:
+            yield item
+
+
+class Hub:
+    """The process's fan-out: every published event goes to every listener's queue."""
+
+    def __init__(self, queue_size: int = 256) -> None:
+        self.queue_size = queue_size
+        self.listeners: set[Listener] = set()
+        # event ids are unique to this process, so an id from before a restart is recognised
+        self.boot = secrets.token_hex(3)
+        self._seq = itertools.count(1)
+        self.published = 0
+        self.dropped = 0
+        self.closed = False
+
+    def next_id(self) -> str:
+        return f"{self.boot}-{next(self._seq)}"
+
+    def listen(self) -> Listener:
+        listener = Listener(self.queue_size)
+        if self.closed:
+            listener.close()
+        else:
+            self.listeners.add(listener)
+        return listener
+
+    def forget(self, listener: Listener) -> None:
+        self.listeners.discard(listener)
+
+    def publish(self, event: LiveEvent) -> None:
+        """Hand ``event`` to every listener now; never waits for a browser."""
+        event_id = self.next_id()
+        self.published += 1
+        for listener in list(self.listeners):
+            if not listener.offer(event_id, event):
+                self.listeners.discard(listener)
+                self.dropped += 1
+                log.warning("live_client_dropped", reason="queue_full", size=self.queue_size)
+
+    def close(self) -> None:
+        """End every stream (shutdown): browsers reconnect to whichever replica answers."""
+        self.closed = True
+        for listener in list(self.listeners):
+            listener.close()
+        self.listeners.clear()
+
+
+async def stream(
+    hub: Hub, listener: Listener, snapshot: Iterable[LiveEvent], *, resumed_from: str | None
+) -> AsyncIterator[ServerSentEvent]:
+    """One browser's event stream: the ``retry:`` field, the current state (on every connect,
+    also a resumed one: the page's state is latest-wins, so a snapshot replaces any replay),
+    then the live events until the hub drops or closes the listener."""
+    try:
+        yield ServerSentEvent(comment="aegis live", retry=RETRY_MS)
+        for event in snapshot:
+            yield event.sse(hub.next_id())
+        if resumed_from:
+            log.debug("live_client_resumed", last_event_id=resumed_from[:64])
+        async for event_id, event in listener.events():
+            yield event.sse(event_id)
+    finally:
+        hub.forget(listener)
+
+
+# -- translation of queue events (pure) --------------------------------------------------------
+
+
+def factory_id_of(item: Item) -> str:
+    return str(item.get("factory_id") or str(item.get("pk", "")).removeprefix("FACTORY#"))
+
+
+def factory_event(
+    change: ChangeEvent, *, table: str, now: datetime, entry_of: Any
+) -> LiveEvent | None:
+    """The page event of a FACTORY LATEST change in ``table``: the fleet entry and the new LATEST
+    (the detail page appends it to its 1 h chart: a HISTORY#STATE item is a LATEST snapshot).
+    None for other tables (another stack on the same NATS) and other items."""
+    if change.table != table or not change.pk.startswith("FACTORY#") or change.sk != "LATEST":
+        return None
+    if change.new_image is None:
+        return LiveEvent("factory_removed", {"factory_id": change.pk.removeprefix("FACTORY#")})
+    image = dict(change.new_image)
+    image.pop("ttl", None)
+    entry = entry_of(image, now)
+    return LiveEvent("factory", {"entry": entry.model_dump(mode="json"), "latest": image})
+
+
+def family_of(key: str) -> tuple[str, str] | None:
+    """(family, factory or target) of an announced object the page shows, else None:
+    ``processed_agg/{f}/metrics_5m/…`` (graphs), ``processed/cloud_infra/…`` (cloud),
+    ``reports/daily/…/{target}/report.md`` (reports)."""
+    parts = key.split("/")
+    if len(parts) > 2 and parts[0] == "processed_agg" and parts[2] == "metrics_5m":
+        return "graph", parts[1]
+    if len(parts) > 2 and parts[0] == "processed" and parts[1] == "cloud_infra":
+        return "cloud", parts[2]
+    if len(parts) > 2 and parts[0] == "reports" and parts[-1] == "report.md":
+        return "reports", parts[-2]
+    return None

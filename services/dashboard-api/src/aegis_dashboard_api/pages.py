@@ -1,0 +1,367 @@
+"""The web page: server-rendered HTML (Jinja2) over the same reads as the API, a small script
+(static/app.js) that keeps it live from ``/api/live``, and uPlot vendored for the charts.
+
+Paths are the ones the alert dispatcher links to (``/factories/{f}``, ``/cloud``). A browser
+signs in once (the form, or a ``?token=`` link that is turned into the cookie and dropped from
+the address); without a valid token every page is the sign-in form with status 401 and no data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import date, timedelta
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+from zoneinfo import ZoneInfo
+
+import jinja2
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from markdown_it import MarkdownIt
+from markupsafe import Markup, escape
+
+from aegis_contracts import keys
+from aegis_contracts.errors import ContractError
+from aegis_contracts.times import kst_report_date, parse_ts
+from aegis_dashboard_api.access import (
+    COOKIE,
+    COOKIE_MAX_AGE_S,
+    allowed,
+    query_token,
+    request_token,
+)
+from aegis_dashboard_api.i18n import LANG_COOKIE, LANGS, Lang, labels, pick_lang
+from aegis_dashboard_api.routes import ApiError, Reader, fleet_entry
+from aegis_dashboard_api.settings import DashboardSettings
+from aegis_storage.errors import NotFound
+
+HERE = Path(__file__).parent
+STATIC_DIR = HERE / "static"
+KST = ZoneInfo("Asia/Seoul")
+WINDOWS = ("1h", "6h", "12h", "24h")
+LEVEL_ORDER = {"CRITICAL": 0, "WARNING": 1, "NORMAL": 2}
+# when the page calls a factory's data stale / offline (the processor's STALE_DATA and
+# FACTORY_OFFLINE thresholds, DESIGN §6)
+STALE_AFTER_S, OFFLINE_AFTER_S = 60, 300
+
+templates = Jinja2Templates(
+    env=jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, auto_reload=False
+    )
+)
+
+
+class LoginRequired(Exception):
+    """No valid token: the page answers the sign-in form with 401."""
+
+    def __init__(self, *, invalid: bool) -> None:
+        super().__init__("sign-in required")
+        self.invalid = invalid
+
+
+class SignedInByLink(Exception):
+    """A valid ``?token=``: set the cookie and send the browser to the same page without it."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__("signed in by link")
+        self.token = token
+
+
+@cache
+def static_version(name: str) -> str:
+    """A content hash for ``/static/{name}?v=…``: a new release is never served from a cache."""
+    return hashlib.sha256((STATIC_DIR / name).read_bytes()).hexdigest()[:10]
+
+
+def static_url(name: str) -> str:
+    return f"/static/{name}?v={static_version(name)}"
+
+
+def safe_next(value: str | None) -> str:
+    """Where to go after signing in: a path of this site only (no scheme, no host, no ``//``)."""
+    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return "/"
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc:
+        return "/"
+    return value
+
+
+def time_tag(value: object) -> Markup:
+    """``<time>``: KST shown, UTC in the title (hover) and the datetime attribute."""
+    if not isinstance(value, str):
+        return Markup("&ndash;")
+    try:
+        at = parse_ts(value)
+    except ValueError:
+        return escape(value)
+    kst = at.astimezone(KST).strftime("%Y-%m-%d %H:%M:%S KST")
+    utc = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return Markup(  # noqa: S704 - every value inside is escaped
+        f'<time datetime="{escape(utc)}" title="{escape(utc)} UTC" data-ts="{escape(utc)}">'
+        f"{escape(kst)}</time>"
+    )
+
+
+templates.env.filters["time"] = time_tag
+templates.env.globals["static_url"] = static_url
+
+
+def freshness(age_s: float | None) -> str:
+    """``fresh``, ``stale`` or ``offline`` by the age of the last factory_state."""
+    if age_s is None or age_s >= OFFLINE_AFTER_S:
+        return "offline"
+    return "stale" if age_s >= STALE_AFTER_S else "fresh"
+
+
+def image_origin(settings: DashboardSettings) -> str:
+    if settings.aws_endpoint_url:
+        parts = urlsplit(settings.aws_endpoint_url)
+        return f"{parts.scheme}://{parts.netloc}"
+    return "https://*.amazonaws.com"
+
+
+def security_headers(settings: DashboardSettings) -> dict[str, str]:
+    csp = (
+        "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        f"img-src 'self' data: {image_origin(settings)}; frame-ancestors 'none'; "
+        "base-uri 'none'; form-action 'self'"
+    )
+    return {
+        "Content-Security-Policy": csp,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-store",
+    }
+
+
+def lang_of(request: Request) -> Lang:
+    return pick_lang(
+        request.query_params.get("lang"),
+        request.cookies.get(LANG_COOKIE),
+        request.headers.get("accept-language"),
+    )
+
+
+def render(
+    request: Request, name: str, context: dict[str, Any], *, status_code: int = 200
+) -> Response:
+    settings: DashboardSettings = request.app.state.settings
+    lang = lang_of(request)
+    t = labels(lang)
+    config = {
+        "lang": lang,
+        "labels": t,
+        "staleAfterS": STALE_AFTER_S,
+        "offlineAfterS": OFFLINE_AFTER_S,
+        **context.pop("config", {}),
+    }
+    response: Response = templates.TemplateResponse(
+        request,
+        name,
+        {
+            "t": t,
+            "lang": lang,
+            "langs": LANGS,
+            "path": request.url.path,
+            # JSON in <script type="application/json">: "</" cannot end the element
+            "config_json": Markup(  # noqa: S704
+                json.dumps(config, ensure_ascii=False).replace("</", "<\\/")
+            ),
+            **context,
+        },
+        status_code=status_code,
+        headers=security_headers(settings),
+    )
+    if request.query_params.get("lang") in LANGS:
+        response.set_cookie(
+            LANG_COOKIE, lang, max_age=365 * 86_400, httponly=True, samesite="strict"
+        )
+    return response
+
+
+async def authorize_page(request: Request) -> None:
+    settings: DashboardSettings = request.app.state.settings
+    from_link = query_token(request.scope)
+    if from_link is not None and allowed(from_link, settings.token_digests):
+        raise SignedInByLink(from_link)
+    token = request_token(request)
+    if not allowed(token, settings.token_digests):
+        raise LoginRequired(invalid=token is not None)
+
+
+def install(app: FastAPI) -> None:
+    """The page's answers to a missing token and to a sign-in link."""
+
+    @app.exception_handler(LoginRequired)
+    async def login_required(request: Request, exc: LoginRequired) -> Response:
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return login_page(request, invalid=exc.invalid, next_path=path)
+
+    @app.exception_handler(SignedInByLink)
+    async def signed_in_by_link(request: Request, exc: SignedInByLink) -> Response:
+        return signed_in_redirect(request, exc.token)
+
+
+def set_token_cookie(response: Response, request: Request, token: str) -> None:
+    response.set_cookie(
+        COOKIE,
+        token,
+        max_age=COOKIE_MAX_AGE_S,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
+
+
+def login_page(request: Request, *, invalid: bool, next_path: str) -> Response:
+    return render(
+        request,
+        "login.html",
+        {"invalid": invalid, "next": safe_next(next_path)},
+        status_code=401,
+    )
+
+
+def _reader(request: Request) -> Reader:
+    reader: Reader = request.app.state.reader
+    return reader
+
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/", response_class=HTMLResponse)
+async def fleet_page(request: Request) -> Response:
+    await authorize_page(request)
+    reader = _reader(request)
+    now = reader.clock()
+    entries = sorted(
+        (fleet_entry(i, now) for i in await reader.fleet_items()), key=lambda e: e.factory_id
+    )
+    counts = dict.fromkeys(LEVEL_ORDER, 0)
+    for entry in entries:
+        if entry.level in counts:
+            counts[entry.level] += 1
+    alerts = await reader.readmodel.firing_alerts(now=now)
+    return render(
+        request,
+        "fleet.html",
+        {"entries": entries, "counts": counts, "alerts": alerts, "freshness": freshness},
+    )
+
+
+@router.get("/factories/{factory_id}", response_class=HTMLResponse)
+async def factory_page(request: Request, factory_id: str) -> Response:
+    await authorize_page(request)
+    reader = _reader(request)
+    try:
+        latest = await reader.latest(factory_id)
+    except ApiError as err:
+        return render(request, "missing.html", {"message": err.message}, status_code=err.status)
+    window = request.query_params.get("window", "1h")
+    window = window if window in WINDOWS else "1h"
+    now = reader.clock()
+    entry = fleet_entry(latest, now)
+    alerts = [
+        a
+        for a in await reader.readmodel.firing_alerts(now=now)
+        if a.get("pk") == keys.alert_pk(factory_id)
+    ]
+    return render(
+        request,
+        "factory.html",
+        {
+            "entry": entry,
+            "latest": latest,
+            "alerts": alerts,
+            "window": window,
+            "windows": WINDOWS,
+            "freshness": freshness,
+            "config": {"factoryId": factory_id, "window": window},
+        },
+    )
+
+
+@router.get("/cloud", response_class=HTMLResponse)
+async def cloud_page(request: Request) -> Response:
+    await authorize_page(request)
+    latest = await _reader(request).readmodel.get_cloud_latest()
+    return render(request, "cloud.html", {"latest": latest or {}, "config": {"cloud": True}})
+
+
+@router.get("/reports", response_class=HTMLResponse)
+async def reports_page(request: Request) -> Response:
+    await authorize_page(request)
+    reader = _reader(request)
+    default_day = kst_report_date(reader.clock() - timedelta(days=1))
+    try:
+        day = date.fromisoformat(request.query_params.get("date") or default_day.isoformat())
+    except ValueError:
+        day = default_day
+    prefix = keys.report_prefix(day)
+    targets: list[str] = []
+    async for info in reader.store.list_objects(prefix):
+        target, _, artifact = info.key.removeprefix(prefix).partition("/")
+        if artifact == keys.ReportArtifact.REPORT.value and target not in targets:
+            targets.append(target)
+    targets.sort(key=lambda t: (t != keys.CLOUD_INFRA_TARGET, t))
+    chosen = request.query_params.get("target")
+    html: Markup | None = None
+    if chosen in targets:
+        try:
+            key = keys.report_key(day, chosen, keys.ReportArtifact.REPORT)
+            body = await reader.store.get_bytes(key)
+        except (ContractError, NotFound):
+            body = None
+        if body is not None:
+            # raw HTML in a report is escaped (html=False), as in the API's ?format=html
+            md = MarkdownIt("commonmark", {"html": False}).enable("table")
+            html = Markup(md.render(body.decode("utf-8", "replace")))  # noqa: S704
+    return render(
+        request,
+        "reports.html",
+        {"day": day, "targets": targets, "chosen": chosen, "report_html": html},
+    )
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_form(request: Request) -> Response:
+    response = login_page(request, invalid=False, next_path=request.query_params.get("next", "/"))
+    response.status_code = 200
+    return response
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request) -> Response:
+    settings: DashboardSettings = request.app.state.settings
+    body = (await request.body())[:8192].decode("utf-8", "replace")
+    form = dict(parse_qsl(body, keep_blank_values=True))
+    token = form.get("token", "").strip()
+    next_path = safe_next(form.get("next"))
+    if not allowed(token or None, settings.token_digests):
+        return login_page(request, invalid=True, next_path=next_path)
+    response = RedirectResponse(next_path, status_code=303)
+    set_token_cookie(response, request, token)
+    return response
+
+
+@router.post("/logout")
+async def logout() -> Response:
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(COOKIE, path="/")
+    return response
+
+
+def signed_in_redirect(request: Request, token: str) -> Response:
+    """The same page without ``?token=`` (the middleware already took it out of the query)."""
+    query = request.url.query
+    target = request.url.path + (f"?{query}" if query else "")
+    response = RedirectResponse(safe_next(target), status_code=303)
+    set_token_cookie(response, request, token)
+    return response

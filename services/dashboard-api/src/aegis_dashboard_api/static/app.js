@@ -1,0 +1,493 @@
+// AEGIS dashboard: keeps the server-rendered page live from /api/live (server-sent events) and
+// draws the charts with uPlot (vendored). No build step; DOM is built with textContent only.
+(function () {
+  "use strict";
+
+  const CFG = JSON.parse(document.getElementById("aegis-config").textContent);
+  const T = CFG.labels;
+  const page = document.body.dataset.page;
+  const KST = "Asia/Seoul";
+  const GLYPH = { NORMAL: "✓", WARNING: "▲", CRITICAL: "✖", UNKNOWN: "?" };
+  const PALETTE = ["#4cc9f0", "#f4a261", "#90be6d", "#f72585", "#b5a3ff", "#ffd166", "#43aa8b", "#ef476f"];
+  const charts = (window.AEGIS_CHARTS = {});
+
+  // -- small helpers ------------------------------------------------------------------------
+
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") el.className = v;
+      else if (k === "dataset") Object.assign(el.dataset, v);
+      else el.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined || c === false) continue;
+      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return el;
+  }
+
+  const kstFmt = new Intl.DateTimeFormat("sv-SE", {
+    timeZone: KST, year: "numeric", month: "2-digit", day: "2-digit",
+    hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false,
+  });
+
+  function parseTs(s) {
+    if (!s) return null;
+    const d = new Date(s);
+    return isNaN(d.getTime()) ? null : d;
+  }
+
+  function timeTag(iso) {
+    const d = parseTs(iso);
+    if (!d) return h("span", {}, "–");
+    const utc = d.toISOString().replace(/\.\d{3}Z$/, "Z");
+    return h("time", { datetime: utc, title: utc + " UTC", "data-ts": utc }, kstFmt.format(d) + " KST");
+  }
+
+  function ageText(seconds) {
+    if (seconds < 0) seconds = 0;
+    let v;
+    if (seconds < 90) v = Math.round(seconds) + (CFG.lang === "ko" ? "초" : " s");
+    else if (seconds < 5400) v = Math.round(seconds / 60) + (CFG.lang === "ko" ? "분" : " min");
+    else v = Math.round(seconds / 3600) + (CFG.lang === "ko" ? "시간" : " h");
+    return v + " " + T.ago;
+  }
+
+  function freshness(age) {
+    if (age === null || age >= CFG.offlineAfterS) return "offline";
+    return age >= CFG.staleAfterS ? "stale" : "fresh";
+  }
+
+  function badge(level) {
+    const lv = level || "UNKNOWN";
+    return h("span", { class: "badge lv-" + lv.toLowerCase(), "data-level": lv },
+      h("span", { class: "glyph", "aria-hidden": "true" }, GLYPH[lv] || "?"),
+      h("span", { class: "lv-text" }, T[lv] || lv));
+  }
+
+  function freshChip(state) {
+    return h("span", { class: "chip fresh-" + state, "data-fresh": state, hidden: state === "fresh" },
+      h("span", { "aria-hidden": "true" }, state === "stale" ? "⏸" : "⊘"), " ",
+      state === "stale" ? T.stale : T.offline);
+  }
+
+  function ageSpan(at) {
+    return h("span", { class: "age", "data-at": at || "" }, timeTag(at));
+  }
+
+  async function getJSON(url) {
+    const resp = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (resp.status === 401) { toLogin(); throw new Error("unauthorized"); }
+    if (!resp.ok) throw new Error(url + ": " + resp.status);
+    return resp.json();
+  }
+
+  function toLogin() {
+    location.assign("/login?next=" + encodeURIComponent(location.pathname + location.search));
+  }
+
+  // -- clock and freshness, every second -------------------------------------------------------
+
+  function tick() {
+    const clock = document.getElementById("clock");
+    if (clock) {
+      const now = new Date();
+      clock.textContent = kstFmt.format(now).slice(11) + " KST";
+      clock.title = now.toISOString().replace(/\.\d{3}Z$/, "Z") + " UTC";
+    }
+    const now = Date.now();
+    document.querySelectorAll(".age[data-at]").forEach((el) => {
+      const d = parseTs(el.dataset.at);
+      const age = d ? (now - d.getTime()) / 1000 : null;
+      if (d) {
+        const tag = el.querySelector("time");
+        if (tag) tag.textContent = ageText(age);
+      }
+      const holder = el.closest("[data-factory]");
+      const chip = el.parentElement.querySelector(".chip[data-fresh]");
+      const state = freshness(age);
+      if (chip && chip.dataset.fresh !== state) chip.replaceWith(freshChip(state));
+      if (holder) holder.dataset.fresh = state;
+    });
+  }
+
+  // -- fleet ------------------------------------------------------------------------------------
+
+  function reasonItems(reasons, limit) {
+    const list = (reasons || []).slice(0, limit || 99);
+    if (!list.length) return [h("li", { class: "muted" }, T.no_reasons)];
+    return list.map((r) => h("li", { class: "sev-" + String(r.severity || "").toLowerCase() },
+      h("code", {}, r.code), " ", h("span", {}, r.detail || "")));
+  }
+
+  function score(value) {
+    return h("span", { class: "score", "aria-label": T.score },
+      h("span", { class: "num" }, value === null || value === undefined ? "–" : Math.round(value)),
+      h("span", { class: "unit" }, "/100"));
+  }
+
+  function tile(e) {
+    const lv = (e.level || "UNKNOWN").toLowerCase();
+    const age = e.age_s === null || e.age_s === undefined ? null : e.age_s;
+    return h("a", { class: "tile lv-" + lv, href: "/factories/" + encodeURIComponent(e.factory_id),
+      dataset: { factory: e.factory_id, level: e.level || "UNKNOWN", updated: e.updated_at || "" } },
+      h("div", { class: "tile-head" }, h("span", { class: "fid" }, e.factory_id), badge(e.level)),
+      score(e.score),
+      h("ul", { class: "reasons", "aria-label": T.reasons }, reasonItems(e.reasons, 4)),
+      h("div", { class: "tile-foot" }, ageSpan(e.last_factory_state_at), " ", freshChip(freshness(age)), " ",
+        h("span", { class: "pipe", title: T.pipeline }, e.pipeline_status || "–")));
+  }
+
+  function newer(el, entry) {
+    // latest wins: an event older than what is shown is ignored
+    return !el || !el.dataset.updated || !entry.updated_at || entry.updated_at >= el.dataset.updated;
+  }
+
+  function putTile(entry) {
+    const grid = document.getElementById("fleet");
+    if (!grid) return;
+    const old = grid.querySelector('[data-factory="' + CSS.escape(entry.factory_id) + '"]');
+    if (!newer(old, entry)) return;
+    const el = tile(entry);
+    if (old) old.replaceWith(el);
+    else {
+      grid.querySelector(".empty")?.remove();
+      const after = [...grid.querySelectorAll(".tile")].find((t) => t.dataset.factory > entry.factory_id);
+      grid.insertBefore(el, after || null);
+    }
+    counts();
+  }
+
+  function counts() {
+    const c = { CRITICAL: 0, WARNING: 0, NORMAL: 0 };
+    document.querySelectorAll("#fleet .tile").forEach((t) => { if (t.dataset.level in c) c[t.dataset.level]++; });
+    for (const [lv, n] of Object.entries(c)) {
+      const b = document.querySelector('[data-count="' + lv + '"]');
+      if (b) b.textContent = n;
+    }
+  }
+
+  function onFleet(data) {
+    const grid = document.getElementById("fleet");
+    if (!grid) return;
+    const seen = new Set();
+    for (const e of data.factories) { seen.add(e.factory_id); putTile(e); }
+    grid.querySelectorAll(".tile").forEach((t) => { if (!seen.has(t.dataset.factory)) t.remove(); });
+    counts();
+  }
+
+  // -- alerts and cloud ---------------------------------------------------------------------
+
+  function onAlerts(data) {
+    const list = document.getElementById("alerts");
+    if (!list) return;
+    const scope = list.dataset.scope;
+    const rows = (data.alerts || []).filter((a) => !scope || a.scope === scope);
+    list.replaceChildren(...(rows.length ? rows.map((a) => {
+      const sev = String(a.severity || "WARNING");
+      const href = a.scope === "cloud-infra" ? "/cloud" : "/factories/" + encodeURIComponent(a.scope);
+      return h("li", { class: "alert sev-" + sev.toLowerCase(), dataset: { scope: a.scope } },
+        badge(sev), " ", scope ? null : h("a", { href, class: "scope" }, a.scope), " ",
+        h("code", { class: "code" }, a.reason), " ",
+        h("span", { class: "muted" }, T.since + " ", timeTag(a.fired_at)));
+    }) : [h("li", { class: "muted" }, list.dataset.empty)]));
+  }
+
+  let cloudTimer = null;
+  function onCloud(data) {
+    const holder = document.getElementById("cloud-overall");
+    const latest = data.latest || {};
+    if (holder) {
+      const b = badge(latest.overall_status);
+      const old = holder.querySelector(".badge");
+      if (old) old.replaceWith(b); else holder.append(b);
+    }
+    if (page === "cloud") {
+      clearTimeout(cloudTimer);  // spread the screens' reads over a few seconds
+      cloudTimer = setTimeout(loadCloud, Math.random() * 3000);
+    }
+  }
+
+  // -- factory detail -------------------------------------------------------------------------
+
+  function onFactory(data) {
+    const entry = data.entry;
+    putTile(entry);
+    const head = document.getElementById("factory");
+    if (!head || head.dataset.factory !== entry.factory_id || !newer(head, entry)) return;
+    head.dataset.level = entry.level || "UNKNOWN";
+    head.dataset.updated = entry.updated_at || "";
+    head.className = head.className.replace(/\blv-\w+/, "lv-" + (entry.level || "unknown").toLowerCase());
+    head.querySelector(".fh-level .badge").replaceWith(badge(entry.level));
+    head.querySelector(".fh-level .score").replaceWith(score(entry.score));
+    head.querySelector(".fh-reasons .reasons").replaceChildren(...(entry.reasons || []).length
+      ? entry.reasons.map((r) => h("li", { class: "sev-" + String(r.severity || "").toLowerCase() },
+        badge(r.severity), " ", h("code", {}, r.code), " ", h("span", {}, r.detail || "")))
+      : [h("li", { class: "muted" }, T.no_reasons)]);
+    const age = head.querySelector(".facts .age");
+    age.replaceWith(ageSpan(entry.last_factory_state_at));
+    head.querySelector(".facts .pipe").textContent = entry.pipeline_status || "–";
+    head.querySelector(".facts .updated").replaceChildren(timeTag(entry.updated_at));
+    if (currentWindow() === "1h") appendPoint(data.latest);
+    const snap = data.latest.latest_image_snapshot;
+    if (snap && snap.s3_key !== shownImage) loadImage();
+    tick();
+  }
+
+  function currentWindow() {
+    const c = document.getElementById("charts");
+    return c ? c.dataset.window : null;
+  }
+
+  let shownImage = null;
+  async function loadImage() {
+    const box = document.getElementById("camera");
+    if (!box) return;
+    const data = await getJSON("/api/factories/" + encodeURIComponent(CFG.factoryId) + "/images/latest");
+    const img = data.image;
+    if (!img) { box.replaceChildren(h("p", { class: "muted" }, T.no_image)); return; }
+    shownImage = img.s3_key;
+    box.replaceChildren(
+      h("img", { src: img.url, alt: T.camera + " " + (img.camera_id || ""), loading: "lazy" }),
+      h("p", { class: "muted small" }, (img.camera_id || "") + " · ", timeTag(img.captured_at)));
+  }
+
+  // series extraction: 1h = HISTORY#STATE items (LATEST snapshots), 6h+ = GRAPH#5M items
+  function seriesOf(items, windowName) {
+    const raw = windowName === "1h";
+    const xs = [], risk = { score: [], mean: [] }, sensors = {}, ai = {}, infra = {};
+    const names = { sensors: new Set(), ai: new Set(), infra: new Set() };
+    const rows = items.map((it) => {
+      if (raw) {
+        const fs = it.factory_state || {}, inf = it.infra_state || {};
+        const det = {};
+        for (const d of fs.detections || []) det[d.label] = Math.max(det[d.label] || 0, d.confidence);
+        const figs = Object.assign({}, inf.host || {}, inf.network || {});
+        return { at: it.updated_at, score: (it.risk || {}).score, mean: null,
+          sensors: fs.sensors || {}, ai: det, infra: figs };
+      }
+      const st = it.stats || {};
+      const pick = (o, f) => Object.fromEntries(Object.entries(o || {}).map(([k, v]) => [k, v[f]]));
+      return { at: it.bucket_start || st.window_start, score: (st.risk || {}).max_score,
+        mean: (st.risk || {}).mean_score, sensors: pick(st.sensors, "avg"),
+        ai: pick(st.detections, "max_confidence"), infra: pick(st.infra, "avg") };
+    }).filter((r) => parseTs(r.at));
+    for (const r of rows) {
+      for (const k of Object.keys(r.sensors)) names.sensors.add(k);
+      for (const k of Object.keys(r.ai)) names.ai.add(k);
+      for (const [k, v] of Object.entries(r.infra)) if (typeof v === "number" && k !== "uptime_s") names.infra.add(k);
+    }
+    for (const r of rows) {
+      xs.push(parseTs(r.at).getTime() / 1000);
+      risk.score.push(r.score ?? null);
+      risk.mean.push(r.mean ?? null);
+      for (const k of names.sensors) (sensors[k] = sensors[k] || []).push(r.sensors[k] ?? null);
+      for (const k of names.ai) (ai[k] = ai[k] || []).push(r.ai[k] ?? (raw ? 0 : null));
+      for (const k of names.infra) (infra[k] = infra[k] || []).push(r.infra[k] ?? null);
+    }
+    return { raw, xs, risk, sensors, ai, infra };
+  }
+
+  const AXIS = { stroke: "#9aa4b2", grid: { stroke: "#252c3a", width: 1 }, ticks: { stroke: "#252c3a" } };
+
+  function makeChart(id, el, title, xs, named, opts) {
+    if (charts[id]) { charts[id].destroy(); delete charts[id]; }
+    const keys = Object.keys(named);
+    const width = Math.max(260, el.clientWidth || 600);
+    const series = [{}].concat(keys.map((k, i) => ({
+      label: k, stroke: PALETTE[i % PALETTE.length], width: 2, spanGaps: !opts.points,
+      points: { show: !!opts.points, size: 5 },
+    })));
+    const u = new uPlot({
+      title, width, height: opts.height || 180,
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), KST),
+      scales: { x: { time: true }, y: opts.range ? { range: opts.range } : {} },
+      axes: [Object.assign({}, AXIS), Object.assign({ size: 50 }, AXIS)],
+      legend: { live: true },
+      series,
+    }, [xs].concat(keys.map((k) => named[k])), el);
+    charts[id] = u;
+    return u;
+  }
+
+  let chartData = null;
+  async function loadHistory(windowName) {
+    const box = document.getElementById("charts");
+    if (!box) return;
+    box.dataset.window = windowName;
+    box.setAttribute("aria-busy", "true");
+    document.querySelectorAll(".win").forEach((a) => {
+      if (a.dataset.window === windowName) a.setAttribute("aria-current", "true");
+      else a.removeAttribute("aria-current");
+    });
+    const data = await getJSON("/api/factories/" + encodeURIComponent(CFG.factoryId) + "/history?window=" + windowName);
+    if (currentWindow() !== windowName) return;  // switched again meanwhile
+    chartData = seriesOf(data.items, windowName);
+    if (windowName === "1h") chartData.items = data.items.slice();  // live appends go here
+    drawCharts();
+    box.removeAttribute("aria-busy");
+  }
+
+  function emptyNote(el) {
+    el.replaceChildren(h("p", { class: "muted nodata" }, T.no_data));
+  }
+
+  function drawCharts() {
+    const d = chartData;
+    const riskEl = document.getElementById("chart-risk");
+    const empty = !d.xs.length;
+    for (const id of Object.keys(charts)) { charts[id].destroy(); delete charts[id]; }
+    if (empty) {
+      ["chart-risk", "chart-sensors", "chart-ai", "chart-infra"].forEach((i) => emptyNote(document.getElementById(i)));
+      return;
+    }
+    riskEl.replaceChildren();
+    const riskSeries = d.raw ? { [T.score]: d.risk.score } : { max: d.risk.score, mean: d.risk.mean };
+    makeChart("risk", riskEl, "", d.xs, riskSeries, { range: [0, 100] });
+    const sensorsEl = document.getElementById("chart-sensors");
+    sensorsEl.replaceChildren();
+    const sensorNames = Object.keys(d.sensors).sort();
+    if (!sensorNames.length) emptyNote(sensorsEl);
+    for (const name of sensorNames) {
+      const cell = h("div", { class: "small-multiple" });
+      sensorsEl.append(cell);
+      makeChart("sensor:" + name, cell, name, d.xs, { [name]: d.sensors[name] }, { height: 150 });
+    }
+    const aiEl = document.getElementById("chart-ai");
+    aiEl.replaceChildren();
+    if (Object.keys(d.ai).length) makeChart("ai", aiEl, "", d.xs, d.ai, { range: [0, 1], points: true });
+    else emptyNote(aiEl);
+    const infraEl = document.getElementById("chart-infra");
+    infraEl.replaceChildren();
+    if (Object.keys(d.infra).length) makeChart("infra", infraEl, "", d.xs, d.infra, {});
+    else emptyNote(infraEl);
+  }
+
+  function appendPoint(latest) {
+    if (!chartData || !chartData.raw || !latest || !latest.updated_at) return;
+    const x = parseTs(latest.updated_at).getTime() / 1000;
+    if (chartData.xs.length && x <= chartData.xs[chartData.xs.length - 1]) return;
+    // a LATEST is the next HISTORY#STATE item: add it and drop what left the hour
+    const items = chartData.items || [];
+    items.push(latest);
+    const cutoff = Date.now() / 1000 - 3600;
+    chartData = Object.assign(seriesOf(items.filter((i) => parseTs(i.updated_at).getTime() / 1000 >= cutoff), "1h"), { items });
+    drawCharts();
+  }
+
+  function setupFactory() {
+    const box = document.getElementById("charts");
+    document.querySelectorAll(".win").forEach((a) => a.addEventListener("click", (ev) => {
+      ev.preventDefault();
+      const w = a.dataset.window;
+      const url = new URL(location.href);
+      url.searchParams.set("window", w);
+      history.replaceState(null, "", url);
+      loadHistory(w).catch(console.error);
+    }));
+    loadHistory(box.dataset.window).catch(console.error);
+    loadImage().catch(console.error);
+    let resizeTimer = null;
+    new ResizeObserver(() => {
+      clearTimeout(resizeTimer);
+      resizeTimer = setTimeout(() => { if (chartData) drawCharts(); }, 200);
+    }).observe(box);
+  }
+
+  // -- cloud page --------------------------------------------------------------------------------
+
+  async function loadCloud() {
+    const data = await getJSON("/api/cloud");
+    for (const tier of ["fast", "slow"]) {
+      const byCheck = {};
+      for (const item of data[tier] || []) {
+        for (const c of ((item.snapshot || {}).checks || [])) {
+          (byCheck[c.name] = byCheck[c.name] || []).push({ at: item.updated_at, status: c.status, reason: c.reason });
+        }
+      }
+      document.querySelectorAll('[data-strip^="' + tier + ':"]').forEach((cell) => {
+        const name = cell.dataset.strip.slice(tier.length + 1);
+        const runs = (byCheck[name] || []).slice(-72);
+        cell.replaceChildren(h("span", { class: "strip-runs", role: "img",
+          "aria-label": runs.filter((r) => r.status !== "NORMAL").length + " / " + runs.length },
+          runs.map((r) => {
+            const d = parseTs(r.at);
+            const when = d ? kstFmt.format(d) + " KST (" + d.toISOString().slice(0, 19) + "Z UTC)" : "";
+            return h("span", { class: "run lv-" + String(r.status).toLowerCase(), title: when + " " + r.status + " " + r.reason });
+          })));
+      });
+    }
+    const latest = data.latest;
+    if (latest && document.getElementById("cloud")) {
+      // statuses of the rendered rows, so the table follows each run without a reload
+      for (const tier of ["fast", "slow"]) {
+        for (const c of ((latest[tier] || {}).checks || [])) {
+          const row = document.querySelector('[data-tier="' + tier + '"] tr[data-check="' + CSS.escape(c.name) + '"]');
+          if (!row) continue;
+          row.className = "lv-" + c.status.toLowerCase();
+          const cell = row.children[1];
+          cell.replaceChildren(badge(c.status), c.reason !== "OK" ? " " : "", c.reason !== "OK" ? h("code", {}, c.reason) : "");
+          row.children[2].textContent = c.value === null || c.value === undefined ? "–" : c.value + " " + (c.unit || "");
+        }
+      }
+    }
+  }
+
+  // -- the live stream ----------------------------------------------------------------------
+
+  const live = document.getElementById("live");
+  function liveState(state) {
+    if (!live) return;
+    live.dataset.state = state;
+    live.querySelector(".live-text").textContent = state === "open" ? T.live : T.reconnecting;
+  }
+
+  let source = null, backoff = 1000;
+  function connect() {
+    source = new EventSource("/api/live");
+    source.onopen = () => { backoff = 1000; liveState("open"); };
+    source.onerror = () => {
+      liveState("connecting");
+      if (source.readyState === EventSource.CLOSED) {
+        // the server answered something other than a stream (401, a proxy's 502): the browser
+        // does not retry by itself then; check the sign-in and try again with a backoff
+        source.close();
+        fetch("/api/fleet", { credentials: "same-origin" }).then((r) => { if (r.status === 401) toLogin(); }).catch(() => {});
+        setTimeout(connect, backoff);
+        backoff = Math.min(backoff * 2, 30000);
+      }
+    };
+    const on = (name, fn) => source.addEventListener(name, (ev) => {
+      try { fn(JSON.parse(ev.data)); } catch (err) { console.error(name, err); }
+    });
+    on("fleet", onFleet);
+    on("factory", onFactory);
+    on("factory_removed", (d) => document.querySelector('#fleet [data-factory="' + CSS.escape(d.factory_id) + '"]')?.remove());
+    on("alerts", onAlerts);
+    on("cloud", onCloud);
+    on("graph", (d) => {
+      if (page === "factory" && d.target === CFG.factoryId && currentWindow() !== "1h") {
+        setTimeout(() => loadHistory(currentWindow()).catch(console.error), Math.random() * 5000);
+      }
+    });
+    on("reports", () => {
+      const list = document.getElementById("report-targets");
+      if (list && !list.querySelector(".new")) list.append(h("li", { class: "new" }, h("a", { href: location.pathname + location.search }, "↻")));
+    });
+    on("resync", () => {
+      if (page === "factory") loadHistory(currentWindow()).catch(console.error);
+      if (page === "cloud") loadCloud().catch(console.error);
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    tick();
+    setInterval(tick, 1000);
+    if (page === "login") return;
+    if (page === "factory") setupFactory();
+    if (page === "cloud") loadCloud().catch(console.error);
+    connect();
+  });
+})();

@@ -1,0 +1,500 @@
+"""The dashboard page in headless Chromium (Debian's, driven by Playwright through its executable
+path), served by the real app on a real HTTP server over a seeded read model in the emulator,
+with live updates from real NATS: a CRITICAL state made by the processor from a raw message
+reaches the open page without a reload. Also: no token, no data (page and event stream), and a
+token given in a link never reaches a log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from faststream.nats import NatsBroker
+from nats.js import JetStreamContext
+from playwright.async_api import BrowserContext, Page, async_playwright, expect
+
+from aegis_contracts import keys
+from aegis_contracts.events import RawArchived
+from aegis_contracts.graph import LabelStats, RiskStats, SeriesStats, WindowStats
+from aegis_contracts.ids import SourceType
+from aegis_contracts.items import Graph5m
+from aegis_contracts.subjects import raw_subject
+from aegis_contracts.times import format_ts, truncate_ms
+from aegis_dashboard_api.access import COOKIE, token_digest
+from aegis_dashboard_api.app import create_app
+from aegis_dashboard_api.settings import DashboardSettings
+from aegis_processor.app import create_app as create_processor
+from aegis_processor.settings import ProcessorSettings
+from aegis_runtime.broker import create_broker, ensure_streams, publish
+from aegis_runtime.localservers import free_port
+from aegis_runtime.settings import AegisSettings
+from aegis_runtime.testing.storage import Foundation
+from aegis_runtime.testing.waiting import eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(
+    os.environ.get("AEGIS_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
+)
+TOKEN = "wall-screen-7f3a9c"
+WATCHED = "factory-a"
+GRAPH_BUCKETS = 70  # 5 h 50 min: all inside the 6 h window
+
+
+@dataclass
+class Dashboard:
+    url: str
+    app: Any
+    server: uvicorn.Server
+
+
+@pytest.fixture
+async def broker(nats_url: str) -> AsyncIterator[NatsBroker]:
+    broker = create_broker(AegisSettings(nats_url=nats_url), name="dashboard-page-test")
+    await broker.connect()
+    await ensure_streams(broker)
+    yield broker
+    await broker.stop()
+
+
+@pytest.fixture
+async def dashboard(
+    foundation: Foundation, nats_url: str, aws_endpoint: str
+) -> AsyncIterator[Dashboard]:
+    """The app on a real HTTP server (uvicorn, with its access log on), its live feed on NATS."""
+    settings = DashboardSettings(
+        aws_endpoint_url=aws_endpoint,
+        bucket=foundation.bucket,
+        table=foundation.table,
+        nats_url=nats_url,
+        dashboard_tokens=token_digest(TOKEN),
+        dashboard_live_ping_s=0.5,
+    )
+    app = create_app(settings, clients=foundation.clients)
+    port = free_port()
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        access_log=True,
+        timeout_graceful_shutdown=2,
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    await eventually(lambda: server.started, within=15, what="the dashboard serving")
+    await eventually(lambda: app.state.feed.connected, within=15, what="the live feed on NATS")
+    try:
+        yield Dashboard(f"http://127.0.0.1:{port}", app, server)
+    finally:
+        app.state.hub.close()
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
+
+
+# -- the read model: factory-a made by the processor, b and c and the graphs seeded -----------
+
+
+def factory_body(
+    sensors: dict[str, float], detections: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    return {"sensors": sensors, "ai": {"model_version": "yolo-8", "detections": detections or []}}
+
+
+async def send_raw(
+    foundation: Foundation,
+    broker: NatsBroker,
+    factory_id: str,
+    body: dict[str, Any],
+    *,
+    mid: str,
+    at: datetime,
+) -> None:
+    """What ingest does: archive the payload under raw/, then publish its RawArchived event."""
+    envelope = {
+        "message_id": mid,
+        "factory_id": factory_id,
+        "device_id": "edge-1",
+        "emitted_at": at.isoformat(),
+        "schema_version": "1.0",
+    }
+    payload = json.dumps({**envelope, **body}).encode()
+    key = keys.raw_key(factory_id, "factory_state", at, mid)
+    await foundation.store.put_immutable(key, payload)
+    event = RawArchived(
+        message_id=mid,
+        factory_id=factory_id,
+        source_type=SourceType.FACTORY_STATE,
+        topic=f"aegis/{factory_id}/factory_state",
+        bucket=foundation.bucket,
+        key=key,
+        received_at=at,
+        size_bytes=len(payload),
+        qos=1,
+    )
+    await publish(broker, raw_subject(factory_id, "factory_state"), event, msg_id=key)
+
+
+def seeded_latest(
+    level: str, score: float, reasons: list[dict[str, Any]], at: datetime
+) -> dict[str, Any]:
+    return {
+        "risk": {"score": score, "level": level, "reasons": reasons, "rules_version": "test"},
+        "pipeline_status": {"status": "OK", "checked_at": format_ts(at)},
+        "factory_state": {
+            "meta": {"message_id": "seed-1", "device_id": "edge-1", "emitted_at": format_ts(at)},
+            "sensors": {"co_ppm": 60.0 if level == "WARNING" else 5.0, "temperature_c": 24.0},
+            "detections": [],
+        },
+        "last_factory_state_at": format_ts(at),
+        "updated_at": format_ts(at),
+    }
+
+
+async def seed_graphs(foundation: Foundation, factory_id: str, now: datetime) -> int:
+    """GRAPH#5M buckets (what the aggregator writes) over the last ~6 hours."""
+    end = now.replace(second=0, microsecond=0) - timedelta(minutes=now.minute % 5)
+    count = 0
+    for i in range(GRAPH_BUCKETS):
+        start = end - timedelta(minutes=5 * (GRAPH_BUCKETS - i))
+        co = 5.0 + (i % 12)
+        stats = WindowStats(
+            window_start=start,
+            window_end=start + timedelta(minutes=5),
+            samples=5,
+            factory_records=5,
+            infra_records=5,
+            coverage=1.0,
+            sensors={
+                "co_ppm": SeriesStats(count=5, min=co - 1, max=co + 2, avg=co, last=co),
+                "temperature_c": SeriesStats(count=5, min=23, max=25, avg=24, last=24),
+            },
+            detections={"no_helmet": LabelStats(count=1, max_confidence=0.7)} if i % 9 == 0 else {},
+            risk=RiskStats(
+                max_score=10.0 + (i % 12) * 3,
+                mean_score=8.0,
+                worst_level="NORMAL",
+                seconds_at_level={"NORMAL": 300.0},
+            ),
+            infra={"cpu_pct": SeriesStats(count=5, min=20, max=40, avg=30 + i % 7, last=30)},
+        )
+        await foundation.readmodel.put_item(
+            Graph5m(
+                pk=keys.factory_pk(factory_id),
+                sk=keys.graph_5m_sk(start),
+                factory_id=factory_id,
+                bucket_start=start,
+                bucket_end=start + timedelta(minutes=5),
+                stats=stats,
+                ttl=int((now + timedelta(hours=48)).timestamp()),
+            )
+        )
+        count += 1
+    return count
+
+
+@pytest.fixture
+async def processor(
+    foundation: Foundation, broker: NatsBroker, nats_url: str, aws_endpoint: str, unique_id: str
+) -> AsyncIterator[Any]:
+    """The real processor, its consumer filtered to factory-a (older factory-a raw events of this
+    session's NATS are purged first: they belong to other tests' buckets)."""
+    js: JetStreamContext = broker.connection.jetstream()
+    await js.purge_stream("AEGIS_RAW", subject=f"aegis.raw.{WATCHED}.>")
+    settings = ProcessorSettings(
+        aws_endpoint_url=aws_endpoint,
+        bucket=foundation.bucket,
+        table=foundation.table,
+        nats_url=nats_url,
+        service=f"processor-{unique_id}",
+        durable=f"processor-{unique_id}",
+        subject=f"aegis.raw.{WATCHED}.>",
+        fetch_timeout_s=0.3,
+        refresh_enabled=False,
+    )
+    app = create_processor(settings)
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop()
+        await js.delete_consumer("AEGIS_RAW", settings.durable)
+
+
+async def level_of(foundation: Foundation, factory_id: str) -> str | None:
+    item = await foundation.readmodel.get_latest(factory_id)
+    return None if item is None else (item.get("risk") or {}).get("level")
+
+
+# -- the browser ----------------------------------------------------------------------------
+
+
+def chromium_installed() -> bool:
+    return Path(CHROMIUM).exists()
+
+
+@pytest.fixture
+async def browser(tmp_path: Path) -> AsyncIterator[BrowserContext]:
+    assert chromium_installed(), f"{CHROMIUM} is missing: `make test` installs Debian's chromium"
+    async with async_playwright() as pw:
+        context = await pw.chromium.launch_persistent_context(
+            tmp_path / "chromium-profile",  # a new, empty user-data-dir
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1600, "height": 1000},
+            locale="en-US",
+        )
+        try:
+            yield context
+        finally:
+            await context.close()
+
+
+async def sign_in(page: Page, base: str, next_path: str = "/") -> None:
+    await page.goto(f"{base}/login?next={next_path}")
+    await page.fill("#token", TOKEN)
+    await page.click("button[type=submit]")
+
+
+def screenshot_path(name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS / name
+
+
+async def test_fleet_charts_and_a_critical_state_arriving_live(
+    foundation: Foundation,
+    broker: NatsBroker,
+    processor: Any,
+    dashboard: Dashboard,
+    browser: BrowserContext,
+    unique_id: str,
+) -> None:
+    now = truncate_ms(datetime.now(UTC))
+    await send_raw(
+        foundation,
+        broker,
+        WATCHED,
+        factory_body({"co_ppm": 4.0, "temperature_c": 23.5}),
+        mid=f"m-{unique_id}-1",
+        at=now - timedelta(seconds=5),
+    )
+    await foundation.readmodel.set_latest(
+        "factory-b",
+        seeded_latest(
+            "WARNING",
+            40.0,
+            [
+                {
+                    "code": "CO_HIGH",
+                    "severity": "WARNING",
+                    "detail": "co_ppm 60 >= 35",
+                    "value": 60.0,
+                }
+            ],
+            now - timedelta(seconds=3),
+        ),
+    )
+    await foundation.readmodel.set_latest(
+        "factory-c",
+        seeded_latest(
+            "CRITICAL",
+            90.0,
+            [{"code": "FIRE_DETECTED", "severity": "CRITICAL", "detail": "fire 0.93 on cam-2"}],
+            now - timedelta(seconds=2),
+        ),
+    )
+    await seed_graphs(foundation, WATCHED, now)
+
+    async def a_processed() -> bool:
+        return await level_of(foundation, WATCHED) == "NORMAL"
+
+    await eventually(a_processed, within=20, what="factory-a NORMAL through the processor")
+
+    fleet = await browser.new_page()
+    await sign_in(fleet, dashboard.url)
+    await expect(fleet).to_have_url(f"{dashboard.url}/")
+    for fid, level in (
+        ("factory-a", "NORMAL"),
+        ("factory-b", "WARNING"),
+        ("factory-c", "CRITICAL"),
+    ):
+        tile = fleet.locator(f'#fleet .tile[data-factory="{fid}"]')
+        await expect(tile).to_have_attribute("data-level", level)
+        # the level is also written, not shown by colour alone
+        await expect(tile.locator(".badge .lv-text")).to_have_text(level.capitalize())
+    await expect(fleet.locator("#live")).to_have_attribute("data-state", "open")
+
+    detail = await browser.new_page()
+    await detail.goto(f"{dashboard.url}/factories/{WATCHED}?window=6h")
+    await expect(detail.locator("#charts")).to_have_attribute("data-window", "6h")
+    await expect(detail.locator("#chart-risk canvas")).to_have_count(1)
+    points = await detail.wait_for_function(
+        "() => { const u = window.AEGIS_CHARTS && window.AEGIS_CHARTS.risk;"
+        " return u && u.data[0].length > 0 && u.data[1].filter(v => v !== null).length }"
+    )
+    assert await points.json_value() == GRAPH_BUCKETS  # every seeded bucket is drawn
+    sensors = await detail.evaluate(
+        "() => Object.keys(window.AEGIS_CHARTS).filter(k => k.startsWith('sensor:')).sort()"
+    )
+    assert sensors == ["sensor:co_ppm", "sensor:temperature_c"]
+    await expect(detail.locator("#live")).to_have_attribute("data-state", "open")
+
+    # a fire on factory-a: through ingest's path and the processor into LATEST and the change
+    # event; the open pages change within 3 s, without a reload
+    marker = await fleet.evaluate("() => (window.__not_reloaded = true)")
+    await detail.evaluate("() => (window.__not_reloaded = true)")
+    await send_raw(
+        foundation,
+        broker,
+        WATCHED,
+        factory_body(
+            {"co_ppm": 5.0, "temperature_c": 24.0},
+            [{"label": "fire", "confidence": 0.92, "camera_id": "cam-1"}],
+        ),
+        mid=f"m-{unique_id}-2",
+        at=truncate_ms(datetime.now(UTC)),
+    )
+    tile = fleet.locator(f'#fleet .tile[data-factory="{WATCHED}"]')
+    await expect(tile).to_have_attribute("data-level", "CRITICAL", timeout=3000)
+    await expect(tile.locator(".reasons")).to_contain_text("FIRE_DETECTED")
+    await expect(detail.locator("#factory")).to_have_attribute(
+        "data-level", "CRITICAL", timeout=3000
+    )
+    await expect(detail.locator("#factory .fh-reasons")).to_contain_text("FIRE_DETECTED")
+    assert marker is True
+    assert await fleet.evaluate("() => window.__not_reloaded") is True
+    assert await detail.evaluate("() => window.__not_reloaded") is True
+    await expect(fleet.locator('[data-count="CRITICAL"]')).to_have_text("2")
+
+    for page, name in ((fleet, "dashboard-fleet.png"), (detail, "dashboard-factory-a.png")):
+        path = screenshot_path(name)
+        await page.screenshot(path=str(path), full_page=True)
+        assert path.stat().st_size > 10_000
+        print(f"screenshot: {path}")
+
+
+async def test_the_alert_link_opens_the_factory_after_signing_in_and_korean_labels(
+    foundation: Foundation, dashboard: Dashboard, browser: BrowserContext
+) -> None:
+    now = truncate_ms(datetime.now(UTC))
+    await foundation.readmodel.set_latest(
+        "factory-b", seeded_latest("WARNING", 40.0, [], now - timedelta(seconds=3))
+    )
+    page = await browser.new_page()
+    # the alert dispatcher's link: {AEGIS_DASHBOARD_URL}/factories/{f}
+    resp = await page.goto(f"{dashboard.url}/factories/factory-b?lang=ko")
+    assert resp is not None and resp.status == 401
+    await expect(page.locator("h1")).to_have_text("로그인")
+    await page.fill("#token", TOKEN)
+    await page.click("button[type=submit]")
+    await expect(page).to_have_url(f"{dashboard.url}/factories/factory-b?lang=ko")
+    await expect(page.locator("#factory h1")).to_have_text("factory-b")
+    await expect(page.locator("#factory .badge .lv-text").first).to_have_text("주의")
+    time = page.locator("#factory .updated time")
+    assert (await time.get_attribute("title") or "").endswith("Z UTC")
+    assert "KST" in await time.inner_text()
+    path = screenshot_path("dashboard-factory-b-ko.png")
+    await page.screenshot(path=str(path), full_page=True)
+    print(f"screenshot: {path}")
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [
+        {},
+        {"headers": {"Authorization": "Bearer wrong"}},
+        {"cookies": {COOKIE: "wrong"}},
+        {"params": {"token": "wrong"}},
+        {"cookies": {COOKIE: token_digest(TOKEN)}},  # the digest is not the token
+    ],
+)
+async def test_without_a_valid_token_the_page_and_the_stream_are_401_without_data(
+    foundation: Foundation, dashboard: Dashboard, auth: dict[str, Any]
+) -> None:
+    now = truncate_ms(datetime.now(UTC))
+    secret = "smoke seen at line 7 by cam-9"
+    reasons = [{"code": "SMOKE_DETECTED", "severity": "CRITICAL", "detail": secret}]
+    await foundation.readmodel.set_latest(
+        "factory-c", seeded_latest("CRITICAL", 91.0, reasons, now)
+    )
+    async with httpx.AsyncClient(base_url=dashboard.url, cookies=auth.get("cookies")) as client:
+        kwargs = {k: v for k, v in auth.items() if k != "cookies"}
+        for path in ("/", "/factories/factory-c", "/cloud", "/reports", "/api/live", "/api/fleet"):
+            resp = await client.get(path, **kwargs)
+            assert resp.status_code == 401, path
+            # nothing of the read model: (the sign-in form names the page it returns to)
+            assert secret not in resp.text and "SMOKE_DETECTED" not in resp.text, path
+            assert "91" not in resp.text, path
+
+
+async def test_the_event_stream_retry_heartbeat_snapshot_and_last_event_id(
+    foundation: Foundation, dashboard: Dashboard
+) -> None:
+    now = truncate_ms(datetime.now(UTC))
+    await foundation.readmodel.set_latest("factory-c", seeded_latest("CRITICAL", 90.0, [], now))
+    headers = {"Authorization": f"Bearer {TOKEN}", "Last-Event-ID": "0a1b2c-41"}
+    seen: list[str] = []
+    async with (
+        httpx.AsyncClient(base_url=dashboard.url, timeout=10) as client,
+        client.stream("GET", "/api/live", headers=headers) as resp,
+    ):
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        assert resp.headers["cache-control"] == "no-store"
+        async for line in resp.aiter_lines():
+            seen.append(line)
+            if line.startswith(": ping"):
+                break
+    assert "retry: 3000" in seen
+    events = [line.removeprefix("event: ") for line in seen if line.startswith("event: ")]
+    assert events[:3] == ["fleet", "alerts", "cloud"]
+    fleet = json.loads(seen[seen.index("event: fleet") + 1].removeprefix("data: "))
+    assert [f["factory_id"] for f in fleet["factories"]] == ["factory-c"]
+
+
+async def test_a_token_in_a_link_becomes_the_cookie_and_is_never_logged(
+    dashboard: Dashboard, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    for server_logger in ("uvicorn", "uvicorn.access", "uvicorn.error", "sse_starlette", "aegis"):
+        caplog.set_level(logging.DEBUG, logger=server_logger)
+    async with httpx.AsyncClient(base_url=dashboard.url) as client:
+        resp = await client.get("/factories/factory-x", params={"token": TOKEN, "window": "6h"})
+        assert resp.status_code == 303
+        assert resp.headers["location"] == "/factories/factory-x?window=6h"
+        assert TOKEN not in resp.headers["location"]
+        cookie = resp.headers["set-cookie"]
+        assert cookie.startswith(f"{COOKIE}={TOKEN};")
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie
+        # with the cookie: the page (an unknown factory is a 404 page, not the sign-in form)
+        page = await client.get("/factories/factory-x?window=6h")
+        assert page.status_code == 404
+        bad = await client.get("/", params={"token": "not-it"})
+        assert bad.status_code == 200  # the valid cookie still counts; the bad link is dropped
+    out, err = capfd.readouterr()
+    logged = out + err + "\n".join(r.getMessage() for r in caplog.records)
+    access = [r.getMessage() for r in caplog.records if r.name == "uvicorn.access"]
+    assert any("/factories/factory-x" in line for line in access)  # requests were logged
+    assert TOKEN not in logged
+    assert "not-it" not in logged
