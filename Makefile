@@ -10,7 +10,7 @@ UV := $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
 VENV := .venv
 STAMP := $(VENV)/.synced
 
-.PHONY: help install run status bench test lint fmt unit integration up down clean
+.PHONY: help install run status bench test lint fmt unit integration up down clean browser
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -33,7 +33,22 @@ lint: $(STAMP) ## ruff (format check + lint) and mypy --strict
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy $(foreach pkg,$(wildcard libs/*/src/aegis_* services/*/src/aegis_*),-p $(notdir $(pkg)))
 
-test: lint ## lint, then the whole suite: unit, integration, e2e against real servers
+# the dashboard page tests drive Debian's chromium (Playwright with its executable path; never a
+# browser download); a Korean font so the Korean labels render
+CHROMIUM := /usr/bin/chromium
+BROWSER_PACKAGES := chromium fonts-nanum
+
+browser: ## Debian's chromium and a Korean font for the page tests (apt-get, as root; only when missing)
+	@if [ ! -x $(CHROMIUM) ] || ! dpkg -s fonts-nanum >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "make browser: $(CHROMIUM) or fonts-nanum is missing; as root: apt-get install -y $(BROWSER_PACKAGES)" >&2; exit 1; \
+	  fi; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends $(BROWSER_PACKAGES) \
+	    || { apt-get update -q && apt-get install -y -q --no-install-recommends $(BROWSER_PACKAGES); }; \
+	fi
+
+test: lint browser ## lint, then the whole suite: unit, integration, e2e against real servers
 	$(VENV)/bin/pytest
 
 unit: $(STAMP) ## only the tests that need no server

@@ -366,3 +366,20 @@ async def test_the_fleet_is_read_once_per_cache_period_for_every_screen(
         reader._fleet_read_at = 0.0  # the period has passed
         (entry,) = (await c.get("/api/fleet", headers=AUTH)).json()["factories"]
         assert entry["factory_id"] == unique_id and scans == 2
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/reports?date=0",  # pydantic alone would read seconds since 1970
+        "/api/reports?date=2026-02-31",
+        "/api/reports?date=29-11-2026",
+        "/api/reports",
+        "/api/reports/0/factory-a",
+        "/api/reports/2026-13-01/factory-a",
+        "/api/factories/factory-a/images?date=1700000000",
+    ],
+)
+async def test_a_date_is_yyyy_mm_dd_or_422(client: httpx.AsyncClient, path: str) -> None:
+    resp = await client.get(path, headers=AUTH)
+    assert resp.status_code == 422, resp.text

@@ -56,13 +56,15 @@ class Listener:
             self.queue.put_nowait((event_id, event))
         except asyncio.QueueFull:
             self.dropped = True
-            self.close()
+            self.close(drain=True)
             return False
         return True
 
-    def close(self) -> None:
-        while not self.queue.empty():
-            self.queue.get_nowait()
+    def close(self, *, drain: bool = False) -> None:
+        """End the stream: after what is queued, or at once (``drain``, or no room left)."""
+        if drain or self.queue.full():
+            while not self.queue.empty():
+                self.queue.get_nowait()
         self.queue.put_nowait(None)
 
     async def events(self) -> AsyncIterator[tuple[str, LiveEvent]]:

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
 import structlog
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, Response
 from markdown_it import MarkdownIt
+from pydantic import BeforeValidator
 
 from aegis_contracts import keys
 from aegis_contracts.errors import ContractError
@@ -126,6 +128,16 @@ class Reader:
         return ImageLink(s3_key=key, url=url, expires_in_s=ttl, **fields)
 
 
+def _iso_date(value: object) -> object:
+    # pydantic would also take a number of seconds since 1970 ("?date=0"): only YYYY-MM-DD here
+    if isinstance(value, str) and not _ISO_DATE.fullmatch(value):
+        raise ValueError("a date is YYYY-MM-DD")
+    return value
+
+
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+IsoDate = Annotated[date, BeforeValidator(_iso_date)]
+
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": Problem}, 401: {"model": Problem}}
 UNAUTHORIZED: dict[int | str, dict[str, Any]] = {401: {"model": Problem}}
 
@@ -229,7 +241,7 @@ async def latest_image(factory_id: str, request: Request) -> LatestImage:
 async def day_images(
     factory_id: str,
     request: Request,
-    day: Annotated[date, Query(alias="date", description="UTC day")],
+    day: Annotated[IsoDate, Query(alias="date", description="UTC day")],
 ) -> DayImages:
     """A UTC day's camera images, oldest first, as short-lived presigned URLs."""
     reader = _reader(request)
@@ -244,7 +256,7 @@ async def day_images(
 
 @router.get("/reports", response_model=Reports, responses=UNAUTHORIZED)
 async def reports(
-    request: Request, day: Annotated[date, Query(alias="date", description="KST report date")]
+    request: Request, day: Annotated[IsoDate, Query(alias="date", description="KST report date")]
 ) -> Reports:
     """The reports of one KST date: each target with the artifacts written for it."""
     reader = _reader(request)
@@ -260,15 +272,21 @@ async def reports(
 
 @router.get(
     "/reports/{report_date}/{target}",
-    response_class=PlainTextResponse,
+    response_class=Response,
     responses={
-        200: {"content": {"text/markdown": {}, "text/html": {}}},
+        200: {
+            "description": "report.md as written, or rendered as HTML",
+            "content": {
+                "text/markdown": {"schema": {"type": "string"}},
+                "text/html": {"schema": {"type": "string"}},
+            },
+        },
         404: {"model": Problem},
         401: {"model": Problem},
     },
 )
 async def report(
-    report_date: date,
+    report_date: IsoDate,
     target: str,
     request: Request,
     output: Annotated[Literal["markdown", "html"], Query(alias="format")] = "markdown",
