@@ -24,12 +24,15 @@ from nats.js import JetStreamContext
 from playwright.async_api import BrowserContext, Page, async_playwright, expect
 
 from aegis_contracts import keys
+from aegis_contracts.cloud import CloudCheck, CloudSnapshot
 from aegis_contracts.events import RawArchived
 from aegis_contracts.graph import LabelStats, RiskStats, SeriesStats, WindowStats
 from aegis_contracts.ids import SourceType
 from aegis_contracts.items import Graph5m
+from aegis_contracts.keys import ReportArtifact
+from aegis_contracts.state import Level
 from aegis_contracts.subjects import raw_subject
-from aegis_contracts.times import format_ts, truncate_ms
+from aegis_contracts.times import format_ts, kst_report_date, truncate_ms
 from aegis_dashboard_api.access import COOKIE, token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
@@ -498,3 +501,53 @@ async def test_a_token_in_a_link_becomes_the_cookie_and_is_never_logged(
     assert any("/factories/factory-x" in line for line in access)  # requests were logged
     assert TOKEN not in logged
     assert "not-it" not in logged
+
+
+async def test_cloud_panel_with_each_check_and_its_history_and_a_report(
+    foundation: Foundation, dashboard: Dashboard, browser: BrowserContext
+) -> None:
+    now = truncate_ms(datetime.now(UTC))
+    ttl = int((now + timedelta(hours=6)).timestamp())
+    for minutes_ago in range(30, -1, -1):
+        at = now - timedelta(minutes=minutes_ago)
+        lag = 1500.0 if minutes_ago < 3 else 10.0
+        checks = [
+            CloudCheck.ok("storage_canary", value=42.0, unit="ms"),
+            CloudCheck(
+                name="consumer_lag:AEGIS_RAW/processor",
+                status=Level.WARNING if lag > 1000 else Level.NORMAL,
+                reason="CONSUMER_LAG" if lag > 1000 else "OK",
+                value=lag,
+                unit="msgs",
+                threshold=1000.0,
+                detail="num_pending",
+            ),
+        ]
+        await foundation.readmodel.apply_cloud(CloudSnapshot.of("fast", at, checks), ttl=ttl)
+    day = kst_report_date(now - timedelta(days=1))
+    report = "# factory-a daily report\n\n| hour | risk |\n|---|---|\n| 09 | 40 |\n\n<b>raw</b>\n"
+    await foundation.store.put_bytes(
+        keys.report_key(day, "factory-a", ReportArtifact.REPORT),
+        report.encode(),
+        content_type="text/markdown",
+    )
+    page = await browser.new_page()
+    await sign_in(page, dashboard.url, "/cloud")
+    await expect(page).to_have_url(f"{dashboard.url}/cloud")
+    await expect(page.locator("#cloud-overall .badge")).to_have_attribute("data-level", "WARNING")
+    lag_row = page.locator('[data-tier="fast"] tr[data-check="consumer_lag:AEGIS_RAW/processor"]')
+    await expect(lag_row.locator(".badge")).to_have_attribute("data-level", "WARNING")
+    await expect(lag_row).to_contain_text("CONSUMER_LAG")
+    # the history strip: one mark per run, the last three at WARNING
+    await expect(lag_row.locator(".run")).to_have_count(31)
+    await expect(lag_row.locator(".run.lv-warning")).to_have_count(3)
+    first = await lag_row.locator(".run").first.get_attribute("title") or ""
+    assert "KST" in first and "Z UTC" in first
+    await page.screenshot(path=str(screenshot_path("dashboard-cloud.png")), full_page=True)
+
+    await page.goto(f"{dashboard.url}/reports")  # yesterday (KST) by default
+    await page.click("text=factory-a")
+    await expect(page.locator("#report h1")).to_have_text("factory-a daily report")
+    await expect(page.locator("#report table td").first).to_have_text("09")
+    assert "<b>raw</b>" in await page.locator("#report").inner_text()  # escaped, not HTML
+    await page.screenshot(path=str(screenshot_path("dashboard-report.png")), full_page=True)

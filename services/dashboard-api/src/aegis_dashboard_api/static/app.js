@@ -158,6 +158,7 @@
       grid.insertBefore(el, after || null);
     }
     counts();
+    tick();
   }
 
   function counts() {
@@ -291,6 +292,18 @@
   }
 
   const AXIS = { stroke: "#9aa4b2", grid: { stroke: "#252c3a", width: 1 }, ticks: { stroke: "#252c3a" } };
+  const hm = new Intl.DateTimeFormat("en-GB", { timeZone: KST, hour: "2-digit", minute: "2-digit", hour12: false });
+  const md = new Intl.DateTimeFormat("en-GB", { timeZone: KST, month: "2-digit", day: "2-digit" });
+  // x axis in KST, 24-hour clock; the date under the first tick and where the day changes
+  function kstTicks(u, splits) {
+    let lastDay = null;
+    return splits.map((ts) => {
+      const d = new Date(ts * 1000), day = md.format(d);
+      const label = hm.format(d) + (day !== lastDay ? "\n" + day : "");
+      lastDay = day;
+      return label;
+    });
+  }
 
   function makeChart(id, el, title, xs, named, opts) {
     if (charts[id]) { charts[id].destroy(); delete charts[id]; }
@@ -304,7 +317,7 @@
       title, width, height: opts.height || 180,
       tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), KST),
       scales: { x: { time: true }, y: opts.range ? { range: opts.range } : {} },
-      axes: [Object.assign({}, AXIS), Object.assign({ size: 50 }, AXIS)],
+      axes: [Object.assign({ values: kstTicks, size: 50 }, AXIS), Object.assign({ size: 50 }, AXIS)],
       legend: { live: true },
       series,
     }, [xs].concat(keys.map((k) => named[k])), el);
