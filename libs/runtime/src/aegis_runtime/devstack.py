@@ -10,7 +10,9 @@ prefixes their output with the service name, and stops them all on Ctrl-C or SIG
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import secrets
 import signal
 import sys
 import time
@@ -18,6 +20,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from aegis_runtime.localservers import ensure_mosquitto, ensure_moto_server, ensure_nats, free_port
 from aegis_runtime.settings import AegisSettings
@@ -31,10 +34,38 @@ EARLY_SERVICES = frozenset({"ingest", "processor", "simulator"})
 EARLY_READY_TIMEOUT_S = 20.0
 
 
+# the local stack's dashboard token when AEGIS_DASHBOARD_TOKENS is unset: kept in a file (0600) so
+# an open screen stays signed in across runs and the token never goes to the output
+DASHBOARD_TOKEN_FILE = Path(".run/dashboard-token")
+
+
+def local_dashboard_token(path: Path = DASHBOARD_TOKEN_FILE) -> str:
+    """The token in ``path``; made (random) and written there when there is none."""
+    if path.exists() and (token := path.read_text().strip()):
+        return token
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceSpec:
     name: str
     health_port: int
+
+
+def dashboard_access(specs: list[ServiceSpec]) -> tuple[dict[str, str], str]:
+    """The dashboard's token setting for the children, and how to sign in: the operator's own
+    AEGIS_DASHBOARD_TOKENS when set, else the digest of the local token file's."""
+    variable = "AEGIS_DASHBOARD_TOKENS"
+    if not any(s.name == "dashboard-api" for s in specs) or os.environ.get(variable):
+        return {}, f"a token of {variable}"
+    token = local_dashboard_token()
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    return {variable: digest}, f"the token in {DASHBOARD_TOKEN_FILE.resolve()}"
 
 
 def installed_services() -> list[str]:
@@ -98,6 +129,7 @@ async def run_stack(settings: AegisSettings, *, services: list[str] | None = Non
 
 
 async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
+    extra_env, token_note = dashboard_access(specs)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -111,7 +143,7 @@ async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
                 "-m",
                 "aegis_runtime.devstack",
                 spec.name,
-                env=child_env(os.environ, settings, spec),
+                env=child_env(os.environ, settings, spec) | extra_env,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
             )
@@ -142,7 +174,12 @@ async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
                 flush=True,
             )
             if any(s.name == "dashboard-api" for s in specs):
-                print(f"aegis up: the dashboard API: {settings.dashboard_url}/docs", flush=True)
+                url = settings.dashboard_url.rstrip("/")
+                print(
+                    f"aegis up: the dashboard: {url}/ (sign in with {token_note}); "
+                    f"its API: {url}/docs",
+                    flush=True,
+                )
         else:
             print("aegis up: no services installed yet; the local stack is ready (Ctrl-C stops)")
         waiters = [asyncio.create_task(p.wait()) for p in procs.values()]

@@ -107,7 +107,15 @@ def time_tag(value: object) -> Markup:
     )
 
 
+def number(value: object) -> str:
+    """At most two decimals, thousands separated (as app.js writes them): 1,500 / 98.47."""
+    if not isinstance(value, int | float):
+        return "\u2013"  # an en dash, as for a missing value elsewhere
+    return f"{round(float(value), 2):,}".removesuffix(".0")
+
+
 templates.env.filters["time"] = time_tag
+templates.env.filters["num"] = number
 templates.env.globals["static_url"] = static_url
 
 

@@ -60,6 +60,11 @@
     return age >= CFG.staleAfterS ? "stale" : "fresh";
   }
 
+  // numbers as the server renders them: at most two decimals, thousands separated
+  function num(v) {
+    return Number(Number(v).toFixed(2)).toLocaleString("en-US");
+  }
+
   function badge(level) {
     const lv = level || "UNKNOWN";
     return h("span", { class: "badge lv-" + lv.toLowerCase(), "data-level": lv },
@@ -295,11 +300,13 @@
   const hm = new Intl.DateTimeFormat("en-GB", { timeZone: KST, hour: "2-digit", minute: "2-digit", hour12: false });
   const md = new Intl.DateTimeFormat("en-GB", { timeZone: KST, month: "2-digit", day: "2-digit" });
   // x axis in KST, 24-hour clock; the date under the first tick and where the day changes
-  function kstTicks(u, splits) {
+  const hms = new Intl.DateTimeFormat("en-GB", { timeZone: KST, hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false });
+  function kstTicks(u, splits, axisIdx, foundSpace, foundIncr) {
     let lastDay = null;
+    const fmt = foundIncr < 60 ? hms : hm;  // seconds when the ticks are less than a minute apart
     return splits.map((ts) => {
       const d = new Date(ts * 1000), day = md.format(d);
-      const label = hm.format(d) + (day !== lastDay ? "\n" + day : "");
+      const label = fmt.format(d) + (day !== lastDay ? "\n" + day : "");
       lastDay = day;
       return label;
     });
@@ -442,7 +449,7 @@
           row.className = "lv-" + c.status.toLowerCase();
           const cell = row.children[1];
           cell.replaceChildren(badge(c.status), c.reason !== "OK" ? " " : "", c.reason !== "OK" ? h("code", {}, c.reason) : "");
-          row.children[2].textContent = c.value === null || c.value === undefined ? "–" : c.value + " " + (c.unit || "");
+          row.children[2].textContent = c.value === null || c.value === undefined ? "–" : num(c.value) + " " + (c.unit || "");
         }
       }
     }
