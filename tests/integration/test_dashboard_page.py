@@ -11,6 +11,7 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,13 +26,13 @@ from playwright.async_api import BrowserContext, Page, async_playwright, expect
 
 from aegis_contracts import keys
 from aegis_contracts.cloud import CloudCheck, CloudSnapshot
-from aegis_contracts.events import RawArchived
+from aegis_contracts.events import ObjectCreated, RawArchived, SystemEvent
 from aegis_contracts.graph import LabelStats, RiskStats, SeriesStats, WindowStats
 from aegis_contracts.ids import SourceType
-from aegis_contracts.items import Graph5m
+from aegis_contracts.items import AlertState, Graph5m
 from aegis_contracts.keys import ReportArtifact
 from aegis_contracts.state import Level
-from aegis_contracts.subjects import raw_subject
+from aegis_contracts.subjects import object_created_subject, raw_subject, system_subject
 from aegis_contracts.times import format_ts, kst_report_date, truncate_ms
 from aegis_dashboard_api.access import COOKIE, token_digest
 from aegis_dashboard_api.app import create_app
@@ -81,12 +82,10 @@ async def broker(nats_url: str) -> AsyncIterator[NatsBroker]:
     await broker.stop()
 
 
-@pytest.fixture
-async def dashboard(
+def dashboard_settings(
     foundation: Foundation, nats_url: str, aws_endpoint: str
-) -> AsyncIterator[Dashboard]:
-    """The app on a real HTTP server (uvicorn, with its access log on), its live feed on NATS."""
-    settings = DashboardSettings(
+) -> DashboardSettings:
+    return DashboardSettings(
         aws_endpoint_url=aws_endpoint,
         bucket=foundation.bucket,
         table=foundation.table,
@@ -94,6 +93,11 @@ async def dashboard(
         dashboard_tokens=token_digest(TOKEN),
         dashboard_live_ping_s=0.5,
     )
+
+
+@asynccontextmanager
+async def serving(settings: DashboardSettings, foundation: Foundation) -> AsyncIterator[Dashboard]:
+    """The app on a real HTTP server (uvicorn, with its access log on)."""
     app = create_app(settings, clients=foundation.clients)
     port = free_port()
     config = uvicorn.Config(
@@ -107,13 +111,22 @@ async def dashboard(
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     await eventually(lambda: server.started, within=15, what="the dashboard serving")
-    await eventually(lambda: app.state.feed.connected, within=15, what="the live feed on NATS")
     try:
         yield Dashboard(f"http://127.0.0.1:{port}", app, server)
     finally:
         app.state.hub.close()
         server.should_exit = True
         await asyncio.wait_for(task, 30)
+
+
+@pytest.fixture
+async def dashboard(
+    foundation: Foundation, nats_url: str, aws_endpoint: str
+) -> AsyncIterator[Dashboard]:
+    """The dashboard with its live feed subscribed on NATS."""
+    async with serving(dashboard_settings(foundation, nats_url, aws_endpoint), foundation) as dash:
+        await eventually(lambda: dash.app.state.feed.connected, within=15, what="the live feed")
+        yield dash
 
 
 # -- the read model: factory-a made by the processor, b and c and the graphs seeded -----------
@@ -551,3 +564,91 @@ async def test_cloud_panel_with_each_check_and_its_history_and_a_report(
     await expect(page.locator("#report table td").first).to_have_text("09")
     assert "<b>raw</b>" in await page.locator("#report").inner_text()  # escaped, not HTML
     await page.screenshot(path=str(screenshot_path("dashboard-report.png")), full_page=True)
+
+
+async def read_events(
+    lines: AsyncIterator[str], wanted: set[str], seen: dict[str, list[Any]]
+) -> None:
+    """Collect events by name from an open stream until every ``wanted`` name has arrived."""
+    name = None
+    async for line in lines:
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: ") and name:
+            seen.setdefault(name, []).append(json.loads(line.removeprefix("data: ")))
+            if wanted <= set(seen):
+                return
+
+
+async def test_the_feed_relays_cloud_alert_graph_and_report_events(
+    foundation: Foundation, broker: NatsBroker, dashboard: Dashboard
+) -> None:
+    now = truncate_ms(datetime.now(UTC))
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with (
+        httpx.AsyncClient(base_url=dashboard.url, timeout=10) as client,
+        client.stream("GET", "/api/live", headers=headers) as resp,
+    ):
+        lines = resp.aiter_lines()
+        snapshot: dict[str, list[Any]] = {}
+        await read_events(lines, {"fleet", "alerts", "cloud"}, snapshot)
+        assert snapshot["cloud"] == [{"latest": None}] and snapshot["alerts"] == [{"alerts": []}]
+        # what the collectors, the dispatcher, the aggregator and the reporter write and announce
+        snap = CloudSnapshot.of("fast", now, [CloudCheck.ok("storage_canary", value=3.0)])
+        await foundation.readmodel.apply_cloud(snap, ttl=int(now.timestamp()) + 3600)
+        alert = AlertState(
+            pk=keys.alert_pk("factory-a"),
+            sk=keys.alert_sk("CRITICAL", "FIRE_DETECTED", "STATE"),
+            scope="factory-a",
+            severity="CRITICAL",
+            reason="FIRE_DETECTED",
+            status="STATE",
+            firing=True,
+            fired_at=now,
+            ttl=int(now.timestamp()) + 3600,
+        )
+        await foundation.readmodel.put_item(alert)
+        graph_key = "processed_agg/factory-a/metrics_5m/yyyy=2026/mm=11/dd=30/hh=03/mm=05.json"
+        announcements = [
+            ("cloud_infra", foundation.bucket, "processed/cloud_infra/fast/yyyy=2026/x.json"),
+            ("metrics_5m", "another-bucket", graph_key.replace("factory-a", "factory-z")),
+            ("metrics_5m", foundation.bucket, graph_key),
+            (
+                "reports",
+                foundation.bucket,
+                "reports/daily/yyyy=2026/mm=11/dd=29/factory-a/report.md",
+            ),
+        ]
+        for family, bucket, key in announcements:
+            created = ObjectCreated(
+                bucket=bucket, key=key, size_bytes=1, producer="test", created_at=now
+            )
+            await publish(broker, object_created_subject(family), created, msg_id=f"{bucket}/{key}")
+        sent = SystemEvent(kind="alert_sent", producer="alert-dispatcher", at=now)
+        await publish(broker, system_subject("alert_sent"), sent, msg_id=f"alert-{now}")
+        live: dict[str, list[Any]] = {}
+        await asyncio.wait_for(
+            read_events(lines, {"cloud", "alerts", "graph", "reports"}, live), 10
+        )
+    assert live["cloud"][0]["latest"]["overall_status"] == "NORMAL"
+    assert [a["reason"] for a in live["alerts"][0]["alerts"]] == ["FIRE_DETECTED"]
+    assert live["graph"] == [{"target": "factory-a", "key": graph_key}]  # not another bucket's
+    assert live["reports"][0]["target"] == "factory-a"
+
+
+async def test_without_nats_the_page_serves_and_stops(
+    foundation: Foundation, aws_endpoint: str
+) -> None:
+    settings = dashboard_settings(foundation, f"nats://127.0.0.1:{free_port()}", aws_endpoint)
+    now = truncate_ms(datetime.now(UTC))
+    await foundation.readmodel.set_latest("factory-a", seeded_latest("NORMAL", 0.0, [], now))
+    async with serving(settings, foundation) as dash:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx.AsyncClient(base_url=dash.url, headers=headers, timeout=10) as client:
+            page = await client.get("/")
+            assert page.status_code == 200 and 'data-factory="factory-a"' in page.text
+            async with client.stream("GET", "/api/live") as resp:
+                seen: dict[str, list[Any]] = {}
+                await read_events(resp.aiter_lines(), {"fleet"}, seen)
+        assert seen["fleet"][0]["factories"][0]["factory_id"] == "factory-a"
+        assert not dash.app.state.feed.connected

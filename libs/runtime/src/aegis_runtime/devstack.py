@@ -39,7 +39,7 @@ EARLY_READY_TIMEOUT_S = 20.0
 DASHBOARD_TOKEN_FILE = Path(".run/dashboard-token")
 
 
-def local_dashboard_token(path: Path = DASHBOARD_TOKEN_FILE) -> str:
+def local_dashboard_token(path: Path) -> str:
     """The token in ``path``; made (random) and written there when there is none."""
     if path.exists() and (token := path.read_text().strip()):
         return token
@@ -63,9 +63,10 @@ def dashboard_access(specs: list[ServiceSpec]) -> tuple[dict[str, str], str]:
     variable = "AEGIS_DASHBOARD_TOKENS"
     if not any(s.name == "dashboard-api" for s in specs) or os.environ.get(variable):
         return {}, f"a token of {variable}"
-    token = local_dashboard_token()
+    path = DASHBOARD_TOKEN_FILE
+    token = local_dashboard_token(path)
     digest = hashlib.sha256(token.encode()).hexdigest()
-    return {variable: digest}, f"the token in {DASHBOARD_TOKEN_FILE.resolve()}"
+    return {variable: digest}, f"the token in {path.resolve()}"
 
 
 def installed_services() -> list[str]:

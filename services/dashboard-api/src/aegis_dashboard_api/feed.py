@@ -45,6 +45,7 @@ SUBJECTS = (FACTORY_CHANGES, CLOUD_OBJECTS, GRAPH_OBJECTS, REPORT_OBJECTS, ALERT
 # the cloud and alert views a connecting browser gets are read again when older than this (an
 # alert can also clear without a message being sent)
 SNAPSHOT_MAX_AGE_S = 15.0
+ERROR_LOG_EVERY_S = 60.0
 
 
 class LiveFeed:
@@ -60,36 +61,51 @@ class LiveFeed:
         self._refresh_lock = asyncio.Lock()
         self._cloud_at = self._alerts_at = 0.0
         self._closing = False
+        self._error_logged_at = -ERROR_LOG_EVERY_S
 
     @property
     def connected(self) -> bool:
         return self.nc is not None and self.nc.is_connected
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Connect (retrying forever), subscribe, and stay until ``stop``."""
+        """Connect (retrying until ``stop``: the API serves meanwhile), subscribe, stay."""
+        connecting = asyncio.create_task(self._connect(), name="live-feed-connect")
+        stopping = asyncio.create_task(stop.wait(), name="live-feed-stop")
         try:
-            self.nc = await nats.connect(
-                self.servers,
-                name="aegis-dashboard-api",
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=1,
-                error_cb=self._on_error,
-                disconnected_cb=self._on_disconnected,
-                reconnected_cb=self._on_reconnected,
-            )
-            for subject in SUBJECTS:
-                await self.nc.subscribe(subject, cb=self._on_message)
-            log.info("live_feed_subscribed", subjects=list(SUBJECTS))
-            await stop.wait()
+            await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if connecting.done():
+                self.nc = connecting.result()
+                for subject in SUBJECTS:
+                    await self.nc.subscribe(subject, cb=self._on_message)
+                log.info("live_feed_subscribed", subjects=list(SUBJECTS))
+                await stopping
         finally:
             self._closing = True
+            for task in (connecting, stopping):
+                task.cancel()
+            await asyncio.gather(connecting, stopping, return_exceptions=True)
             if self.nc is not None:
                 with contextlib.suppress(Exception):
                     await self.nc.close()
 
+    async def _connect(self) -> Client:
+        return await nats.connect(
+            self.servers,
+            name="aegis-dashboard-api",
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,  # forever: live updates resume when NATS is back
+            reconnect_time_wait=1,
+            error_cb=self._on_error,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+        )
+
     async def _on_error(self, err: Exception) -> None:
-        log.warning("live_feed_nats_error", error=str(err))
+        # one line per minute while NATS is away, not one per connection attempt
+        now = time.monotonic()
+        if now - self._error_logged_at >= ERROR_LOG_EVERY_S:
+            self._error_logged_at = now
+            log.warning("live_feed_nats_error", error=str(err) or type(err).__name__)
 
     async def _on_disconnected(self) -> None:
         if not self._closing:
