@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from aegis_dashboard_api.settings import DashboardSettings
 from aegis_processor.app import create_app as create_processor
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime.broker import create_broker, ensure_streams, publish
-from aegis_runtime.localservers import free_port
+from aegis_runtime.localservers import ManagedServer, free_port
 from aegis_runtime.settings import AegisSettings
 from aegis_runtime.testing.storage import Foundation
 from aegis_runtime.testing.waiting import eventually
@@ -381,6 +382,7 @@ async def test_fleet_charts_and_a_critical_state_arriving_live(
     # event; the open pages change within 3 s, without a reload
     marker = await fleet.evaluate("() => (window.__not_reloaded = true)")
     await detail.evaluate("() => (window.__not_reloaded = true)")
+    sent = time.monotonic()
     await send_raw(
         foundation,
         broker,
@@ -394,6 +396,7 @@ async def test_fleet_charts_and_a_critical_state_arriving_live(
     )
     tile = fleet.locator(f'#fleet .tile[data-factory="{WATCHED}"]')
     await expect(tile).to_have_attribute("data-level", "CRITICAL", timeout=3000)
+    print(f"CRITICAL on the open fleet page {time.monotonic() - sent:.2f} s after the raw event")
     await expect(tile.locator(".reasons")).to_contain_text("FIRE_DETECTED")
     await expect(detail.locator("#factory")).to_have_attribute(
         "data-level", "CRITICAL", timeout=3000
@@ -652,3 +655,31 @@ async def test_without_nats_the_page_serves_and_stops(
                 await read_events(resp.aiter_lines(), {"fleet"}, seen)
         assert seen["fleet"][0]["factories"][0]["factory_id"] == "factory-a"
         assert not dash.app.state.feed.connected
+
+
+async def test_after_a_nats_restart_every_screen_gets_the_state_again(
+    foundation: Foundation, aws_endpoint: str, private_nats: ManagedServer
+) -> None:
+    now = truncate_ms(datetime.now(UTC))
+    await foundation.readmodel.set_latest("factory-a", seeded_latest("NORMAL", 0.0, [], now))
+    settings = dashboard_settings(foundation, private_nats.url, aws_endpoint)
+    async with serving(settings, foundation) as dash:
+        feed = dash.app.state.feed
+        await eventually(lambda: feed.connected, within=15, what="the live feed")
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with (
+            httpx.AsyncClient(base_url=dash.url, timeout=20) as client,
+            client.stream("GET", "/api/live", headers=headers) as resp,
+        ):
+            lines = resp.aiter_lines()
+            await read_events(lines, {"fleet", "alerts", "cloud"}, {})
+            # while NATS is away the state changes (its change event is lost with it)
+            await asyncio.to_thread(private_nats.stop)
+            later = seeded_latest("WARNING", 40.0, [], now + timedelta(seconds=1))
+            await foundation.readmodel.set_latest("factory-a", later)
+            dash.app.state.reader._fleet_read_at = 0.0  # the fleet cache period has passed
+            await asyncio.to_thread(private_nats.restart)
+            again: dict[str, list[Any]] = {}
+            await asyncio.wait_for(read_events(lines, {"fleet", "resync"}, again), 20)
+        assert again["fleet"][0]["factories"][0]["level"] == "WARNING"
+        assert feed.connected

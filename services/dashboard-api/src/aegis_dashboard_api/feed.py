@@ -112,8 +112,15 @@ class LiveFeed:
             log.warning("live_feed_disconnected")
 
     async def _on_reconnected(self) -> None:
-        # events were missed while away: tell every screen to read the state again
+        # events were missed while away: every screen gets the state again (read once for all),
+        # and the open charts reload
         log.info("live_feed_reconnected")
+        self._cloud_at = self._alerts_at = 0.0
+        try:
+            for event in await self.snapshot():
+                self.hub.publish(event)
+        except Exception as err:
+            log.warning("live_feed_resync_failed", error=str(err)[:300])
         self.hub.publish(LiveEvent("resync", {}))
 
     async def _on_message(self, msg: Msg) -> None:
