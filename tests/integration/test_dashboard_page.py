@@ -10,7 +10,9 @@ import asyncio
 import json
 import logging
 import os
+import struct
 import time
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -414,13 +416,51 @@ async def test_fleet_charts_and_a_critical_state_arriving_live(
         print(f"screenshot: {path}")
 
 
-async def test_the_alert_link_opens_the_factory_after_signing_in_and_korean_labels(
+def png(width: int, height: int) -> bytes:
+    """A small real PNG (what a camera frame would be, for the browser to decode)."""
+    rows = b"".join(b"\x00" + bytes([200, 40, 40]) * width for _ in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+async def test_the_alert_link_opens_the_factory_with_its_image_and_alerts_in_korean(
     foundation: Foundation, dashboard: Dashboard, browser: BrowserContext
 ) -> None:
     now = truncate_ms(datetime.now(UTC))
-    await foundation.readmodel.set_latest(
-        "factory-b", seeded_latest("WARNING", 40.0, [], now - timedelta(seconds=3))
-    )
+    image_key = keys.image_snapshot_key("factory-b", now, "cam-3.png")
+    await foundation.store.put_bytes(image_key, png(64, 48), content_type="image/png")
+    latest = seeded_latest("WARNING", 40.0, [], now - timedelta(seconds=3))
+    latest["latest_image_snapshot"] = {
+        "s3_key": image_key,
+        "camera_id": "cam-3",
+        "content_type": "image/png",
+        "captured_at": format_ts(now),
+    }
+    await foundation.readmodel.set_latest("factory-b", latest)
+    for scope in ("factory-b", "factory-c"):
+        await foundation.readmodel.put_item(
+            AlertState(
+                pk=keys.alert_pk(scope),
+                sk=keys.alert_sk("WARNING", "CO_HIGH", "STATE"),
+                scope=scope,
+                severity="WARNING",
+                reason="CO_HIGH",
+                status="STATE",
+                firing=True,
+                fired_at=now,
+                ttl=int(now.timestamp()) + 3600,
+            )
+        )
     page = await browser.new_page()
     # the alert dispatcher's link: {AEGIS_DASHBOARD_URL}/factories/{f}
     resp = await page.goto(f"{dashboard.url}/factories/factory-b?lang=ko")
@@ -431,9 +471,21 @@ async def test_the_alert_link_opens_the_factory_after_signing_in_and_korean_labe
     await expect(page).to_have_url(f"{dashboard.url}/factories/factory-b?lang=ko")
     await expect(page.locator("#factory h1")).to_have_text("factory-b")
     await expect(page.locator("#factory .badge .lv-text").first).to_have_text("주의")
-    time = page.locator("#factory .updated time")
-    assert (await time.get_attribute("title") or "").endswith("Z UTC")
-    assert "KST" in await time.inner_text()
+    updated = page.locator("#factory .updated time")
+    assert (await updated.get_attribute("title") or "").endswith("Z UTC")
+    assert "KST" in await updated.inner_text()
+    # the camera image through its presigned URL (the page's CSP lets the bucket's origin in)
+    image = page.locator("#camera img")
+    await expect(image).to_have_count(1)
+    await page.wait_for_function(
+        "() => { const i = document.querySelector('#camera img'); return i && i.complete }"
+    )
+    assert await image.evaluate("i => [i.naturalWidth, i.naturalHeight]") == [64, 48]
+    # this factory's open alerts only, the level written as well as coloured
+    alerts = page.locator("#alerts li.alert")
+    await expect(alerts).to_have_count(1)
+    await expect(alerts).to_contain_text("CO_HIGH")
+    await expect(alerts).to_contain_text("주의")
     path = screenshot_path("dashboard-factory-b-ko.png")
     await page.screenshot(path=str(path), full_page=True)
     print(f"screenshot: {path}")
