@@ -14,14 +14,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from aegis_runtime.localservers import ManagedServer
+from aegis_runtime.devstack import DASHBOARD_TOKEN_FILE, local_dashboard_token
+from aegis_runtime.localservers import ManagedServer, free_port
 from aegis_runtime.testing.waiting import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 AEGIS = str(Path(sys.executable).parent / "aegis")
+
+
+async def dashboard_page(port: int) -> str:
+    """The fleet page of the dashboard aegis up started, signed in with its local token (the file
+    aegis up keeps in .run/ of the directory it runs in, this one)."""
+    token = local_dashboard_token(DASHBOARD_TOKEN_FILE)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+        resp = await client.get("/", headers={"Authorization": f"Bearer {token}"})
+        assert resp.status_code == 200, resp.text[:500]
+        return resp.text
 
 
 async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
@@ -31,6 +43,7 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
     unique_id: str,
     tmp_path: Path,
 ) -> None:
+    dashboard_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")} | {
         "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
         "AEGIS_BUCKET": f"aegis-{unique_id}",
@@ -38,7 +51,9 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
         "AEGIS_MQTT_URL": private_mosquitto.url,
         "AEGIS_NATS_URL": private_nats.url,
         "AEGIS_UP_FIRST_HEALTH_PORT": "0",
-        "AEGIS_DASHBOARD_PORT": "0",  # any free port: 8080 may be a running `make run`'s
+        # a free port (8080 may be a running `make run`'s), and the URL aegis up prints for it
+        "AEGIS_DASHBOARD_PORT": str(dashboard_port),
+        "AEGIS_DASHBOARD_URL": f"http://127.0.0.1:{dashboard_port}",
     }
     log = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
@@ -83,11 +98,18 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
         print(f"fleet visible after {time.monotonic() - started:.1f} s")
         # both collectors tick at start; on a loaded machine their first run may follow the fleet
         await eventually(cloud_visible, within=30, interval=1, what="cloud infra in aegis status")
+        page = await dashboard_page(dashboard_port)
+        assert all(f'data-factory="{f}"' in page for f in ("factory-a", "factory-b", "factory-c"))
     finally:
         up.send_signal(signal.SIGTERM)
         code = up.wait(60)
         log.close()
     assert code == 0, (tmp_path / "up.log").read_text()[-3000:]
+    printed = (tmp_path / "up.log").read_text()
+    assert (
+        f"the dashboard: http://127.0.0.1:{dashboard_port}/ (sign in with the token in" in printed
+    )
+    assert local_dashboard_token(DASHBOARD_TOKEN_FILE) not in printed  # the token stays in its file
     for row in rows:
         assert row["level"] in {"NORMAL", "WARNING", "CRITICAL"}
     assert cloud["overall_status"] in {"NORMAL", "WARNING", "CRITICAL"}
