@@ -735,3 +735,33 @@ async def test_after_a_nats_restart_every_screen_gets_the_state_again(
             await asyncio.wait_for(read_events(lines, {"fleet", "resync"}, again), 20)
         assert again["fleet"][0]["factories"][0]["level"] == "WARNING"
         assert feed.connected
+
+
+@pytest.mark.parametrize(
+    ("form", "headers", "status"),
+    [
+        ({"token": TOKEN, "next": "/cloud"}, {}, 303),
+        ({"token": "wrong", "next": "/cloud"}, {}, 401),
+        ({"token": "", "next": "/"}, {}, 401),
+        ({"next": "/"}, {}, 401),
+        ({"token": TOKEN, "next": "https://evil.example/"}, {}, 303),  # sent home instead
+        ({"token": TOKEN}, {"Origin": "https://evil.example"}, 403),
+        ({"token": TOKEN}, {"Origin": "null", "Sec-Fetch-Site": "cross-site"}, 403),
+        (
+            {"token": TOKEN, "next": "/cloud"},
+            {"Origin": "null", "Sec-Fetch-Site": "same-origin"},
+            303,
+        ),
+    ],
+)
+async def test_the_sign_in_form(
+    dashboard: Dashboard, form: dict[str, str], headers: dict[str, str], status: int
+) -> None:
+    async with httpx.AsyncClient(base_url=dashboard.url) as client:
+        resp = await client.post("/login", data=form, headers=headers)
+    assert resp.status_code == status
+    if status == 303:
+        assert resp.headers["location"] == ("/cloud" if form["next"] == "/cloud" else "/")
+        assert resp.headers["set-cookie"].startswith(f"{COOKIE}={TOKEN};")
+    else:
+        assert "set-cookie" not in resp.headers

@@ -348,6 +348,15 @@ async def login_form(request: Request) -> Response:
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
     settings: DashboardSettings = request.app.state.settings
+    # another site's form posting here would sign this browser in with its token. (The page's
+    # own form sends Origin "null" under Referrer-Policy no-referrer: the fetch metadata says
+    # same-origin then.)
+    origin = request.headers.get("origin")
+    foreign = origin not in (None, "null") and urlsplit(origin).netloc != request.headers.get(
+        "host"
+    )
+    if foreign or request.headers.get("sec-fetch-site") == "cross-site":
+        return Response("cross-site sign-in refused", status_code=403, media_type="text/plain")
     body = (await request.body())[:8192].decode("utf-8", "replace")
     form = dict(parse_qsl(body, keep_blank_values=True))
     token = form.get("token", "").strip()
