@@ -379,6 +379,15 @@ async def test_fleet_charts_and_a_critical_state_arriving_live(
     )
     assert sensors == ["sensor:co_ppm", "sensor:temperature_c"]
     await expect(detail.locator("#live")).to_have_attribute("data-state", "open")
+    six_hours = screenshot_path("dashboard-factory-a-6h.png")
+    await detail.screenshot(path=str(six_hours), full_page=True)
+    print(f"screenshot: {six_hours}")
+    # the window switch without a reload: 1 h is HISTORY#STATE, the processor's one state so far
+    await detail.click('.win[data-window="1h"]')
+    await expect(detail).to_have_url(f"{dashboard.url}/factories/{WATCHED}?window=1h")
+    await detail.wait_for_function(
+        "() => { const u = window.AEGIS_CHARTS.risk; return u && u.data[0].length === 1 }"
+    )
 
     # a fire on factory-a: through ingest's path and the processor into LATEST and the change
     # event; the open pages change within 3 s, without a reload
@@ -404,12 +413,18 @@ async def test_fleet_charts_and_a_critical_state_arriving_live(
         "data-level", "CRITICAL", timeout=3000
     )
     await expect(detail.locator("#factory .fh-reasons")).to_contain_text("FIRE_DETECTED")
+    # the new state is the 1 h chart's next point (a LATEST is the next HISTORY#STATE item)
+    last_score = await detail.wait_for_function(
+        "() => { const u = window.AEGIS_CHARTS.risk;"
+        " return u && u.data[0].length === 2 && u.data[1][1] }"
+    )
+    assert await last_score.json_value() >= 60
     assert marker is True
     assert await fleet.evaluate("() => window.__not_reloaded") is True
     assert await detail.evaluate("() => window.__not_reloaded") is True
     await expect(fleet.locator('[data-count="CRITICAL"]')).to_have_text("2")
 
-    for page, name in ((fleet, "dashboard-fleet.png"), (detail, "dashboard-factory-a.png")):
+    for page, name in ((fleet, "dashboard-fleet.png"), (detail, "dashboard-factory-a-1h.png")):
         path = screenshot_path(name)
         await page.screenshot(path=str(path), full_page=True)
         assert path.stat().st_size > 10_000

@@ -102,20 +102,22 @@
       clock.textContent = kstFmt.format(now).slice(11) + " KST";
       clock.title = now.toISOString().replace(/\.\d{3}Z$/, "Z") + " UTC";
     }
-    const now = Date.now();
-    document.querySelectorAll(".age[data-at]").forEach((el) => {
-      const d = parseTs(el.dataset.at);
-      const age = d ? (now - d.getTime()) / 1000 : null;
-      if (d) {
-        const tag = el.querySelector("time");
-        if (tag) tag.textContent = ageText(age);
-      }
-      const holder = el.closest("[data-factory]");
-      const chip = el.parentElement.querySelector(".chip[data-fresh]");
-      const state = freshness(age);
-      if (chip && chip.dataset.fresh !== state) chip.replaceWith(freshChip(state));
-      if (holder) holder.dataset.fresh = state;
-    });
+    document.querySelectorAll(".age[data-at]").forEach(refreshAge);
+  }
+
+  // "12 s ago" and the stale/offline chip of one freshness element
+  function refreshAge(el) {
+    const d = parseTs(el.dataset.at);
+    const age = d ? (Date.now() - d.getTime()) / 1000 : null;
+    if (d) {
+      const tag = el.querySelector("time");
+      if (tag) tag.textContent = ageText(age);
+    }
+    const holder = el.closest("[data-factory]");
+    const chip = el.parentElement.querySelector(".chip[data-fresh]");
+    const state = freshness(age);
+    if (chip && chip.dataset.fresh !== state) chip.replaceWith(freshChip(state));
+    if (holder) holder.dataset.fresh = state;
   }
 
   // -- fleet ------------------------------------------------------------------------------------
@@ -150,20 +152,28 @@
     return !el || !el.dataset.updated || !entry.updated_at || entry.updated_at >= el.dataset.updated;
   }
 
-  function putTile(entry) {
+  function putTile(entry, known) {
     const grid = document.getElementById("fleet");
     if (!grid) return;
-    const old = grid.querySelector('[data-factory="' + CSS.escape(entry.factory_id) + '"]');
+    const old = known || grid.querySelector('#fleet > [data-factory="' + CSS.escape(entry.factory_id) + '"]');
     if (!newer(old, entry)) return;
     const el = tile(entry);
     if (old) old.replaceWith(el);
     else {
       grid.querySelector(".empty")?.remove();
-      const after = [...grid.querySelectorAll(".tile")].find((t) => t.dataset.factory > entry.factory_id);
+      const after = [...grid.children].find((t) => t.classList.contains("tile") && t.dataset.factory > entry.factory_id);
       grid.insertBefore(el, after || null);
     }
-    counts();
-    tick();
+    el.querySelectorAll(".age[data-at]").forEach(refreshAge);
+    scheduleCounts();
+  }
+
+  // the summary is counted once per frame, however many tiles changed in it (500 factories)
+  let countsPending = false;
+  function scheduleCounts() {
+    if (countsPending) return;
+    countsPending = true;
+    requestAnimationFrame(() => { countsPending = false; counts(); });
   }
 
   function counts() {
@@ -179,8 +189,9 @@
     const grid = document.getElementById("fleet");
     if (!grid) return;
     const seen = new Set();
-    for (const e of data.factories) { seen.add(e.factory_id); putTile(e); }
-    grid.querySelectorAll(".tile").forEach((t) => { if (!seen.has(t.dataset.factory)) t.remove(); });
+    const shown = new Map([...grid.querySelectorAll(".tile")].map((t) => [t.dataset.factory, t]));
+    for (const e of data.factories) { seen.add(e.factory_id); putTile(e, shown.get(e.factory_id)); }
+    shown.forEach((t, fid) => { if (!seen.has(fid)) t.remove(); });
     counts();
   }
 
