@@ -1,7 +1,13 @@
 """``make bench``: the dashboard's fleet endpoint with 500 factories in the read model (issue 9:
 target p99 < 50 ms). Seeds 500 full FACTORY LATEST items in a private emulator, starts the
 dashboard API as its own process (its console script, a real HTTP server), then times sequential
-``GET /api/fleet`` requests with a bearer token from this process. Prints a line, writes JSON."""
+``GET /api/fleet`` requests with a bearer token from this process.
+
+Then the live fan-out: ``--screens`` event streams open at once (``/api/live``), ``--events``
+change events published on a private NATS (core, as the processor's reach a core subscriber) at
+``--rate`` per second, each a full LATEST; per event and screen, the time from publish to arrival
+in this process (which also parses every stream, so it measures itself too), the screens
+dropped, and the dashboard process's CPU per event. Prints lines, writes JSON."""
 
 from __future__ import annotations
 
@@ -22,11 +28,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import httpx
+import nats
 from pipeline import start_emulator
+from procstat import sample
 
 from aegis_contracts import keys
+from aegis_contracts.events import ChangeEvent
 from aegis_contracts.times import format_ts
-from aegis_runtime.localservers import free_port
+from aegis_runtime.localservers import free_port, start_private_nats
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.readmodel import ReadModel
@@ -137,10 +147,82 @@ def measure(url: str, requests: int) -> list[float]:
     return samples
 
 
+async def fan_out(
+    url: str, nats_url: str, table: str, pid: int, screens: int, events: int, rate: float
+) -> dict[str, Any]:
+    """Open ``screens`` streams, publish ``events`` changes, time each arrival on each screen."""
+    sent: dict[int, float] = {}
+    delays: list[float] = []
+    ended = 0
+    ready = asyncio.Event()
+    opened = 0
+    now = datetime.now(UTC)
+
+    async def screen(client: httpx.AsyncClient) -> None:
+        nonlocal opened, ended
+        got = 0
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with client.stream("GET", "/api/live", headers=headers) as resp:
+            name = None
+            async for line in resp.aiter_lines():
+                if line.startswith("event: "):
+                    name = line[7:]
+                    if name == "cloud":  # the snapshot's last event: this screen is live
+                        opened += 1
+                        if opened == screens:
+                            ready.set()
+                elif line.startswith("data: ") and name == "factory":
+                    seq = json.loads(line[6:])["latest"]["bench_seq"]
+                    delays.append((time.perf_counter() - sent[seq]) * 1000)
+                    got += 1
+                    if got == events:
+                        return
+        ended += 1  # the stream ended before every event: the screen was dropped
+
+    limits = httpx.Limits(max_connections=screens + 10)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        tasks = [asyncio.create_task(screen(client)) for _ in range(screens)]
+        await asyncio.wait_for(ready.wait(), 120)
+        nc = await nats.connect(nats_url)
+        cpu_before = sample(pid).cpu_s
+        for seq in range(events):
+            image = latest(seq % 500, now) | {"bench_seq": seq}
+            change = ChangeEvent(
+                table=table,
+                pk=image["pk"],
+                sk=keys.LATEST_SK,
+                event_name="MODIFY",
+                new_image=image,
+                producer="bench",
+                at=now,
+            )
+            sent[seq] = time.perf_counter()
+            await nc.publish("aegis.changes.factory_latest", change.model_dump_json().encode())
+            await asyncio.sleep(1 / rate)
+        await nc.flush()
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        cpu = sample(pid).cpu_s - cpu_before
+        await nc.close()
+    delays.sort()
+    return {
+        "screens": screens,
+        "events": events,
+        "rate_per_s": rate,
+        "delivered": len(delays),
+        "dropped_screens": ended,
+        "delivery_p50_ms": round(statistics.median(delays), 2),
+        "delivery_p99_ms": round(delays[int(len(delays) * 0.99) - 1], 2),
+        "dashboard_cpu_ms_per_event": round(cpu * 1000 / events, 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--factories", type=int, default=500)
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--screens", type=int, default=100)
+    parser.add_argument("--events", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     emulator = start_emulator()
@@ -149,6 +231,9 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = None
+    # a NATS of its own: the bench's made-up changes must not reach a running stack's services
+    private_nats = start_private_nats()
+    nats_url = private_nats.url
     try:
         asyncio.run(seed(emulator.url, bucket, table, args.factories))
         env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")} | {
@@ -158,6 +243,7 @@ def main() -> None:
             "AEGIS_DASHBOARD_PORT": str(port),
             "AEGIS_DASHBOARD_TOKENS": hashlib.sha256(TOKEN.encode()).hexdigest(),
             "AEGIS_LOG_LEVEL": "WARNING",
+            "AEGIS_NATS_URL": nats_url,
         }
         server = subprocess.Popen(
             [str(SCRIPTS / "aegis-dashboard-api")],
@@ -168,11 +254,15 @@ def main() -> None:
         wait_ready(url)
         measure(url, 20)  # warm-up: connections, caches
         samples = sorted(measure(url, args.requests))
+        live = asyncio.run(
+            fan_out(url, nats_url, table, server.pid, args.screens, args.events, args.rate)
+        )
     finally:
         if server is not None:
             server.terminate()
             server.wait(30)
         emulator.stop()
+        private_nats.stop()
     result = {
         "factories": args.factories,
         "requests": args.requests,
@@ -180,10 +270,18 @@ def main() -> None:
         "p95_ms": round(samples[int(len(samples) * 0.95) - 1], 2),
         "p99_ms": round(samples[int(len(samples) * 0.99) - 1], 2),
         "target_p99_ms": 50.0,
+        "live": live,
     }
     print(
         f"dashboard /api/fleet, {args.factories} factories: p50 {result['p50_ms']} ms, "
         f"p95 {result['p95_ms']} ms, p99 {result['p99_ms']} ms (target p99 < 50 ms)"
+    )
+    print(
+        f"dashboard /api/live, {live['screens']} screens, {live['events']} changes at "
+        f"{live['rate_per_s']:g}/s: {live['delivered']} deliveries, publish to arrival p50 "
+        f"{live['delivery_p50_ms']} ms, p99 {live['delivery_p99_ms']} ms, "
+        f"{live['dropped_screens']} screens dropped, dashboard CPU "
+        f"{live['dashboard_cpu_ms_per_event']} ms per change"
     )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

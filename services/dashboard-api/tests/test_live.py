@@ -30,7 +30,7 @@ async def test_every_listener_gets_every_event_in_order() -> None:
         hub.publish(event(n))
     hub.close()
     for listener in (a, b):
-        got = [e.data["n"] async for _, e in listener.events()]
+        got = [e.data["n"] async for e, _ in listener.events()]
         assert got == [0, 1, 2]
 
 
@@ -40,7 +40,7 @@ async def test_a_slow_listener_is_dropped_and_the_others_go_on() -> None:
     received: list[int] = []
 
     async def read_fast() -> None:
-        async for _, e in fast.events():
+        async for e, _ in fast.events():
             received.append(e.data["n"])
 
     reader = asyncio.create_task(read_fast())
@@ -53,6 +53,16 @@ async def test_a_slow_listener_is_dropped_and_the_others_go_on() -> None:
     hub.close()
     await reader
     assert received == list(range(10))
+
+
+async def test_an_event_is_encoded_once_for_every_listener() -> None:
+    hub = Hub()
+    a, b = hub.listen(), hub.listen()
+    hub.publish(event(1))
+    hub.close()
+    (first,) = [frame async for _, frame in a.events()]
+    (second,) = [frame async for _, frame in b.events()]
+    assert first is second
 
 
 async def test_publish_never_waits_for_a_listener() -> None:
@@ -75,15 +85,15 @@ async def test_the_stream_starts_with_retry_then_the_snapshot_then_live_events()
     hub.publish(event(7))
     hub.close()
     frames = [
-        f.encode().decode()
+        (f if isinstance(f, bytes) else f.encode()).decode()
         async for f in stream(
             hub, listener, [LiveEvent("fleet", {"factories": []})], resumed_from="x-1"
         )
     ]
-    assert frames[0] == f": aegis live\r\nretry: {RETRY_MS}\r\n\r\n"
-    assert frames[1].startswith(f"id: {hub.boot}-") and "event: fleet\r\n" in frames[1]
+    assert frames[0] == f": aegis live\nretry: {RETRY_MS}\n\n"
+    assert frames[1].startswith(f"id: {hub.boot}-") and "event: fleet\n" in frames[1]
     assert 'data: {"factories":[]}' in frames[1]
-    assert "event: factory" in frames[2] and 'data: {"n":7}' in frames[2]
+    assert "event: factory" in frames[2] and 'data: {"n":7}\n\n' in frames[2]
     assert listener not in hub.listeners
 
 

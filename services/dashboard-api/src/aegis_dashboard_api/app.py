@@ -53,6 +53,7 @@ async def live(request: Request) -> EventSourceResponse:
     return EventSourceResponse(
         stream(hub, listener, snapshot, resumed_from=request.headers.get("last-event-id")),
         ping=settings.dashboard_live_ping_s,
+        sep="\n",  # as the frames are encoded (once for all browsers)
         send_timeout=30,
     )
 

@@ -38,22 +38,26 @@ class LiveEvent:
     name: str
     data: dict[str, Any]
 
-    def sse(self, event_id: str | None = None) -> ServerSentEvent:
+    def frame(self, event_id: str) -> bytes:
+        """The event as it goes on the wire (encoded once, however many browsers get it)."""
         body = json.dumps(self.data, separators=(",", ":"), ensure_ascii=False, default=str)
-        return ServerSentEvent(body, event=self.name, id=event_id)
+        return ServerSentEvent(body, event=self.name, id=event_id, sep="\n").encode()
+
+
+Queued = tuple[LiveEvent, bytes]
 
 
 class Listener:
     """One connected browser: a bounded queue; ``None`` in it ends the stream."""
 
     def __init__(self, maxsize: int) -> None:
-        self.queue: asyncio.Queue[tuple[str, LiveEvent] | None] = asyncio.Queue(maxsize)
+        self.queue: asyncio.Queue[Queued | None] = asyncio.Queue(maxsize)
         self.dropped = False
 
-    def offer(self, event_id: str, event: LiveEvent) -> bool:
+    def offer(self, item: Queued) -> bool:
         """Queue the event without waiting; False (and the stream ends) when the queue is full."""
         try:
-            self.queue.put_nowait((event_id, event))
+            self.queue.put_nowait(item)
         except asyncio.QueueFull:
             self.dropped = True
             self.close(drain=True)
@@ -67,7 +71,7 @@ class Listener:
                 self.queue.get_nowait()
         self.queue.put_nowait(None)
 
-    async def events(self) -> AsyncIterator[tuple[str, LiveEvent]]:
+    async def events(self) -> AsyncIterator[Queued]:
         while (item := await self.queue.get()) is not None:
             yield item
 
@@ -101,10 +105,10 @@ class Hub:
 
     def publish(self, event: LiveEvent) -> None:
         """Hand ``event`` to every listener now; never waits for a browser."""
-        event_id = self.next_id()
+        item = (event, event.frame(self.next_id()))
         self.published += 1
         for listener in list(self.listeners):
-            if not listener.offer(event_id, event):
+            if not listener.offer(item):
                 self.listeners.discard(listener)
                 self.dropped += 1
                 log.warning("live_client_dropped", reason="queue_full", size=self.queue_size)
@@ -119,18 +123,18 @@ class Hub:
 
 async def stream(
     hub: Hub, listener: Listener, snapshot: Iterable[LiveEvent], *, resumed_from: str | None
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncIterator[ServerSentEvent | bytes]:
     """One browser's event stream: the ``retry:`` field, the current state (on every connect,
     also a resumed one: the page's state is latest-wins, so a snapshot replaces any replay),
     then the live events until the hub drops or closes the listener."""
     try:
-        yield ServerSentEvent(comment="aegis live", retry=RETRY_MS)
+        yield ServerSentEvent(comment="aegis live", retry=RETRY_MS, sep="\n")
         for event in snapshot:
-            yield event.sse(hub.next_id())
+            yield event.frame(hub.next_id())
         if resumed_from:
             log.debug("live_client_resumed", last_event_id=resumed_from[:64])
-        async for event_id, event in listener.events():
-            yield event.sse(event_id)
+        async for _, frame in listener.events():
+            yield frame
     finally:
         hub.forget(listener)
 
