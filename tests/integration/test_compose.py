@@ -196,6 +196,8 @@ def test_builds_use_an_existing_dockerfile_and_a_workspace_member() -> None:
         assert package in members, (
             f"{name}: PACKAGE={package} is not a workspace member ({sorted(members)})"
         )
+        # the name k8s and ECS use too (deploy/k8s images:, deploy/ecs task definitions)
+        assert services()[name].get("image") == f"{package}:local", f"{name}: image name"
 
 
 def command_words(service: dict[str, Any]) -> list[str]:
