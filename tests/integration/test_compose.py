@@ -330,6 +330,15 @@ def test_every_deployable_of_the_workspace_runs_in_compose() -> None:
         assert service.get("stop_grace_period"), f"{name}: graceful shutdown needs time"
 
 
+def test_aegis_containers_run_locked_down() -> None:
+    for name in builds():
+        service = services()[name]
+        assert service.get("read_only") is True, f"{name}: read-only root filesystem"
+        assert "/tmp" in service.get("tmpfs", []), f"{name}: a writable /tmp"
+        assert service.get("cap_drop") == ["ALL"], name
+        assert "no-new-privileges:true" in service.get("security_opt", []), name
+
+
 def test_commands_exist_in_the_image_that_runs_them() -> None:
     # What the image installs is PACKAGE's closure of workspace members, so a console script or
     # an `aegis` subcommand of another member is absent from it even if the dev venv has it.
