@@ -17,6 +17,7 @@ from typing import Annotated, TextIO, TypeVar, cast
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -65,7 +66,7 @@ def simulate(  # noqa: PLR0917 - a Typer command: one parameter per option
         list[str] | None,
         typer.Option(
             "--scenario",
-            help=f"{SCENARIO_SYNTAX}, repeatable; e.g. fire@factory-b+30. "
+            help=f"{escape(SCENARIO_SYNTAX)}, repeatable; e.g. fire@factory-b+30. "
             f"Names: {', '.join(k.value for k in ScenarioKind)}.",
         ),
     ] = None,
