@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from procstat import sample
 
-from aegis_runtime.localservers import free_port, start_moto_server
+from aegis_runtime.localservers import MotoServer, free_port, start_moto_server
 from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.s3 import ObjectStore
 
@@ -92,6 +92,7 @@ class Timing:
     seconds: float
     tool_cpu_s: float  # the tool's own CPU (user + system), all its threads and children
     server_cpu_s: float  # moto_server's CPU while the tool ran
+    requests: int  # HTTP requests moto_server logged while the tool ran
 
     def as_dict(self, objects: int) -> dict[str, float]:
         return {
@@ -99,6 +100,7 @@ class Timing:
             "objects_per_s": round(objects / self.seconds, 1),
             "tool_cpu_ms_per_object": round(self.tool_cpu_s / objects * 1000, 2),
             "server_cpu_ms_per_object": round(self.server_cpu_s / objects * 1000, 2),
+            "requests_per_object": round(self.requests / objects, 3),
         }
 
 
@@ -111,14 +113,25 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(cmd: list[str], env: dict[str, str], server_pid: int) -> Timing:
-    cpu, server = _children_cpu(), process_cpu_seconds(server_pid)
+def _logged_requests(log: Path) -> int:
+    # werkzeug logs one line per request: '127.0.0.1 - - [date] "METHOD /path HTTP/1.1" status -'
+    with log.open("rb") as f:
+        return sum(1 for line in f if b"HTTP/1.1" in line)
+
+
+def timed(cmd: list[str], env: dict[str, str], server: MotoServer) -> Timing:
+    assert server.process is not None and server.log_file is not None
+    pid, log = server.process.pid, server.log_file
+    cpu, server_cpu, requests = _children_cpu(), process_cpu_seconds(pid), _logged_requests(log)
     started = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, cwd=ROOT)
+    seconds = time.perf_counter() - started
+    time.sleep(0.5)  # the last request lines reach the log
     return Timing(
-        time.perf_counter() - started,
+        seconds,
         _children_cpu() - cpu,
-        process_cpu_seconds(server_pid) - server,
+        process_cpu_seconds(pid) - server_cpu,
+        _logged_requests(log) - requests,
     )
 
 
@@ -146,7 +159,6 @@ def main() -> int:
         journal = args.out.parent / "migrate-journal.json"
         args.out.parent.mkdir(parents=True, exist_ok=True)
         journal.unlink(missing_ok=True)
-        pid = server.process.pid
         cli = timed(
             [
                 str(aws),
@@ -160,7 +172,7 @@ def main() -> int:
                 f"s3://{theirs}/raw/",
             ],
             env,
-            pid,
+            server,
         )
         aegis = timed(
             [
@@ -174,7 +186,7 @@ def main() -> int:
                 str(journal),
             ],
             env | {"AEGIS_BUCKET": ours},
-            pid,
+            server,
         )
         check = {b: asyncio.run(counts(endpoint, b)) for b in (ours, theirs)}
     finally:
@@ -202,6 +214,7 @@ def main() -> int:
         print(
             f"{name:<16}{row['seconds']:>10.1f}{row['objects_per_s']:>12.1f}"
             f"{row['tool_cpu_ms_per_object']:>17.2f}{row['server_cpu_ms_per_object']:>15.2f}"
+            f"{row['requests_per_object']:>14.3f}"
         )
     print(f"ratio {result['ratio']}x (target >= 3x); complete: {result['both_complete']}")
     return 0 if result["both_complete"] else 1
