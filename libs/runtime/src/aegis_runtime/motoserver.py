@@ -10,15 +10,34 @@ Python, so this costs little throughput.
 Its full garbage collections are deferred too: moto keeps every object and item in one Python
 heap, and a full collection of a heap that a test suite has filled stalls every request for up to
 a second (measured by ``make bench``), which AWS does not do and which made latency assertions
-flaky. Everything else is moto_server's own ``main``.
+flaky.
+
+When IAM enforcement is switched on (``POST /moto-api/reset-auth`` with ``0``, or
+``INITIAL_NO_AUTH_ACTION_COUNT``), requests are authorized as AWS would: moto's own S3 action names
+that IAM does not have are mapped to IAM's (HeadBucket needs ``s3:ListBucket``), DynamoDB calls are
+checked against the table's ARN (moto checks them against ``*``, so no table-scoped policy could
+allow anything), and DeleteObjects is checked per key (moto checks the bucket's ARN). Without
+enforcement these checks never run. Everything else is moto_server's own ``main``.
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import re
 import sys
 import threading
+from html import unescape
 from typing import Any
+
+# moto's S3 action names that are not IAM actions, and the IAM action AWS checks instead
+_IAM_ACTIONS = {
+    "s3:HeadBucket": "s3:ListBucket",
+    "s3:GetPublicAccessBlock": "s3:GetBucketPublicAccessBlock",
+    "s3:PutPublicAccessBlock": "s3:PutBucketPublicAccessBlock",
+    "s3:DeletePublicAccessBlock": "s3:PutBucketPublicAccessBlock",
+}
+_DELETE_KEY = re.compile(rb"<Key>([^<]*)</Key>")
 
 
 def serialize_requests() -> None:
@@ -34,11 +53,33 @@ def serialize_requests() -> None:
     DomainDispatcherApplication.__call__ = serialized  # type: ignore[method-assign]
 
 
+def authorize_like_aws() -> None:
+    from moto.iam.access_control import IAMRequestBase  # noqa: PLC0415
+
+    check = IAMRequestBase.check_action_permitted
+
+    def checked(self: Any, resource: str) -> None:
+        self._action = _IAM_ACTIONS.get(self._action, self._action)
+        if self._action.startswith("dynamodb:") and resource == "*":
+            table = json.loads(self._body or b"{}").get("TableName")
+            if table:
+                resource = f"arn:aws:dynamodb:{self._region}:{self.account_id}:table/{table}"
+        if self._action == "s3:DeleteObject" and "/" not in resource.split(":::", 1)[-1]:
+            # DeleteObjects: AWS authorizes s3:DeleteObject on each key, not on the bucket
+            for key in _DELETE_KEY.findall(self._body or b""):
+                check(self, f"{resource}/{unescape(key.decode())}")
+            return
+        check(self, resource)
+
+    IAMRequestBase.check_action_permitted = checked  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> None:
     from moto.server import main as moto_main  # noqa: PLC0415
 
     gc.set_threshold(700, 10, 1_000_000)
     serialize_requests()
+    authorize_like_aws()
     moto_main(argv if argv is not None else sys.argv[1:])
 
 
