@@ -26,6 +26,20 @@ def test_mqtt_target_parse() -> None:
     assert MqttTarget.parse("mqtt://127.0.0.1").port == 1883
     with pytest.raises(ValueError, match="mqtt://"):
         MqttTarget.parse("http://x")
+    # the URL kept for display never holds the password; mqtts:// means TLS on 8883
+    assert "p%40ss" not in t.url and "p@ss" not in repr(t)
+    tls = MqttTarget.parse("mqtts://broker.local")
+    assert tls.port == 8883 and tls.tls_context is not None
+    assert MqttTarget.parse("mqtt://127.0.0.1").tls_context is None
+
+
+def test_mqtt_target_from_settings_prefers_the_identity_settings() -> None:
+    s = SimulatorSettings(
+        mqtt_url="mqtts://old:pw@broker.local", mqtt_username="factory-a", mqtt_password="s3cret"
+    )
+    t = MqttTarget.from_settings(s)
+    assert (t.host, t.port, t.username, t.password) == ("broker.local", 8883, "factory-a", "s3cret")
+    assert t.tls_context is not None and "pw" not in t.url
 
 
 async def test_rate_limiter_paces_starts() -> None:
