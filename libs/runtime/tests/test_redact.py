@@ -15,7 +15,9 @@ from pydantic import SecretStr
 
 from aegis_runtime.logging import configure
 from aegis_runtime.redact import REDACTED, redact, redact_text, redact_url
+from aegis_runtime.service import ServiceApp
 from aegis_runtime.settings import AegisSettings
+from aegis_runtime.testing.storage import Foundation
 
 SECRET = "Sup3rS3cretValue"
 
@@ -122,3 +124,33 @@ def test_exception_texts_are_redacted() -> None:
 
 def _post(url: str) -> None:
     raise ConnectionError(f"cannot reach {url}")
+
+
+@pytest.mark.integration
+async def test_a_service_start_up_logs_its_settings_without_secrets(
+    nats_url: str, aws_endpoint: str, foundation: Foundation
+) -> None:
+    """The real ServiceApp start (health server, clients, NATS, heartbeat) and its log lines."""
+    settings = AegisSettings(
+        service="redaction-test",
+        nats_url=nats_url,
+        aws_endpoint_url=aws_endpoint,
+        bucket=foundation.bucket,
+        table=foundation.table,
+        mqtt_url=f"mqtts://factory-a:{SECRET}@broker:8883",
+        mqtt_password=SecretStr(SECRET),
+        slack_webhook_url=SecretStr(f"https://hooks.slack.com/services/T0/B0/{SECRET}"),
+    )
+    out = io.StringIO()
+    configure("json", stream=out)
+    app = ServiceApp(settings)
+    try:
+        await app.start()
+        await app.stop()
+    finally:
+        configure("json")
+    lines = [json.loads(line) for line in _lines(out)]
+    [started] = [line for line in lines if line["event"] == "service_started"]
+    assert started["settings"]["bucket"] == foundation.bucket
+    assert started["settings"]["mqtt_url"] == f"mqtts://factory-a:{REDACTED}@broker:8883"
+    assert SECRET not in out.getvalue()
