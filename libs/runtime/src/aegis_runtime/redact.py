@@ -14,6 +14,7 @@ It redacts, in every event (structlog's and the stdlib's: botocore, aiohttp, nat
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -43,10 +44,13 @@ _SLACK = re.compile(
 
 def redact_text(text: str) -> str:
     """``text`` with credentials in URLs, secret query parameters and Slack hook paths hidden."""
-    if "://" in text or "=" in text or "hooks.slack" in text:
+    # cheap membership tests first: most log values (ids, keys, numbers as text) need no regex
+    if "@" in text and "://" in text:
         text = _USERINFO.sub(rf"\g<scheme>\g<user>:{REDACTED}@", text)
         text = _TOKEN_USERINFO.sub(rf"\g<scheme>{REDACTED}@", text)
+    if "=" in text and ("?" in text or "&" in text or ";" in text):
         text = _QUERY.sub(rf"\g<name>{REDACTED}", text)
+    if "hooks.slack" in text:
         text = _SLACK.sub(rf"\g<base>{REDACTED}", text)
     return text
 
@@ -62,7 +66,7 @@ def redact(value: Any, key: str | None = None, _depth: int = 0) -> Any:
         return REDACTED
     if value is None or isinstance(value, bool | int | float | bytes):
         return value
-    if key is not None and SECRET_KEY.search(key):
+    if key is not None and _secret_key(key):
         return REDACTED
     if isinstance(value, str):
         return redact_text(value)
@@ -81,6 +85,18 @@ def _redact_object(value: Any, depth: int) -> Any:
     return value if cleaned == text else cleaned
 
 
+@functools.lru_cache(maxsize=4096)
+def _secret_key(key: str) -> bool:
+    return SECRET_KEY.search(key) is not None
+
+
+# rendered by structlog itself, never carrying user data
+_SAFE_KEYS = frozenset({"timestamp", "level", "logger", "logger_name"})
+
+
 def redact_secrets(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     """structlog processor: see the module docstring. Runs after ``format_exc_info``."""
-    return {k: redact(v, k if k != "event" else None) for k, v in event_dict.items()}
+    return {
+        k: v if k in _SAFE_KEYS else redact(v, k if k != "event" else None)
+        for k, v in event_dict.items()
+    }
