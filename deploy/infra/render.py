@@ -154,7 +154,7 @@ def render() -> dict[str, Any]:
         resources[f"{logical}Policy"] = {
             "Type": "AWS::IAM::ManagedPolicy",
             "Properties": {
-                "ManagedPolicyName": f"aegis-{service}",
+                "ManagedPolicyName": {"Fn::Sub": f"${{NamePrefix}}-{service}"},
                 "Description": f"AEGIS {service}: least privilege (deploy/infra/policies)",
                 "PolicyDocument": _sub(load_policy(service)),
             },
@@ -162,7 +162,7 @@ def render() -> dict[str, Any]:
         resources[f"{logical}Role"] = {
             "Type": "AWS::IAM::Role",
             "Properties": {
-                "RoleName": f"aegis-{service}",
+                "RoleName": {"Fn::Sub": f"${{NamePrefix}}-{service}"},
                 "AssumeRolePolicyDocument": _trust_policy(),
                 "ManagedPolicyArns": [{"Ref": f"{logical}Policy"}],
             },
@@ -175,6 +175,12 @@ def render() -> dict[str, Any]:
         "Parameters": {
             "BucketName": {"Type": "String", "Default": DEFAULT_BUCKET},
             "TableName": {"Type": "String", "Default": DEFAULT_TABLE},
+            "NamePrefix": {
+                "Type": "String",
+                "Default": "aegis",
+                "AllowedPattern": "^[a-zA-Z0-9+=,.@_-]{1,32}$",
+                "Description": "IAM names are {NamePrefix}-{service} (one stack per prefix and account)",
+            },
         },
         "Resources": resources,
         "Outputs": outputs,

@@ -168,16 +168,15 @@ async def test_the_template_deploys_and_equals_what_bootstrap_creates(aws_endpoi
     text = (INFRA / "foundation.yaml").read_text()
     bucket, table = f"aegis-cfn-{unique_id}", f"AEGIS-cfn-{unique_id}"
     stack = f"aegis-foundation-{unique_id}"
-    # policy names are account-wide: a second stack in this emulator needs its own
-    renamed = text.replace("ManagedPolicyName: aegis-", f"ManagedPolicyName: {unique_id}-")
-    renamed = renamed.replace("RoleName: aegis-", f"RoleName: {unique_id}-")
     async with open_client("cloudformation", AwsConfig(endpoint_url=aws_endpoint)) as cfn:
         await cfn.create_stack(
             StackName=stack,
-            TemplateBody=renamed,
+            TemplateBody=text,
             Parameters=[
                 {"ParameterKey": "BucketName", "ParameterValue": bucket},
                 {"ParameterKey": "TableName", "ParameterValue": table},
+                # IAM names are account-wide: a stack of its own in this shared emulator
+                {"ParameterKey": "NamePrefix", "ParameterValue": unique_id},
             ],
             Capabilities=["CAPABILITY_NAMED_IAM"],
         )
