@@ -7,6 +7,7 @@ import time
 from collections import Counter
 
 import pytest
+import structlog.testing
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -15,7 +16,15 @@ from aegis_runtime.localservers import free_port
 from aegis_simulator.app import DEFAULT_SCENARIOS, SimulatorSettings
 from aegis_simulator.cli import summary_table
 from aegis_simulator.domain import ScenarioKind
-from aegis_simulator.runner import MqttTarget, RateLimiter, RunOptions, Stats
+from aegis_simulator.runner import (
+    BrokerUnreachable,
+    MqttTarget,
+    RateLimiter,
+    RunOptions,
+    Stats,
+    run,
+)
+from aegis_storage.clients import AwsConfig
 
 runner = CliRunner()
 
@@ -106,3 +115,19 @@ def test_service_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     options = SimulatorSettings().run_options()
     assert options.scenarios == [] and list(options.factories) == ["f-1", "f-2"]
     assert options.seed == 5
+
+
+async def test_factories_other_than_the_broker_identity_are_warned_about() -> None:
+    # the warning comes before the connection; nothing listens on this port
+    target = MqttTarget(url="mqtt://x", host="127.0.0.1", port=free_port(), username="factory-a")
+    options = RunOptions(factories=["factory-a", "factory-b"], duration_s=1)
+    with structlog.testing.capture_logs() as logs, pytest.raises(BrokerUnreachable):
+        await run(
+            options,
+            mqtt_url=target,
+            aws=AwsConfig(endpoint_url="http://127.0.0.1:1"),
+            bucket="b",
+            stop=asyncio.Event(),
+        )
+    [warned] = [e for e in logs if e["event"] == "factories_not_this_identity"]
+    assert warned["factories"] == ["factory-b"] and warned["username"] == "factory-a"

@@ -263,6 +263,9 @@ async def run(
 ) -> Stats:
     """Simulate until ``stop`` is set or ``duration_s`` passes; returns the run's statistics."""
     target = mqtt_url if isinstance(mqtt_url, MqttTarget) else MqttTarget.parse(mqtt_url)
+    if target.username and (others := sorted(set(options.factories) - {target.username})):
+        # a broker with device identities (mosquitto.prod.conf) drops another factory's messages
+        log.warning("factories_not_this_identity", username=target.username, factories=others)
     stats = stats or Stats()
     start = clock()
     fleet = Fleet(
