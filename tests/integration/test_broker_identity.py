@@ -289,8 +289,13 @@ async def test_a_revoked_device_cannot_connect_after_the_broker_reloads(broker):
     broker.passwords[name] = broker.registry.add(name, Role.FACTORY)
     broker.reload()
     await _until_login(broker, name, succeeds=True)
-    broker.registry.revoke(name)
-    broker.reload()
+    async with broker.client(name) as connected:
+        broker.registry.revoke(name)
+        broker.reload()
+        # the reload re-checks connected clients too: the open connection is cut
+        with pytest.raises(aiomqtt.MqttError):
+            async with asyncio.timeout(10):
+                await anext(aiter(connected.messages))
     await _until_login(broker, name, succeeds=False)
     assert name not in {d.name for d in broker.registry.devices()}
     async with broker.client("factory-a"):  # the others are unaffected
