@@ -329,6 +329,9 @@ async def test_nobody_deletes_under_raw(as_service, service):
     me = await as_service(service)
     with pytest.raises(Exception, match="AccessDenied"):
         await me.clients.s3.delete_object(Bucket=BUCKET, Key=RAW)
+    # nor a version of it (with versioning on, that is what really removes bytes)
+    with pytest.raises(Exception, match="AccessDenied"):
+        await me.clients.s3.delete_object(Bucket=BUCKET, Key=RAW, VersionId="null")
     # a batch delete is authorized key by key, as on AWS
     assert await delete_refused(me, [RAW])
 
