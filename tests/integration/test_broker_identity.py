@@ -272,7 +272,7 @@ async def test_plain_mqtt_is_refused_on_the_tls_listener(broker):
         broker.port,
         username="factory-a",
         password=broker.passwords["factory-a"],
-        timeout=2,
+        timeout=1,  # the TLS listener never answers a plain CONNECT: this is how long we wait
     )
     assert not await connects(client)
 
