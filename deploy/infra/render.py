@@ -162,7 +162,7 @@ def render() -> dict[str, Any]:
         resources[f"{logical}Role"] = {
             "Type": "AWS::IAM::Role",
             "Properties": {
-                "RoleName": {"Fn::Sub": f"${{NamePrefix}}-{service}"},
+                "RoleName": {"Fn::Sub": f"${{NamePrefix}}-{service}-task"},
                 "AssumeRolePolicyDocument": _trust_policy(),
                 "ManagedPolicyArns": [{"Ref": f"{logical}Policy"}],
             },
@@ -179,7 +179,8 @@ def render() -> dict[str, Any]:
                 "Type": "String",
                 "Default": "aegis",
                 "AllowedPattern": "^[a-zA-Z0-9+=,.@_-]{1,32}$",
-                "Description": "IAM names are {NamePrefix}-{service} (one stack per prefix and account)",
+                "Description": "IAM names: policy {NamePrefix}-{service}, "
+                "ECS task role {NamePrefix}-{service}-task",
             },
         },
         "Resources": resources,

@@ -16,6 +16,7 @@ from string import Template
 from typing import Any, cast
 
 import pytest
+import yaml
 from botocore.session import get_session
 from botocore.validate import ParamValidator
 
@@ -197,3 +198,22 @@ def test_only_the_services_that_need_a_secret_get_it() -> None:
     assert granted["alert-dispatcher"] == granted["orchestrator"] == {"AEGIS_SLACK_WEBHOOK_URL"}
     assert granted["dashboard-api"] == {"AEGIS_DASHBOARD_TOKENS"}
     assert not granted["processor"] | granted["aggregator"] | granted["reporter"]
+
+
+def test_each_task_role_is_made_by_the_infrastructure_template_with_its_services_policy() -> None:
+    template = yaml.safe_load((ROOT / "deploy" / "infra" / "foundation.yaml").read_text())
+    made: dict[str, str] = {}  # role name (NamePrefix aegis) -> the policy file it carries
+    policies = {
+        logical: resource["Properties"]["ManagedPolicyName"]["Fn::Sub"]
+        for logical, resource in template["Resources"].items()
+        if resource["Type"] == "AWS::IAM::ManagedPolicy"
+    }
+    for resource in template["Resources"].values():
+        if resource["Type"] == "AWS::IAM::Role":
+            role = resource["Properties"]["RoleName"]["Fn::Sub"].replace("${NamePrefix}", "aegis")
+            (policy,) = resource["Properties"]["ManagedPolicyArns"]
+            made[role] = policies[policy["Ref"]].replace("${NamePrefix}", "aegis")
+    for name, task in tasks().items():
+        role = task["taskRoleArn"].rsplit("/", 1)[1]
+        assert made.get(role) == f"aegis-{name}", (name, role)
+        assert (ROOT / "deploy" / "infra" / "policies" / f"{name}.json").is_file()

@@ -51,7 +51,6 @@ _IAM_ACTIONS = {
 _DELETE_KEY = re.compile(rb"<Key>([^<]*)</Key>")
 
 
-
 def serialize_requests(latency_s: float = 0.0) -> None:
     """One request at a time; with ``latency_s``, each request first waits that long outside the
     lock (concurrent requests wait together), as a remote S3/DynamoDB's round trip would: for
