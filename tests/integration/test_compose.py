@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shlex
-import tomllib
 from collections.abc import Mapping
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
@@ -25,6 +24,7 @@ import typer
 import yaml
 
 from aegis_runtime.settings import AegisSettings
+from aegis_runtime.testing.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
@@ -38,6 +38,9 @@ ENDPOINT_SERVICES = {
 }
 WAIT_CONDITIONS = {"service_healthy", "service_completed_successfully"}
 LOCALSTACK_FREE_TAG = "localstack/localstack:4.14.0"
+WORKSPACE = Workspace(ROOT)
+# long-running services that start only with a profile (`docker compose --profile demo up`)
+PROFILED = {"simulator": {"simulator", "demo"}}
 
 
 def load_compose() -> dict[str, Any]:
@@ -82,16 +85,6 @@ def env_files(service: dict[str, Any]) -> list[Path]:
     if isinstance(entries, str | dict):
         entries = [entries]
     return [ROOT / (entry if isinstance(entry, str) else entry["path"]) for entry in entries]
-
-
-def workspace_members() -> dict[str, Path]:
-    members: dict[str, Path] = {}
-    for manifest in sorted(
-        [*ROOT.glob("libs/*/pyproject.toml"), *ROOT.glob("services/*/pyproject.toml")]
-    ):
-        name = tomllib.loads(manifest.read_text(encoding="utf-8"))["project"]["name"]
-        members[name] = manifest.parent
-    return members
 
 
 def build_args(build: dict[str, Any]) -> dict[str, str]:
@@ -187,7 +180,7 @@ def test_localstack_defaults_to_the_last_tag_without_an_auth_token() -> None:
 
 
 def test_builds_use_an_existing_dockerfile_and_a_workspace_member() -> None:
-    members = workspace_members()
+    members = WORKSPACE.members
     assert builds(), "no service is built from the workspace"
     for name, build in builds().items():
         context = ROOT / build.get("context", ".")
@@ -203,6 +196,8 @@ def test_builds_use_an_existing_dockerfile_and_a_workspace_member() -> None:
         assert package in members, (
             f"{name}: PACKAGE={package} is not a workspace member ({sorted(members)})"
         )
+        # the name k8s and ECS use too (deploy/k8s images:, deploy/ecs task definitions)
+        assert services()[name].get("image") == f"{package}:local", f"{name}: image name"
 
 
 def command_words(service: dict[str, Any]) -> list[str]:
@@ -260,15 +255,25 @@ def test_aegis_env_points_every_endpoint_at_its_compose_service() -> None:
         host = urlsplit(values[variable]).hostname
         assert host == service_name, f"{variable} should point at {service_name}, not {host}"
         assert host in defined
-    # Variables the compose definitions read inside containers (e.g. healthchecks' health port).
-    # Parsed, not raw, so that comments do not count.
-    compose = load_compose()
-    text = json.dumps({key: value for key, value in compose.items() if key != "volumes"})
-    used = set(re.findall(r"\bAEGIS_[A-Z0-9_]+\b", text))
-    # ${AEGIS_...} is interpolated by compose from the caller's environment, not the container's.
-    interpolated = set(re.findall(r"\$\{(AEGIS_[A-Z0-9_]+)", text))
-    missing = sorted(used - interpolated - set(values))
-    assert not missing, f"compose.yaml relies on {missing}, which deploy/aegis.env does not set"
+    # Variables the compose definitions read inside containers (e.g. healthchecks' health port):
+    # each service must get them from its env files or its own `environment:`. Parsed, not raw,
+    # so that comments do not count.
+    for name, service in defined.items():
+        text = json.dumps(service)
+        used = set(re.findall(r"\bAEGIS_[A-Z0-9_]+\b", text))
+        # ${AEGIS_...} is interpolated by compose from the caller's environment, not the container's.
+        interpolated = set(re.findall(r"\$\{(AEGIS_[A-Z0-9_]+)", text))
+        provided = {key for path in env_files(service) for key in parse_env_file(path)}
+        provided |= set(environment(service))
+        missing = sorted(used - interpolated - provided)
+        assert not missing, f"{name} relies on {missing}, which nothing sets in its container"
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    entries = service.get("environment", {})
+    if isinstance(entries, list):
+        return dict(str(entry).partition("=")[::2] for entry in entries)
+    return {str(key): str(value) for key, value in entries.items()}
 
 
 def test_aegis_env_values_are_valid_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -282,3 +287,104 @@ def test_aegis_env_values_are_valid_settings(monkeypatch: pytest.MonkeyPatch) ->
     assert settings.aws_endpoint_url == values["AEGIS_AWS_ENDPOINT_URL"]
     assert settings.mqtt_url == values["AEGIS_MQTT_URL"]
     assert settings.nats_url == values["AEGIS_NATS_URL"]
+
+
+def published(service: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(host ip, host port, container port) of the short-syntax `ports:` entries."""
+    found = []
+    for entry in service.get("ports", []):
+        assert isinstance(entry, str), f"use the short syntax HOST_IP:HOST:CONTAINER, not {entry}"
+        host_ip, host_port, container_port = entry.rsplit(":", 2)
+        found.append((host_ip, int(host_port), int(container_port)))
+    return found
+
+
+def health_url_port(service: dict[str, Any]) -> int:
+    """The container port the healthcheck asks /readyz of (a literal or a variable it is given)."""
+    test = " ".join(map(str, service["healthcheck"]["test"]))
+    assert "/readyz" in test, f"the healthcheck does not ask /readyz: {test}"
+    match = re.search(r"127\.0\.0\.1:' \+ os\.environ\['(AEGIS_[A-Z_]+)'\]", test)
+    assert match, f"the healthcheck does not read its port from a variable: {test}"
+    env = {key: value for path in env_files(service) for key, value in parse_env_file(path).items()}
+    env |= environment(service)
+    return int(env[match[1]])
+
+
+def test_every_deployable_of_the_workspace_runs_in_compose() -> None:
+    defined = services()
+    deployables = WORKSPACE.deployables
+    assert {"ingest", "processor", "dashboard-api", "simulator"} <= set(deployables)
+    for name, deployable in deployables.items():
+        assert name in defined, f"{deployable.package} is a deployable without a compose service"
+        service = defined[name]
+        assert build_args(builds()[name]).get("PACKAGE") == deployable.package, name
+        assert service["image"] == f"{deployable.package}:local", f"{name}: its own image"
+        assert command_words(service) == [deployable.script], (
+            f"{name} should run its console script {deployable.script}"
+        )
+        assert health_url_port(service) == deployable.health_port, name
+        assert service.get("restart") == "unless-stopped", name
+        assert set(service.get("profiles", [])) == PROFILED.get(name, set()), (
+            f"{name}: profiles {service.get('profiles')}"
+        )
+        assert service.get("stop_grace_period"), f"{name}: graceful shutdown needs time"
+
+
+def test_aegis_containers_run_locked_down() -> None:
+    for name in builds():
+        service = services()[name]
+        assert service.get("read_only") is True, f"{name}: read-only root filesystem"
+        assert "/tmp" in service.get("tmpfs", []), f"{name}: a writable /tmp"
+        assert service.get("cap_drop") == ["ALL"], name
+        assert "no-new-privileges:true" in service.get("security_opt", []), name
+
+
+def test_commands_exist_in_the_image_that_runs_them() -> None:
+    # What the image installs is PACKAGE's closure of workspace members, so a console script or
+    # an `aegis` subcommand of another member is absent from it even if the dev venv has it.
+    for name, build in builds().items():
+        package = build_args(build)["PACKAGE"]
+        words = command_words(services()[name])
+        assert words, f"{name}: set the command (the image's CMD is only `aegis --help`)"
+        scripts = WORKSPACE.scripts(package)
+        assert words[0] in scripts, f"{name}: {words[0]} is not a script of {package} ({scripts})"
+        if words[0] == "aegis":
+            commands = WORKSPACE.aegis_commands(package)
+            assert words[1] in commands, f"{name}: no `aegis {words[1]}` in {package}'s image"
+
+
+def test_only_the_dashboard_and_the_infrastructure_publish_ports_on_loopback() -> None:
+    ports = {name: published(service) for name, service in services().items()}
+    assert ports["dashboard-api"] == [("127.0.0.1", 8080, 8080)]
+    for name, entries in ports.items():
+        for host_ip, _, _ in entries:
+            assert host_ip == "127.0.0.1", f"{name} publishes on {host_ip}: loopback only"
+    backend = set(WORKSPACE.deployables) - {"dashboard-api"}
+    assert not [name for name in backend if ports.get(name)], "services need no published port"
+
+
+def test_the_orchestrator_reads_the_example_jobs_from_a_mount_of_deploy_jobs() -> None:
+    service = services()["orchestrator"]
+    jobs_file = environment(service)["AEGIS_ORCHESTRATOR_JOBS_FILE"]
+    for volume in service.get("volumes", []):
+        source, target, *mode = str(volume).split(":")
+        if jobs_file.startswith(target.rstrip("/") + "/"):
+            assert mode == ["ro"], "the jobs are read, never written"
+            host_file = ROOT / source / jobs_file.removeprefix(target.rstrip("/") + "/")
+            assert host_file.is_file(), f"{host_file} does not exist"
+            jobs = yaml.safe_load(host_file.read_text(encoding="utf-8"))["jobs"]
+            assert jobs, f"{host_file} holds no job"
+            return
+    pytest.fail(f"{jobs_file} is not inside any volume of the orchestrator")
+
+
+def test_bad_compose_documents_are_refused_by_the_schema() -> None:
+    # The schema check can fail: a misspelt key and a bad condition are both reported.
+    # (through JSON: the YAML anchors make services share their mappings, which a deepcopy keeps)
+    document = json.loads(json.dumps(load_compose()))
+    document["services"]["ingest"]["restrat"] = "always"
+    document["services"]["processor"]["depends_on"]["nats"]["condition"] = "started"
+    errors = "\n".join(schema_errors(document))
+    assert "services/ingest" in errors and "restrat" in errors
+    assert "services/processor/depends_on: " in errors
+    assert not [line for line in errors.splitlines() if "services/aggregator" in line]

@@ -58,6 +58,26 @@ async def test_concurrent_immutable_puts_have_one_winner(foundation):
     assert stored == bodies[results.index(created[0])]
 
 
+async def test_conditional_copy_never_overwrites_and_concurrent_copies_have_one_winner(foundation):
+    store = foundation.store
+    sources = [f"datasets/x/{i}.json" for i in range(6)]
+    for i, key in enumerate(sources):
+        await store.put_bytes(key, f"source-{i}".encode())
+    infos = {i.key: i for i in [i async for i in store.list_objects("datasets/x/")]}
+    await store.put_immutable(RAW, b"already here")
+    with pytest.raises(Conflict):
+        await store.copy(infos[sources[0]], RAW, if_absent=True)
+    assert await store.get_bytes(RAW) == b"already here"
+    dest = keys.raw_key("factory-b", "factory_state", T0, "msg-00000002")
+    results = await asyncio.gather(
+        *(store.copy(infos[k], dest, if_absent=True) for k in sources), return_exceptions=True
+    )
+    winners = [i for i, r in enumerate(results) if not isinstance(r, BaseException)]
+    assert len(winners) == 1
+    assert all(isinstance(r, Conflict) for r in results if isinstance(r, BaseException))
+    assert await store.get_bytes(dest) == f"source-{winners[0]}".encode()
+
+
 async def test_json_round_trip_listing_and_missing_objects(foundation):
     store = foundation.store
     key = keys.state_snapshot_key("factory-a", T0)

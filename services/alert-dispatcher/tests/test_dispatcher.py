@@ -5,6 +5,7 @@ two replicas on one durable, the dead-letter subject and ``aegis alerts resend``
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
 from aegis_runtime.broker import create_broker, ensure_streams, publish
 from aegis_runtime.cli import app as cli_app
+from aegis_runtime.logging import configure
 from aegis_runtime.testing.clock import FakeClock
 from aegis_runtime.testing.storage import Foundation
 from aegis_runtime.testing.waiting import eventually
@@ -393,3 +395,27 @@ async def test_a_newer_snapshot_racing_an_older_one_is_never_taken_for_stale(
         "CRITICAL · factory-a · FIRE_DETECTED",
         "RESOLVED · factory-a · FIRE_DETECTED",
     ]
+
+
+async def test_a_mistyped_webhook_url_never_reaches_the_logs_or_the_dead_letter(
+    foundation, webhook, session
+) -> None:
+    """aiohttp names the whole URL when it cannot parse it; the path of a Slack webhook is its
+    secret. The dispatcher's log lines (captured as a deployment renders them) and the dead
+    letter show the host, never the path."""
+    secret = "T0AEGIS/B0AEGIS/Xq9SecretPart"
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec, max_attempts=1)
+    assert isinstance(d.sender, SlackWebhook)
+    d.sender.url = f"https://hooks.slack.com:99999/services/{secret}"  # a port typo
+    out = io.StringIO()
+    configure("json", stream=out)
+    try:
+        await d.handle(await put_state(foundation, "factory-a", T0, [FIRE]))
+    finally:
+        configure("json")
+    ((_, detail, _),) = rec.dead
+    assert "hooks.slack.com:99999/services/" in detail and secret not in detail
+    logged = out.getvalue()
+    assert "undeliverable" in logged and "hooks.slack.com:99999/services/" in logged
+    assert secret not in logged and "Xq9SecretPart" not in logged

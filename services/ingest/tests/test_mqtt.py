@@ -45,3 +45,23 @@ def test_settings_build_the_shared_subscription_and_endpoint() -> None:
     assert s.mqtt_endpoint() == ("broker", 1884, "user", "pw")
     assert s.mqtt_client_id.startswith("aegis-ingest-")
     assert s.aws().max_attempts == s.aws_max_attempts
+
+
+def test_broker_identity_and_tls_settings(tmp_path, monkeypatch) -> None:
+    # AEGIS_MQTT_USERNAME/PASSWORD win over the URL's user:pass; the password stays a secret
+    monkeypatch.setenv("AEGIS_MQTT_URL", "mqtts://old:old@broker")
+    monkeypatch.setenv("AEGIS_MQTT_USERNAME", "aegis-ingest")
+    monkeypatch.setenv("AEGIS_MQTT_PASSWORD", "n3w-s3cret")
+    s = IngestSettings()
+    assert s.mqtt_endpoint() == ("broker", 8883, "aegis-ingest", "n3w-s3cret")
+    assert "n3w-s3cret" not in repr(s) and "n3w-s3cret" not in str(s.model_dump(mode="json"))
+    context = s.mqtt_tls_context()
+    assert context is not None and context.check_hostname
+    # plain MQTT: no TLS; a CA file alone turns TLS on (a self-run CA on the default port)
+    assert IngestSettings(mqtt_url="mqtt://broker").mqtt_tls_context() is None
+    with pytest.raises(FileNotFoundError):
+        IngestSettings(
+            mqtt_url="mqtt://b:8883", mqtt_ca_file=tmp_path / "none.pem"
+        ).mqtt_tls_context()
+    with pytest.raises(ValueError, match="AEGIS_MQTT_URL"):
+        IngestSettings(mqtt_url="http://broker")

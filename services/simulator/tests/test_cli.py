@@ -7,6 +7,7 @@ import time
 from collections import Counter
 
 import pytest
+import structlog.testing
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -15,7 +16,15 @@ from aegis_runtime.localservers import free_port
 from aegis_simulator.app import DEFAULT_SCENARIOS, SimulatorSettings
 from aegis_simulator.cli import summary_table
 from aegis_simulator.domain import ScenarioKind
-from aegis_simulator.runner import MqttTarget, RateLimiter, RunOptions, Stats
+from aegis_simulator.runner import (
+    BrokerUnreachable,
+    MqttTarget,
+    RateLimiter,
+    RunOptions,
+    Stats,
+    run,
+)
+from aegis_storage.clients import AwsConfig
 
 runner = CliRunner()
 
@@ -26,6 +35,20 @@ def test_mqtt_target_parse() -> None:
     assert MqttTarget.parse("mqtt://127.0.0.1").port == 1883
     with pytest.raises(ValueError, match="mqtt://"):
         MqttTarget.parse("http://x")
+    # the URL kept for display never holds the password; mqtts:// means TLS on 8883
+    assert "p%40ss" not in t.url and "p@ss" not in repr(t)
+    tls = MqttTarget.parse("mqtts://broker.local")
+    assert tls.port == 8883 and tls.tls_context is not None
+    assert MqttTarget.parse("mqtt://127.0.0.1").tls_context is None
+
+
+def test_mqtt_target_from_settings_prefers_the_identity_settings() -> None:
+    s = SimulatorSettings(
+        mqtt_url="mqtts://old:pw@broker.local", mqtt_username="factory-a", mqtt_password="s3cret"
+    )
+    t = MqttTarget.from_settings(s)
+    assert (t.host, t.port, t.username, t.password) == ("broker.local", 8883, "factory-a", "s3cret")
+    assert t.tls_context is not None and "pw" not in t.url
 
 
 async def test_rate_limiter_paces_starts() -> None:
@@ -92,3 +115,19 @@ def test_service_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     options = SimulatorSettings().run_options()
     assert options.scenarios == [] and list(options.factories) == ["f-1", "f-2"]
     assert options.seed == 5
+
+
+async def test_factories_other_than_the_broker_identity_are_warned_about() -> None:
+    # the warning comes before the connection; nothing listens on this port
+    target = MqttTarget(url="mqtt://x", host="127.0.0.1", port=free_port(), username="factory-a")
+    options = RunOptions(factories=["factory-a", "factory-b"], duration_s=1)
+    with structlog.testing.capture_logs() as logs, pytest.raises(BrokerUnreachable):
+        await run(
+            options,
+            mqtt_url=target,
+            aws=AwsConfig(endpoint_url="http://127.0.0.1:1"),
+            bucket="b",
+            stop=asyncio.Event(),
+        )
+    [warned] = [e for e in logs if e["event"] == "factories_not_this_identity"]
+    assert warned["factories"] == ["factory-b"] and warned["username"] == "factory-a"

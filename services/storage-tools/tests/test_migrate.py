@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from aegis_runtime.cli import app
-from aegis_storage.s3 import ObjectStore
+from aegis_storage.s3 import ObjectInfo, ObjectStore
 from aegis_storage_tools.migrate import CopyOptions, Journal, Migrator, plan
 from aegis_storage_tools.rules import seed_004
 
@@ -202,17 +202,16 @@ async def test_a_conflicting_destination_under_raw_is_reported_and_left_untouche
 async def test_a_destination_that_appears_during_the_run_is_not_overwritten(
     legacy: ObjectStore,
 ) -> None:
-    # written after the plan's listing, before the copy: the check right before the copy sees it
+    # written after the plan's listing, right before the copy: the conditional copy is refused
     taken = f"raw/{D}/raw_0005.json"
-    real_head = legacy.head
+    real_copy = legacy.copy
 
-    async def head_after_a_rival(key: str) -> Any:
-        if key == taken and not await legacy.exists(f"{taken}.rival"):
-            await legacy.put_bytes(f"{taken}.rival", b"")
+    async def copy_after_a_rival(source: ObjectInfo, dest: str, **options: Any) -> Any:
+        if dest == taken:
             await legacy.put_bytes(taken, b"rival")
-        return await real_head(key)
+        return await real_copy(source, dest, **options)
 
-    legacy.head = head_after_a_rival  # type: ignore[method-assign]
+    legacy.copy = copy_after_a_rival  # type: ignore[method-assign]
     summary = await Migrator(legacy, seed_004()).run()
     assert summary.conflicts == 1
     assert await legacy.get_bytes(taken) == b"rival"

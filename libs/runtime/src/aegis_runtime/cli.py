@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from aegis_runtime.devices_cli import app as devices_app
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.bootstrap import (
     bootstrap as run_bootstrap,
@@ -112,6 +113,9 @@ def status(
     raise typer.Exit(
         run_status(AegisSettings(), json_output=json_output, watch=watch, interval=interval)
     )
+
+
+app.add_typer(devices_app, name="devices")
 
 
 def _load_plugins() -> None:

@@ -30,6 +30,8 @@ import nats
 import nats.errors
 import nats.js.errors
 
+from aegis_runtime.motoserver import LATENCY_ENV
+
 __all__ = [
     "DEFAULT_MQTT_URL",
     "DEFAULT_NATS_URL",
@@ -458,11 +460,13 @@ def start_moto_server(
     *,
     timeout: float = 20.0,
     log_file: Path | None = None,
+    latency_ms: float = 0.0,
 ) -> MotoServer:
     """Start the venv's moto_server on ``host:port`` and wait until it answers HTTP.
 
     Its request log goes to ``log_file`` (default: a file in the temp directory, named after the
-    port), never to a pipe nobody reads.
+    port), never to a pipe nobody reads. ``latency_ms`` delays every request by a round trip
+    (benchmarks against a remote-like endpoint; see :mod:`aegis_runtime.motoserver`).
     """
     if port_open(host, port):
         raise LocalServerError(f"cannot start moto_server: {host}:{port} is already in use")
@@ -470,7 +474,11 @@ def start_moto_server(
     command = _moto_command(host, port)
     with log_path.open("wb") as log:
         process = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=os.environ | {LATENCY_ENV: str(latency_ms)},
         )
     server = MotoServer(url=f"http://{host}:{port}", process=process, log_file=log_path)
     deadline = time.monotonic() + timeout

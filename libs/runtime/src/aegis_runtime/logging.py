@@ -2,6 +2,7 @@
 
 ``configure`` sends structlog events and stdlib records (botocore, nats, faststream, uvicorn) through
 one processor chain to one handler: JSON lines when the output is not a terminal, console otherwise.
+Secrets are redacted from every line just before it is rendered (:mod:`aegis_runtime.redact`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any, Literal, TextIO
 
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
+
+from aegis_runtime.redact import redact_secrets
 
 LogFormat = Literal["auto", "json", "console"]
 
@@ -69,10 +72,10 @@ def configure(
     renderer: Processor
     if use_json:
         renderer = structlog.processors.JSONRenderer()
-        final: list[Processor] = [structlog.processors.format_exc_info, renderer]
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=_isatty(out))
-        final = [renderer]
+    # exceptions become text first so that the URLs and tokens in their messages are redacted too
+    final: list[Processor] = [structlog.processors.format_exc_info, redact_secrets, renderer]
 
     structlog.configure(
         processors=[

@@ -80,7 +80,12 @@ class ServiceApp:
             self._stack = None
             await stack.aclose()
             raise
-        log.info("service_started", service=self.settings.service)
+        # the effective settings, once: secrets are masked (SecretStr) or redacted (URLs) on output
+        log.info(
+            "service_started",
+            service=self.settings.service,
+            settings=self.settings.model_dump(mode="json"),
+        )
 
     async def stop(self) -> None:
         """Heartbeat and the parts' tasks first, then the consumers (in-flight messages finish or

@@ -6,8 +6,10 @@ builds one and passes it down, so nothing reads the environment twice and tests 
 
 from __future__ import annotations
 
+import ssl
+from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,6 +35,12 @@ class AegisSettings(BaseSettings):
     bucket: str = "aegis-bucket-data"
     table: str = "AEGIS-DynamoDB-FactoryStatus"
     mqtt_url: str = "mqtt://127.0.0.1:1883"
+    # the broker identity of this process (`aegis devices add`); they win over user:pass in the URL
+    mqtt_username: str | None = None
+    mqtt_password: SecretStr | None = None
+    # TLS: on with an mqtts:// URL or a CA file; the CA that signed the broker's certificate
+    # (unset: the system's trust store)
+    mqtt_ca_file: Path | None = None
     nats_url: str = "nats://127.0.0.1:4222"
     slack_webhook_url: SecretStr | None = None
     dashboard_url: str = "http://127.0.0.1:8080"
@@ -62,10 +70,28 @@ class AegisSettings(BaseSettings):
             alert_state_ttl_seconds=self.alert_state_ttl_seconds,
         )
 
+    @property
+    def mqtt_tls(self) -> bool:
+        return urlsplit(self.mqtt_url).scheme in {"mqtts", "ssl"} or self.mqtt_ca_file is not None
+
     def mqtt_endpoint(self) -> tuple[str, int, str | None, str | None]:
-        """(host, port, username, password) from ``mqtt_url``."""
+        """(host, port, username, password): ``AEGIS_MQTT_USERNAME``/``AEGIS_MQTT_PASSWORD``, else
+        the user:password of ``mqtt_url``."""
         url = urlsplit(self.mqtt_url)
-        return url.hostname or "127.0.0.1", url.port or 1883, url.username, url.password
+        username = self.mqtt_username or (unquote(url.username) if url.username else None)
+        if self.mqtt_password is not None:
+            password: str | None = self.mqtt_password.get_secret_value()
+        else:
+            password = unquote(url.password) if url.password else None
+        port = url.port or (8883 if self.mqtt_tls else 1883)
+        return url.hostname or "127.0.0.1", port, username, password
+
+    def mqtt_tls_context(self) -> ssl.SSLContext | None:
+        """The client TLS context for the broker (hostname checked), or None for plain MQTT."""
+        if not self.mqtt_tls:
+            return None
+        cafile = str(self.mqtt_ca_file) if self.mqtt_ca_file is not None else None
+        return ssl.create_default_context(cafile=cafile)
 
     def aws(self) -> AwsConfig:
         """Client settings with a connection pool sized for this service's concurrency."""

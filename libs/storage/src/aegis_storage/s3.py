@@ -207,9 +207,10 @@ class ObjectStore:
     ) -> CopyResult:
         """Server-side copy of ``source`` to ``dest_key`` in this bucket, metadata and content type
         kept. Pinned to the listed ETag (CopySourceIfMatch), so a source that changed since it was
-        listed is not copied. ``if_absent`` sends If-None-Match: * (a store that honours it raises
-        :class:`Conflict` when ``dest_key`` exists; moto 5 ignores it on CopyObject but honours
-        it on CompleteMultipartUpload, so callers that must never overwrite also check first)."""
+        listed is not copied. ``if_absent`` sends If-None-Match: * (CopyObject, or
+        CompleteMultipartUpload above the threshold): :class:`Conflict` when ``dest_key`` exists.
+        Upstream moto 5 ignores it on CopyObject; AEGIS's emulator (aegis_runtime.motoserver)
+        honours it as S3 does."""
         if source.size_bytes > multipart_threshold:
             return await self._copy_multipart(source, dest_key, if_absent, part_bytes)
         conditions = {"IfNoneMatch": "*"} if if_absent else {}

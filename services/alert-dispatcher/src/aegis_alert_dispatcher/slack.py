@@ -21,6 +21,7 @@ from aegis_alert_dispatcher.decide import Action, Stream
 from aegis_contracts.keys import CLOUD_INFRA_TARGET
 from aegis_contracts.state import Reason
 from aegis_contracts.times import KST
+from aegis_runtime.redact import redact_text
 
 ICON = {
     "CRITICAL": ":red_circle:",
@@ -202,7 +203,8 @@ class SlackWebhook:
                         raise Undeliverable(detail, attempts=attempt, status=status)
                     retry_after = _retry_after(resp.headers.get("Retry-After"))
             except (aiohttp.ClientError, TimeoutError) as err:
-                status, detail = None, f"{type(err).__name__}: {err}"
+                # aiohttp names the URL in some errors (a mistyped webhook): its path is the secret
+                status, detail = None, redact_text(f"{type(err).__name__}: {err}")
                 if self.on_attempt:
                     self.on_attempt(None)
             if attempt == self.max_attempts:

@@ -64,6 +64,7 @@ class CollectorApp:
                 username=username,
                 password=password,
                 identifier=f"aegis-cloud-collector-{self.owner}"[:64],
+                tls_context=settings.mqtt_tls_context(),
             )
         self.clients: AwsClients | None = None
         self.collectors: dict[Tier, Collector] = {}

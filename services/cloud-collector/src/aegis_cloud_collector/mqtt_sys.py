@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections.abc import Callable
 
@@ -30,11 +31,13 @@ class SysMonitor:
         username: str | None = None,
         password: str | None = None,
         identifier: str | None = None,
+        tls_context: ssl.SSLContext | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         retry_s: float = 2.0,
     ) -> None:
         self.host, self.port = host, port
         self.username, self.password = username, password
+        self.tls_context = tls_context
         self.identifier = identifier
         # silence is measured on a monotonic clock: a wall-clock step (or a test's fake clock)
         # must not look like a silent broker
@@ -81,6 +84,7 @@ class SysMonitor:
             password=self.password,
             identifier=self.identifier,
             keepalive=15,
+            tls_context=self.tls_context,
         ) as client:
             await client.subscribe(SYS_FILTER)
             self.connected, self.error = True, None

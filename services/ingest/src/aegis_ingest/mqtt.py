@@ -49,6 +49,7 @@ def create_client(settings: IngestSettings) -> Client:
             receive_maximum=settings.mqtt_max_inflight,
         ),
         keepalive=settings.mqtt_keepalive_seconds,
+        tls_context=settings.mqtt_tls_context(),
     )
     enable_manual_ack(client)
     return client

@@ -52,8 +52,10 @@ class IngestSettings(AegisSettings):
     @field_validator("mqtt_url")
     @classmethod
     def _mqtt_scheme(cls, value: str) -> str:
-        if urlsplit(value).scheme not in {"mqtt", "tcp"}:
-            raise ValueError(f"AEGIS_MQTT_URL must be mqtt://host:port, not {value!r}")
+        if urlsplit(value).scheme not in {"mqtt", "tcp", "mqtts", "ssl"}:
+            raise ValueError(
+                f"AEGIS_MQTT_URL must be mqtt://host:port or mqtts://host:port, not {value!r}"
+            )
         return value
 
     @property

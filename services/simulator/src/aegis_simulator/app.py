@@ -21,7 +21,14 @@ from aegis_runtime.logging import configure
 from aegis_runtime.metrics import Metrics
 from aegis_runtime.settings import AegisSettings
 from aegis_simulator.domain import factory_ids, parse_scenarios
-from aegis_simulator.runner import BrokerLost, BrokerUnreachable, RunOptions, Stats, run
+from aegis_simulator.runner import (
+    BrokerLost,
+    BrokerUnreachable,
+    MqttTarget,
+    RunOptions,
+    Stats,
+    run,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -65,7 +72,7 @@ async def serve(settings: SimulatorSettings, stop: asyncio.Event) -> None:
             try:
                 await run(
                     options,
-                    mqtt_url=settings.mqtt_url,
+                    mqtt_url=MqttTarget.from_settings(settings),
                     aws=settings.aws(),
                     bucket=settings.bucket,
                     stop=stop,

@@ -17,12 +17,14 @@ from typing import Annotated, TextIO, TypeVar, cast
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from aegis_contracts.errors import ContractError
 from aegis_contracts.ids import SourceType
 from aegis_runtime.logging import configure
+from aegis_runtime.redact import redact_url
 from aegis_runtime.settings import AegisSettings
 from aegis_simulator.domain import (
     SCENARIO_SYNTAX,
@@ -31,7 +33,14 @@ from aegis_simulator.domain import (
     factory_ids,
     parse_scenarios,
 )
-from aegis_simulator.runner import DEFAULT_INFLIGHT, BrokerUnreachable, RunOptions, Stats, run
+from aegis_simulator.runner import (
+    DEFAULT_INFLIGHT,
+    BrokerUnreachable,
+    MqttTarget,
+    RunOptions,
+    Stats,
+    run,
+)
 
 EXIT_ERRORS = 1
 EXIT_UNREACHABLE = 2
@@ -65,7 +74,7 @@ def simulate(  # noqa: PLR0917 - a Typer command: one parameter per option
         list[str] | None,
         typer.Option(
             "--scenario",
-            help=f"{SCENARIO_SYNTAX}, repeatable; e.g. fire@factory-b+30. "
+            help=f"{escape(SCENARIO_SYNTAX)}, repeatable; e.g. fire@factory-b+30. "
             f"Names: {', '.join(k.value for k in ScenarioKind)}.",
         ),
     ] = None,
@@ -183,7 +192,7 @@ async def _run_with_progress(
         disable=not console.is_terminal,
     ) as progress:
         task = progress.add_task(
-            "connecting", total=options.duration_s or None, detail=settings.mqtt_url
+            "connecting", total=options.duration_s or None, detail=redact_url(settings.mqtt_url)
         )
         connected = asyncio.Event()
 
@@ -204,7 +213,7 @@ async def _run_with_progress(
         try:
             return await run(
                 options,
-                mqtt_url=settings.mqtt_url,
+                mqtt_url=MqttTarget.from_settings(settings),
                 aws=settings.aws(),
                 bucket=settings.bucket,
                 stop=stop,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import ssl
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -21,6 +22,8 @@ import structlog
 from botocore.exceptions import BotoCoreError
 
 from aegis_contracts.times import Clock, utc_now
+from aegis_runtime.redact import redact_url
+from aegis_runtime.settings import AegisSettings
 from aegis_simulator.domain import (
     Emission,
     Fleet,
@@ -55,19 +58,37 @@ class MqttTarget:
     host: str
     port: int
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls_context: ssl.SSLContext | None = field(default=None, repr=False)
 
     @classmethod
     def parse(cls, url: str) -> MqttTarget:
         parts = urlsplit(url)
-        if parts.scheme not in {"mqtt", "tcp"} or not parts.hostname:
-            raise ValueError(f"MQTT URL {url!r} is not mqtt://host[:port]")
+        if parts.scheme not in {"mqtt", "tcp", "mqtts", "ssl"} or not parts.hostname:
+            raise ValueError(
+                f"MQTT URL {redact_url(url)!r} is not mqtt://host[:port] (mqtts:// for TLS)"
+            )
+        tls = parts.scheme in {"mqtts", "ssl"}
         return cls(
-            url=url,
+            url=redact_url(url),
             host=parts.hostname,
-            port=parts.port or 1883,
+            port=parts.port or (8883 if tls else 1883),
             username=unquote(parts.username) if parts.username else None,
             password=unquote(parts.password) if parts.password else None,
+            tls_context=ssl.create_default_context() if tls else None,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: AegisSettings) -> MqttTarget:
+        """The broker of ``settings``: its identity (AEGIS_MQTT_USERNAME/PASSWORD) and TLS."""
+        host, port, username, password = settings.mqtt_endpoint()
+        return cls(
+            url=redact_url(settings.mqtt_url),
+            host=host,
+            port=port,
+            username=username,
+            password=password,
+            tls_context=settings.mqtt_tls_context(),
         )
 
 
@@ -130,6 +151,7 @@ async def connect(
         protocol=aiomqtt.ProtocolVersion.V5,
         timeout=CONNECT_TIMEOUT_S,
         max_inflight_messages=max(20, inflight),
+        tls_context=target.tls_context,
     )
     client.pending_calls_threshold = max(10, inflight * 2)
     try:
@@ -231,7 +253,7 @@ class RateLimiter:
 async def run(
     options: RunOptions,
     *,
-    mqtt_url: str,
+    mqtt_url: str | MqttTarget,
     aws: AwsConfig,
     bucket: str,
     stop: asyncio.Event,
@@ -240,7 +262,10 @@ async def run(
     on_connected: Callable[[], None] | None = None,
 ) -> Stats:
     """Simulate until ``stop`` is set or ``duration_s`` passes; returns the run's statistics."""
-    target = MqttTarget.parse(mqtt_url)
+    target = mqtt_url if isinstance(mqtt_url, MqttTarget) else MqttTarget.parse(mqtt_url)
+    if target.username and (others := sorted(set(options.factories) - {target.username})):
+        # a broker with device identities (mosquitto.prod.conf) drops another factory's messages
+        log.warning("factories_not_this_identity", username=target.username, factories=others)
     stats = stats or Stats()
     start = clock()
     fleet = Fleet(

@@ -4,9 +4,11 @@ Plan: list every source prefix and every target prefix once, map each key (:mod:
 it into ``copy`` (destination absent), ``present`` (destination has the same body: an earlier run
 copied it) or ``conflict`` (destination has another body: reported, never touched, the source is
 kept). Run: server-side copies with bounded parallelism (UploadPartCopy parts above the multipart
-threshold), each pinned to the listed source ETag; for raw targets the destination is checked
-right before the copy and the copy is sent with If-None-Match (a store that honours it closes the
-remaining window; moto 5 ignores it on CopyObject, hence the check). Then the targets are listed
+threshold), each pinned to the listed source ETag (CopySourceIfMatch); for raw targets each copy
+is conditional (If-None-Match: *), so a destination written after the plan listed the targets is
+refused by the store and reported, never overwritten: one request per object, no look-before-copy
+(S3 honours it on CopyObject; so does AEGIS's local emulator, see aegis_runtime.motoserver).
+Then the targets are listed
 again and every copy verified (size, and ETag: the MD5 of the body, or for a multipart copy the
 ETag the upload completed with); only verified sources are deleted, in DeleteObjects batches of
 1000. Everything is decided again from the bucket on each run, so an interrupted run is finished
@@ -325,11 +327,6 @@ class Migrator:
     async def _copy_one(self, p: Planned, summary: Summary) -> None:
         move, raw = p.move, p.move.target_class is TargetClass.RAW
         try:
-            if raw:  # never overwrite under raw/: look right before the copy
-                head = await self.store.head(move.dest)
-                if head is not None:
-                    await self._settle_existing(p, summary)
-                    return
             try:
                 result = await self.store.copy(
                     p.source,
@@ -338,7 +335,7 @@ class Migrator:
                     multipart_threshold=self.options.multipart_threshold,
                     part_bytes=self.options.part_bytes,
                 )
-            except Conflict:  # the store honoured If-None-Match: someone wrote it meanwhile
+            except Conflict:  # If-None-Match: it was written after the plan listed the targets
                 await self._settle_existing(p, summary)
                 return
         except StorageError as err:

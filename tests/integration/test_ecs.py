@@ -1,0 +1,219 @@
+"""deploy/ecs task definitions, checked without AWS.
+
+Each file is the input of `aws ecs register-task-definition --cli-input-json` once its
+placeholders are substituted (README, "Deployment"). It is validated against the
+RegisterTaskDefinition input shape of botocore's own ECS service model (schema validation, no
+AWS call and no mock), then against the invariants the Kubernetes manifests also keep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from string import Template
+from typing import Any, cast
+
+import pytest
+import yaml
+from botocore.session import get_session
+from botocore.validate import ParamValidator
+
+from aegis_runtime.settings import AegisSettings
+from aegis_runtime.testing.workspace import Workspace
+
+ROOT = Path(__file__).resolve().parents[2]
+ECS = ROOT / "deploy" / "ecs"
+WORKSPACE = Workspace(ROOT)
+# the placeholders an operator substitutes (envsubst), with values that look like theirs
+PLACEHOLDERS = {
+    "AWS_ACCOUNT_ID": "210987654321",
+    "AWS_REGION": "ap-south-1",
+    "IMAGE_TAG": "0.1.0",
+    "AEGIS_MQTT_URL": "mqtt://mqtt.aegis.example.com:1883",
+    "AEGIS_NATS_URL": "nats://nats.aegis.internal:4222",
+}
+# Fargate task sizes: cpu units -> the memory (MiB) allowed with it
+FARGATE_MEMORY = {
+    256: {512, 1024, 2048},
+    512: set(range(1024, 4096 + 1, 1024)),
+    1024: set(range(2048, 8192 + 1, 1024)),
+    2048: set(range(4096, 16384 + 1, 1024)),
+    4096: set(range(8192, 30720 + 1, 1024)),
+}
+AEGIS_USER = "10001:10001"
+SECRET_ARN = re.compile(
+    r"arn:aws:(secretsmanager:ap-south-1:\d{12}:secret:[A-Za-z0-9/_+=.@-]+(:[a-z-]*:[a-z]*:[a-z]*)?"
+    r"|ssm:ap-south-1:\d{12}:parameter/[A-Za-z0-9/_.-]+)"
+)
+SECRET_NAMES = re.compile(r"PASSWORD|TOKENS|WEBHOOK|SECRET|USERNAME")
+K8S_SETTINGS = ROOT / "deploy" / "k8s" / "base" / "settings.env"
+Task = dict[str, Any]
+
+
+def input_shape() -> Any:
+    model = get_session().get_service_model("ecs")
+    return model.operation_model("RegisterTaskDefinition").input_shape
+
+
+def substituted(path: Path) -> Task:
+    text = path.read_text(encoding="utf-8")
+    used = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", text))
+    assert used <= set(PLACEHOLDERS), (
+        f"{path.name}: unknown placeholders {used - set(PLACEHOLDERS)}"
+    )
+    assert "$" not in re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", "", text), f"{path.name}: stray $"
+    return cast("Task", json.loads(Template(text).substitute(PLACEHOLDERS)))
+
+
+def validation_errors(task: Task) -> str:
+    report = ParamValidator().validate(task, input_shape())
+    return str(report.generate_report()) if report.has_errors() else ""
+
+
+def tasks() -> dict[str, Task]:
+    return {path.stem: substituted(path) for path in sorted(ECS.glob("*.json"))}
+
+
+def container_of(name: str, task: Task) -> dict[str, Any]:
+    (container,) = task["containerDefinitions"]
+    assert container["name"] == name
+    return cast("dict[str, Any]", container)
+
+
+def env_file_keys(path: Path) -> set[str]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return {line.partition("=")[0] for line in lines if line and not line.startswith("#")}
+
+
+def test_a_task_definition_for_every_deployed_service() -> None:
+    # the simulator plays factories: a demo, never deployed where real ones publish
+    expected = set(WORKSPACE.deployables) - {"simulator"}
+    assert set(tasks()) == expected
+
+
+@pytest.mark.parametrize("path", sorted(ECS.glob("*.json")), ids=lambda p: p.stem)
+def test_task_definition_matches_the_register_task_definition_shape(path: Path) -> None:
+    errors = validation_errors(substituted(path))
+    assert not errors, errors
+
+
+def test_the_shape_check_refuses_bad_input() -> None:
+    task = tasks()["processor"]
+    misspelt = {**task, "familly": task["family"]}
+    assert "familly" in validation_errors(misspelt)
+    wrong_type = json.loads(json.dumps(task))
+    wrong_type["containerDefinitions"][0]["healthCheck"]["retries"] = "three"
+    assert "retries" in validation_errors(wrong_type)
+    missing = {key: value for key, value in task.items() if key != "containerDefinitions"}
+    assert "containerDefinitions" in validation_errors(missing)
+
+
+def test_an_unknown_placeholder_is_refused(tmp_path: Path) -> None:
+    text = (ECS / "processor.json").read_text(encoding="utf-8")
+    (tmp_path / "typo.json").write_text(text.replace("IMAGE_TAG", "IMAGE_TAGG"), encoding="utf-8")
+    with pytest.raises(AssertionError, match="unknown placeholders"):
+        substituted(tmp_path / "typo.json")
+    (tmp_path / "bare.json").write_text(text.replace("${IMAGE_TAG}", "$IMAGE_TAG"), "utf-8")
+    with pytest.raises(AssertionError, match="stray"):
+        substituted(tmp_path / "bare.json")
+
+
+@pytest.mark.parametrize("name", sorted(set(WORKSPACE.deployables) - {"simulator"}))
+def test_task_runs_its_image_and_command_locked_down_with_logs_and_a_health_check(
+    name: str,
+) -> None:
+    task = tasks()[name]
+    deployable = WORKSPACE.deployables[name]
+    container = container_of(name, task)
+    assert task["family"] == f"aegis-{name}"
+    assert container["image"].rsplit("/", 1)[1] == f"{deployable.package}:0.1.0"
+    assert container["command"] == [deployable.script]
+    assert container["essential"] is True
+    assert container["user"] == AEGIS_USER, "non-root, the image's uid"
+    assert container["readonlyRootFilesystem"] is True
+    assert {"sourceVolume": "tmp", "containerPath": "/tmp", "readOnly": False} in container[
+        "mountPoints"
+    ]
+    assert container["linuxParameters"]["capabilities"]["drop"] == ["ALL"]
+    # Fargate, with a size Fargate offers
+    assert task["requiresCompatibilities"] == ["FARGATE"] and task["networkMode"] == "awsvpc"
+    assert int(task["memory"]) in FARGATE_MEMORY[int(task["cpu"])], (task["cpu"], task["memory"])
+    # logs
+    logs = container["logConfiguration"]
+    assert logs["logDriver"] == "awslogs"
+    assert logs["options"]["awslogs-group"] == f"/aegis/{name}"
+    assert logs["options"]["awslogs-region"] == PLACEHOLDERS["AWS_REGION"]
+    assert logs["options"]["awslogs-stream-prefix"]
+    # the health check asks /readyz on the port the container opens
+    check = container["healthCheck"]["command"]
+    assert check[0] == "CMD"
+    (url,) = re.findall(r"http://127\.0\.0\.1:(\d+)(/\w+)", " ".join(check))
+    ports = {m["containerPort"] for m in container["portMappings"]}
+    assert url == (str(deployable.health_port), "/readyz") and deployable.health_port in ports
+
+
+def test_each_service_has_its_own_task_and_execution_roles() -> None:
+    roles: list[str] = []
+    for name, task in tasks().items():
+        account = PLACEHOLDERS["AWS_ACCOUNT_ID"]
+        assert task["taskRoleArn"] == f"arn:aws:iam::{account}:role/aegis-{name}-task"
+        assert task["executionRoleArn"] == f"arn:aws:iam::{account}:role/aegis-{name}-execution"
+        roles += [task["taskRoleArn"], task["executionRoleArn"]]
+    assert len(roles) == len(set(roles))
+
+
+def test_settings_are_the_platform_settings_and_secrets_come_from_secret_stores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shared = env_file_keys(K8S_SETTINGS)
+    for name, task in tasks().items():
+        container = container_of(name, task)
+        environment = {item["name"]: item["value"] for item in container["environment"]}
+        assert shared <= set(environment), f"{name}: lacks {shared - set(environment)}"
+        assert "AEGIS_AWS_ENDPOINT_URL" not in environment, "real S3/DynamoDB"
+        assert not [key for key in environment if key.startswith("AWS_")], "the task role"
+        assert not [key for key in environment if SECRET_NAMES.search(key)], name
+        for secret in container.get("secrets", []):
+            assert SECRET_ARN.fullmatch(secret["valueFrom"]), secret["valueFrom"]
+        names = [secret["name"] for secret in container.get("secrets", [])]
+        assert len(names) == len(set(names))
+        for key in [key for key in os.environ if key.startswith("AEGIS_")]:
+            monkeypatch.delenv(key)
+        for key, value in environment.items():
+            monkeypatch.setenv(key, value)
+        settings = AegisSettings()
+        assert settings.region == PLACEHOLDERS["AWS_REGION"]
+        assert (settings.health_host, settings.health_port) == ("0.0.0.0", 8081)
+
+
+def test_only_the_services_that_need_a_secret_get_it() -> None:
+    granted = {
+        name: {secret["name"] for secret in container_of(name, task).get("secrets", [])}
+        for name, task in tasks().items()
+    }
+    assert granted["ingest"] == {"AEGIS_MQTT_USERNAME", "AEGIS_MQTT_PASSWORD"}
+    assert granted["cloud-collector"] == {"AEGIS_MQTT_USERNAME", "AEGIS_MQTT_PASSWORD"}
+    assert granted["alert-dispatcher"] == granted["orchestrator"] == {"AEGIS_SLACK_WEBHOOK_URL"}
+    assert granted["dashboard-api"] == {"AEGIS_DASHBOARD_TOKENS"}
+    assert not granted["processor"] | granted["aggregator"] | granted["reporter"]
+
+
+def test_each_task_role_is_made_by_the_infrastructure_template_with_its_services_policy() -> None:
+    template = yaml.safe_load((ROOT / "deploy" / "infra" / "foundation.yaml").read_text())
+    made: dict[str, str] = {}  # role name (NamePrefix aegis) -> the policy file it carries
+    policies = {
+        logical: resource["Properties"]["ManagedPolicyName"]["Fn::Sub"]
+        for logical, resource in template["Resources"].items()
+        if resource["Type"] == "AWS::IAM::ManagedPolicy"
+    }
+    for resource in template["Resources"].values():
+        if resource["Type"] == "AWS::IAM::Role":
+            role = resource["Properties"]["RoleName"]["Fn::Sub"].replace("${NamePrefix}", "aegis")
+            (policy,) = resource["Properties"]["ManagedPolicyArns"]
+            made[role] = policies[policy["Ref"]].replace("${NamePrefix}", "aegis")
+    for name, task in tasks().items():
+        role = task["taskRoleArn"].rsplit("/", 1)[1]
+        assert made.get(role) == f"aegis-{name}", (name, role)
+        assert (ROOT / "deploy" / "infra" / "policies" / f"{name}.json").is_file()

@@ -1,0 +1,467 @@
+"""deploy/infra: the CloudFormation template creates what ``aegis bootstrap`` creates, and the IAM
+policy of each service allows what its code calls and nothing else, proven on moto_server with IAM
+enforcement on (the emulator authorizes like AWS: see aegis_runtime.motoserver).
+
+The policies under test are the committed JSON files (deploy/infra/policies), the calls are the
+project's own storage library (ObjectStore, ReadModel, bootstrap), so a policy that stops matching
+the code fails here.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+from urllib.parse import unquote
+
+import httpx
+import pytest
+import yaml
+from aiobotocore.session import get_session
+
+from aegis_runtime.localservers import free_port, start_moto_server
+from aegis_storage.bootstrap import (
+    bootstrap,
+    describe_foundation,
+    expected_foundation,
+    normalize_rules,
+)
+from aegis_storage.clients import AwsClients, AwsConfig, aio_config, open_client
+from aegis_storage.errors import StorageError
+from aegis_storage.readmodel import ReadModel
+from aegis_storage.s3 import ObjectStore
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+INFRA = ROOT / "deploy" / "infra"
+REGION = "ap-south-1"
+ACCOUNT = "123456789012"  # moto's account
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def _render_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("aegis_infra_render", INFRA / "render.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+render = _render_module()
+SERVICES = render.policy_names()
+
+
+def policy_for(service: str, bucket: str, table: str) -> dict[str, Any]:
+    values = {
+        "AWS::Partition": "aws",
+        "AWS::Region": REGION,
+        "AWS::AccountId": ACCOUNT,
+        "BucketName": bucket,
+        "TableName": table,
+    }
+    doc: dict[str, Any] = render.substitute(render.load_policy(service), values)
+    return doc
+
+
+# -- the template ------------------------------------------------------------------------------
+
+
+def test_the_committed_template_is_the_rendered_one():
+    committed = (INFRA / "foundation.yaml").read_text()
+    assert committed == render.rendered_text(), (
+        "deploy/infra/foundation.yaml is stale: run .venv/bin/python deploy/infra/render.py"
+    )
+
+
+def test_cfn_lint_accepts_the_template_and_knows_every_iam_action():
+    from cfnlint.api import ManualArgs, lint_all, lint_file  # noqa: PLC0415
+
+    found = lint_file(INFRA / "foundation.yaml", config=ManualArgs(regions=[REGION]))
+    assert [str(m) for m in found] == []
+    # the same linter does see a misspelt action or CloudFormation property
+    broken = (INFRA / "foundation.yaml").read_text().replace("s3:GetObject", "s3:GetObjekt")
+    broken = broken.replace("TransitionInDays", "TransitionDays")
+    rules = {m.rule.id for m in lint_all(broken)}
+    assert {"W3037", "E3002"} <= rules
+
+
+def test_every_policy_denies_deletes_under_raw_and_only_ingest_and_migration_write_it():
+    for service in SERVICES:
+        statements = render.load_policy(service)["Statement"]
+        denies = [s for s in statements if s["Effect"] == "Deny"]
+        assert any(
+            s["Action"] == "s3:DeleteObject*" and s["Resource"].endswith("/raw/*") for s in denies
+        ), service
+        raw_writes = [
+            s
+            for s in statements
+            if s["Effect"] == "Allow"
+            and "s3:PutObject" in _list(s["Action"])
+            and any(r.endswith(("/raw/*", "}/*")) for r in _list(s["Resource"]))
+        ]
+        assert bool(raw_writes) == (service in {"ingest", "storage-tools"}), service
+
+
+def _list(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else value
+
+
+def foundation_from_template(template: dict[str, Any], *, bucket: str, table: str) -> dict:
+    """The template's bucket and table in the shape of ``describe_foundation`` (CloudFormation's
+    property names mapped to the S3/DynamoDB API's, independently of render.py)."""
+    res = template["Resources"]
+    b, t = res["DataBucket"]["Properties"], res["ReadModelTable"]["Properties"]
+    rules = []
+    for rule in b["LifecycleConfiguration"]["Rules"]:
+        api: dict[str, Any] = {
+            "ID": rule["Id"],
+            "Status": rule["Status"],
+            "Filter": {"Prefix": rule.get("Prefix", "")},
+        }
+        if "Transitions" in rule:
+            api["Transitions"] = [
+                {"Days": x["TransitionInDays"], "StorageClass": x["StorageClass"]}
+                for x in rule["Transitions"]
+            ]
+        if "NoncurrentVersionExpiration" in rule:
+            api["NoncurrentVersionExpiration"] = rule["NoncurrentVersionExpiration"]
+        if "AbortIncompleteMultipartUpload" in rule:
+            api["AbortIncompleteMultipartUpload"] = rule["AbortIncompleteMultipartUpload"]
+        rules.append(api)
+    stream = t.get("StreamSpecification", {})
+    ttl = t.get("TimeToLiveSpecification", {})
+    return {
+        "bucket": {
+            "name": bucket,
+            "region": REGION,
+            "versioning": b.get("VersioningConfiguration", {}).get("Status"),
+            "lifecycle": normalize_rules(rules),
+            "public_access_block": b.get("PublicAccessBlockConfiguration"),
+        },
+        "table": {
+            "name": table,
+            "key_schema": sorted((k["AttributeName"], k["KeyType"]) for k in t["KeySchema"]),
+            "attributes": sorted(
+                (a["AttributeName"], a["AttributeType"]) for a in t["AttributeDefinitions"]
+            ),
+            "billing": t.get("BillingMode"),
+            "stream": {"enabled": bool(stream), "view_type": stream.get("StreamViewType")},
+            "ttl": {
+                "status": "ENABLED" if ttl.get("Enabled") else "DISABLED",
+                "attribute": ttl.get("AttributeName"),
+            },
+            "pitr": "ENABLED"
+            if t.get("PointInTimeRecoverySpecification", {}).get("PointInTimeRecoveryEnabled")
+            else "DISABLED",
+        },
+    }
+
+
+async def test_the_template_deploys_and_equals_what_bootstrap_creates(aws_endpoint, aws, unique_id):
+    text = (INFRA / "foundation.yaml").read_text()
+    bucket, table = f"aegis-cfn-{unique_id}", f"AEGIS-cfn-{unique_id}"
+    stack = f"aegis-foundation-{unique_id}"
+    async with open_client("cloudformation", AwsConfig(endpoint_url=aws_endpoint)) as cfn:
+        await cfn.create_stack(
+            StackName=stack,
+            TemplateBody=text,
+            Parameters=[
+                {"ParameterKey": "BucketName", "ParameterValue": bucket},
+                {"ParameterKey": "TableName", "ParameterValue": table},
+                # IAM names are account-wide: a stack of its own in this shared emulator
+                {"ParameterKey": "NamePrefix", "ParameterValue": unique_id},
+            ],
+            Capabilities=["CAPABILITY_NAMED_IAM"],
+        )
+        described = (await cfn.describe_stacks(StackName=stack))["Stacks"][0]
+        assert described["StackStatus"] == "CREATE_COMPLETE", described
+        resources = await cfn.list_stack_resources(StackName=stack)
+        created = {r["LogicalResourceId"] for r in resources["StackResourceSummaries"]}
+    template = yaml.safe_load(text)
+    assert created == set(template["Resources"])
+
+    # bootstrap on the same emulator, fresh names
+    boot_bucket, boot_table = f"aegis-boot-{unique_id}", f"AEGIS-boot-{unique_id}"
+    await bootstrap(aws, bucket=boot_bucket, table=boot_table)
+    booted = await describe_foundation(aws, bucket=boot_bucket, table=boot_table)
+    assert booted == expected_foundation(bucket=boot_bucket, table=boot_table, region=REGION)
+
+    def renamed_to_boot(found: dict) -> dict:
+        found = copy.deepcopy(found)
+        found["bucket"]["name"], found["table"]["name"] = boot_bucket, boot_table
+        return found
+
+    # everything the template declares, read the way CloudFormation reads it ...
+    declared = foundation_from_template(template, bucket=bucket, table=table)
+    assert renamed_to_boot(declared) == booted
+    # ... and what the emulator's CloudFormation really made: it creates the bucket and the table
+    # with keys, billing and stream, but drops versioning, lifecycle, public access block, TTL and
+    # PITR (moto's AWS::S3::Bucket / AWS::DynamoDB::Table ignore them), which the line above covers
+    deployed = renamed_to_boot(await describe_foundation(aws, bucket=bucket, table=table))
+    for field in ("key_schema", "attributes", "billing", "stream"):
+        assert deployed["table"][field] == booted["table"][field], field
+    assert deployed["bucket"]["region"] == REGION
+
+    # the managed policies the stack created are the policy files, placeholders resolved
+    async with open_client("iam", AwsConfig(endpoint_url=aws_endpoint)) as iam:
+        for service in SERVICES:
+            arn = f"arn:aws:iam::{ACCOUNT}:policy/{unique_id}-{service}"
+            version = (await iam.get_policy(PolicyArn=arn))["Policy"]["DefaultVersionId"]
+            doc = (await iam.get_policy_version(PolicyArn=arn, VersionId=version))["PolicyVersion"][
+                "Document"
+            ]
+            if isinstance(doc, str):
+                doc = json.loads(unquote(doc))
+            assert doc == policy_for(service, bucket, table), service
+
+
+# -- IAM enforcement ---------------------------------------------------------------------------
+
+BUCKET, TABLE = "aegis-iam", "AEGIS-iam"
+F = "factory-iam"
+RAW = f"raw/{F}/factory_state/yyyy=2026/mm=11/dd=30/m-00000001.json"
+PROCESSED = f"processed/{F}/factory_state/yyyy=2026/mm=11/dd=30/hh=12/m-00000001.json"
+SNAPSHOT = f"processed/{F}/state_snapshot/yyyy=2026/mm=11/dd=30/hh=12/2026-11-30T12:00:00.000Z.json"
+REPORT = f"reports/daily/yyyy=2026/mm=11/dd=29/{F}/report.md"
+IMAGE = f"image_snapshot/factory_id={F}/yyyy=2026/mm=11/dd=30/hh=12/cam-1.jpg"
+LEGACY = "datasets/factory-iam/old.json"
+
+
+@pytest.fixture(scope="module")
+def iam_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A moto_server of this module's own: IAM enforcement is server-wide."""
+    log = tmp_path_factory.mktemp("iam-moto") / "moto.log"
+    server = start_moto_server("127.0.0.1", free_port(), log_file=log)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+async def credentials(iam_endpoint: str) -> dict[str, tuple[str, str]]:
+    """Bucket, table and seed data made while auth is off; then a user per service with its
+    policy, then enforcement on (``/moto-api/reset-auth`` 0: every later request is checked)."""
+    cfg = AwsConfig(endpoint_url=iam_endpoint)
+    async with AsyncExitStack() as stack:
+        admin = await _clients(stack, cfg, ("test", "test"))
+        await bootstrap(admin, bucket=BUCKET, table=TABLE)
+        store = ObjectStore(admin.s3, BUCKET)
+        for key in (RAW, PROCESSED, SNAPSHOT, REPORT, IMAGE, LEGACY):
+            await store.put_bytes(key, b'{"seed": true}')
+        await ReadModel(admin.dynamodb, TABLE).put_item(
+            {"pk": f"FACTORY#{F}", "sk": "LATEST", "updated_at": "2026-11-30T12:00:00.000Z"}
+        )
+        iam = await stack.enter_async_context(open_client("iam", cfg))
+        keys: dict[str, tuple[str, str]] = {}
+        for service in SERVICES:
+            user = f"aegis-{service}"
+            await iam.create_user(UserName=user)
+            arn = (
+                await iam.create_policy(
+                    PolicyName=user,
+                    PolicyDocument=json.dumps(policy_for(service, BUCKET, TABLE)),
+                )
+            )["Policy"]["Arn"]
+            await iam.attach_user_policy(UserName=user, PolicyArn=arn)
+            key = (await iam.create_access_key(UserName=user))["AccessKey"]
+            keys[service] = (key["AccessKeyId"], key["SecretAccessKey"])
+    async with httpx.AsyncClient() as http:
+        enforce = await http.post(f"{iam_endpoint}/moto-api/reset-auth", content=b"0")
+        enforce.raise_for_status()
+    return keys
+
+
+async def _clients(stack: AsyncExitStack, cfg: AwsConfig, key: tuple[str, str]) -> AwsClients:
+    session = get_session()
+    kwargs: dict[str, Any] = {
+        "region_name": REGION,
+        "endpoint_url": cfg.endpoint_url,
+        "config": aio_config(cfg),
+        "aws_access_key_id": key[0],
+        "aws_secret_access_key": key[1],
+    }
+    s3 = await stack.enter_async_context(session.create_client("s3", **kwargs))
+    ddb = await stack.enter_async_context(session.create_client("dynamodb", **kwargs))
+    return AwsClients(s3=s3, dynamodb=ddb, config=cfg)
+
+
+class As:
+    """One service's view: its storage library objects, signed with its own keys."""
+
+    def __init__(self, clients: AwsClients) -> None:
+        self.clients = clients
+        self.store = ObjectStore(clients.s3, BUCKET)
+        self.readmodel = ReadModel(clients.dynamodb, TABLE)
+
+
+@pytest.fixture
+async def as_service(
+    iam_endpoint: str, credentials: dict[str, tuple[str, str]]
+) -> AsyncIterator[Callable[[str], Awaitable[As]]]:
+    async with AsyncExitStack() as stack:
+
+        async def make(service: str) -> As:
+            cfg = AwsConfig(endpoint_url=iam_endpoint, max_attempts=1)
+            return As(await _clients(stack, cfg, credentials[service]))
+
+        yield make
+
+
+async def denied(call: Awaitable[Any]) -> None:
+    with pytest.raises(StorageError, match="AccessDenied"):
+        await call
+
+
+def item(pk: str, sk: str) -> dict[str, Any]:
+    return {"pk": pk, "sk": sk, "at": "2026-11-30T12:00:00.000Z"}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+async def test_nobody_deletes_under_raw(as_service, service):
+    me = await as_service(service)
+    with pytest.raises(Exception, match="AccessDenied"):
+        await me.clients.s3.delete_object(Bucket=BUCKET, Key=RAW)
+    # nor a version of it (with versioning on, that is what really removes bytes)
+    with pytest.raises(Exception, match="AccessDenied"):
+        await me.clients.s3.delete_object(Bucket=BUCKET, Key=RAW, VersionId="null")
+    # a batch delete is authorized key by key, as on AWS
+    assert await delete_refused(me, [RAW])
+
+
+async def delete_refused(me: As, keys: list[str]) -> bool:
+    """A batch delete of ``keys`` refused: the whole call (this emulator) or each key (AWS)."""
+    try:
+        failed = await me.store.delete_many(keys)
+    except StorageError as err:
+        return "AccessDenied" in str(err)
+    return failed == keys
+
+
+async def test_ingest_writes_raw_once_and_nothing_else(as_service):
+    me = await as_service("ingest")
+    key = f"raw/{F}/factory_state/yyyy=2026/mm=11/dd=30/m-ingest-0001.json"
+    assert (await me.store.put_immutable(key, b"{}")).outcome.value == "created"
+    # the conditional put's duplicate path reads the existing object back
+    assert (await me.store.put_immutable(key, b"{}")).outcome.value == "duplicate"
+    await denied(me.store.put_bytes(PROCESSED, b"{}"))
+    await denied(me.readmodel.put_item(item(f"FACTORY#{F}", "LATEST")))
+    await denied(me.store.get_bytes(REPORT))
+
+
+async def test_processor_writes_processed_and_the_read_model_not_raw(as_service):
+    me = await as_service("processor")
+    assert await me.store.get_bytes(RAW)
+    await me.store.put_bytes(PROCESSED.replace("m-00000001", "m-processor1"), b"{}")
+    await me.store.put_json(SNAPSHOT.replace("12:00:00", "12:00:01"), {"ok": True})
+    assert await me.store.exists(REPORT)
+    assert not await me.store.exists(REPORT.replace("dd=29", "dd=28"))
+    await me.readmodel.put_item(item(f"FACTORY#{F}", "HISTORY#STATE#2026-11-30T12:00:00.000Z"))
+    assert await me.readmodel.get_latest(F)
+    assert await me.readmodel.factory_latest_items()
+    await me.readmodel.delete_item(f"FACTORY#{F}", "HISTORY#STATE#2026-11-30T12:00:00.000Z")
+    await me.clients.s3.head_bucket(Bucket=BUCKET)
+    await me.clients.dynamodb.describe_table(TableName=TABLE)
+    await denied(me.store.put_bytes(RAW.replace("m-00000001", "m-processor1"), b"{}"))
+    await denied(me.store.put_immutable(RAW.replace("m-00000001", "m-processor2"), b"{}"))
+    await denied(me.store.put_bytes(REPORT, b"#"))
+    await denied(me.store.put_bytes(IMAGE, b"jpg"))
+
+
+async def test_aggregator(as_service):
+    me = await as_service("aggregator")
+    await me.store.put_bytes(
+        f"processed_agg/{F}/metrics_5m/yyyy=2026/mm=11/dd=30/hh=12/mm=00.json", b"{}"
+    )
+    assert await me.readmodel.claim_window("aggregate", NOW, owner="t", now=NOW, ttl=1)
+    assert await me.readmodel.history_states(F, NOW, NOW, now=NOW) == []
+    await denied(me.store.put_bytes(PROCESSED, b"{}"))
+    await denied(me.store.get_bytes(RAW))
+
+
+async def test_cloud_collector(as_service):
+    me = await as_service("cloud-collector")
+    found = await describe_foundation(me.clients, bucket=BUCKET, table=TABLE)
+    assert found == expected_foundation(bucket=BUCKET, table=TABLE, region=REGION)
+    assert RAW in await me.store.list_keys("raw/")
+    await me.store.put_json("processed/cloud_infra/fast/yyyy=2026/mm=11/dd=30/hh=12/x.json", {})
+    assert await me.readmodel.get_cloud_latest() is None
+    await denied(me.store.put_bytes(PROCESSED, b"{}"))
+    await denied(me.store.get_bytes(RAW))
+
+
+async def test_alert_dispatcher(as_service):
+    me = await as_service("alert-dispatcher")
+    assert await me.store.get_json(SNAPSHOT) == {"seed": True}
+    await me.readmodel.put_item(item(f"ALERT#{F}", "CRITICAL#FIRE#FIRING"))
+    assert await me.readmodel.get_item(f"ALERT#{F}", "CRITICAL#FIRE#FIRING")
+    await me.readmodel.delete_item(f"ALERT#{F}", "CRITICAL#FIRE#FIRING")
+    await denied(me.store.put_bytes(SNAPSHOT, b"{}"))
+    await denied(me.readmodel.factory_latest_items())
+
+
+async def test_reporter(as_service):
+    me = await as_service("reporter")
+    assert PROCESSED in await me.store.list_keys(f"processed/{F}/")
+    assert await me.store.get_bytes(PROCESSED)
+    await me.store.put_bytes(REPORT.replace("report.md", "report-context.json"), b"{}")
+    await denied(me.store.put_bytes(PROCESSED, b"{}"))
+    await denied(me.store.get_bytes(RAW))
+    await denied(me.store.get_bytes(IMAGE))
+
+
+async def test_orchestrator(as_service):
+    me = await as_service("orchestrator")
+    await me.store.put_bytes("orchestration/executions/j/yyyy=2026/mm=11/dd=30/e/input.json", b"{}")
+    await me.readmodel.put_item(item("JOB#registry", "JOB#j"))
+    assert await me.readmodel.partition("JOB#registry", now=NOW)
+    await denied(me.store.get_bytes(PROCESSED))
+    await denied(me.store.put_bytes(REPORT, b"#"))
+
+
+async def test_dashboard_only_reads(as_service):
+    me = await as_service("dashboard-api")
+    assert await me.readmodel.get_latest(F)
+    assert await me.readmodel.factory_latest_items()
+    assert await me.readmodel.partition(f"FACTORY#{F}", now=NOW)
+    assert await me.store.get_bytes(REPORT)
+    assert await me.store.get_bytes(IMAGE)
+    assert REPORT in await me.store.list_keys("reports/daily/")
+    await denied(me.store.put_bytes(REPORT, b"#"))
+    await denied(me.store.put_bytes(IMAGE, b"jpg"))
+    await denied(me.readmodel.put_item(item(f"FACTORY#{F}", "LATEST")))
+    await denied(me.readmodel.delete_item(f"FACTORY#{F}", "LATEST"))
+    await denied(me.store.get_bytes(RAW))
+
+
+async def test_simulator_uploads_images_only(as_service):
+    me = await as_service("simulator")
+    await me.store.put_bytes(IMAGE.replace("cam-1", "cam-2"), b"jpg")
+    await denied(me.store.put_bytes(RAW, b"{}"))
+    await denied(me.readmodel.get_latest(F))
+
+
+async def test_storage_tools_migrates_onto_raw_and_deletes_only_legacy(as_service):
+    me = await as_service("storage-tools")
+    [source] = [info async for info in me.store.list_objects(LEGACY)]
+    dest = f"raw/{F}/factory_state/yyyy=2026/mm=11/dd=29/m-migrated01.json"
+    await me.store.copy(source, dest, if_absent=True)
+    assert await me.store.get_bytes(dest) == b'{"seed": true}'
+    assert await me.store.delete_many([LEGACY]) == []
+    assert await delete_refused(me, [dest])
+    await denied(me.readmodel.get_latest(F))
+
+
+async def test_bootstrap_role_checks_the_foundation_and_reads_no_data(as_service):
+    me = await as_service("bootstrap")
+    report = await bootstrap(me.clients, bucket=BUCKET, table=TABLE)
+    assert not report.changed
+    await denied(me.store.get_bytes(RAW))
+    await denied(me.readmodel.get_latest(F))
