@@ -429,6 +429,15 @@ async def test_fleet_charts_and_a_critical_state_arriving_live(
         await page.screenshot(path=str(path), full_page=True)
         assert path.stat().st_size > 10_000
         print(f"screenshot: {path}")
+    # responsive: on a phone nothing runs off the side of the screen
+    for page, name in (
+        (fleet, "dashboard-fleet-phone.png"),
+        (detail, "dashboard-factory-a-phone.png"),
+    ):
+        await page.set_viewport_size({"width": 390, "height": 844})
+        # the charts redraw to the new width (debounced)
+        await page.wait_for_function("() => document.documentElement.scrollWidth <= 390")
+        await page.screenshot(path=str(screenshot_path(name)), full_page=True)
 
 
 def png(width: int, height: int) -> bytes:

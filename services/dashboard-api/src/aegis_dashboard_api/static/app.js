@@ -326,7 +326,7 @@
   function makeChart(id, el, title, xs, named, opts) {
     if (charts[id]) { charts[id].destroy(); delete charts[id]; }
     const keys = Object.keys(named);
-    const width = Math.max(260, el.clientWidth || 600);
+    const width = Math.max(240, el.clientWidth || 600);
     const series = [{}].concat(keys.map((k, i) => ({
       label: k, stroke: PALETTE[i % PALETTE.length], width: 2, spanGaps: !opts.points,
       points: { show: !!opts.points, size: 5 },
@@ -335,7 +335,7 @@
       title, width, height: opts.height || 180,
       tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), KST),
       scales: { x: { time: true }, y: opts.range ? { range: opts.range } : {} },
-      axes: [Object.assign({ values: kstTicks, size: 50 }, AXIS), Object.assign({ size: 50 }, AXIS)],
+      axes: [Object.assign({ values: kstTicks, size: 50, space: 80 }, AXIS), Object.assign({ size: 50 }, AXIS)],
       legend: { live: true },
       series,
     }, [xs].concat(keys.map((k) => named[k])), el);
