@@ -311,18 +311,18 @@ class Processor:
             updated_at = floor
             if seen is not None and updated_at <= parse_ts(str(seen)):
                 updated_at = parse_ts(str(seen)) + timedelta(milliseconds=1)
-            dump = FactoryLatest.model_validate(
-                {
-                    **_latest_fields(base),
+            # the validated view with what was derived (typed values: no second validation)
+            state = view.model_copy(
+                update={
                     "risk": fresh.risk,
                     "pipeline_status": fresh.pipeline_status,
                     "updated_at": updated_at,
                     "prev_updated_at": None if seen is None else parse_ts(str(seen)),
                 }
-            ).model_dump(mode="json")
+            )
             # a group no message has set yet is absent, not null (the partial-update contract);
             # converted once for both writes
-            encoded = encode({k: v for k, v in dump.items() if v is not None})
+            encoded = encode(state, drop_none=True)
             image = encoded.plain
             history_sk = keys.history_state_sk(updated_at)
             history = encoded.with_fields(sk=history_sk, ttl=self.ttl.history_expiry(now))
