@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -62,6 +63,8 @@ from aegis_storage.readmodel import LATEST_GROUPS, ReadModel, encode
 from aegis_storage.s3 import ObjectStore, PutResult
 
 log = structlog.get_logger(__name__)
+# the stdlib logger under ``log``: its level is checked before a per-message line is built
+_stdlog = logging.getLogger(__name__)
 
 PRODUCER = "processor"
 LATEST_ENTITY = "factory_latest"
@@ -240,13 +243,14 @@ class Processor:
             outcome.changes = 1
         outcome.objects = [p.key for p in created]
         await self._announce(fid, created, [committed] if committed else [], now)
-        log.debug(
-            "raw_processed",
-            latest=outcome.latest,
-            event_time=format_ts(event_time.at),
-            flags=sorted(event_time.flags),
-            objects=len(created),
-        )
+        if _stdlog.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "raw_processed",
+                latest=outcome.latest,
+                event_time=format_ts(event_time.at),
+                flags=sorted(event_time.flags),
+                objects=len(created),
+            )
         return outcome
 
     async def _event_time(self, event: RawArchived, emitted_at: datetime) -> EventTime:
