@@ -76,8 +76,6 @@ RECOVERY_MARGIN = timedelta(minutes=5)
 _ITEM_ONLY = frozenset({"ttl"})
 _CACHE_LIMIT = 8192
 _T = TypeVar("_T")
-_A = TypeVar("_A")
-_B = TypeVar("_B")
 
 
 class Publish(Protocol):
@@ -129,12 +127,6 @@ async def all_of(*coros: Coroutine[Any, Any, _T]) -> list[_T]:
             first = first.exceptions[0]
         raise first from None
     return [t.result() for t in tasks]
-
-
-async def both(a: Coroutine[Any, Any, _A], b: Coroutine[Any, Any, _B]) -> tuple[_A, _B]:
-    """Two coroutines of different result types, concurrently, with :func:`all_of`'s errors."""
-    first, second = await all_of(cast("Coroutine[Any, Any, Any]", a), b)
-    return cast("_A", first), cast("_B", second)
 
 
 class Processor:
@@ -231,11 +223,14 @@ class Processor:
                 done = await self._commit(fid, now, group=group, fields=fields, at=event_time.at)
                 return ("applied" if done else "older"), done
 
-        # the processed objects and the new state are independent: write them together
-        written, (latest, committed) = await both(
-            all_of(*(self.store.put_bytes(k, b) for k, b in bodies.items())), commit()
+        # the processed objects and the new state are independent: write them together (one
+        # task group for all of them)
+        *written, settled = await all_of(
+            *(self.store.put_bytes(k, b) for k, b in bodies.items()),
+            cast("Coroutine[Any, Any, Any]", commit()),
         )
-        created = list(written)
+        created = cast("list[PutResult]", written)
+        latest, committed = cast("tuple[str, Commit | None]", settled)
         outcome = Outcome(latest=latest)
         if committed is not None:
             created.append(await self._snapshot(fid, committed))
