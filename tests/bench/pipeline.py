@@ -10,8 +10,9 @@
 The floor is measured the way the services are: in a process of its own started like them
 (ceiling.py), with their client settings and storage adapters, on the bytes and items they wrote
 for a real message, its CPU read from /proc. This machine is a shared 2-core VM whose speed drifts
-by tens of per cent within minutes, so (a) and (c) are measured in rounds, each floor right before
-its AEGIS run, and the CPU ratio is the median of the rounds' ratios.
+by tens of per cent within minutes, so (a) and (c) are measured in rounds, each AEGIS run between
+two floors (before and after it; its ceiling and floor are their mean), and the CPU ratio is the
+median of the rounds' ratios.
 
 Servers: private Mosquitto and NATS JetStream (the machine's binaries on free ports) and a fresh
 moto_server, so the numbers are not disturbed by other state. Prints a table, writes JSON.
@@ -399,17 +400,24 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             floor.rates(seconds=1)  # warm-up: connections, code paths
             base = await baseline(moto.url, samples, args.seconds)
             rounds = []
+            # the floor right before and right after each run (the one after a run is the one
+            # before the next), a run compared with their mean: the machine's speed drifts
+            # within a round, and a floor taken on one side only carried that drift whole
+            rates = floor.rates(seconds=args.seconds)
             for _ in range(args.rounds):
-                # the floor right before each run: both see the machine in the same state
-                rates = floor.rates(seconds=args.seconds)
-                ceiling, floor_ms = ceiling_of(rates)
                 run = await run_load(
                     svc, messages=args.messages, rate=None, factories=args.factories
                 )
+                after = floor.rates(seconds=args.seconds)
+                sides = [ceiling_of(rates), ceiling_of(after)]
+                ceiling = statistics.mean(c for c, _ in sides)
+                floor_ms = statistics.mean(f for _, f in sides)
                 cpu = sum(run["cpu_ms_per_message"].values())
                 rounds.append(
                     {
                         "backend": {k: asdict(v) for k, v in rates.items()},
+                        "backend_after": {k: asdict(v) for k, v in after.items()},
+                        "floor_ms_before_after": [f for _, f in sides],
                         "ceiling_messages_per_s": ceiling,
                         "client_cpu_floor_ms_per_message": floor_ms,
                         "aegis": run,
@@ -418,6 +426,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                         "throughput_vs_ceiling": run["per_second"] / ceiling,
                     }
                 )
+                rates = after
             sustained = _median_run(rounds, "cpu_vs_floor")
             half = await run_load(
                 svc,
