@@ -6,9 +6,10 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from pydantic import BaseModel
 
 from aegis_contracts import keys
-from aegis_contracts.times import format_ts
+from aegis_contracts.times import Timestamp, format_ts
 from aegis_storage.errors import Conflict, NotFound
 from aegis_storage.readmodel import encode
 from aegis_storage.s3 import PutOutcome
@@ -213,6 +214,32 @@ async def test_an_item_encoded_once_is_written_under_two_keys_and_read_back_as_p
     assert await rm.get_latest("factory-e") == encoded.plain
     with pytest.raises(Conflict):
         await rm.put_item(encoded.with_fields(sk=history_sk, ttl=ttl), if_absent=True)
+
+
+class _Group(BaseModel):
+    co_ppm: float
+    note: str | None = None
+
+
+class _State(BaseModel):
+    pk: str
+    group: _Group | None = None
+    other: _Group | None = None
+    at: Timestamp
+
+
+def test_a_model_encodes_as_its_json_dict_and_drop_none_leaves_out_top_level_nones_only():
+    state = _State(pk="FACTORY#factory-g", group=_Group(co_ppm=24.0), at=T0)
+    by_model = encode(state, drop_none=True)
+    assert by_model == encode(state.model_dump(mode="json"), drop_none=True)
+    # "other" is absent, the nested "note" stays null, 24.0 reads back as DynamoDB keeps it
+    assert by_model.plain == {
+        "pk": "FACTORY#factory-g",
+        "group": {"co_ppm": 24, "note": None},
+        "at": format_ts(T0),
+    }
+    assert by_model.attributes["group"] == {"M": {"co_ppm": {"N": "24.0"}, "note": {"NULL": True}}}
+    assert encode(state).plain["other"] is None  # kept without drop_none
 
 
 async def test_history_snapshots_never_collide(foundation):

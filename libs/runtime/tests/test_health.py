@@ -202,11 +202,13 @@ async def test_a_second_signal_forces_exit(tmp_path: Path) -> None:
     assert events[-1]["reason"] == "forced"
 
 
-def test_settle_heap_takes_what_exists_out_of_the_collectors_sight() -> None:
+def test_settle_heap_freezes_what_exists_and_collects_less_often() -> None:
     # a child process: freezing pytest's own heap would outlive this test
     code = (
         "import gc; from aegis_runtime.lifecycle import settle_heap; "
         "assert gc.get_freeze_count() == 0; settle_heap(); "
-        "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()"
+        "assert gc.get_freeze_count() > 1000, gc.get_freeze_count(); "
+        "from aegis_runtime.lifecycle import YOUNG_GC_THRESHOLD; "
+        "assert gc.get_threshold() == (YOUNG_GC_THRESHOLD, 10, 10), gc.get_threshold()"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import json
 import logging
@@ -66,6 +67,8 @@ _STREAM_NAME_IN_USE = 10058
 _DETAIL_LIMIT = 2000
 
 log = structlog.get_logger(__name__)
+# the stdlib logger under ``log``: its level is checked before a per-message line is built
+_stdlog = logging.getLogger(__name__)
 
 
 class BrokerError(Exception):
@@ -296,6 +299,18 @@ def durable_pull(
 
 def stream_for(subject: str, specs: Iterable[StreamSpec] = STREAMS) -> StreamSpec:
     """The stream whose subjects capture ``subject``."""
+    if specs is STREAMS:
+        return _contract_stream_for(subject)
+    return _match_stream(subject, specs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _contract_stream_for(subject: str) -> StreamSpec:
+    # the contract's streams never change: a subject is matched once, not on every publish
+    return _match_stream(subject, STREAMS)
+
+
+def _match_stream(subject: str, specs: Iterable[StreamSpec]) -> StreamSpec:
     for spec in specs:
         if any(_subject_matches(subject, pattern) for pattern in spec.subjects):
             return spec
@@ -709,14 +724,15 @@ class _MessageOutcome(BaseMiddleware):
             metrics.messages_total.labels(outcome=outcome).inc()
             metrics.handler_seconds.observe(elapsed)
         try:
-            log.log(
-                level,
-                "message_handled",
-                outcome=outcome,
-                duration_ms=round(elapsed * 1000, 3),
-                exc_info=exc,
-                **fields,
-            )
+            if _stdlog.isEnabledFor(level):
+                log.log(
+                    level,
+                    "message_handled",
+                    outcome=outcome,
+                    duration_ms=round(elapsed * 1000, 3),
+                    exc_info=exc,
+                    **fields,
+                )
         finally:
             self.scope.close()
 

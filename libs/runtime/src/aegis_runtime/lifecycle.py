@@ -26,15 +26,28 @@ Main = Callable[[asyncio.Event], Awaitable[None]]
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+# young objects (net of those freed) between two collections of the youngest generation
+YOUNG_GC_THRESHOLD = 50_000
+
+
 def settle_heap() -> None:
     """Call once a service is up (modules imported, clients and their API models loaded).
 
     Moves what exists now out of the garbage collector's sight (``gc.freeze``): those objects
     live as long as the process, yet every full collection walked all of them again. Measured on
     the processor under load: the collector's CPU went from ~0.9 to ~0.45 ms per message.
+
+    Then collects the youngest generation after :data:`YOUNG_GC_THRESHOLD` young objects instead
+    of 700. Under load most young objects are alive when counted (the requests in flight hold
+    them), so a collection every 700 walked and promoted them over and over, and the older
+    generations filled up with them. Measured on the processor under load (the bench, 1,000
+    messages): collections 841 / 77 / 7 per generation taking 0.32 ms per message -> 2 / 0 / 0
+    taking 0.06 ms; ingest 0.055 -> 0.02 ms. What refcounting cannot free (cycles) waits for a
+    collection a little longer: at most that many objects.
     """
     gc.collect()
     gc.freeze()
+    gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def run_service(main: Main, *, shutdown_timeout: float = 25.0) -> None:

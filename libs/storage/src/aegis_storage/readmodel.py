@@ -48,14 +48,18 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def to_plain(value: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+def to_plain(value: BaseModel | Mapping[str, Any], *, drop_none: bool = False) -> dict[str, Any]:
     """JSON-shaped Python with Decimal numbers: what DynamoDB's type serializer accepts.
-    Idempotent: converting a converted item again changes nothing."""
-    text = (
-        value.model_dump_json()
-        if isinstance(value, BaseModel)
-        else json.dumps(value, default=_json_default)
-    )
+    Idempotent: converting a converted item again changes nothing. ``drop_none``: top-level
+    attributes that are None are left out (nested ones are kept)."""
+    if isinstance(value, BaseModel):
+        # straight from the model: no intermediate dict, no second JSON encoder
+        absent = {k for k in type(value).model_fields if getattr(value, k) is None}
+        text = value.model_dump_json(exclude=absent if drop_none and absent else None)
+    else:
+        if drop_none:
+            value = {k: v for k, v in value.items() if v is not None}
+        text = json.dumps(value, default=_json_default)
     result = json.loads(text, parse_float=Decimal)
     if not isinstance(result, dict):
         raise TypeError("an item must be an object")
@@ -80,8 +84,9 @@ class Encoded:
         )
 
 
-def encode(item: BaseModel | Mapping[str, Any]) -> Encoded:
-    numbers = to_plain(item)
+def encode(item: BaseModel | Mapping[str, Any], *, drop_none: bool = False) -> Encoded:
+    """``item`` converted once (see :class:`Encoded`); ``drop_none`` as in :func:`to_plain`."""
+    numbers = to_plain(item, drop_none=drop_none)
     plain = _unwrap(numbers)
     assert isinstance(plain, dict)
     return Encoded(plain, to_attributes(numbers))

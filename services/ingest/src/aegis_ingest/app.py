@@ -141,36 +141,9 @@ class IngestApp:
                 self.subscribed.set()
                 backoff.reset()
                 log.info("mqtt_subscribed", subscription=s.shared_subscription)
-                messages = aiter(client.messages)
-                while not halt.done():
-                    # a free slot first, then the next message: the rest wait at the broker
-                    if not slots.locked():
-                        await slots.acquire()  # a free one is taken at once, without waiting
-                    elif not await _first(slots.acquire(), halt):
-                        break
-                    message = await _first(anext(messages), halt)
-                    if message is None:
-                        slots.release()
-                        break
-                    payload = message.payload
-                    inbound = Inbound(
-                        topic=message.topic.value,
-                        payload=payload if isinstance(payload, bytes) else str(payload).encode(),
-                        qos=message.qos,
-                        received_at=utc_now(),
-                    )
-                    task = asyncio.create_task(
-                        self._work(
-                            handler=handler,
-                            inbound=inbound,
-                            mid=message.mid,
-                            acker=acker,
-                            slots=slots,
-                            redeliver=redeliver,
-                        )
-                    )
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                # one reader for the whole session, cancelled when ``halt`` is done: racing each
+                # wait against ``halt`` cost a task and an asyncio.wait per message
+                await _first(self._read(client, handler, acker, slots, redeliver), halt)
                 # leaving on purpose: let in-flight messages finish so their PUBACKs go out
                 # before DISCONNECT (paho writes packets in the order they were queued)
                 await self._drain()
@@ -180,6 +153,45 @@ class IngestApp:
             self.subscribed.clear()
         if redeliver.is_set() and not stop.is_set():
             raise _Redeliver("a message was deferred; reconnecting for its redelivery")
+
+    async def _read(
+        self,
+        client: aiomqtt.Client,
+        handler: IngestHandler,
+        acker: Acker,
+        slots: asyncio.Semaphore,
+        redeliver: asyncio.Event,
+    ) -> None:
+        """Hand each message of the session to a worker, a free slot first, then the next message
+        (the rest wait at the broker). Cancelled while waiting for a slot, the permit is handed
+        on; while waiting for a message, it stays queued (unacked, redelivered next session)."""
+        messages = aiter(client.messages)
+        while True:
+            await slots.acquire()
+            try:
+                message = await anext(messages)
+            except BaseException:
+                slots.release()
+                raise
+            payload = message.payload
+            inbound = Inbound(
+                topic=message.topic.value,
+                payload=payload if isinstance(payload, bytes) else str(payload).encode(),
+                qos=message.qos,
+                received_at=utc_now(),
+            )
+            task = asyncio.create_task(
+                self._work(
+                    handler=handler,
+                    inbound=inbound,
+                    mid=message.mid,
+                    acker=acker,
+                    slots=slots,
+                    redeliver=redeliver,
+                )
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _work(
         self,

@@ -10,6 +10,7 @@ message stays unacknowledged and the broker redelivers it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from aegis_storage.errors import Conflict, StorageError
 from aegis_storage.s3 import ObjectStore, PutOutcome
 
 log = structlog.get_logger("aegis_ingest")
+# the stdlib logger under ``log``: its level is checked before a per-message line is built
+_stdlog = logging.getLogger("aegis_ingest")
 
 _TOPIC_LOG_LIMIT = 200
 
@@ -55,6 +58,10 @@ class Inbound:
 
 # worth another attempt: the object store or JetStream did not answer or refused for now
 _TRANSIENT: tuple[type[BaseException], ...] = (StorageError, BrokerError, TimeoutError, OSError)
+
+
+# outcomes whose summary line is INFO (the others warn, and count dead letters)
+_ACKED_QUIETLY = frozenset({Outcome.ARCHIVED, Outcome.DUPLICATE})
 
 
 class _Stopping(Exception):
@@ -184,6 +191,8 @@ class IngestHandler:
     ) -> None:
         self.metrics.messages_total.labels(outcome=outcome.value).inc()
         self.metrics.handler_seconds.observe(elapsed)
+        if outcome in _ACKED_QUIETLY and not _stdlog.isEnabledFor(logging.INFO):
+            return  # the summary line would be dropped: do not build it
         fields = {
             "outcome": outcome.value,
             "duration_ms": round(elapsed * 1000, 3),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -62,6 +63,8 @@ from aegis_storage.readmodel import LATEST_GROUPS, ReadModel, encode
 from aegis_storage.s3 import ObjectStore, PutResult
 
 log = structlog.get_logger(__name__)
+# the stdlib logger under ``log``: its level is checked before a per-message line is built
+_stdlog = logging.getLogger(__name__)
 
 PRODUCER = "processor"
 LATEST_ENTITY = "factory_latest"
@@ -73,8 +76,6 @@ RECOVERY_MARGIN = timedelta(minutes=5)
 _ITEM_ONLY = frozenset({"ttl"})
 _CACHE_LIMIT = 8192
 _T = TypeVar("_T")
-_A = TypeVar("_A")
-_B = TypeVar("_B")
 
 
 class Publish(Protocol):
@@ -126,12 +127,6 @@ async def all_of(*coros: Coroutine[Any, Any, _T]) -> list[_T]:
             first = first.exceptions[0]
         raise first from None
     return [t.result() for t in tasks]
-
-
-async def both(a: Coroutine[Any, Any, _A], b: Coroutine[Any, Any, _B]) -> tuple[_A, _B]:
-    """Two coroutines of different result types, concurrently, with :func:`all_of`'s errors."""
-    first, second = await all_of(cast("Coroutine[Any, Any, Any]", a), b)
-    return cast("_A", first), cast("_B", second)
 
 
 class Processor:
@@ -228,11 +223,14 @@ class Processor:
                 done = await self._commit(fid, now, group=group, fields=fields, at=event_time.at)
                 return ("applied" if done else "older"), done
 
-        # the processed objects and the new state are independent: write them together
-        written, (latest, committed) = await both(
-            all_of(*(self.store.put_bytes(k, b) for k, b in bodies.items())), commit()
+        # the processed objects and the new state are independent: write them together (one
+        # task group for all of them)
+        *written, settled = await all_of(
+            *(self.store.put_bytes(k, b) for k, b in bodies.items()),
+            cast("Coroutine[Any, Any, Any]", commit()),
         )
-        created = list(written)
+        created = cast("list[PutResult]", written)
+        latest, committed = cast("tuple[str, Commit | None]", settled)
         outcome = Outcome(latest=latest)
         if committed is not None:
             created.append(await self._snapshot(fid, committed))
@@ -240,13 +238,14 @@ class Processor:
             outcome.changes = 1
         outcome.objects = [p.key for p in created]
         await self._announce(fid, created, [committed] if committed else [], now)
-        log.debug(
-            "raw_processed",
-            latest=outcome.latest,
-            event_time=format_ts(event_time.at),
-            flags=sorted(event_time.flags),
-            objects=len(created),
-        )
+        if _stdlog.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "raw_processed",
+                latest=outcome.latest,
+                event_time=format_ts(event_time.at),
+                flags=sorted(event_time.flags),
+                objects=len(created),
+            )
         return outcome
 
     async def _event_time(self, event: RawArchived, emitted_at: datetime) -> EventTime:
@@ -311,18 +310,18 @@ class Processor:
             updated_at = floor
             if seen is not None and updated_at <= parse_ts(str(seen)):
                 updated_at = parse_ts(str(seen)) + timedelta(milliseconds=1)
-            dump = FactoryLatest.model_validate(
-                {
-                    **_latest_fields(base),
+            # the validated view with what was derived (typed values: no second validation)
+            state = view.model_copy(
+                update={
                     "risk": fresh.risk,
                     "pipeline_status": fresh.pipeline_status,
                     "updated_at": updated_at,
                     "prev_updated_at": None if seen is None else parse_ts(str(seen)),
                 }
-            ).model_dump(mode="json")
+            )
             # a group no message has set yet is absent, not null (the partial-update contract);
             # converted once for both writes
-            encoded = encode({k: v for k, v in dump.items() if v is not None})
+            encoded = encode(state, drop_none=True)
             image = encoded.plain
             history_sk = keys.history_state_sk(updated_at)
             history = encoded.with_fields(sk=history_sk, ttl=self.ttl.history_expiry(now))
