@@ -337,16 +337,20 @@ async def test_storage_down_is_503_with_a_clear_body() -> None:
             assert (await c.get("/readyz")).status_code == 503
 
 
-async def test_the_fleet_is_read_once_per_cache_period_for_every_screen(
-    foundation: Foundation, unique_id: str
-) -> None:
+def fleet_app(foundation: Foundation, *, cache_s: float) -> Any:
     settings = DashboardSettings(
         bucket=foundation.bucket,
         table=foundation.table,
         dashboard_tokens=token_digest(TOKEN),
-        dashboard_fleet_cache_s=60,
+        dashboard_fleet_cache_s=cache_s,
     )
-    app = create_app(settings, clients=foundation.clients, clock=FakeClock(NOW))
+    return create_app(settings, clients=foundation.clients, clock=FakeClock(NOW))
+
+
+async def test_the_fleet_is_read_once_per_cache_period_for_every_screen(
+    foundation: Foundation, unique_id: str
+) -> None:
+    app = fleet_app(foundation, cache_s=60)
     scans = 0
     reader = app.state.reader
     scan = reader.readmodel.factory_latest_items
@@ -366,6 +370,52 @@ async def test_the_fleet_is_read_once_per_cache_period_for_every_screen(
         reader._fleet_read_at = 0.0  # the period has passed
         (entry,) = (await c.get("/api/fleet", headers=AUTH)).json()["factories"]
         assert entry["factory_id"] == unique_id and scans == 2
+
+
+async def test_kept_warm_the_fleet_never_waits_for_a_scan_nor_loses_a_newer_event(
+    foundation: Foundation, unique_id: str
+) -> None:
+    app = fleet_app(foundation, cache_s=0.2)
+    reader = app.state.reader
+    scan = reader.readmodel.factory_latest_items
+    await seed(foundation, unique_id)
+    gate, scanning = asyncio.Event(), asyncio.Event()
+    scans = 0
+
+    async def held_scan() -> list[dict[str, Any]]:
+        nonlocal scans
+        scans += 1
+        items = await scan()  # read now, returned when the test lets it: a slow scan
+        if scans > 1:
+            scanning.set()
+            await gate.wait()
+        return items
+
+    reader.readmodel.factory_latest_items = held_scan
+    stop = asyncio.Event()
+    warm = asyncio.create_task(reader.keep_fleet_warm(stop))
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
+            await asyncio.wait_for(scanning.wait(), 10)  # the second scan hangs
+            # a change event heard meanwhile, newer than what the hanging scan read
+            (before,) = (await c.get("/api/fleet", headers=AUTH)).json()["factories"]
+            newer = dict(await reader.latest(unique_id))
+            newer["updated_at"] = "2099-01-01T00:00:00.000Z"
+            newer["risk"] = {**newer["risk"], "level": "CRITICAL", "score": 99.5}
+            reader.note_latest(newer)
+            screens = await asyncio.wait_for(
+                asyncio.gather(*(c.get("/api/fleet", headers=AUTH) for _ in range(5))), 5
+            )  # served from the cache while the scan hangs
+            assert {r.json()["factories"][0]["score"] for r in screens} == {99.5}
+            gate.set()
+            await asyncio.sleep(0.5)  # the scan lands, and the next ones
+            (after,) = (await c.get("/api/fleet", headers=AUTH)).json()["factories"]
+            assert before["score"] != 99.5 and after["score"] == 99.5
+    finally:
+        stop.set()
+        gate.set()
+        await warm
 
 
 @pytest.mark.parametrize(

@@ -63,44 +63,50 @@ class Reader:
         self._fleet: list[Item] | None = None
         self._fleet_read_at = 0.0
         self._fleet_lock = asyncio.Lock()
+        self._kept_warm = False  # a background task re-reads the fleet: requests never wait
 
     async def fleet_items(self) -> list[Item]:
-        """Every FACTORY LATEST, read again when older than the cache period (one read at a
-        time: concurrent requests wait for it rather than each scanning)."""
-        ttl = self.settings.dashboard_fleet_cache_s
-        if self._fleet is not None and time.monotonic() - self._fleet_read_at < ttl:
-            return self._fleet
+        """Every FACTORY LATEST. Kept warm (:meth:`keep_fleet_warm`), the cached fleet is always
+        served, the scan running beside the requests; otherwise read again when older than the
+        cache period (one read at a time: concurrent requests wait for it, not each scanning)."""
+        fleet = self._fleet
+        if fleet is not None and (
+            self._kept_warm
+            or time.monotonic() - self._fleet_read_at < self.settings.dashboard_fleet_cache_s
+        ):
+            return fleet
+        return await self._read_fleet(force=False)
+
+    async def _read_fleet(self, *, force: bool) -> list[Item]:
         async with self._fleet_lock:
-            if self._fleet is None or time.monotonic() - self._fleet_read_at >= ttl:
-                self._fleet = await self.readmodel.factory_latest_items()
-                self._fleet_read_at = time.monotonic()
+            ttl = self.settings.dashboard_fleet_cache_s
+            if force or self._fleet is None or time.monotonic() - self._fleet_read_at >= ttl:
+                started = time.monotonic()
+                scanned = await self.readmodel.factory_latest_items()
+                self._fleet = _newer_of(scanned, self._fleet or [], add=False)
+                self._fleet_read_at = started
             return self._fleet
 
     def note_latest(self, image: Item) -> None:
         """A LATEST heard on the queue replaces its factory's item in the cached fleet, so a page
         loaded right after an event never shows the state before it."""
         fleet = self._fleet
-        if fleet is None:
-            return
-        fid = image.get("factory_id")
-        for i, item in enumerate(fleet):
-            if item.get("factory_id") == fid:
-                if str(image.get("updated_at") or "") >= str(item.get("updated_at") or ""):
-                    self._fleet = [*fleet[:i], image, *fleet[i + 1 :]]
-                return
-        self._fleet = [*fleet, image]
+        if fleet is not None:
+            self._fleet = _newer_of(fleet, [image], add=True)
 
     async def keep_fleet_warm(self, stop: asyncio.Event) -> None:
         """Re-read the fleet every cache period, so a request never waits for the scan."""
         period = max(self.settings.dashboard_fleet_cache_s, 0.2)
         while not stop.is_set():
             try:
-                self._fleet_read_at = 0.0
-                await self.fleet_items()
+                await self._read_fleet(force=True)
+                self._kept_warm = True
             except Exception as err:
+                self._kept_warm = False  # requests read for themselves until a scan succeeds
                 log.warning("fleet_refresh_failed", error=str(err))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=period)
+        self._kept_warm = False
 
     async def ready(self) -> bool:
         try:
@@ -156,6 +162,21 @@ def _age_s(at: object, now: datetime) -> float | None:
         return round((now - parse_ts(at)).total_seconds(), 3)
     except ValueError:
         return None
+
+
+def _newer_of(base: list[Item], newer: list[Item], *, add: bool) -> list[Item]:
+    """``base`` with each factory's item replaced by the one of ``newer`` when that one is at
+    least as recent (``updated_at``); with ``add``, ``newer``'s other factories are appended. A
+    scan that started before a change event never takes the event's state back."""
+    latest = {str(i.get("factory_id")): i for i in newer}
+    out: list[Item] = []
+    for item in base:
+        other = latest.pop(str(item.get("factory_id")), None)
+        recent = other is not None and str(other.get("updated_at") or "") >= str(
+            item.get("updated_at") or ""
+        )
+        out.append(other if recent and other is not None else item)
+    return out + list(latest.values()) if add else out
 
 
 def fleet_entry(item: Item, now: datetime) -> FleetEntry:
