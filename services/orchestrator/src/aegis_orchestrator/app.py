@@ -15,7 +15,6 @@ from typing import Any
 
 import aiohttp
 import structlog
-from faststream.nats import NatsBroker
 from faststream.nats.subscriber.usecases import PullStreamSubscriber
 
 from aegis_contracts.events import ChangeEvent, RawArchived, SystemEvent
@@ -38,19 +37,11 @@ from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.store import DuplicateJob, JobStore
 from aegis_orchestrator.tasks import Tasks
 from aegis_runtime import logging as aegis_logging
-from aegis_runtime.broker import (
-    create_broker,
-    current_subject,
-    durable_pull,
-    ensure_streams,
-    nats_ready,
-    publish,
-)
-from aegis_runtime.health import HealthServer
-from aegis_runtime.heartbeat import HeartbeatPublisher, instance_id
+from aegis_runtime.broker import current_subject, durable_pull
+from aegis_runtime.heartbeat import instance_id
 from aegis_runtime.lifecycle import run_service, start_background
-from aegis_runtime.metrics import Metrics
-from aegis_storage.clients import AwsClients, open_clients
+from aegis_runtime.service import ServiceApp
+from aegis_storage.clients import AwsClients
 from aegis_storage.errors import Conflict
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
@@ -68,7 +59,7 @@ def job_environment(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
 
 
-class OrchestratorApp:
+class OrchestratorApp(ServiceApp):
     def __init__(
         self,
         settings: OrchestratorSettings,
@@ -76,28 +67,18 @@ class OrchestratorApp:
         clock: Clock = utc_now,
         environment: Mapping[str, str] | None = None,
     ) -> None:
-        self.settings = settings
-        self.clock = clock
+        super().__init__(settings, clock=clock)
+        self.settings: OrchestratorSettings = settings
         self.environment = job_environment(os.environ if environment is None else environment)
-        self.metrics = Metrics(settings.service)
         self.fired = self.metrics.counter(
             "orchestrator_executions_started_total",
             "Executions started by trigger type.",
             ("trigger",),
         )
-        self.broker: NatsBroker = create_broker(
-            settings, name=settings.service, metrics=self.metrics
-        )
-        self.health = HealthServer(self.metrics, settings.health_host, settings.health_port)
-        self.health.add_check("nats", nats_ready(self.broker))
-        self.health.add_check("storage", self._storage_ready)
-        self.heartbeat = HeartbeatPublisher.for_service(self.broker, settings, self.health, clock)
         self.owner = instance_id()
         self.index = TriggerIndex()
-        self.clients: AwsClients | None = None
         self.store: JobStore | None = None
         self.runner: Runner | None = None
-        self._stack: AsyncExitStack | None = None
         self._checked: dict[str, datetime] = {}
         durable = settings.orchestrator_durable
 
@@ -220,78 +201,52 @@ class OrchestratorApp:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    async def _storage_ready(self) -> bool:
+    async def storage_ready(self) -> bool:
+        """Ready when the table answers: jobs, claims and runs live in the read model."""
         if self.clients is None:
             return False
         await self.clients.dynamodb.describe_table(TableName=self.settings.table)
         return True
 
-    async def _publish(self, subject: str, event: SystemEvent, msg_id: str) -> bool:
-        return await publish(self.broker, subject, event, msg_id=msg_id)
-
-    async def start(self) -> None:
+    async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
         s = self.settings
-        stack = self._stack = AsyncExitStack()
-        try:
-            await self.health.start()
-            stack.push_async_callback(self.health.stop)
-            self.clients = await stack.enter_async_context(open_clients(s.aws()))
-            session = await stack.enter_async_context(aiohttp.ClientSession())
-            readmodel = ReadModel(self.clients.dynamodb, s.table)
-            self.store = JobStore(readmodel, self.clock)
-            self.runner = Runner(
-                store=self.store,
+        session = await stack.enter_async_context(aiohttp.ClientSession())
+        readmodel = ReadModel(clients.dynamodb, s.table)
+        self.store = JobStore(readmodel, self.clock)
+        self.runner = Runner(
+            store=self.store,
+            readmodel=readmodel,
+            objects=ObjectStore(clients.s3, s.bucket),
+            tasks=Tasks(
+                session=session,
                 readmodel=readmodel,
-                objects=ObjectStore(self.clients.s3, s.bucket),
-                tasks=Tasks(
-                    session=session,
-                    readmodel=readmodel,
-                    publish=self._publish,
-                    clock=self.clock,
-                    slack_webhook_url=(
-                        s.slack_webhook_url.get_secret_value() if s.slack_webhook_url else None
-                    ),
-                    commands=s.orchestrator_commands,
-                    command_timeout=s.orchestrator_command_timeout_s,
-                ),
+                publish=self.publish,
                 clock=self.clock,
-                environment=self.environment,
-                owner=self.owner,
-                lease=timedelta(seconds=s.orchestrator_run_lease_s),
-                inline_limit=s.orchestrator_inline_limit_bytes,
-                log_inline=s.orchestrator_log_inline_bytes,
-                log_ttl=timedelta(days=s.orchestrator_log_ttl_days),
-            )
-            stack.push_async_callback(self.runner.drain, 20.0)
-            jobs_file = Path(s.orchestrator_jobs_file) if s.orchestrator_jobs_file else None
-            if jobs_file is not None and await asyncio.to_thread(jobs_file.is_file):
-                added = await self.register_file(jobs_file)
-                log.info("example_jobs_registered", file=s.orchestrator_jobs_file, added=added)
-            count = await self.refresh()
-            await ensure_streams(self.broker)
-            stack.push_async_callback(self.broker.stop)
-            await self.broker.start()
-            start_background(stack, self.heartbeat.run, "orchestrator-heartbeat")
-            start_background(stack, self._schedule_loop, "orchestrator-schedules")
-            start_background(stack, self._refresh_loop, "orchestrator-refresh")
-        except BaseException:
-            await stack.aclose()
-            raise
+                slack_webhook_url=(
+                    s.slack_webhook_url.get_secret_value() if s.slack_webhook_url else None
+                ),
+                commands=s.orchestrator_commands,
+                command_timeout=s.orchestrator_command_timeout_s,
+            ),
+            clock=self.clock,
+            environment=self.environment,
+            owner=self.owner,
+            lease=timedelta(seconds=s.orchestrator_run_lease_s),
+            inline_limit=s.orchestrator_inline_limit_bytes,
+            log_inline=s.orchestrator_log_inline_bytes,
+            log_ttl=timedelta(days=s.orchestrator_log_ttl_days),
+        )
+        stack.push_async_callback(self.runner.drain, 20.0)
+        # on stop: no new execution (a trigger meanwhile is nacked and redelivered), then the drain
+        stack.callback(setattr, self, "runner", None)
+        jobs_file = Path(s.orchestrator_jobs_file) if s.orchestrator_jobs_file else None
+        if jobs_file is not None and await asyncio.to_thread(jobs_file.is_file):
+            added = await self.register_file(jobs_file)
+            log.info("example_jobs_registered", file=s.orchestrator_jobs_file, added=added)
+        count = await self.refresh()
+        start_background(stack, self._schedule_loop, "orchestrator-schedules")
+        start_background(stack, self._refresh_loop, "orchestrator-refresh")
         log.info("orchestrator_started", jobs=count, owner=self.owner)
-
-    async def stop(self) -> None:
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            await stack.aclose()
-        self.runner = None
-        self.clients = None
-
-    async def run(self, stop: asyncio.Event) -> None:
-        await self.start()
-        try:
-            await stop.wait()
-        finally:
-            await self.stop()
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ import asyncio
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -18,7 +18,13 @@ from aegis_orchestration.model import Job, JobStep, TaskKind
 from aegis_orchestration.query import build_query
 from aegis_storage.readmodel import ReadModel
 
-Publish = Callable[[str, SystemEvent, str], Awaitable[bool]]
+
+class Publish(Protocol):
+    """``ServiceApp.publish``: an event on a subject, de-duplicated by ``msg_id``."""
+
+    def __call__(self, subject: str, event: SystemEvent, *, msg_id: str) -> Awaitable[bool]: ...
+
+
 SERVICE = "orchestrator"
 
 
@@ -76,7 +82,7 @@ class Tasks:
                 },
             )
             subject = system_subject(kind)
-            duplicate = await self.publish(subject, event, f"orch:{execution_id}:{step.id}")
+            duplicate = await self.publish(subject, event, msg_id=f"orch:{execution_id}:{step.id}")
             return {"subject": subject, "duplicate": duplicate}
 
         async def command(step: JobStep, params: dict[str, Any], _: Mapping[str, Any]) -> Any:
