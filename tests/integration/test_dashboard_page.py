@@ -40,8 +40,6 @@ from aegis_contracts.times import format_ts, kst_report_date, truncate_ms
 from aegis_dashboard_api.access import COOKIE, token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
-from aegis_processor.app import create_app as create_processor
-from aegis_processor.settings import ProcessorSettings
 from aegis_runtime.broker import create_broker, ensure_streams, publish
 from aegis_runtime.localservers import ManagedServer, free_port
 from aegis_runtime.settings import AegisSettings
@@ -234,31 +232,13 @@ async def seed_graphs(foundation: Foundation, factory_id: str, now: datetime) ->
 
 
 @pytest.fixture
-async def processor(
-    foundation: Foundation, broker: NatsBroker, nats_url: str, aws_endpoint: str, unique_id: str
-) -> AsyncIterator[Any]:
+async def processor(broker: NatsBroker, run_processor: Any) -> AsyncIterator[Any]:
     """The real processor, its consumer filtered to factory-a (older factory-a raw events of this
     session's NATS are purged first: they belong to other tests' buckets)."""
     js: JetStreamContext = broker.connection.jetstream()
     await js.purge_stream("AEGIS_RAW", subject=f"aegis.raw.{WATCHED}.>")
-    settings = ProcessorSettings(
-        aws_endpoint_url=aws_endpoint,
-        bucket=foundation.bucket,
-        table=foundation.table,
-        nats_url=nats_url,
-        service=f"processor-{unique_id}",
-        durable=f"processor-{unique_id}",
-        subject=f"aegis.raw.{WATCHED}.>",
-        fetch_timeout_s=0.3,
-        refresh_enabled=False,
-    )
-    app = create_processor(settings)
-    await app.start()
-    try:
+    async with run_processor(f"aegis.raw.{WATCHED}.>") as app:
         yield app
-    finally:
-        await app.stop()
-        await js.delete_consumer("AEGIS_RAW", settings.durable)
 
 
 async def level_of(foundation: Foundation, factory_id: str) -> str | None:

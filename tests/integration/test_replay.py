@@ -22,8 +22,7 @@ from aegis_contracts.ids import SourceType
 from aegis_contracts.keys import KeyFamily, parse_key
 from aegis_contracts.subjects import raw_subject
 from aegis_contracts.times import truncate_ms
-from aegis_processor.app import ProcessorApp, create_app
-from aegis_processor.settings import ProcessorSettings
+from aegis_processor.app import ProcessorApp
 from aegis_runtime.broker import create_broker, ensure_streams, publish, publish_raw_archived
 from aegis_runtime.settings import AegisSettings
 from aegis_runtime.testing.waiting import eventually
@@ -45,25 +44,9 @@ async def broker(nats_url: str) -> AsyncIterator[NatsBroker]:
 
 
 @pytest.fixture
-async def processor(
-    foundation: Any, broker: NatsBroker, aws_endpoint: str, nats_url: str, unique_id: str
-) -> AsyncIterator[ProcessorApp]:
-    settings = ProcessorSettings(
-        aws_endpoint_url=aws_endpoint,
-        bucket=foundation.bucket,
-        table=foundation.table,
-        nats_url=nats_url,
-        service=f"processor-{unique_id}",
-        durable=f"processor-{unique_id}",
-        subject=f"aegis.raw.f-{unique_id}.>",
-        fetch_timeout_s=0.3,
-        refresh_enabled=False,
-    )
-    app = create_app(settings)
-    await app.start()
-    yield app
-    await app.stop()
-    await broker.connection.jetstream().delete_consumer("AEGIS_RAW", settings.durable)
+async def processor(run_processor: Any, unique_id: str) -> AsyncIterator[ProcessorApp]:
+    async with run_processor(f"aegis.raw.f-{unique_id}.>") as app:
+        yield app
 
 
 def handled(app: ProcessorApp) -> float:

@@ -1,0 +1,54 @@
+"""Fixtures shared by the integration tests of this folder."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import nats
+import nats.js.errors
+import pytest
+
+from aegis_processor.app import ProcessorApp, create_app
+from aegis_processor.settings import ProcessorSettings
+
+RunProcessor = Callable[..., AbstractAsyncContextManager[ProcessorApp]]
+
+
+@pytest.fixture
+def run_processor(
+    foundation: Any, aws_endpoint: str, nats_url: str, unique_id: str
+) -> RunProcessor:
+    """``async with run_processor(subject, **settings) as app``: the real processor on this test's
+    bucket and table, its own durable consumer filtered to ``subject`` (deleted afterwards), the
+    1-minute refresh off unless asked for."""
+
+    @asynccontextmanager
+    async def run(subject: str, **overrides: Any) -> AsyncIterator[ProcessorApp]:
+        settings = ProcessorSettings(
+            aws_endpoint_url=aws_endpoint,
+            bucket=foundation.bucket,
+            table=foundation.table,
+            nats_url=nats_url,
+            service=f"processor-{unique_id}",
+            durable=f"processor-{unique_id}",
+            subject=subject,
+            fetch_timeout_s=0.3,
+            **{"refresh_enabled": False, **overrides},
+        )
+        app = create_app(settings)
+        await app.start()
+        try:
+            yield app
+        finally:
+            await app.stop()
+            nc = await nats.connect(nats_url)
+            try:
+                await nc.jetstream().delete_consumer("AEGIS_RAW", settings.durable)
+            except nats.js.errors.NotFoundError:
+                pass
+            finally:
+                await nc.close()
+
+    return run
