@@ -37,10 +37,18 @@ class ServiceApp:
     """``await start()`` / ``await stop()``, or ``await run(stop_event)`` under run_service."""
 
     def __init__(
-        self, settings: AegisSettings, *, clock: Clock = utc_now, retry: RetryPolicy | None = None
+        self,
+        settings: AegisSettings,
+        *,
+        clock: Clock = utc_now,
+        retry: RetryPolicy | None = None,
+        background: bool = True,
     ) -> None:
+        """``background=False``: no heartbeat task (and, by convention, no periodic loops of the
+        service's own): a test drives the service's work itself."""
         self.settings = settings
         self.clock = clock
+        self.background = background
         self.metrics = Metrics(settings.service)
         self.broker: NatsBroker = create_broker(
             settings, name=settings.service, metrics=self.metrics, retry=retry
@@ -75,7 +83,8 @@ class ServiceApp:
             stack.push_async_callback(self.broker.stop)
             await self.setup(stack, self.clients)
             await self.broker.start()  # the consumers registered in __init__ start pulling
-            start_background(stack, self.heartbeat.run, f"{self.settings.service}-heartbeat")
+            if self.background:
+                start_background(stack, self.heartbeat.run, f"{self.settings.service}-heartbeat")
         except BaseException:
             self._stack = None
             await stack.aclose()
