@@ -60,11 +60,17 @@ class ServiceApp:
         self.clients: AwsClients | None = None
         self._stack: AsyncExitStack | None = None
 
+    # storage readiness also asks for the table (services whose every message writes the read model)
+    check_table = False
+
     async def storage_ready(self) -> bool:
-        """Ready when the bucket answers (the clients are open and the endpoint reachable)."""
+        """Ready when the bucket answers (the clients are open and the endpoint reachable), and
+        the table too with ``check_table``."""
         if self.clients is None:
             return False
         await self.clients.s3.head_bucket(Bucket=self.settings.bucket)
+        if self.check_table:
+            await self.clients.dynamodb.describe_table(TableName=self.settings.table)
         return True
 
     async def publish(self, subject: str, event: pydantic.BaseModel, *, msg_id: str) -> bool:

@@ -28,6 +28,8 @@ class CollectorApp(ServiceApp):
     """``await start()`` / ``await stop()``, or ``await run(stop_event)`` under run_service.
     After ``start()``, ``collectors[tier].tick()`` runs one window (tests drive it directly)."""
 
+    check_table = True
+
     def __init__(
         self, settings: CollectorSettings, *, clock: Clock = utc_now, background: bool = True
     ) -> None:
@@ -46,14 +48,6 @@ class CollectorApp(ServiceApp):
                 identifier=f"aegis-cloud-collector-{self.owner}"[:64],
             )
         self.collectors: dict[Tier, Collector] = {}
-
-    async def storage_ready(self) -> bool:
-        """Ready when the bucket and the table answer (the collector reads and writes both)."""
-        if not await super().storage_ready():
-            return False
-        assert self.clients is not None
-        await self.clients.dynamodb.describe_table(TableName=self.settings.table)
-        return True
 
     async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
         s = self.settings
