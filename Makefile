@@ -53,11 +53,14 @@ browser: ## Debian's chromium and a Korean font for the page tests (apt-get, as 
 	    || { apt-get update -q && apt-get install -y -q --no-install-recommends $(BROWSER_PACKAGES); }; \
 	fi
 
+# pytest's temporary folders go under the checkout (removed afterwards), not into /tmp
+PYTEST_TMP := .pytest-tmp
+
 test: lint browser $(KUBECTL) ## lint, then the whole suite: unit, integration, e2e against real servers
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --basetemp=$(PYTEST_TMP); status=$$?; rm -rf $(PYTEST_TMP); exit $$status
 
 unit: $(STAMP) $(KUBECTL) ## only the tests that need no server
-	$(VENV)/bin/pytest -m "not integration and not e2e"
+	$(VENV)/bin/pytest -m "not integration and not e2e" --basetemp=$(PYTEST_TMP); status=$$?; rm -rf $(PYTEST_TMP); exit $$status
 
 bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), backend ceiling, baseline, AEGIS end to end, a reporter day, migration, the dashboard's fleet
 	$(VENV)/bin/python tests/bench/triggers.py --out bench-results/triggers.json

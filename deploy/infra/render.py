@@ -14,6 +14,7 @@ committed template differs from the rendered one.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ import yaml
 
 from aegis_storage.bootstrap import (
     ATTRIBUTE_DEFINITIONS,
+    FLEET_INDEX,
     KEY_SCHEMA,
     LIFECYCLE_RULES,
     PUBLIC_ACCESS_BLOCK,
@@ -138,6 +140,7 @@ def render() -> dict[str, Any]:
                 "BillingMode": "PAY_PER_REQUEST",
                 "KeySchema": [dict(k) for k in KEY_SCHEMA],
                 "AttributeDefinitions": [dict(a) for a in ATTRIBUTE_DEFINITIONS],
+                "GlobalSecondaryIndexes": [copy.deepcopy(FLEET_INDEX)],
                 "StreamSpecification": {"StreamViewType": STREAM["StreamViewType"]},
                 "TimeToLiveSpecification": {"AttributeName": TTL_ATTRIBUTE, "Enabled": True},
                 "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},

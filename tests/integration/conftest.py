@@ -10,10 +10,34 @@ import nats
 import nats.js.errors
 import pytest
 
+from aegis_contracts import keys
+from aegis_contracts.items import AlertState
 from aegis_processor.app import ProcessorApp, create_app
 from aegis_processor.settings import ProcessorSettings
 
 RunProcessor = Callable[..., AbstractAsyncContextManager[ProcessorApp]]
+FireAlert = Callable[..., AlertState]
+
+
+@pytest.fixture
+def fire_alert() -> FireAlert:
+    """``fire_alert(scope, firing=, version=, ttl=)``: a CRITICAL FIRE_DETECTED alert state of a
+    factory's state stream, as the dispatcher writes it."""
+
+    def make(scope: str, *, firing: bool, version: int, ttl: int) -> AlertState:
+        return AlertState(
+            pk=keys.alert_pk(scope),
+            sk=keys.alert_sk("CRITICAL", "FIRE_DETECTED", "STATE"),
+            scope=scope,
+            severity="CRITICAL",
+            reason="FIRE_DETECTED",
+            status="STATE",
+            firing=firing,
+            version=version,
+            ttl=ttl,
+        )
+
+    return make
 
 
 @pytest.fixture

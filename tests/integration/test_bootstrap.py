@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from aegis_contracts import keys
 from aegis_storage.bootstrap import (
     LIFECYCLE_RULES,
     bootstrap,
@@ -16,6 +18,7 @@ from aegis_storage.bootstrap import (
     drift,
     expected_foundation,
 )
+from aegis_storage.readmodel import ReadModel
 
 pytestmark = pytest.mark.integration
 
@@ -112,3 +115,111 @@ def test_bootstrap_fails_clearly_when_the_endpoint_is_down():
     result = run_cli("http://127.0.0.1:9", AEGIS_BUCKET="aegis-nowhere")
     assert result.returncode == 1
     assert "bootstrap failed" in result.stderr
+
+
+# -- the fleet index on a table of the previous version ------------------------------------
+
+T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+
+
+async def test_bootstrap_adds_the_index_to_a_previous_version_table_and_backfills_it(
+    aws_endpoint, aws, unique_id, fire_alert
+):
+    bucket, table = f"aegis-{unique_id}", f"AEGIS-{unique_id}"
+    ddb = aws.dynamodb
+    # the table as the version before the index made it, with its data
+    await ddb.create_table(
+        TableName=table,
+        KeySchema=[
+            {"AttributeName": "pk", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+        ],
+        BillingMode="PAY_PER_REQUEST",
+        StreamSpecification={"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"},
+    )
+    factories = [f"factory-{i:02d}" for i in range(12)]
+    ttl = str(int(T0.timestamp()) + 3600)
+    for f in factories:
+        pk = {"S": keys.factory_pk(f)}
+        await ddb.put_item(
+            TableName=table, Item={"pk": pk, "sk": {"S": "LATEST"}, "factory_id": {"S": f}}
+        )
+        for n in range(3):
+            sk = keys.history_state_sk(T0 + timedelta(seconds=n))
+            await ddb.put_item(TableName=table, Item={"pk": pk, "sk": {"S": sk}, "ttl": {"N": ttl}})
+    for scope, firing in (("factory-00", True), ("factory-01", False), ("cloud-infra", True)):
+        item = fire_alert(scope, firing=firing, version=1, ttl=int(ttl)).model_dump(mode="json")
+        await ddb.put_item(
+            TableName=table,
+            Item={
+                k: {"BOOL": v}
+                if isinstance(v, bool)
+                else {"N": str(v)}
+                if isinstance(v, int)
+                else {"S": str(v)}
+                for k, v in item.items()
+                if v is not None
+            },
+        )
+    await aws.s3.create_bucket(
+        Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "ap-south-1"}
+    )
+
+    check = run_cli(aws_endpoint, "--check", AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
+    assert check.returncode == 3
+    assert "table.indexes.fleet" in check.stderr
+
+    first = run_cli(aws_endpoint, AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
+    assert first.returncode == 0, first.stderr
+    assert "fleet-index" in first.stdout and "created" in first.stdout
+    assert "14 items given index keys" in first.stdout  # 12 LATEST + 2 firing alerts
+
+    rm = ReadModel(ddb, table)
+    assert await rm.fleet_ids() == factories
+    assert [a["pk"] for a in await rm.firing_alerts(now=T0)] == [
+        "ALERT#cloud-infra",
+        "ALERT#factory-00",
+    ]
+    found = drift(
+        await describe_foundation(aws, bucket=bucket, table=table),
+        expected_foundation(bucket=bucket, table=table, region="ap-south-1"),
+    )
+    assert found == []
+
+    again = run_cli(aws_endpoint, AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to change" in again.stdout
+    assert "done before" in again.stdout  # no second scan of the whole table
+    assert run_cli(aws_endpoint, "--check", AEGIS_BUCKET=bucket, AEGIS_TABLE=table).returncode == 0
+    report = await bootstrap(aws, bucket=bucket, table=table)
+    assert not report.changed
+
+    # a writer of the previous version, still running during the rollout, adds a factory
+    # without index keys; --reindex picks it up, and finds nothing the next time
+    await ddb.put_item(
+        TableName=table,
+        Item={"pk": {"S": "FACTORY#factory-late"}, "sk": {"S": "LATEST"}},
+    )
+    assert "factory-late" not in await rm.fleet_ids()
+    reindexed = run_cli(aws_endpoint, "--reindex", AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
+    assert reindexed.returncode == 0, reindexed.stderr
+    assert "1 items given index keys" in reindexed.stdout
+    assert await rm.fleet_ids() == sorted([*factories, "factory-late"])
+    assert (
+        "0 items given index keys"
+        in run_cli(aws_endpoint, "--reindex", AEGIS_BUCKET=bucket, AEGIS_TABLE=table).stdout
+    )
+
+
+async def test_a_new_table_is_made_with_the_index_and_never_scanned(aws, unique_id):
+    bucket, table = f"aegis-{unique_id}", f"AEGIS-{unique_id}"
+    report = await bootstrap(aws, bucket=bucket, table=table)
+    steps = {s.setting: s for s in report.steps}
+    assert steps["fleet-index-backfill"].detail == "new table: nothing to backfill"
+    assert "index fleet" in steps["table"].detail
+    again = await bootstrap(aws, bucket=bucket, table=table)
+    assert not again.changed

@@ -152,6 +152,14 @@ def foundation_from_template(template: dict[str, Any], *, bucket: str, table: st
                 (a["AttributeName"], a["AttributeType"]) for a in t["AttributeDefinitions"]
             ),
             "billing": t.get("BillingMode"),
+            "indexes": {
+                i["IndexName"]: {
+                    "name": i["IndexName"],
+                    "key_schema": [(k["AttributeName"], k["KeyType"]) for k in i["KeySchema"]],
+                    "projection": i["Projection"]["ProjectionType"],
+                }
+                for i in t.get("GlobalSecondaryIndexes", [])
+            },
             "stream": {"enabled": bool(stream), "view_type": stream.get("StreamViewType")},
             "ttl": {
                 "status": "ENABLED" if ttl.get("Enabled") else "DISABLED",
@@ -205,7 +213,7 @@ async def test_the_template_deploys_and_equals_what_bootstrap_creates(aws_endpoi
     # with keys, billing and stream, but drops versioning, lifecycle, public access block, TTL and
     # PITR (moto's AWS::S3::Bucket / AWS::DynamoDB::Table ignore them), which the line above covers
     deployed = renamed_to_boot(await describe_foundation(aws, bucket=bucket, table=table))
-    for field in ("key_schema", "attributes", "billing", "stream"):
+    for field in ("key_schema", "attributes", "billing", "indexes", "stream"):
         assert deployed["table"][field] == booted["table"][field], field
     assert deployed["bucket"]["region"] == REGION
 
@@ -320,6 +328,14 @@ async def denied(call: Awaitable[Any]) -> None:
         await call
 
 
+async def scan_table(me: As, **kwargs: Any) -> Any:
+    """A Scan of the read-model table (no service's policy grants one: listings use the index)."""
+    try:
+        return await me.clients.dynamodb.scan(TableName=TABLE, **kwargs)
+    except Exception as err:
+        raise StorageError(str(err)) from err
+
+
 def item(pk: str, sk: str) -> dict[str, Any]:
     return {"pk": pk, "sk": sk, "at": "2026-11-30T12:00:00.000Z"}
 
@@ -366,6 +382,7 @@ async def test_processor_writes_processed_and_the_read_model_not_raw(as_service)
     await me.readmodel.put_item(item(f"FACTORY#{F}", "HISTORY#STATE#2026-11-30T12:00:00.000Z"))
     assert await me.readmodel.get_latest(F)
     assert await me.readmodel.factory_latest_items()
+    await denied(scan_table(me))
     await me.readmodel.delete_item(f"FACTORY#{F}", "HISTORY#STATE#2026-11-30T12:00:00.000Z")
     await me.clients.s3.head_bucket(Bucket=BUCKET)
     await me.clients.dynamodb.describe_table(TableName=TABLE)
@@ -381,6 +398,7 @@ async def test_aggregator(as_service):
         f"processed_agg/{F}/metrics_5m/yyyy=2026/mm=11/dd=30/hh=12/mm=00.json", b"{}"
     )
     assert await me.readmodel.claim_window("aggregate", NOW, owner="t", now=NOW, ttl=1)
+    assert await me.readmodel.fleet_ids() == [F]
     assert await me.readmodel.history_states(F, NOW, NOW, now=NOW) == []
     await denied(me.store.put_bytes(PROCESSED, b"{}"))
     await denied(me.store.get_bytes(RAW))
@@ -393,6 +411,7 @@ async def test_cloud_collector(as_service):
     assert RAW in await me.store.list_keys("raw/")
     await me.store.put_json("processed/cloud_infra/fast/yyyy=2026/mm=11/dd=30/hh=12/x.json", {})
     assert await me.readmodel.get_cloud_latest() is None
+    assert [i["pk"] for i in await me.readmodel.factory_latest_items()] == [f"FACTORY#{F}"]
     await denied(me.store.put_bytes(PROCESSED, b"{}"))
     await denied(me.store.get_bytes(RAW))
 
@@ -415,6 +434,7 @@ async def test_reporter(as_service):
     await denied(me.store.put_bytes(PROCESSED, b"{}"))
     await denied(me.store.get_bytes(RAW))
     await denied(me.store.get_bytes(IMAGE))
+    assert await me.readmodel.fleet_ids() == [F]
 
 
 async def test_orchestrator(as_service):
@@ -424,12 +444,15 @@ async def test_orchestrator(as_service):
     assert await me.readmodel.partition("JOB#registry", now=NOW)
     await denied(me.store.get_bytes(PROCESSED))
     await denied(me.store.put_bytes(REPORT, b"#"))
+    await denied(me.readmodel.factory_latest_items())  # the fleet is none of its business
 
 
 async def test_dashboard_only_reads(as_service):
     me = await as_service("dashboard-api")
     assert await me.readmodel.get_latest(F)
     assert await me.readmodel.factory_latest_items()
+    assert await me.readmodel.firing_alerts(now=NOW) == []
+    await denied(scan_table(me))
     assert await me.readmodel.partition(f"FACTORY#{F}", now=NOW)
     assert await me.store.get_bytes(REPORT)
     assert await me.store.get_bytes(IMAGE)
@@ -462,6 +485,28 @@ async def test_storage_tools_migrates_onto_raw_and_deletes_only_legacy(as_servic
 async def test_bootstrap_role_checks_the_foundation_and_reads_no_data(as_service):
     me = await as_service("bootstrap")
     report = await bootstrap(me.clients, bucket=BUCKET, table=TABLE)
-    assert not report.changed
+    assert not report.changed  # the backfill's scan of keys found nothing to add
     await denied(me.store.get_bytes(RAW))
     await denied(me.readmodel.get_latest(F))
+    # its scan (the index backfill) is allowed on keys only; AWS enforces the condition, the
+    # emulator does not evaluate dynamodb:Attributes, so the policy itself is checked here
+    [backfill] = [
+        st
+        for st in render.load_policy("bootstrap")["Statement"]
+        if "dynamodb:Scan" in st["Action"] and st["Effect"] == "Allow"
+    ]
+    assert backfill["Condition"]["ForAllValues:StringEquals"]["dynamodb:Attributes"] == [
+        "pk",
+        "sk",
+        "firing",
+        "fleet_pk",
+        "fleet_sk",
+    ]
+    assert backfill["Condition"]["StringEqualsIfExists"]["dynamodb:Select"] == "SPECIFIC_ATTRIBUTES"
+    assert not [
+        service
+        for service in SERVICES
+        if service != "bootstrap"
+        for st in render.load_policy(service)["Statement"]
+        if st["Effect"] == "Allow" and "dynamodb:Scan" in st["Action"]
+    ]

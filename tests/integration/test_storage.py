@@ -366,12 +366,3 @@ async def test_window_claim_has_exactly_one_winner(foundation):
         )
         assert wins.count(True) == 1, f"window {minute}: {wins.count(True)} winners"
     assert not await rm.claim_window("refresh", T0, owner="late", now=T0, ttl=ttl)
-
-
-async def test_fleet_scan_lists_factory_latest_items_only(foundation):
-    rm = foundation.readmodel
-    for f in ("factory-b", "factory-a"):
-        await rm.apply_latest(f, group="factory_state", event_time=T0, fields=fs(T0), updated_at=T0)
-    await rm.put_history_state("factory-a", {"x": 1}, updated_at=T0, ttl=int(T0.timestamp()) + 60)
-    fleet = await rm.factory_latest_items()
-    assert [i["factory_id"] for i in fleet] == ["factory-a", "factory-b"]

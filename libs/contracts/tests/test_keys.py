@@ -334,3 +334,58 @@ def test_no_string_escapes_the_factory_prefix(text):
         return
     assert key.split("/")[1] == text
     assert text.isascii() and "/" not in text and ".." not in text
+
+
+# -- the fleet index ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pk", "sk", "firing", "kind"),
+    [
+        ("FACTORY#factory-a", "LATEST", None, keys.FLEET_LATEST),
+        ("FACTORY#factory-a", "HISTORY#STATE#2026-11-30T10:00:00.000Z", None, None),
+        ("FACTORY#factory-a", "GRAPH#5M#2026-11-30T10:00:00.000Z", None, None),
+        ("CLOUD#infra", "LATEST", None, None),
+        ("ALERT#factory-a", "CRITICAL#FIRE_DETECTED#STATE", True, keys.FLEET_FIRING),
+        ("ALERT#cloud-infra", "WARNING#S3_SLOW#FAST", True, keys.FLEET_FIRING),
+        ("ALERT#factory-a", "CRITICAL#FIRE_DETECTED#STATE", False, None),
+        ("ALERT#factory-a", "CRITICAL#FIRE_DETECTED#STATE", None, None),
+        ("ALERT#factory-a", "CRITICAL#FIRE_DETECTED#STATE", "true", None),  # only a real True
+        ("ALERT#factory-a", "OBSERVATION#WARNING#CO_HIGH#STATE", True, None),
+        ("ALERT#factory-a", "CURSOR#STATE", True, None),
+        ("CLAIM#refresh", "2026-11-30T10:00:00.000Z", True, None),
+    ],
+)
+def test_only_factory_latest_and_firing_alert_states_enter_the_fleet_index(pk, sk, firing, kind):
+    found = keys.fleet_index_keys(pk, sk, firing=firing)
+    if kind is None:
+        assert found is None
+        return
+    assert found is not None
+    partition = found[keys.FLEET_PK]
+    assert partition in keys.fleet_partitions(kind)
+    assert found[keys.FLEET_SK].startswith(pk)
+
+
+@given(fid=st.from_regex(r"[a-z0-9][a-z0-9-]{0,62}", fullmatch=True))
+def test_a_factory_always_lands_in_the_same_shard(fid):
+    pk = keys.factory_pk(fid)
+    first = keys.fleet_index_keys(pk, "LATEST")
+    assert first == keys.fleet_index_keys(pk, "LATEST")
+    assert first is not None
+    assert first[keys.FLEET_PK] == f"LATEST#{keys.fleet_shard(pk)}"
+    assert 0 <= keys.fleet_shard(pk) < keys.FLEET_SHARDS
+
+
+def test_shards_spread_a_fleet_evenly():
+    counts = [0] * keys.FLEET_SHARDS
+    for i in range(8000):
+        counts[keys.fleet_shard(keys.factory_pk(f"factory-{i:04d}"))] += 1
+    assert min(counts) > 0.9 * 1000 and max(counts) < 1.1 * 1000
+
+
+def test_a_fleet_partition_outside_the_shards_is_refused():
+    with pytest.raises(ContractError):
+        keys.fleet_partition(keys.FLEET_LATEST, keys.FLEET_SHARDS)
+    with pytest.raises(ContractError):
+        keys.fleet_partition("HISTORY", 0)

@@ -356,6 +356,9 @@ async def test_each_day_is_claimed_once_across_replicas_and_missed_days_caught_u
         Rec(START - timedelta(days=2 - i) + timedelta(hours=1), N, 1.0, 20.0 + i) for i in range(3)
     ]
     await put_all(foundation.store, factory_objects(unique_id, recs))
+    # the fleet the reporter reports on: the factories with a LATEST (the processor's first
+    # message of a factory makes it)
+    await foundation.readmodel.set_latest(unique_id, {"factory_id": unique_id})
     clock = FakeClock(START + timedelta(days=1, minutes=20))  # 00:20 KST: DAY is not due yet
     a = reporter(foundation, clock, catchup_days=3, owner="replica-a")
     b = reporter(foundation, clock, catchup_days=3, owner="replica-b")

@@ -9,6 +9,7 @@ reserved name.
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
@@ -426,6 +427,56 @@ def claim_pk(job: str) -> str:
 
 def claim_sk(window_start: datetime) -> str:
     return format_ts(window_start)
+
+
+# The fleet index: a sparse global secondary index that holds only FACTORY LATEST items and the
+# alert states that are firing, so listing the fleet or the open alerts reads what it returns,
+# however deep each factory's history is. Its entries carry only keys (KEYS_ONLY): a LATEST
+# rewrite that keeps the index keys writes nothing to the index (AWS charges an index write only
+# when a projected attribute changes), so the per-message write cost stays what it was; readers
+# fetch the items themselves with BatchGetItem. The entries are spread over FLEET_SHARDS index
+# partitions by a hash of the item's pk, so no index partition runs hot at thousands of factories.
+FLEET_INDEX = "fleet"
+FLEET_PK = "fleet_pk"
+FLEET_SK = "fleet_sk"
+FLEET_SHARDS = 8
+FLEET_LATEST = "LATEST"
+FLEET_FIRING = "FIRING"
+FLEET_ATTRIBUTES = frozenset({FLEET_PK, FLEET_SK})
+
+
+def fleet_shard(pk: str) -> int:
+    """The index partition of an item: a stable hash of its pk (the same on every host)."""
+    return zlib.crc32(pk.encode()) % FLEET_SHARDS
+
+
+def fleet_partition(kind: str, shard: int) -> str:
+    """``LATEST#{n}`` or ``FIRING#{n}``: one index partition of the fleet or of the open alerts."""
+    if kind not in (FLEET_LATEST, FLEET_FIRING) or not 0 <= shard < FLEET_SHARDS:
+        raise ContractError(
+            "invalid_index_partition", f"{kind!r}#{shard!r} is not a fleet partition"
+        )
+    return f"{kind}#{shard}"
+
+
+def fleet_partitions(kind: str) -> list[str]:
+    """Every index partition of ``kind`` (a listing queries them all)."""
+    return [fleet_partition(kind, n) for n in range(FLEET_SHARDS)]
+
+
+def fleet_index_keys(pk: str, sk: str, *, firing: object = None) -> dict[str, str] | None:
+    """The index attributes an item carries, or None when it stays out of the index: a FACTORY
+    LATEST always; an alert state (``ALERT#{scope}`` / ``{severity}#{reason}#{status}``) while
+    ``firing`` is True; nothing else."""
+    if pk.startswith("FACTORY#") and sk == LATEST_SK:
+        return {FLEET_PK: fleet_partition(FLEET_LATEST, fleet_shard(pk)), FLEET_SK: pk}
+    if (
+        firing is True
+        and pk.startswith("ALERT#")
+        and not sk.startswith((OBSERVATION_PREFIX, CURSOR_PREFIX))
+    ):
+        return {FLEET_PK: fleet_partition(FLEET_FIRING, fleet_shard(pk)), FLEET_SK: f"{pk}#{sk}"}
+    return None
 
 
 def _severity(value: str) -> str:

@@ -50,6 +50,14 @@ def bootstrap(
     check: Annotated[
         bool, typer.Option("--check", help="Only compare with the contract; change nothing.")
     ] = False,
+    reindex: Annotated[
+        bool,
+        typer.Option(
+            "--reindex",
+            help="Backfill the fleet index again (after a rollout during which writers of the "
+            "previous version kept writing); a full scan of the table.",
+        ),
+    ] = False,
 ) -> None:
     """Create the bucket and table of the storage contract, idempotently.
 
@@ -57,18 +65,20 @@ def bootstrap(
     """
     settings = AegisSettings()
     try:
-        code = asyncio.run(_bootstrap(settings, check=check))
+        code = asyncio.run(_bootstrap(settings, check=check, reindex=reindex))
     except StorageError as err:
         typer.echo(f"bootstrap failed: {err}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
     raise typer.Exit(code)
 
 
-async def _bootstrap(settings: AegisSettings, *, check: bool) -> int:
+async def _bootstrap(settings: AegisSettings, *, check: bool, reindex: bool = False) -> int:
     target = settings.aws_endpoint_url or f"AWS {settings.region}"
     async with open_clients(settings.aws()) as clients:
         if not check:
-            report = await run_bootstrap(clients, bucket=settings.bucket, table=settings.table)
+            report = await run_bootstrap(
+                clients, bucket=settings.bucket, table=settings.table, reindex=reindex
+            )
             for step in report.steps:
                 typer.echo(
                     f"  {step.action:<9} {step.resource:<40} {step.setting:<20} {step.detail}"

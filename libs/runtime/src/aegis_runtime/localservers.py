@@ -316,13 +316,16 @@ class ManagedServer:
     """A server at ``url``; ``stop()`` ends it if this process started it, else is a no-op.
 
     Servers this process started keep their command, so ``restart()`` brings the same server back
-    on the same port with the same data directory (tests of broker and queue restarts)."""
+    on the same port with the same data directory (tests of broker and queue restarts). Their
+    ``scratch`` folder (data, logs) is removed by ``stop()``: nothing is left in the temp
+    directory."""
 
     url: str
     process: subprocess.Popen[bytes] | None = None
     log_file: Path | None = None
     command: list[str] | None = None
     ready: Callable[[str], bool] | None = field(default=None, repr=False)
+    scratch: Path | None = None
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -330,7 +333,7 @@ class ManagedServer:
         """True when this handle owns the process (it was not already running)."""
         return self.process is not None
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0, *, keep_scratch: bool = False) -> None:
         if self.process is None or self._stopped:
             return
         self._stopped = True
@@ -340,11 +343,13 @@ class ManagedServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout)
+        if self.scratch is not None and not keep_scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def restart(self, timeout: float = 15.0) -> None:
         if self.command is None:
             raise LocalServerError(f"{self.url} was not started here; it cannot be restarted")
-        self.stop()
+        self.stop(keep_scratch=True)
         self._stopped = False
         self.process = _spawn(self.command, self.log_file)
         _wait_ready(self, timeout)
@@ -387,10 +392,21 @@ def start_managed_server(
 
 
 def _start_managed(
-    url: str, command: list[str], log_file: Path, ready: Callable[[str], bool], timeout: float
+    url: str,
+    command: list[str],
+    log_file: Path,
+    ready: Callable[[str], bool],
+    timeout: float,
+    *,
+    scratch: Path | None = None,
 ) -> ManagedServer:
     server = ManagedServer(
-        url=url, process=_spawn(command, log_file), log_file=log_file, command=command, ready=ready
+        url=url,
+        process=_spawn(command, log_file),
+        log_file=log_file,
+        command=command,
+        ready=ready,
+        scratch=scratch,
     )
     _wait_ready(server, timeout)
     return server
@@ -420,7 +436,9 @@ def start_private_nats(*, port: int | None = None, timeout: float = 15.0) -> Man
     store = Path(tempfile.mkdtemp(prefix=f"aegis-nats-{port}-"))
     command = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)]
     url = f"nats://127.0.0.1:{port}"
-    return _start_managed(url, command, store / "server.log", _jetstream_ready, timeout)
+    return _start_managed(
+        url, command, store / "server.log", _jetstream_ready, timeout, scratch=store
+    )
 
 
 def start_private_mosquitto(*, port: int | None = None, timeout: float = 15.0) -> ManagedServer:
@@ -444,7 +462,12 @@ def start_private_mosquitto(*, port: int | None = None, timeout: float = 15.0) -
     )
     command = [binary, "-c", str(config)]
     return _start_managed(
-        f"mqtt://127.0.0.1:{port}", command, folder / "mosquitto.log", _mqtt_ready, timeout
+        f"mqtt://127.0.0.1:{port}",
+        command,
+        folder / "mosquitto.log",
+        _mqtt_ready,
+        timeout,
+        scratch=folder,
     )
 
 
@@ -464,13 +487,14 @@ def start_moto_server(
 ) -> MotoServer:
     """Start the venv's moto_server on ``host:port`` and wait until it answers HTTP.
 
-    Its request log goes to ``log_file`` (default: a file in the temp directory, named after the
-    port), never to a pipe nobody reads. ``latency_ms`` delays every request by a round trip
+    Its request log goes to ``log_file`` (default: a folder of its own in the temp directory,
+    removed by ``stop()``), never to a pipe nobody reads. ``latency_ms`` delays every request by a round trip
     (benchmarks against a remote-like endpoint; see :mod:`aegis_runtime.motoserver`).
     """
     if port_open(host, port):
         raise LocalServerError(f"cannot start moto_server: {host}:{port} is already in use")
-    log_path = log_file or Path(tempfile.gettempdir()) / f"aegis-moto-{port}.log"
+    scratch = None if log_file else Path(tempfile.mkdtemp(prefix=f"aegis-moto-{port}-"))
+    log_path = log_file or (scratch or Path()) / "moto.log"
     command = _moto_command(host, port)
     with log_path.open("wb") as log:
         process = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
@@ -480,11 +504,13 @@ def start_moto_server(
             stderr=subprocess.STDOUT,
             env=os.environ | {LATENCY_ENV: str(latency_ms)},
         )
-    server = MotoServer(url=f"http://{host}:{port}", process=process, log_file=log_path)
+    server = MotoServer(
+        url=f"http://{host}:{port}", process=process, log_file=log_path, scratch=scratch
+    )
     deadline = time.monotonic() + timeout
     while not _answers_http(server.url):
         if process.poll() is not None or time.monotonic() >= deadline:
-            server.stop()
+            server.stop(keep_scratch=True)  # its log says why
             raise LocalServerError(
                 f"moto_server did not come up at {server.url} (exit {process.returncode}) with: "
                 f"{shlex.join(command)}; see {log_path}"

@@ -22,24 +22,41 @@ lock the check and the copy are one step.
 When IAM enforcement is switched on (``POST /moto-api/reset-auth`` with ``0``, or
 ``INITIAL_NO_AUTH_ACTION_COUNT``), requests are authorized as AWS would: moto's own S3 action names
 that IAM does not have are mapped to IAM's (HeadBucket needs ``s3:ListBucket``), DynamoDB calls are
-checked against the table's ARN (moto checks them against ``*``, so no table-scoped policy could
-allow anything), and DeleteObjects is checked per key (moto checks the bucket's ARN). Without
+checked against the table's ARN, an index's ARN for a Query or Scan of an index, and every table
+named by a batch call (moto checks them against ``*``, so no table-scoped policy could allow
+anything), and DeleteObjects is checked per key (moto checks the bucket's ARN). Without
 enforcement these checks never run. Everything else is moto_server's own ``main``.
+
+Every AWS request is counted, under the same lock, so that tests and benchmarks can prove at the
+emulator which requests the platform sends (no DynamoDB Scan on a recurring path, items DynamoDB
+read per item returned): per service (the SigV4 credential scope's, ``monitoring`` reported as
+``cloudwatch``) and operation (S3's named from method, path and query; DynamoDB's from
+``X-Amz-Target``, ``Query@<index>`` / ``Scan@<index>`` for an index; others' from ``X-Amz-Target``
+or ``Action``), with items returned, items scanned, unprocessed keys and response bytes for
+DynamoDB. ``GET /_aegis/requests`` answers them as JSON and ``POST /_aegis/requests/reset`` zeroes
+them (see :mod:`aegis_runtime.testing.emulator`); neither these nor ``/moto-api/`` requests are
+counted, and neither waits ``AEGIS_MOTO_LATENCY_MS``.
 """
 
 from __future__ import annotations
 
 import gc
+import gzip
+import io
 import json
 import os
 import re
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from html import unescape
 from typing import Any
+from urllib.parse import parse_qs, parse_qsl
 
 LATENCY_ENV = "AEGIS_MOTO_LATENCY_MS"
+COUNTS_PATH = "/_aegis/requests"
+RESET_PATH = "/_aegis/requests/reset"
 
 # moto's S3 action names that are not IAM actions, and the IAM action AWS checks instead
 _IAM_ACTIONS = {
@@ -51,22 +68,291 @@ _IAM_ACTIONS = {
 _DELETE_KEY = re.compile(rb"<Key>([^<]*)</Key>")
 
 
-def serialize_requests(latency_s: float = 0.0) -> None:
+def serialize_requests(latency_s: float = 0.0, counter: RequestCounter | None = None) -> None:
     """One request at a time; with ``latency_s``, each request first waits that long outside the
     lock (concurrent requests wait together), as a remote S3/DynamoDB's round trip would: for
-    benchmarks that compare clients whose concurrency matters against a real endpoint."""
+    benchmarks that compare clients whose concurrency matters against a real endpoint.
+
+    Each AWS request is counted in ``counter`` (a new one by default), which the server answers at
+    :data:`COUNTS_PATH` and zeroes at :data:`RESET_PATH`."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication  # noqa: PLC0415
 
     lock = threading.Lock()
     dispatch = DomainDispatcherApplication.__call__
+    counts = counter if counter is not None else RequestCounter()
 
     def serialized(self: Any, environ: dict[str, Any], start_response: Any) -> Any:
+        path = _path(environ)
+        if path.startswith("/_aegis/"):  # the counter's own endpoints: not AWS, not delayed
+            with lock:
+                return _answer_counter(counts, environ, start_response)
         if latency_s > 0:
             time.sleep(latency_s)
         with lock:
-            return dispatch(self, environ, start_response)
+            if path.startswith("/moto-api") or path == "/favicon.ico":
+                return dispatch(self, environ, start_response)
+            service, op = _classify(environ)
+            response = dispatch(self, environ, start_response)
+            if service != "dynamodb":
+                counts.add(service, op)
+                return response
+            body = _collect(response)
+            counts.add(service, op, **_dynamodb_figures(op, body))
+            return [body]
 
     DomainDispatcherApplication.__call__ = serialized  # type: ignore[method-assign]
+
+
+# -- request counting --------------------------------------------------------------------------
+
+# The figures kept for every DynamoDB operation (the other services' keep a count only)
+DYNAMODB_FIGURES = ("count", "items_returned", "items_scanned", "unprocessed", "bytes_returned")
+# Signing names reported under botocore's client name
+_SERVICE_NAMES = {"monitoring": "cloudwatch"}
+_CREDENTIAL_SCOPE = re.compile(r"Credential=[^/,\s]*/[^/,\s]*/[^/,\s]*/([^/,\s]+)/aws4_request")
+_RPC_V2_PATH = re.compile(r"/service/[^/]+/operation/([^/?]+)$")
+# S3 query parameters that are arguments, not the subresource that names the operation
+_S3_ARGUMENTS = frozenset({
+    "continuation-token", "delimiter", "encoding-type", "fetch-owner", "key-marker", "list-type",
+    "marker", "max-keys", "max-parts", "max-uploads", "optional-object-attributes",
+    "part-number-marker", "partNumber", "prefix", "start-after", "upload-id-marker", "uploadId",
+    "version-id-marker", "versionId", "x-id",
+})  # fmt: skip
+_S3_VIRTUAL_HOST = re.compile(r"(.+)\.s3(?:[.-][a-z0-9-]+)*\.amazonaws\.com")
+
+
+class RequestCounter:
+    """Requests per service and operation since the last :meth:`reset`.
+
+    Not locked of its own: :func:`serialize_requests` calls it under the request lock."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, dict[str, dict[str, int]]] = {}
+        self.since = time.time()
+
+    def add(self, service: str, op: str, **figures: int) -> None:
+        ops = self._counts.setdefault(service, {})
+        if op not in ops:
+            names = DYNAMODB_FIGURES if service == "dynamodb" else ("count",)
+            ops[op] = dict.fromkeys(names, 0)
+        stats = ops[op]
+        stats["count"] += 1
+        for name, value in figures.items():
+            stats[name] = stats.get(name, 0) + value
+
+    def reset(self) -> None:
+        self._counts = {}
+        self.since = time.time()
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{"requests": {service: {op: {"count": n, ...}}}, "since": t0, "at": now}``."""
+        requests = {
+            service: {op: dict(stats) for op, stats in ops.items()}
+            for service, ops in self._counts.items()
+        }
+        return {"requests": requests, "since": self.since, "at": time.time()}
+
+
+def _path(environ: dict[str, Any]) -> str:
+    path = environ.get("PATH_INFO", "")
+    return path.decode("utf-8", "replace") if isinstance(path, bytes) else str(path)
+
+
+def _answer_counter(
+    counter: RequestCounter, environ: dict[str, Any], start_response: Any
+) -> list[bytes]:
+    path, method = _path(environ), environ.get("REQUEST_METHOD", "GET")
+    if path == COUNTS_PATH and method == "GET":
+        body = json.dumps(counter.snapshot()).encode()
+        return _respond(start_response, "200 OK", body, "application/json")
+    if path == RESET_PATH and method == "POST":
+        counter.reset()
+        return _respond(start_response, "204 No Content", b"")
+    if path in (COUNTS_PATH, RESET_PATH):
+        allow = "GET" if path == COUNTS_PATH else "POST"
+        return _respond(start_response, "405 Method Not Allowed", b"", allow=allow)
+    return _respond(start_response, "404 Not Found", b"")
+
+
+def _respond(
+    start_response: Any,
+    status: str,
+    body: bytes,
+    content_type: str = "text/plain",
+    allow: str | None = None,
+) -> list[bytes]:
+    headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+    if allow:
+        headers.append(("Allow", allow))
+    start_response(status, headers)
+    return [body]
+
+
+def _collect(response: Iterable[bytes]) -> bytes:
+    try:
+        return b"".join(response)
+    finally:
+        close: Callable[[], object] | None = getattr(response, "close", None)
+        if close is not None:
+            close()
+
+
+def _read_body(environ: dict[str, Any]) -> bytes:
+    """The request's body, put back for moto to read again."""
+    stream = environ.get("wsgi.input")
+    if stream is None:
+        return b""
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or -1)
+    except ValueError:
+        length = -1
+    if length >= 0:
+        body: bytes = stream.read(length)
+    elif environ.get("wsgi.input_terminated"):  # chunked: the server ends the stream
+        body = stream.read()
+    else:
+        return b""
+    environ["wsgi.input"] = io.BytesIO(body)
+    if environ.get("HTTP_CONTENT_ENCODING", "").lower() == "gzip":
+        try:
+            return gzip.decompress(body)
+        except (OSError, EOFError):
+            return b""
+    return body
+
+
+def _service(environ: dict[str, Any], target: str) -> str:
+    credential = environ.get("HTTP_AUTHORIZATION", "")
+    if not credential:  # a presigned URL carries it in the query string
+        credential = "Credential=" + "".join(
+            parse_qs(environ.get("QUERY_STRING", "")).get("X-Amz-Credential", [""])[:1]
+        )
+    found = _CREDENTIAL_SCOPE.search(credential)
+    if found:
+        service = found.group(1).lower()
+    elif target:
+        service = target.split("_", 1)[0].split(".", 1)[0].lower()
+    else:
+        service = "s3"  # moto's own default for a request it cannot place
+    if service == "dynamodb" and target.startswith("DynamoDBStreams"):
+        return "dynamodbstreams"
+    return _SERVICE_NAMES.get(service, service)
+
+
+def _classify(environ: dict[str, Any]) -> tuple[str, str]:
+    """(service, operation) of an AWS request, as counted."""
+    method = environ.get("REQUEST_METHOD", "GET").upper()
+    target = environ.get("HTTP_X_AMZ_TARGET", "")
+    service = _service(environ, target)
+    if service == "s3":
+        return service, _s3_operation(environ, method)
+    if service == "dynamodb":
+        action = target.rsplit(".", 1)[-1] if target else method
+        if action in ("Query", "Scan"):
+            index = _json_object(_read_body(environ)).get("IndexName")
+            if isinstance(index, str) and index:
+                action = f"{action}@{index}"
+        return service, action
+    if target:
+        return service, target.rsplit(".", 1)[-1]
+    rpc = _RPC_V2_PATH.search(_path(environ))
+    if rpc:
+        return service, rpc.group(1)
+    action = parse_qs(environ.get("QUERY_STRING", "")).get("Action")
+    if not action and environ.get("CONTENT_TYPE", "").startswith(
+        "application/x-www-form-urlencoded"
+    ):
+        action = parse_qs(_read_body(environ).decode("utf-8", "replace")).get("Action")
+    return service, action[0] if action else method
+
+
+def _s3_operation(environ: dict[str, Any], method: str) -> str:
+    """S3's name for a path-style (``/bucket/key``) or virtual-host request."""
+    path = _path(environ)
+    host = environ.get("HTTP_HOST", "")
+    name = "" if host.startswith("[") else host.split(":", 1)[0].lower()
+    virtual = _S3_VIRTUAL_HOST.fullmatch(name)
+    if name.endswith(".localhost") or virtual:
+        bucket, key = "virtual-host", path.lstrip("/")
+    else:
+        bucket, _, key = path.lstrip("/").partition("/")
+    params: dict[str, str] = dict(
+        parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+    )
+    if params.get("x-id"):  # botocore names some operations itself
+        return params["x-id"]
+    sub = next(
+        (p for p in params if p not in _S3_ARGUMENTS and not p.startswith(("X-Amz-", "response-"))),
+        "",
+    )
+    copy = bool(environ.get("HTTP_X_AMZ_COPY_SOURCE"))
+    upload = "uploadId" in params
+    if not bucket:
+        return "ListBuckets" if method == "GET" and not sub else _named("Service", method, sub)
+    if not key:
+        bucket_ops = {
+            ("GET", ""): "ListObjectsV2" if params.get("list-type") == "2" else "ListObjects",
+            ("GET", "versions"): "ListObjectVersions",
+            ("GET", "uploads"): "ListMultipartUploads",
+            ("HEAD", ""): "HeadBucket",
+            ("PUT", ""): "CreateBucket",
+            ("DELETE", ""): "DeleteBucket",
+            ("POST", "delete"): "DeleteObjects",
+        }
+        return bucket_ops.get((method, sub)) or _named("Bucket", method, sub)
+    object_ops = {
+        ("GET", ""): "ListParts" if upload else "GetObject",
+        ("HEAD", ""): "HeadObject",
+        ("PUT", ""): ("UploadPartCopy" if copy else "UploadPart")
+        if upload
+        else ("CopyObject" if copy else "PutObject"),
+        ("DELETE", ""): "AbortMultipartUpload" if upload else "DeleteObject",
+        ("POST", "uploads"): "CreateMultipartUpload",
+        ("POST", ""): "CompleteMultipartUpload" if upload else "",
+    }
+    return object_ops.get((method, sub)) or _named("Object", method, sub)
+
+
+def _named(level: str, method: str, sub: str) -> str:
+    return f"{level}:{method}:{sub}" if sub else f"{level}:{method}"
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _dynamodb_figures(op: str, body: bytes) -> dict[str, int]:
+    data = _json_object(body)
+    action = op.split("@", 1)[0]
+    returned = scanned = unprocessed = 0
+    if action in ("Query", "Scan"):
+        items = data.get("Items")
+        returned = len(items) if isinstance(items, list) else 0
+        scanned_count = data.get("ScannedCount")
+        scanned = scanned_count if isinstance(scanned_count, int) else returned
+    elif action == "GetItem":
+        returned = scanned = 1 if data.get("Item") else 0
+    elif action == "BatchGetItem":
+        responses = data.get("Responses")
+        if isinstance(responses, dict):
+            returned = scanned = sum(len(items) for items in responses.values())
+        pending = data.get("UnprocessedKeys")
+        if isinstance(pending, dict):
+            unprocessed = sum(len(keys.get("Keys", [])) for keys in pending.values())
+    elif action == "TransactGetItems":
+        responses = data.get("Responses")
+        if isinstance(responses, list):
+            returned = scanned = sum(1 for answer in responses if answer.get("Item"))
+    return {
+        "items_returned": returned,
+        "items_scanned": scanned,
+        "unprocessed": unprocessed,
+        "bytes_returned": len(body),
+    }
 
 
 def honour_copy_if_none_match() -> None:
@@ -93,9 +379,19 @@ def authorize_like_aws() -> None:
     def checked(self: Any, resource: str) -> None:
         self._action = _IAM_ACTIONS.get(self._action, self._action)
         if self._action.startswith("dynamodb:") and resource == "*":
-            table = json.loads(self._body or b"{}").get("TableName")
-            if table:
-                resource = f"arn:aws:dynamodb:{self._region}:{self.account_id}:table/{table}"
+            body = json.loads(self._body or b"{}")
+            table_arn = f"arn:aws:dynamodb:{self._region}:{self.account_id}:table/"
+            if body.get("RequestItems"):
+                # BatchGetItem / BatchWriteItem: AWS authorizes the action on every table named
+                for name in body["RequestItems"]:
+                    check(self, table_arn + name)
+                return
+            if body.get("ResourceArn"):  # tags: authorized on the tagged table
+                resource = str(body["ResourceArn"])
+            elif body.get("TableName"):
+                resource = table_arn + body["TableName"]
+                if body.get("IndexName"):  # a Query or Scan of an index is authorized on it
+                    resource += f"/index/{body['IndexName']}"
         if self._action == "s3:DeleteObject" and "/" not in resource.split(":::", 1)[-1]:
             # DeleteObjects: AWS authorizes s3:DeleteObject on each key, not on the bucket
             for key in _DELETE_KEY.findall(self._body or b""):

@@ -11,8 +11,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from aegis_contracts import keys
 from aegis_storage.clients import AwsClients
 from aegis_storage.errors import NotFound, StorageError, translated
+from aegis_storage.readmodel import indexed
 
 LIFECYCLE_RULES: list[dict[str, Any]] = [
     {
@@ -51,7 +53,23 @@ KEY_SCHEMA = [
 ATTRIBUTE_DEFINITIONS = [
     {"AttributeName": "pk", "AttributeType": "S"},
     {"AttributeName": "sk", "AttributeType": "S"},
+    {"AttributeName": keys.FLEET_PK, "AttributeType": "S"},
+    {"AttributeName": keys.FLEET_SK, "AttributeType": "S"},
 ]
+# the sparse fleet index (see aegis_contracts.keys): FACTORY LATEST items and firing alerts only
+FLEET_INDEX: dict[str, Any] = {
+    "IndexName": keys.FLEET_INDEX,
+    "KeySchema": [
+        {"AttributeName": keys.FLEET_PK, "KeyType": "HASH"},
+        {"AttributeName": keys.FLEET_SK, "KeyType": "RANGE"},
+    ],
+    "Projection": {"ProjectionType": "KEYS_ONLY"},
+}
+INDEX_WAIT_S = 600.0
+# a tag on the table, set once the index has been backfilled (or the table was made with it):
+# later runs of bootstrap do not scan the table again unless asked to (``reindex``); a tag, not an
+# item, so bootstrap's role reads no data
+BACKFILL_TAG = "aegis:fleet-index-backfill"
 STREAM = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}
 TTL_ATTRIBUTE = "ttl"
 
@@ -168,8 +186,11 @@ async def _public_access_block(clients: AwsClients, bucket: str) -> dict[str, An
     return dict(resp.get("PublicAccessBlockConfiguration", {}))
 
 
-async def ensure_table(clients: AwsClients, table: str, report: BootstrapReport) -> None:
+async def ensure_table(
+    clients: AwsClients, table: str, report: BootstrapReport, *, reindex: bool = False
+) -> None:
     ddb = clients.dynamodb
+    created = False
     try:
         with translated(f"describe table {table}"):
             desc = (await ddb.describe_table(TableName=table))["Table"]
@@ -180,13 +201,20 @@ async def ensure_table(clients: AwsClients, table: str, report: BootstrapReport)
                 TableName=table,
                 KeySchema=KEY_SCHEMA,  # type: ignore[arg-type]
                 AttributeDefinitions=ATTRIBUTE_DEFINITIONS,  # type: ignore[arg-type]
+                GlobalSecondaryIndexes=[FLEET_INDEX],  # type: ignore[list-item]
                 BillingMode="PAY_PER_REQUEST",
                 StreamSpecification=STREAM,  # type: ignore[arg-type]
             )
             waiter = ddb.get_waiter("table_exists")
             await waiter.wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
             desc = (await ddb.describe_table(TableName=table))["Table"]
-        report.add(table, "table", "created", "pk/sk, PAY_PER_REQUEST, stream NEW_AND_OLD_IMAGES")
+        created = True
+        report.add(
+            table,
+            "table",
+            "created",
+            f"pk/sk, PAY_PER_REQUEST, stream NEW_AND_OLD_IMAGES, index {keys.FLEET_INDEX}",
+        )
 
     if sorted(map(str, desc.get("KeySchema", [])), key=str) != sorted(map(str, KEY_SCHEMA)):
         raise StorageError(
@@ -215,6 +243,8 @@ async def ensure_table(clients: AwsClients, table: str, report: BootstrapReport)
     else:
         report.add(table, "stream", "unchanged", "NEW_AND_OLD_IMAGES")
 
+    await ensure_fleet_index(clients, table, dict(desc), report, empty=created, reindex=reindex)
+
     with translated(f"ttl of {table}"):
         ttl = (await ddb.describe_time_to_live(TableName=table)).get("TimeToLiveDescription", {})
         if ttl.get("TimeToLiveStatus") in {"ENABLED", "ENABLING"} and (
@@ -242,12 +272,160 @@ async def ensure_table(clients: AwsClients, table: str, report: BootstrapReport)
             report.add(table, "pitr", "updated", "ENABLED")
 
 
-async def bootstrap(clients: AwsClients, *, bucket: str, table: str) -> BootstrapReport:
-    """Create or correct the bucket and the table. A second run reports every step unchanged."""
+def _index_of(desc: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next(
+        (dict(i) for i in desc.get("GlobalSecondaryIndexes", []) if i.get("IndexName") == name),
+        None,
+    )
+
+
+def _index_shape(index: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An index description in a comparable form (keys and projection), None when absent."""
+    if index is None:
+        return None
+    return {
+        "name": index.get("IndexName"),
+        "key_schema": [(k["AttributeName"], k["KeyType"]) for k in index.get("KeySchema", [])],
+        "projection": (index.get("Projection") or {}).get("ProjectionType"),
+    }
+
+
+async def ensure_fleet_index(
+    clients: AwsClients,
+    table: str,
+    desc: dict[str, Any],
+    report: BootstrapReport,
+    *,
+    empty: bool = False,
+    reindex: bool = False,
+    wait_s: float = INDEX_WAIT_S,
+) -> None:
+    """Add the fleet index to a table made without it (DynamoDB builds it in the background:
+    wait until it is ACTIVE), then backfill: every FACTORY LATEST and firing alert state that
+    lacks the index keys gets them. The backfill scans the whole table, so it runs once: a
+    marker item records it, and later runs skip it unless ``reindex`` (after a rollout in which
+    writers of the previous version kept writing). A table just created (``empty``) needs none.
+    An index of that name with another shape is an error an operator must resolve (it cannot be
+    changed in place)."""
+    ddb = clients.dynamodb
+    current = _index_of(desc, keys.FLEET_INDEX)
+    if current is None:
+        with translated(f"add index {keys.FLEET_INDEX} to {table}"):
+            await ddb.update_table(
+                TableName=table,
+                AttributeDefinitions=ATTRIBUTE_DEFINITIONS,  # type: ignore[arg-type]
+                GlobalSecondaryIndexUpdates=[{"Create": FLEET_INDEX}],  # type: ignore[typeddict-item]
+            )
+        report.add(table, "fleet-index", "created", f"{keys.FLEET_INDEX} (KEYS_ONLY)")
+    elif _index_shape(current) != _index_shape(FLEET_INDEX):
+        raise StorageError(
+            f"table {table} has an index {keys.FLEET_INDEX} shaped {_index_shape(current)}; the "
+            f"contract needs {_index_shape(FLEET_INDEX)}. Delete that index and run bootstrap "
+            "again (dashboards and the refresh cannot list the fleet until it is rebuilt)."
+        )
+    else:
+        report.add(table, "fleet-index", "unchanged", f"{keys.FLEET_INDEX} (KEYS_ONLY)")
+    await _wait_index_active(clients, table, wait_s)
+    with translated(f"tags of {table}"):
+        arn = str(desc["TableArn"])
+        tags = (await ddb.list_tags_of_resource(ResourceArn=arn)).get("Tags", [])
+    done = any(t.get("Key") == BACKFILL_TAG for t in tags)
+    if done and not reindex:
+        report.add(table, "fleet-index-backfill", "unchanged", "done before")
+        return
+    added = 0 if empty else await backfill_fleet_index(clients, table)
+    with translated(f"tag {table}"):
+        await ddb.tag_resource(
+            ResourceArn=arn,
+            Tags=[{"Key": BACKFILL_TAG, "Value": "empty table" if empty else f"{added} items"}],
+        )
+    report.add(
+        table,
+        "fleet-index-backfill",
+        "updated" if added or not done else "unchanged",
+        "new table: nothing to backfill" if empty else f"{added} items given index keys",
+    )
+
+
+async def _wait_index_active(clients: AwsClients, table: str, wait_s: float) -> None:
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while True:
+        with translated(f"describe table {table}"):
+            desc = (await clients.dynamodb.describe_table(TableName=table))["Table"]
+        index = _index_of(dict(desc), keys.FLEET_INDEX) or {}
+        status = index.get("IndexStatus", "ACTIVE")  # emulators may leave it out
+        if status == "ACTIVE" and not index.get("Backfilling"):
+            return
+        if asyncio.get_running_loop().time() >= deadline:
+            raise StorageError(
+                f"index {keys.FLEET_INDEX} of {table} is still {status} after {wait_s:.0f} s; "
+                "run bootstrap again once it is ACTIVE"
+            )
+        await asyncio.sleep(5.0)
+
+
+async def backfill_fleet_index(clients: AwsClients, table: str) -> int:
+    """Give the index keys to every item that belongs in the index and lacks them (a table
+    written by a version without the index). A one-off scan of the whole table, run by
+    bootstrap only, never on a recurring path. Each update is conditional on the item still
+    being what was read (present; for an alert, still firing), so a writer racing with it wins.
+    Returns how many items were updated."""
+    ddb = clients.dynamodb
+    added = 0
+    paginator = ddb.get_paginator("scan")
+    with translated(f"backfill index {keys.FLEET_INDEX} of {table}"):
+        async for page in paginator.paginate(
+            TableName=table,
+            FilterExpression=(
+                "attribute_not_exists(#ipk) AND ((sk = :latest AND begins_with(pk, :factory))"
+                " OR (begins_with(pk, :alert) AND firing = :true))"
+            ),
+            ExpressionAttributeNames={"#ipk": keys.FLEET_PK},
+            ExpressionAttributeValues={
+                ":latest": {"S": keys.LATEST_SK},
+                ":factory": {"S": "FACTORY#"},
+                ":alert": {"S": "ALERT#"},
+                ":true": {"BOOL": True},
+            },
+            ProjectionExpression="pk, sk, firing",
+        ):
+            for item in page.get("Items", []):
+                index = {k: v for k, v in indexed(item).items() if k in keys.FLEET_ATTRIBUTES}
+                if not index:
+                    continue
+                condition = "attribute_exists(pk)"
+                values: dict[str, Any] = {
+                    ":ipk": index[keys.FLEET_PK],
+                    ":isk": index[keys.FLEET_SK],
+                }
+                if str(item["pk"]["S"]).startswith("ALERT#"):
+                    condition += " AND firing = :true"
+                    values[":true"] = {"BOOL": True}
+                try:
+                    await ddb.update_item(
+                        TableName=table,
+                        Key={"pk": item["pk"], "sk": item["sk"]},
+                        UpdateExpression="SET #ipk = :ipk, #isk = :isk",
+                        ConditionExpression=condition,
+                        ExpressionAttributeNames={"#ipk": keys.FLEET_PK, "#isk": keys.FLEET_SK},
+                        ExpressionAttributeValues=values,
+                    )
+                except ddb.exceptions.ConditionalCheckFailedException:
+                    continue  # deleted or resolved meanwhile: it belongs out of the index
+                added += 1
+    return added
+
+
+async def bootstrap(
+    clients: AwsClients, *, bucket: str, table: str, reindex: bool = False
+) -> BootstrapReport:
+    """Create or correct the bucket and the table. A second run reports every step unchanged.
+    ``reindex``: backfill the fleet index again even if it was done before."""
     report = BootstrapReport()
     bucket_report, table_report = BootstrapReport(), BootstrapReport()
     await asyncio.gather(
-        ensure_bucket(clients, bucket, bucket_report), ensure_table(clients, table, table_report)
+        ensure_bucket(clients, bucket, bucket_report),
+        ensure_table(clients, table, table_report, reindex=reindex),
     )
     report.steps = bucket_report.steps + table_report.steps
     return report
@@ -285,6 +463,7 @@ async def describe_foundation(clients: AwsClients, *, bucket: str, table: str) -
                 for a in desc.get("AttributeDefinitions", [])
             ),
             "billing": (desc.get("BillingModeSummary") or {}).get("BillingMode"),
+            "indexes": {keys.FLEET_INDEX: _index_shape(_index_of(dict(desc), keys.FLEET_INDEX))},
             "stream": {
                 "enabled": bool(stream.get("StreamEnabled")),
                 "view_type": stream.get("StreamViewType"),
@@ -308,8 +487,11 @@ def expected_foundation(*, bucket: str, table: str, region: str) -> dict[str, An
         "table": {
             "name": table,
             "key_schema": [("pk", "HASH"), ("sk", "RANGE")],
-            "attributes": [("pk", "S"), ("sk", "S")],
+            "attributes": sorted(
+                (a["AttributeName"], a["AttributeType"]) for a in ATTRIBUTE_DEFINITIONS
+            ),
             "billing": "PAY_PER_REQUEST",
+            "indexes": {keys.FLEET_INDEX: _index_shape(FLEET_INDEX)},
             "stream": {"enabled": True, "view_type": "NEW_AND_OLD_IMAGES"},
             "ttl": {"status": "ENABLED", "attribute": TTL_ATTRIBUTE},
             "pitr": "ENABLED",

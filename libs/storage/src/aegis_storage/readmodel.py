@@ -4,13 +4,18 @@ Rules this repository keeps for every caller:
 - a LATEST field group is applied only when its event time is newer than the stored one, so a
   redelivered or out-of-order message never moves the state backwards;
 - no two HISTORY#STATE snapshots of one factory collide (a taken millisecond moves to the next);
-- every read drops items whose ``ttl`` has passed: DynamoDB deletes them late, moto never does.
+- every read drops items whose ``ttl`` has passed: DynamoDB deletes them late, moto never does;
+- every write of a FACTORY LATEST or of an alert state carries the fleet index's keys exactly
+  when the item belongs in the index (:func:`aegis_contracts.keys.fleet_index_keys`), and every
+  read strips them: callers never see them. The fleet and the open alerts are listed from that
+  index, never by scanning the table.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -24,13 +29,18 @@ from aegis_contracts.cloud import CloudSnapshot
 from aegis_contracts.items import CloudHistory
 from aegis_contracts.state import Level
 from aegis_contracts.times import format_ts
-from aegis_storage.errors import Conflict, translated
+from aegis_storage.errors import Conflict, Transient, translated
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb import DynamoDBClient
 
 _ser = TypeSerializer()
 _deser = TypeDeserializer()
+
+# BatchGetItem takes at most 100 keys; a few batches at once, retried for unprocessed keys
+BATCH_GET_LIMIT = 100
+BATCH_GET_CONCURRENCY = 8
+BATCH_GET_ATTEMPTS = 8
 
 # field group -> the attribute holding its event time
 LATEST_GROUPS: dict[str, str] = {
@@ -93,7 +103,21 @@ def encode(item: BaseModel | Mapping[str, Any], *, drop_none: bool = False) -> E
 
 
 def _attributes(item: BaseModel | Mapping[str, Any] | Encoded) -> dict[str, Any]:
-    return item.attributes if isinstance(item, Encoded) else to_attributes(to_plain(item))
+    """The item as DynamoDB attribute values, with the fleet index's keys when it belongs in
+    the index (a whole-item put without them takes the item out of the index)."""
+    attributes = item.attributes if isinstance(item, Encoded) else to_attributes(to_plain(item))
+    return indexed(attributes)
+
+
+def indexed(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """``attributes`` with the fleet index keys set as :func:`keys.fleet_index_keys` says."""
+    out = {k: v for k, v in attributes.items() if k not in keys.FLEET_ATTRIBUTES}
+    pk, sk = (attributes.get(name, {}).get("S") for name in ("pk", "sk"))
+    if pk and sk:
+        firing = attributes.get("firing", {}).get("BOOL")
+        for name, value in (keys.fleet_index_keys(pk, sk, firing=firing) or {}).items():
+            out[name] = {"S": value}
+    return out
 
 
 def to_attributes(item: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,7 +125,10 @@ def to_attributes(item: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def from_attributes(item: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _unwrap(_deser.deserialize(v)) for k, v in item.items()}
+    """A stored item as plain values, without the fleet index's keys (storage bookkeeping)."""
+    return {
+        k: _unwrap(_deser.deserialize(v)) for k, v in item.items() if k not in keys.FLEET_ATTRIBUTES
+    }
 
 
 def _unwrap(value: Any) -> Any:
@@ -209,6 +236,11 @@ class ReadModel:
             sets.append(f"#f{i} = :v{i}")
         attr_values.update({k: _ser.serialize(v) for k, v in condition_values.items()})
         pk = keys.factory_pk(factory_id)
+        index = keys.fleet_index_keys(pk, keys.LATEST_SK) or {}
+        for i, (name, value) in enumerate(sorted(index.items())):
+            attr_names[f"#x{i}"] = name
+            attr_values[f":x{i}"] = {"S": value}
+            sets.append(f"#x{i} = :x{i}")
         request: dict[str, Any] = {
             "TableName": self.table,
             "Key": {"pk": {"S": pk}, "sk": {"S": keys.LATEST_SK}},
@@ -238,7 +270,7 @@ class ReadModel:
         """Write the whole LATEST item if it is still the version read (``updated_at`` equal to
         ``expected``; ``None``: no LATEST yet). False when another writer got there first."""
         pk = keys.factory_pk(factory_id)
-        item = {**_attributes(image), "pk": {"S": pk}, "sk": {"S": keys.LATEST_SK}}
+        item = indexed({**_attributes(image), "pk": {"S": pk}, "sk": {"S": keys.LATEST_SK}})
         request: dict[str, Any] = {"TableName": self.table, "Item": item}
         if expected is None:
             request["ConditionExpression"] = "attribute_not_exists(pk)"
@@ -256,46 +288,82 @@ class ReadModel:
         return await self.get_item(keys.factory_pk(factory_id), keys.LATEST_SK)
 
     async def factory_latest_items(self) -> list[dict[str, Any]]:
-        """Every FACTORY LATEST item (the fleet). A filtered scan: fine for fleets of thousands."""
-        items: list[dict[str, Any]] = []
-        paginator = self._ddb.get_paginator("scan")
-        with translated(f"scan {self.table}"):
-            async for page in paginator.paginate(
-                TableName=self.table,
-                FilterExpression="sk = :latest AND begins_with(pk, :factory)",
-                ExpressionAttributeValues={
-                    ":latest": {"S": "LATEST"},
-                    ":factory": {"S": "FACTORY#"},
-                },
-            ):
-                items.extend(from_attributes(i) for i in page.get("Items", []))
-        return sorted(items, key=lambda i: str(i["pk"]))
+        """Every FACTORY LATEST item (the fleet), by pk: the fleet index's entries, then the
+        items themselves. Reads what it returns, however much history the table holds."""
+        found = await self.batch_get(await self.index_members(keys.FLEET_LATEST))
+        return sorted(found, key=lambda i: str(i["pk"]))
+
+    async def fleet_ids(self) -> list[str]:
+        """The id of every factory with a LATEST, sorted: the fleet index's entries alone, for
+        callers that need no state (the aggregator, the reporter)."""
+        members = await self.index_members(keys.FLEET_LATEST)
+        return sorted(pk.removeprefix("FACTORY#") for pk, _ in members)
 
     async def firing_alerts(self, *, now: datetime) -> list[dict[str, Any]]:
-        """Every live ALERT# state that is firing (the dashboard's open alerts), by scope then sort
-        key. A filtered scan, like the fleet: alert partitions are few and small."""
-        items: list[dict[str, Any]] = []
-        paginator = self._ddb.get_paginator("scan")
-        with translated(f"scan {self.table} for firing alerts"):
+        """Every live ALERT# state that is firing (the dashboard's open alerts), by scope then
+        sort key: the index's open-alert entries, then the items (checked again: the index
+        follows the table by a moment)."""
+        found = await self.batch_get(await self.index_members(keys.FLEET_FIRING))
+        items = [i for i in found if i.get("firing") is True and live(i, now)]
+        return sorted(items, key=lambda i: (str(i["pk"]), str(i["sk"])))
+
+    async def index_members(self, kind: str) -> list[tuple[str, str]]:
+        """The (pk, sk) of every item in the fleet index's ``kind`` partitions
+        (:data:`keys.FLEET_LATEST` or :data:`keys.FLEET_FIRING`), all shards queried at once."""
+
+        async def shard(partition: str) -> list[tuple[str, str]]:
+            found: list[tuple[str, str]] = []
+            paginator = self._ddb.get_paginator("query")
             async for page in paginator.paginate(
                 TableName=self.table,
-                FilterExpression=(
-                    "begins_with(pk, :alert) AND firing = :true"
-                    " AND (attribute_not_exists(#ttl) OR #ttl > :now)"
-                ),
-                ExpressionAttributeNames={"#ttl": "ttl"},
-                ExpressionAttributeValues={
-                    ":alert": {"S": "ALERT#"},
-                    ":true": {"BOOL": True},
-                    ":now": {"N": str(int(now.timestamp()))},
-                },
+                IndexName=keys.FLEET_INDEX,
+                KeyConditionExpression="#p = :p",
+                ExpressionAttributeNames={"#p": keys.FLEET_PK},
+                ExpressionAttributeValues={":p": {"S": partition}},
             ):
-                items.extend(
-                    item
-                    for item in (from_attributes(i) for i in page.get("Items", []))
-                    if live(item, now)
+                found.extend((i["pk"]["S"], i["sk"]["S"]) for i in page.get("Items", []))
+            return found
+
+        with translated(f"query index {keys.FLEET_INDEX} of {self.table} for {kind}"):
+            shards = await asyncio.gather(*(shard(p) for p in keys.fleet_partitions(kind)))
+        return sorted({member for found in shards for member in found})
+
+    async def batch_get(
+        self, item_keys: Sequence[tuple[str, str]], *, consistent: bool = False
+    ) -> list[dict[str, Any]]:
+        """The items with these (pk, sk), in no particular order; absent ones are left out.
+        BatchGetItem in batches of 100, a few at once; keys DynamoDB leaves unprocessed
+        (throttling) are asked for again with backoff, and :class:`Transient` is raised when
+        they never come."""
+        slots = asyncio.Semaphore(BATCH_GET_CONCURRENCY)
+
+        async def batch(chunk: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+            wanted: list[dict[str, Any]] = [{"pk": {"S": pk}, "sk": {"S": sk}} for pk, sk in chunk]
+            found: list[dict[str, Any]] = []
+            for attempt in range(BATCH_GET_ATTEMPTS):
+                async with slots:
+                    with translated(f"batch get {len(wanted)} items of {self.table}"):
+                        resp = await self._ddb.batch_get_item(
+                            RequestItems={
+                                self.table: {"Keys": wanted, "ConsistentRead": consistent}
+                            }
+                        )
+                found.extend(
+                    from_attributes(i) for i in resp.get("Responses", {}).get(self.table, [])
                 )
-        return sorted(items, key=lambda i: (str(i["pk"]), str(i["sk"])))
+                unprocessed: dict[str, Any] = dict(resp.get("UnprocessedKeys") or {})
+                left = (unprocessed.get(self.table) or {}).get("Keys") or []
+                if not left:
+                    return found
+                wanted = list(left)
+                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+            raise Transient(f"{len(wanted)} keys of {self.table} stayed unprocessed")
+
+        chunks = [
+            item_keys[i : i + BATCH_GET_LIMIT] for i in range(0, len(item_keys), BATCH_GET_LIMIT)
+        ]
+        batches = await asyncio.gather(*(batch(c) for c in chunks))
+        return [item for found in batches for item in found]
 
     # -- HISTORY and other keyed items ------------------------------------------------------------
 

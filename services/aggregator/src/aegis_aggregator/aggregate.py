@@ -112,9 +112,7 @@ class Aggregator:
             if not won:
                 continue
             if factories is None:
-                factories = [
-                    str(i["factory_id"]) for i in await self.readmodel.factory_latest_items()
-                ]
+                factories = await self.readmodel.fleet_ids()
             run = await self.run_window(start, factories, now=now)
             await self.readmodel.finish_window(JOB, start, owner=self.owner, now=now)
             runs.append(run)

@@ -84,9 +84,7 @@ async def _run(
                 clock=utc_now,
                 fresh_for=timedelta(seconds=s.fresh_for_s),
             )
-            targets = factories or [
-                str(i["factory_id"]) for i in await readmodel.factory_latest_items()
-            ]
+            targets = factories or await readmodel.fleet_ids()
             for start in windows:
                 run = await agg.run_window(start, targets, now=utc_now())
                 typer.echo(

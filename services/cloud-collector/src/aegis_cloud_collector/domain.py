@@ -483,6 +483,7 @@ FOUNDATION_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("table", "attributes"),
         ("table", "billing"),
     ),
+    "table_fleet_index": (("table", "indexes"),),
     "table_ttl": (("table", "ttl"),),
     "table_pitr": (("table", "pitr"),),
     "table_stream": (("table", "stream"),),

@@ -58,8 +58,8 @@ class Reader:
         self.clients, self.settings, self.clock = clients, settings, clock
         self.readmodel = ReadModel(self.clients.dynamodb, self.settings.table)
         self.store = ObjectStore(self.clients.s3, self.settings.bucket)
-        # the fleet is one table scan shared by every open screen, at most once per
-        # dashboard_fleet_cache_s (a scan of 500 items takes ~2 s on moto, tens of ms on AWS)
+        # the fleet is one listing (the fleet index, then the LATEST items) shared by every open
+        # screen, at most once per dashboard_fleet_cache_s
         self._fleet: list[Item] | None = None
         self._fleet_read_at = 0.0
         self._fleet_lock = asyncio.Lock()
@@ -67,8 +67,8 @@ class Reader:
 
     async def fleet_items(self) -> list[Item]:
         """Every FACTORY LATEST. Kept warm (:meth:`keep_fleet_warm`), the cached fleet is always
-        served, the scan running beside the requests; otherwise read again when older than the
-        cache period (one read at a time: concurrent requests wait for it, not each scanning)."""
+        served, the listing running beside the requests; otherwise read again when older than the
+        cache period (one read at a time: concurrent requests wait for it, not each listing)."""
         fleet = self._fleet
         if fleet is not None and (
             self._kept_warm
@@ -82,8 +82,8 @@ class Reader:
             ttl = self.settings.dashboard_fleet_cache_s
             if force or self._fleet is None or time.monotonic() - self._fleet_read_at >= ttl:
                 started = time.monotonic()
-                scanned = await self.readmodel.factory_latest_items()
-                self._fleet = _newer_of(scanned, self._fleet or [], add=False)
+                listed = await self.readmodel.factory_latest_items()
+                self._fleet = _newer_of(listed, self._fleet or [], add=False)
                 self._fleet_read_at = started
             return self._fleet
 
@@ -95,14 +95,14 @@ class Reader:
             self._fleet = _newer_of(fleet, [image], add=True)
 
     async def keep_fleet_warm(self, stop: asyncio.Event) -> None:
-        """Re-read the fleet every cache period, so a request never waits for the scan."""
+        """Re-read the fleet every cache period, so a request never waits for the listing."""
         period = max(self.settings.dashboard_fleet_cache_s, 0.2)
         while not stop.is_set():
             try:
                 await self._read_fleet(force=True)
                 self._kept_warm = True
             except Exception as err:
-                self._kept_warm = False  # requests read for themselves until a scan succeeds
+                self._kept_warm = False  # requests read for themselves until a listing succeeds
                 log.warning("fleet_refresh_failed", error=str(err))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=period)
@@ -167,7 +167,7 @@ def _age_s(at: object, now: datetime) -> float | None:
 def _newer_of(base: list[Item], newer: list[Item], *, add: bool) -> list[Item]:
     """``base`` with each factory's item replaced by the one of ``newer`` when that one is at
     least as recent (``updated_at``); with ``add``, ``newer``'s other factories are appended. A
-    scan that started before a change event never takes the event's state back."""
+    listing that started before a change event never takes the event's state back."""
     latest = {str(i.get("factory_id")): i for i in newer}
     out: list[Item] = []
     for item in base:

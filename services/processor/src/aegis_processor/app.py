@@ -107,6 +107,7 @@ class ProcessorApp(ServiceApp):
                 interval=timedelta(seconds=s.refresh_interval_s),
                 catchup=s.refresh_catchup_windows,
                 clock=self.clock,
+                concurrency=s.refresh_concurrency,
             )
             start_background(stack, refresher.run, "processor-refresh")
 

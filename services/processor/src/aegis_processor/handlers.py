@@ -406,7 +406,10 @@ class Processor:
         updated = item.get("updated_at")
         due = updated is None or now - parse_ts(str(updated)) >= tick_after
         async with self._factory_lock(factory_id):
-            self._remember(factory_id, item)  # just scanned: fresher than this replica's copy
+            known = self._known.get(factory_id)
+            if known is None or str(known.get("updated_at", "")) <= str(item.get("updated_at", "")):
+                # listed (an eventually consistent read): kept unless this replica's copy is newer
+                self._remember(factory_id, item)
             committed = await self._commit(factory_id, now, force=due)
         if committed is None:
             return False

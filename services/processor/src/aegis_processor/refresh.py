@@ -2,13 +2,17 @@
 
 Each window (``refresh_interval_s``, 60 s) is claimed with a conditional write, so N replicas run
 it once. After downtime the missed windows (at most ``catchup``) are claimed too; the refresh is
-a function of "now", so one run covers every window a replica won in a tick.
+a function of "now", so one run covers every window a replica won in a tick. The fleet comes
+from the read model's fleet index (what it reads is what it returns), and factories are
+refreshed ``concurrency`` at a time, so a tick of thousands of factories ends well inside its
+minute.
 """
 
 from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import Any
 
 import structlog
 
@@ -33,8 +37,10 @@ class Refresher:
         catchup: int,
         clock: Clock,
         owner: str | None = None,
+        concurrency: int = 16,
     ) -> None:
         self.processor = processor
+        self.concurrency = concurrency
         self.interval = interval
         self.catchup = catchup
         self.clock = clock
@@ -67,10 +73,16 @@ class Refresher:
         self._last = due[-1]
         if not won:
             return 0
-        written = 0
-        for item in await readmodel.factory_latest_items():
-            if await self.processor.refresh_factory(item, now, tick_after=self.interval):
-                written += 1
+        slots = asyncio.Semaphore(self.concurrency)
+
+        async def refresh(item: dict[str, Any]) -> bool:
+            async with slots:
+                return await self.processor.refresh_factory(item, now, tick_after=self.interval)
+
+        fleet = await readmodel.factory_latest_items()
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(refresh(item)) for item in fleet]
+        written = sum(1 for t in tasks if t.result())
         log.info("refresh_ran", windows=len(won), factories_written=written)
         return written
 

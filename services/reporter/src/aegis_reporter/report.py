@@ -1,6 +1,6 @@
 """The daily report of one KST day (DESIGN §6): hourly folds, then the day's artifacts.
 
-For each target (every factory with processed/ data that day, and ``cloud-infra``) and each of
+For each target (every factory of the fleet with processed/ data that day, and ``cloud-infra``) and each of
 the 24 UTC hour partitions of the KST day: list the hour's objects, and unless the stored
 ``intermediate/hourly/hh=HH.json`` was made from exactly that listing (count and digest of keys
 and ETags, same fold parameters), read them (at most ``concurrency`` at once), fold them, and
@@ -35,7 +35,6 @@ import structlog
 
 from aegis_contracts import keys
 from aegis_contracts.cloud import CloudSnapshot
-from aegis_contracts.errors import ContractError
 from aegis_contracts.events import ObjectCreated, SystemEvent
 from aegis_contracts.keys import CLOUD_INFRA_TARGET, CloudTier, Dataset, ReportArtifact
 from aegis_contracts.state import FactoryState, ImageSnapshotRef, InfraState, RiskRecord
@@ -198,17 +197,10 @@ class Reporter:
     # -- one day ----------------------------------------------------------------------------
 
     async def targets(self) -> list[str]:
-        """Every factory under processed/, then ``cloud-infra``."""
-        found = []
-        for prefix in await self.store.child_prefixes(keys.PROCESSED_PREFIX):
-            name = prefix[len(keys.PROCESSED_PREFIX) :].rstrip("/")
-            if name == keys.CLOUD_INFRA:
-                continue
-            try:
-                found.append(keys.factory(name))
-            except ContractError:
-                log.warning("processed_prefix_skipped", prefix=prefix)
-        return [*sorted(found), CLOUD_INFRA_TARGET]
+        """Every factory of the fleet (the read model's fleet index: no listing of processed/,
+        which grows with every factory-day), then ``cloud-infra``. A factory without data that
+        day gets no report; one that left the fleet can still be reported with ``--target``."""
+        return [*await self.readmodel.fleet_ids(), CLOUD_INFRA_TARGET]
 
     async def run_day(self, day: date, targets: list[str] | None = None) -> list[TargetRun]:
         """Report ``day`` for ``targets`` (default: all); a target without data that day gets

@@ -1,0 +1,122 @@
+"""The fleet index against the emulator: it holds exactly the factories with a LATEST and the
+alert states that are firing, whoever wrote them and however; listings read it, not the table;
+``aegis bootstrap`` adds it to a table made without it, backfills it, and is idempotent."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from aegis_contracts import keys
+from aegis_contracts.times import format_ts
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+
+
+def state(at: datetime) -> dict[str, object]:
+    return {"factory_state": {"sensors": {"co_ppm": 3.5}, "at": format_ts(at)}}
+
+
+async def raw_items(foundation) -> list[dict]:
+    """Every stored item as DynamoDB holds it (the test's own look at the table)."""
+    items: list[dict] = []
+    paginator = foundation.clients.dynamodb.get_paginator("scan")
+    async for page in paginator.paginate(TableName=foundation.table):
+        items.extend(page["Items"])
+    return items
+
+
+async def test_the_fleet_is_exactly_the_factories_with_a_latest_whoever_wrote_them(
+    foundation, fire_alert
+):
+    rm = foundation.readmodel
+    guarded = [f"factory-g{i:03d}" for i in range(120)]  # more than one BatchGetItem of 100
+    replaced = [f"factory-r{i:03d}" for i in range(10)]
+    # a LATEST made by a guarded partial update (UpdateItem), by whole-item puts from many
+    # writers at once (the processor's replace), and by an operator's set
+    await asyncio.gather(
+        *(
+            rm.apply_latest(
+                f, group="factory_state", event_time=T0, fields=state(T0), updated_at=T0
+            )
+            for f in guarded
+        )
+    )
+    for f in replaced:
+        assert await rm.replace_latest(
+            f, {"factory_id": f, "updated_at": format_ts(T0)}, expected=None
+        )
+        for n in range(1, 4):  # rewritten again and again: still one entry
+            at = format_ts(T0 + timedelta(seconds=n))
+            prev = format_ts(T0 + timedelta(seconds=n - 1))
+            assert await rm.replace_latest(f, {"factory_id": f, "updated_at": at}, expected=prev)
+    await rm.set_latest("factory-set", {"note": "by hand"})
+    # items that are no factory LATEST stay out: history, graph, cloud, claims, alerts at rest
+    ttl = int(T0.timestamp()) + 3600
+    await rm.put_history_state(guarded[0], state(T0), updated_at=T0, ttl=ttl)
+    await rm.put_item({"pk": keys.factory_pk(guarded[1]), "sk": keys.graph_5m_sk(T0), "ttl": ttl})
+    await rm.put_item({"pk": keys.CLOUD_PK, "sk": keys.LATEST_SK, "overall_status": "NORMAL"})
+    await rm.claim_window("refresh", T0, owner="t", now=T0, ttl=ttl)
+    await rm.put_item(fire_alert(guarded[2], firing=False, version=1, ttl=ttl))
+
+    fleet = await rm.factory_latest_items()
+    expected = sorted([*guarded, *replaced, "factory-set"])
+    assert [i["pk"] for i in fleet] == [keys.factory_pk(f) for f in expected]
+    assert {i["sk"] for i in fleet} == {keys.LATEST_SK}
+    assert all(keys.FLEET_PK not in i and keys.FLEET_SK not in i for i in fleet)
+    assert await rm.fleet_ids() == expected
+    # each one entry, spread over every shard
+    members = await rm.index_members(keys.FLEET_LATEST)
+    assert len(members) == len(expected)
+    stored = await raw_items(foundation)
+    shards = Counter(i[keys.FLEET_PK]["S"] for i in stored if keys.FLEET_PK in i)
+    assert set(shards) == set(keys.fleet_partitions(keys.FLEET_LATEST))
+    assert sum(shards.values()) == len(expected)
+    # what a reader gets back carries no index bookkeeping
+    latest = await rm.get_latest(replaced[0])
+    assert latest is not None and keys.FLEET_PK not in latest
+    assert latest["updated_at"] == format_ts(T0 + timedelta(seconds=3))
+
+
+async def test_a_firing_alert_enters_the_index_and_leaves_it_when_resolved(foundation, fire_alert):
+    rm = foundation.readmodel
+    now = T0
+    ttl = int(now.timestamp()) + 3600
+    await rm.put_item(fire_alert("factory-a", firing=True, version=1, ttl=ttl))
+    await rm.put_item(fire_alert("factory-b", firing=True, version=1, ttl=ttl))
+    # the cursor and observations of a scope never enter it
+    await rm.put_item(
+        {
+            "pk": keys.alert_pk("factory-a"),
+            "sk": keys.observation_sk("WARNING", "CO_HIGH", "STATE"),
+            "firing": True,
+            "ttl": ttl,
+        }
+    )
+    firing = await rm.firing_alerts(now=now)
+    assert [(a["pk"], a["firing"]) for a in firing] == [
+        ("ALERT#factory-a", True),
+        ("ALERT#factory-b", True),
+    ]
+    assert len(await rm.index_members(keys.FLEET_FIRING)) == 2
+
+    # resolved: the dispatcher writes the state with firing false (a whole-item put)
+    await rm.put_item(
+        fire_alert("factory-a", firing=False, version=2, ttl=ttl), expected={"version": 1}
+    )
+    assert [a["pk"] for a in await rm.firing_alerts(now=now)] == ["ALERT#factory-b"]
+    assert len(await rm.index_members(keys.FLEET_FIRING)) == 1
+    # and fires again
+    await rm.put_item(
+        fire_alert("factory-a", firing=True, version=3, ttl=ttl), expected={"version": 2}
+    )
+    assert len(await rm.firing_alerts(now=now)) == 2
+    # an expired one (DynamoDB deletes late) is not open, though still indexed
+    later = now + timedelta(hours=2)
+    assert await rm.firing_alerts(now=later) == []
+    assert len(await rm.index_members(keys.FLEET_FIRING)) == 2
