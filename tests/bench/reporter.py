@@ -1,7 +1,10 @@
 """``make bench`` (reporter): one factory-day of 17,280 factory_state snapshots (one every 5 s)
 plus their 17,280 risk_score records in a fresh emulator, then ``aegis report`` for that day in a
-child process: wall time, and its RSS sampled through the run (peak and at each quarter), so a
-memory that grew with the input would show; then the same date again (every hour reused).
+child process, two ways on the same data: from the aggregator's 5-minute windows (after
+``aegis aggregate`` has folded the day's 288 windows), and object by object (the windows removed).
+For each: wall time, the S3 requests it sent (counted by the emulator), and its RSS sampled
+through the run (peak and at each quarter), so a memory that grew with the input would show; then
+the same date again (every hour reused).
 
 Generating 34,560 objects in moto is the slow part (~400 puts/s here): they are written 64 at a
 time and the time it takes is reported too. Prints a table, writes JSON.
@@ -13,8 +16,10 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -22,14 +27,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from pipeline import start_emulator
 from procstat import sample
 
 from aegis_contracts import keys
 from aegis_contracts.keys import Dataset
 from aegis_contracts.times import format_ts, kst_day_bounds
+from aegis_runtime.localservers import free_port, start_moto_server
+from aegis_runtime.testing.emulator import request_counts, reset_request_counts
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_clients
+from aegis_storage.s3 import ObjectStore
 
 DAY = date(2026, 11, 30)
 FACTORY = "bench-factory"
@@ -116,10 +123,15 @@ async def generate(endpoint: str, bucket: str, table: str, concurrency: int) -> 
     }
 
 
-def run_report(env: dict[str, str]) -> dict[str, Any]:
+def run_report(env: dict[str, str], command: list[str] | None = None) -> dict[str, Any]:
+    """``command`` (default: ``aegis report`` of the day) in a child process: wall time, RSS, and
+    the requests the emulator served meanwhile."""
+    endpoint = env["AEGIS_AWS_ENDPOINT_URL"]
+    reset_request_counts(endpoint)
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [
+        command
+        or [
             str(SCRIPTS / "aegis"),
             "report",
             "--date",
@@ -144,22 +156,45 @@ def run_report(env: dict[str, str]) -> dict[str, Any]:
         time.sleep(0.2)
     out = proc.communicate()[0].decode()
     took = time.perf_counter() - t0
+    counts = request_counts(endpoint)
     if proc.returncode != 0:
-        raise SystemExit(f"aegis report failed:\n{out}")
+        raise SystemExit(f"{proc.args} failed:\n{out}")
     quarters = []
     for q in (0.25, 0.5, 0.75, 1.0):
         before = [mb for t, mb in rss if t <= q * took]
         quarters.append(round(before[-1], 1) if before else None)
     return {
         "seconds": round(took, 1),
+        "s3_requests": counts.total("s3"),
+        "s3_gets": counts.count("s3", "GetObject"),
+        "s3_lists": counts.count("s3", "ListObjectsV2"),
+        "s3_puts": counts.count("s3", "PutObject"),
+        "dynamodb_requests": counts.total("dynamodb"),
         "peak_rss_mb": round(peak, 1),
         "rss_mb_at_quarters": quarters,
         "output": out.strip().splitlines()[-2:],
     }
 
 
+def show(label: str, run: dict[str, Any]) -> None:
+    print(
+        f"{label}: {run['seconds']} s, {run['s3_requests']:,} S3 requests ({run['s3_gets']:,} GET,"
+        f" {run['s3_lists']:,} LIST, {run['s3_puts']:,} PUT), peak RSS {run['peak_rss_mb']} MB,"
+        f" RSS at quarters {run['rss_mb_at_quarters']}",
+        flush=True,
+    )
+
+
+async def remove(endpoint: str, bucket: str, prefix: str) -> int:
+    async with open_clients(AwsConfig(endpoint_url=endpoint)) as c:
+        found = [o async for o in ObjectStore(c.s3, bucket).list_objects(prefix)]
+        await ObjectStore(c.s3, bucket).delete_many([o.key for o in found])
+    return len(found)
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    emulator = start_emulator()
+    folder = Path(tempfile.mkdtemp(prefix="aegis-bench-reporter-", dir=Path.cwd()))
+    emulator = start_moto_server("127.0.0.1", free_port(), log_file=folder / "moto.log")
     try:
         bucket, table = "aegis-bench-reports", "AEGIS-bench-reports"
         generated = await generate(emulator.url, bucket, table, args.concurrency)
@@ -174,24 +209,51 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "AEGIS_LOG_FORMAT": "json",
             "AEGIS_LOG_LEVEL": "WARNING",
         }
-        first = run_report(env)
-        print(
-            f"report: {first['seconds']} s, peak RSS {first['peak_rss_mb']} MB, RSS at quarters {first['rss_mb_at_quarters']}",
-            flush=True,
+        start, end = kst_day_bounds(DAY)
+        aggregated = run_report(
+            env,
+            [
+                str(SCRIPTS / "aegis"),
+                "aggregate",
+                "--from",
+                format_ts(start),
+                "--to",
+                format_ts(end),
+                "--factory",
+                FACTORY,
+                "--no-events",
+            ],
         )
+        show(
+            "aggregate the day's 288 windows (each object read once, spread over the day)",
+            aggregated,
+        )
+        from_windows = run_report(env)
+        show("report from the windows", from_windows)
+        removed = await remove(emulator.url, bucket, keys.report_prefix(DAY, FACTORY))
+        removed += await remove(emulator.url, bucket, f"{keys.PROCESSED_AGG_PREFIX}{FACTORY}/")
+        by_object = run_report(env)
+        show("report object by object (windows and report removed)", by_object)
         again = run_report(env)
+        show("re-run (hours reused)", again)
+        ratio = by_object["s3_requests"] / max(1, from_windows["s3_requests"])
         print(
-            f"re-run (hours reused): {again['seconds']} s, peak RSS {again['peak_rss_mb']} MB",
+            f"report requests, object by object / from windows: {ratio:.1f}x"
+            f" ({removed} objects removed between the two)",
             flush=True,
         )
     finally:
         emulator.stop()
+        shutil.rmtree(folder, ignore_errors=True)
     return {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "day": DAY.isoformat(),
         "generate": generated,
-        "report": first,
+        "aggregate_day": aggregated,
+        "report_from_windows": from_windows,
+        "report": by_object,
         "rerun": again,
+        "requests_ratio_objects_vs_windows": round(ratio, 1),
         "concurrency": {"generate": args.concurrency, "report_reads": 32},
     }
 
@@ -200,7 +262,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-results/reporter.json")
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--cadence", type=int, default=CADENCE_S, help="seconds between snapshots (5: a full day)"
+    )
     args = parser.parse_args()
+    CADENCE_S = args.cadence
     result = asyncio.run(main(args))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

@@ -240,6 +240,7 @@ SNAPSHOT = f"processed/{F}/state_snapshot/yyyy=2026/mm=11/dd=30/hh=12/2026-11-30
 REPORT = f"reports/daily/yyyy=2026/mm=11/dd=29/{F}/report.md"
 IMAGE = f"image_snapshot/factory_id={F}/yyyy=2026/mm=11/dd=30/hh=12/cam-1.jpg"
 LEGACY = "datasets/factory-iam/old.json"
+WINDOW_OBJECT = f"processed_agg/{F}/metrics_5m/yyyy=2026/mm=11/dd=30/hh=12/mm=00.json"
 
 
 @pytest.fixture(scope="module")
@@ -394,14 +395,16 @@ async def test_processor_writes_processed_and_the_read_model_not_raw(as_service)
 
 async def test_aggregator(as_service):
     me = await as_service("aggregator")
-    await me.store.put_bytes(
-        f"processed_agg/{F}/metrics_5m/yyyy=2026/mm=11/dd=30/hh=12/mm=00.json", b"{}"
-    )
+    await me.store.put_bytes(WINDOW_OBJECT, b"{}")
     assert await me.readmodel.claim_window("aggregate", NOW, owner="t", now=NOW, ttl=1)
     assert await me.readmodel.fleet_ids() == [F]
     assert await me.readmodel.history_states(F, NOW, NOW, now=NOW) == []
+    # the window folds: the processed/ records and the windows already written
+    assert await me.store.get_bytes(PROCESSED)
+    assert await me.store.get_bytes(WINDOW_OBJECT) == b"{}"
     await denied(me.store.put_bytes(PROCESSED, b"{}"))
     await denied(me.store.get_bytes(RAW))
+    await denied(me.store.get_bytes(REPORT))
 
 
 async def test_cloud_collector(as_service):
@@ -431,6 +434,7 @@ async def test_reporter(as_service):
     assert PROCESSED in await me.store.list_keys(f"processed/{F}/")
     assert await me.store.get_bytes(PROCESSED)
     await me.store.put_bytes(REPORT.replace("report.md", "report-context.json"), b"{}")
+    await me.store.exists(WINDOW_OBJECT)  # the window folds it merges: readable
     await denied(me.store.put_bytes(PROCESSED, b"{}"))
     await denied(me.store.get_bytes(RAW))
     await denied(me.store.get_bytes(IMAGE))

@@ -13,6 +13,15 @@ from hypothesis import strategies as st
 
 from aegis_contracts.state import FactoryState, Level, Reason, RiskRecord
 from aegis_contracts.times import format_ts
+from aegis_folds.folds import (
+    FactoryHour,
+    FoldParams,
+    Point,
+    fold_factory_hour,
+    listing_of,
+    runs_of,
+)
+from aegis_folds.sketch import QuantileSketch
 from aegis_reporter.day import (
     DayWindow,
     completeness,
@@ -21,16 +30,7 @@ from aegis_reporter.day import (
     incidents,
     report_context,
 )
-from aegis_reporter.folds import (
-    FactoryHour,
-    FoldParams,
-    Point,
-    fold_factory_hour,
-    listing_of,
-    runs_of,
-)
 from aegis_reporter.markdown import duration, render, sparkline
-from aegis_reporter.sketch import QuantileSketch
 
 DAY = date(2026, 11, 30)
 START = datetime(2026, 11, 29, 15, 0, tzinfo=UTC)
@@ -215,7 +215,7 @@ def test_the_template_is_deterministic_and_shows_missing_hours() -> None:
 
 def test_a_threshold_reason_names_its_sensor_by_source_or_by_older_detail() -> None:
     from aegis_contracts.state import Reason  # noqa: PLC0415
-    from aegis_reporter.folds import _sensor_of  # noqa: PLC0415
+    from aegis_folds.folds import _sensor_of  # noqa: PLC0415
 
     sensors = {"co_ppm", "temperature_c"}
     new = Reason(

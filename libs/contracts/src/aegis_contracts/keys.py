@@ -155,6 +155,11 @@ def processed_agg_key(factory_id: str, bucket_start: datetime) -> str:
     )
 
 
+def processed_agg_hour_prefix(factory_id: str, hour: datetime) -> str:
+    """``processed_agg/{f}/metrics_5m/yyyy=/mm=/dd=/hh=/``: the windows of one hour."""
+    return f"{PROCESSED_AGG_PREFIX}{factory(factory_id)}/metrics_5m/{Partition.of(hour).hour_path}/"
+
+
 def image_snapshot_key(factory_id: str, captured_at: datetime, filename: str) -> str:
     """``image_snapshot/factory_id={f}/yyyy=/mm=/dd=/hh=/{filename}``."""
     return (

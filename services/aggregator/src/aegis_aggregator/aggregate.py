@@ -10,6 +10,13 @@ Windows and replicas:
   without a finished claim, oldest first: after downtime the missed windows are filled in;
 - the output depends only on the window's snapshots: a re-run writes the same bytes (the GRAPH
   item's ``ttl`` counts from the window's end, not from when it was computed).
+
+The processed_agg/ object also keeps, under ``report``, the window's fold of the factory's
+processed/ records by event time (:mod:`aegis_folds.windows`): what the daily report needs, so a
+report merges 288 windows instead of reading every object of the day. Each run lists the
+window's hour, reads the objects no window of the hour has yet (late ones included: the window
+they belong to is folded again and rewritten), and leaves the objects of later windows to their
+own run.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 import pydantic
 import structlog
@@ -30,9 +37,11 @@ from aegis_contracts.items import Graph5m, HistoryState
 from aegis_contracts.subjects import object_created_subject
 from aegis_contracts.times import Clock, floor_to, format_ts, truncate_ms
 from aegis_contracts.ttl import TtlSettings, expires_at
+from aegis_folds.folds import FoldParams
+from aegis_folds.windows import REPORT_FIELD, current_windows, hour_entries
 from aegis_runtime.heartbeat import instance_id
 from aegis_storage.readmodel import ReadModel
-from aegis_storage.s3 import ObjectStore, to_json_bytes
+from aegis_storage.s3 import ObjectStore, PutResult, to_json_bytes
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +82,8 @@ class Aggregator:
         catchup: int | None = None,
         concurrency: int = 8,
         owner: str | None = None,
+        fold_params: FoldParams | None = None,
+        read_concurrency: int = 32,
     ) -> None:
         self.readmodel = readmodel
         self.store = store
@@ -85,7 +96,11 @@ class Aggregator:
         # how far back a tick looks: as far as HISTORY#STATE still holds whole windows
         self.catchup = catchup if catchup is not None else int(ttl.history_ttl_hours * 12) - 1
         self._slots = asyncio.Semaphore(concurrency)
+        self._reads = asyncio.Semaphore(read_concurrency)
         self.owner = owner or instance_id()
+        # must equal the reporter's (AEGIS_REPORT_GAP_S, AEGIS_REPORT_SKETCH_ALPHA), else the
+        # reporter does not use the windows and reads the objects
+        self.fold_params = fold_params or FoldParams(gap_s=60.0, alpha=0.005)
 
     def due_windows(self, now: datetime) -> list[datetime]:
         """Completed windows from the oldest HISTORY still holds to the newest, oldest first."""
@@ -170,20 +185,56 @@ class Aggregator:
             stats=stats,
             ttl=expires_at(end, self.ttl.graph_bucket_ttl_hours * 3600),
         )
-        key = keys.processed_agg_key(factory_id, start)
-        body = to_json_bytes(graph.model_dump(mode="json", exclude={"pk", "sk", "ttl"}))
-        put = await self.store.put_bytes(key, body)
+        graph_body = graph.model_dump(mode="json", exclude={"pk", "sk", "ttl"})
+        written = await self._write_windows(factory_id, start, graph_body, now=now)
         await self.readmodel.put_item(graph)
-        await self.publish(
-            object_created_subject(OBJECT_FAMILY),
-            ObjectCreated(
-                bucket=self.store.bucket,
-                key=key,
-                size_bytes=put.size_bytes,
-                etag=put.etag,
-                producer=PRODUCER,
-                created_at=now,
-            ),
-            msg_id=f"oc:{key}:{put.etag}",
-        )
+        for put in written:  # announced once everything of the window is stored
+            await self.publish(
+                object_created_subject(OBJECT_FAMILY),
+                ObjectCreated(
+                    bucket=self.store.bucket,
+                    key=put.key,
+                    size_bytes=put.size_bytes,
+                    etag=put.etag,
+                    producer=PRODUCER,
+                    created_at=now,
+                ),
+                msg_id=f"oc:{put.key}:{put.etag}",
+            )
         return graph, skipped
+
+    async def _write_windows(
+        self, factory_id: str, start: datetime, graph_body: dict[str, Any], *, now: datetime
+    ) -> list[PutResult]:
+        """The window's object (its statistics and its fold), and the objects of the hour's other
+        windows whose folds changed: earlier ones that got late objects, and later ones already
+        over (catching up, re-aggregating a range), so every object of the hour is read once."""
+        hour = floor_to(start, timedelta(hours=1))
+        entries = await hour_entries(self.store, factory_id, hour)
+        windows = await current_windows(
+            self.store,
+            factory_id,
+            hour,
+            entries,
+            self.fold_params,
+            upto=max(start, floor_to(now - self.delay, WINDOW) - WINDOW),
+            ensure=[start],
+            concurrency=self._reads,
+        )
+        written: list[PutResult] = []
+        for changed in sorted(windows.changed | {start}):
+            stored = windows.stored.get(changed)
+            if changed == start:
+                body = dict(graph_body)
+            elif stored is not None:
+                body = {k: v for k, v in stored.body.items() if k != REPORT_FIELD}
+            else:  # not aggregated yet (a later window of a range), or its claim was lost
+                body = {
+                    "factory_id": factory_id,
+                    "bucket_start": format_ts(changed),
+                    "bucket_end": format_ts(changed + WINDOW),
+                }
+            body[REPORT_FIELD] = windows.folds[changed].model_dump(mode="json")
+            key = keys.processed_agg_key(factory_id, changed)
+            written.append(await self.store.put_bytes(key, to_json_bytes(body)))
+        return written

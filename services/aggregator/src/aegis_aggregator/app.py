@@ -83,6 +83,8 @@ class AggregatorApp(ServiceApp):
             fresh_for=timedelta(seconds=s.fresh_for_s),
             catchup=s.catchup_windows,
             concurrency=s.factory_concurrency,
+            fold_params=s.fold_params(),
+            read_concurrency=s.aggregate_read_concurrency,
         )
         start_background(stack, self._loop, "aggregator-windows")
         log.info("aggregator_started", owner=self.aggregator.owner, catchup=self.aggregator.catchup)

@@ -83,6 +83,8 @@ async def _run(
                 ttl=s.ttl,
                 clock=utc_now,
                 fresh_for=timedelta(seconds=s.fresh_for_s),
+                fold_params=s.fold_params(),
+                read_concurrency=s.aggregate_read_concurrency,
             )
             targets = factories or await readmodel.fleet_ids()
             for start in windows:

@@ -1,6 +1,6 @@
 """The day from its hourly folds (pure): summaries, incidents, completeness, report context.
 
-Nothing here sees a record: every figure is merged from :mod:`aegis_reporter.folds`, so the
+Nothing here sees a record: every figure is merged from :mod:`aegis_folds.folds`, so the
 memory of a report does not depend on how many records the day had. Times are given in KST
 (the report's zone) and UTC; a duration is in seconds.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from aegis_contracts.state import Level
 from aegis_contracts.times import KST, format_ts, kst_day_bounds
-from aegis_reporter.folds import (
+from aegis_folds.folds import (
     INTERVAL_RESOLUTION_S,
     CheckFold,
     CloudHour,

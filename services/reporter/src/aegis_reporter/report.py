@@ -36,24 +36,24 @@ import structlog
 from aegis_contracts import keys
 from aegis_contracts.cloud import CloudSnapshot
 from aegis_contracts.events import ObjectCreated, SystemEvent
-from aegis_contracts.keys import CLOUD_INFRA_TARGET, CloudTier, Dataset, ReportArtifact
-from aegis_contracts.state import FactoryState, ImageSnapshotRef, InfraState, RiskRecord
+from aegis_contracts.keys import CLOUD_INFRA_TARGET, CloudTier, ReportArtifact
 from aegis_contracts.subjects import object_created_subject, system_subject
 from aegis_contracts.times import Clock, format_ts, kst_day_bounds, kst_report_date, truncate_ms
 from aegis_contracts.ttl import expires_at
-from aegis_reporter.day import DayWindow, cloud_summary, factory_summary, report_context
-from aegis_reporter.folds import (
+from aegis_folds.folds import (
     CloudHour,
     FactoryHour,
     FoldParams,
     Hour,
     InputListing,
     fold_cloud_hour,
-    fold_factory_hour,
+    hour_from_windows,
     listing_of,
 )
+from aegis_folds.sketch import DEFAULT_ALPHA
+from aegis_folds.windows import current_windows, hour_entries
+from aegis_reporter.day import DayWindow, cloud_summary, factory_summary, report_context
 from aegis_reporter.generators import ReportGenerator, TemplateGenerator
-from aegis_reporter.sketch import DEFAULT_ALPHA
 from aegis_runtime.heartbeat import instance_id
 from aegis_storage.errors import NotFound
 from aegis_storage.readmodel import ReadModel
@@ -66,17 +66,7 @@ PRODUCER = "reporter"
 CLAIM_TTL_S = 90 * 86_400
 OBJECT_FAMILY = "reports"
 EVENT_KIND = "report_generated"
-FACTORY_DATASETS = (
-    Dataset.FACTORY_STATE,
-    Dataset.RISK_SCORE,
-    Dataset.INFRA_STATE,
-    Dataset.IMAGE_SNAPSHOT,
-)
 MODELS: dict[str, type[pydantic.BaseModel]] = {
-    Dataset.FACTORY_STATE.value: FactoryState,
-    Dataset.RISK_SCORE.value: RiskRecord,
-    Dataset.INFRA_STATE.value: InfraState,
-    Dataset.IMAGE_SNAPSHOT.value: ImageSnapshotRef,
     CloudTier.FAST.value: CloudSnapshot,
     CloudTier.SLOW.value: CloudSnapshot,
 }
@@ -112,6 +102,7 @@ class TargetRun:
     day: date
     objects: int = 0
     objects_read: int = 0
+    windows_read: int = 0
     hours_read: list[int] = field(default_factory=list)
     hours_reused: list[int] = field(default_factory=list)
     report_key: str | None = None
@@ -230,12 +221,11 @@ class Reporter:
             key = keys.report_hourly_key(day, target, h)
             fold = await self._stored_fold(key, target, listing)
             if fold is None:
-                fold = await self._fold(target, window, h, entries, listing)
+                fold = await self._fold(target, window, h, entries, listing, run=run)
                 body = artifact_bytes(fold.model_dump(mode="json"))
                 await self.store.put_bytes(key, body)
                 fold = _parse_fold(target, body)  # exactly what a resumed run would read back
                 run.hours_read.append(h)
-                run.objects_read += listing.count
             else:
                 run.hours_reused.append(h)
             hours[h] = fold
@@ -298,6 +288,7 @@ class Reporter:
                 "hours_read": run.hours_read,
                 "hours_reused": run.hours_reused,
                 "objects_read": run.objects_read,
+                "windows_read": run.windows_read,
             },
         }
         await self.store.put_bytes(
@@ -382,12 +373,9 @@ class Reporter:
     # -- one hour ---------------------------------------------------------------------------
 
     async def _list_hour(self, target: str, utc_hour: datetime) -> list[tuple[str, ObjectInfo]]:
-        if target == CLOUD_INFRA_TARGET:
-            prefixes = [(t.value, keys.cloud_infra_hour_prefix(t, utc_hour)) for t in CloudTier]
-        else:
-            prefixes = [
-                (d.value, keys.processed_hour_prefix(target, d, utc_hour)) for d in FACTORY_DATASETS
-            ]
+        if target != CLOUD_INFRA_TARGET:
+            return await hour_entries(self.store, target, utc_hour)
+        prefixes = [(t.value, keys.cloud_infra_hour_prefix(t, utc_hour)) for t in CloudTier]
         entries: list[tuple[str, ObjectInfo]] = []
         for dataset, prefix in prefixes:
             entries.extend([(dataset, o) async for o in self.store.list_objects(prefix)])
@@ -423,15 +411,13 @@ class Reporter:
         kst_hour: int,
         entries: list[tuple[str, ObjectInfo]],
         listing: InputListing,
+        *,
+        run: TargetRun,
     ) -> Hour:
-        read = await asyncio.gather(*(self._read(ds, o.key) for ds, o in entries))
-        skipped = sum(1 for _, r in read if r is None)
-
-        def of(dataset: str) -> list[Any]:
-            return [r for ds, r in read if ds == dataset and r is not None]
-
         utc_hour = window.utc_hour(kst_hour)
         if target == CLOUD_INFRA_TARGET:
+            read = await asyncio.gather(*(self._read(ds, o.key) for ds, o in entries))
+            run.objects_read += len(read)
             return fold_cloud_hour(
                 target=target,
                 report_date=window.day,
@@ -439,21 +425,24 @@ class Reporter:
                 utc_hour=utc_hour,
                 params=self.params,
                 listing=listing,
-                snapshots=of("fast") + of("slow"),
-                skipped=skipped,
+                snapshots=[r for _, r in read if isinstance(r, CloudSnapshot)],
+                skipped=sum(1 for _, r in read if r is None),
             )
-        return fold_factory_hour(
+        # a factory's hour: merged from the aggregator's window folds, reading objects only
+        # where the windows are missing or behind the listing
+        windows = await current_windows(
+            self.store, target, utc_hour, entries, self.params, concurrency=self._slots
+        )
+        run.objects_read += windows.objects_read
+        run.windows_read += windows.windows_read
+        return hour_from_windows(
+            windows.folds.values(),
             target=target,
             report_date=window.day,
             kst_hour=kst_hour,
             utc_hour=utc_hour,
             params=self.params,
             listing=listing,
-            factory_states=of(Dataset.FACTORY_STATE.value),
-            risks=of(Dataset.RISK_SCORE.value),
-            infras=of(Dataset.INFRA_STATE.value),
-            images=of(Dataset.IMAGE_SNAPSHOT.value),
-            skipped=skipped,
         )
 
 

@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
+from fractions import Fraction
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -30,7 +31,7 @@ from aegis_contracts.state import (
     RiskRecord,
 )
 from aegis_contracts.times import Timestamp
-from aegis_reporter.sketch import QuantileSketch
+from aegis_folds.sketch import QuantileSketch
 
 # bump when a fold's definition changes: older intermediates are then recomputed, not reused
 FOLD_VERSION = 1
@@ -124,8 +125,12 @@ class _HourFold(_Model):
     skipped: int = 0
 
 
-class FactoryHour(_HourFold):
-    kind: Literal["factory"] = "factory"
+class FactoryRecords(_Model):
+    """What a fold of one factory's records holds, whatever span of event time it covers (an
+    hour, a 5-minute window); ``out_of_range`` counts, per sensor, the risk records whose reasons
+    name it (an hour keeps the sensors it has; a window keeps every name, see
+    :func:`hour_from_windows`)."""
+
     factory_records: int = 0
     first_at: Timestamp | None = None
     last_at: Timestamp | None = None
@@ -147,6 +152,10 @@ class FactoryHour(_HourFold):
     images: int = 0
     image_bytes: int = 0
     image_cameras: dict[str, int] = {}
+
+
+class FactoryHour(_HourFold, FactoryRecords):
+    kind: Literal["factory"] = "factory"
 
 
 class CheckFold(_Model):
@@ -312,16 +321,21 @@ def _sensor_of(reason: Reason, sensors: Iterable[str]) -> str | None:
     return name if name in sensors else None
 
 
-def _fold_infra(infra: Sequence[InfraState]) -> dict[str, Any]:
+def _infra_values(infra: Sequence[InfraState]) -> dict[str, list[float]]:
     values: defaultdict[str, list[float]] = defaultdict(list)
-    seen: Counter[str] = Counter()
-    off: Counter[str] = Counter()
-    stages: Counter[str] = Counter()
     for inf in infra:
         figures = {**inf.host.model_dump(), **inf.network.model_dump()}
         for name in INFRA_SERIES:
             if (figure := figures.get(name)) is not None:
                 values[name].append(float(figure))
+    return dict(values)
+
+
+def _fold_infra(infra: Sequence[InfraState], values: dict[str, list[float]]) -> dict[str, Any]:
+    seen: Counter[str] = Counter()
+    off: Counter[str] = Counter()
+    stages: Counter[str] = Counter()
+    for inf in infra:
         for cam, online in inf.cameras.items():
             seen[cam] += 1
             off[cam] += online == "offline"
@@ -336,30 +350,41 @@ def _fold_infra(infra: Sequence[InfraState]) -> dict[str, Any]:
     }
 
 
-def fold_factory_hour(
-    *,
-    target: str,
-    report_date: date,
-    kst_hour: int,
-    utc_hour: datetime,
-    params: FoldParams,
-    listing: InputListing,
+class _Everything:
+    """Every sensor name: a window counts out-of-range readings of any sensor a reason names,
+    and the hour keeps those of the sensors it has (see :func:`hour_from_windows`)."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+
+def _order(r: FactoryState | RiskRecord | InfraState | ImageSnapshotRef) -> tuple[datetime, str]:
+    return (r.meta.event_time, r.meta.message_id)
+
+
+def _exact(values: Iterable[float]) -> str:
+    """The exact sum of ``values`` as ``numerator/denominator``: sums of windows add up to the
+    hour's exactly (``math.fsum`` of all values is this sum, correctly rounded)."""
+    total = sum((Fraction(v) for v in values), Fraction(0))
+    return f"{total.numerator}/{total.denominator}"
+
+
+def _factory_body(
     factory_states: Iterable[FactoryState],
     risks: Iterable[RiskRecord],
     infras: Iterable[InfraState],
     images: Iterable[ImageSnapshotRef],
-    skipped: int = 0,
-) -> FactoryHour:
-    """One hour of one factory. Records are ordered by (event time, message id) first, so the
-    fold does not depend on the order they were read in."""
-
-    def order(r: FactoryState | RiskRecord | InfraState | ImageSnapshotRef) -> tuple[datetime, str]:
-        return (r.meta.event_time, r.meta.message_id)
-
-    states = sorted(factory_states, key=order)
-    rated = sorted(risks, key=order)
-    infra = sorted(infras, key=order)
-    shots = sorted(images, key=order)
+    params: FoldParams,
+    *,
+    all_sensors: bool = False,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The fields a fold of factory records has, whatever span it covers, and the exact sums of
+    its series (``sensors.{name}``, ``infra.{name}``). Records are ordered by (event time,
+    message id) first, so the fold does not depend on the order they were read in."""
+    states = sorted(factory_states, key=_order)
+    rated = sorted(risks, key=_order)
+    infra = sorted(infras, key=_order)
+    shots = sorted(images, key=_order)
 
     intervals: Counter[str] = Counter()
     gaps: list[Gap] = []
@@ -378,13 +403,64 @@ def fold_factory_hour(
         for d in fs.detections:
             labels[d.label].append((d.confidence, d.camera_id))
 
+    names: Any = _Everything() if all_sensors else sensor_values
     out_of_range: Counter[str] = Counter()
     for rr in rated:
-        hit = {s for r in rr.risk.reasons if (s := _sensor_of(r, sensor_values)) is not None}
+        hit = {s for r in rr.risk.reasons if (s := _sensor_of(r, names)) is not None}
         out_of_range.update(hit)
 
-    infra_fold = _fold_infra(infra)
+    infra_values = _infra_values(infra)
+    infra_fold = _fold_infra(infra, infra_values)
+    exact = {f"sensors.{n}": _exact(v) for n, v in sorted(sensor_values.items())} | {
+        f"infra.{n}": _exact(v) for n, v in sorted(infra_values.items())
+    }
+    body = {
+        "factory_records": len(states),
+        "first_at": states[0].meta.event_time if states else None,
+        "last_at": states[-1].meta.event_time if states else None,
+        "intervals": dict(sorted(intervals.items())),
+        "gaps": gaps,
+        "sensors": {n: series(v, params.alpha) for n, v in sorted(sensor_values.items())},
+        "out_of_range": dict(sorted(out_of_range.items())),
+        "detections": {
+            label: LabelFold(
+                count=len(found),
+                max_confidence=max(c for c, _ in found),
+                cameras=dict(sorted(Counter(cam for _, cam in found).items())),
+            )
+            for label, found in sorted(labels.items())
+        },
+        "risk_records": len(rated),
+        "max_score": max((r.risk.score for r in rated), default=None),
+        "worst_level": Level.worst(*(r.risk.level for r in rated)) if rated else None,
+        "runs": runs_of(
+            Point(r.meta.event_time, r.risk.level, r.risk.score, r.risk.reasons) for r in rated
+        ),
+        "infra_records": len(infra),
+        **infra_fold,
+        "images": len(shots),
+        "image_bytes": sum(s.size_bytes for s in shots),
+        "image_cameras": dict(sorted(Counter(s.camera_id for s in shots).items())),
+    }
+    return body, exact
 
+
+def fold_factory_hour(
+    *,
+    target: str,
+    report_date: date,
+    kst_hour: int,
+    utc_hour: datetime,
+    params: FoldParams,
+    listing: InputListing,
+    factory_states: Iterable[FactoryState],
+    risks: Iterable[RiskRecord],
+    infras: Iterable[InfraState],
+    images: Iterable[ImageSnapshotRef],
+    skipped: int = 0,
+) -> FactoryHour:
+    """One hour of one factory, from its records."""
+    body, _ = _factory_body(factory_states, risks, infras, images, params)
     return FactoryHour(
         target=target,
         report_date=report_date,
@@ -393,32 +469,186 @@ def fold_factory_hour(
         params=params,
         input=listing,
         skipped=skipped,
-        factory_records=len(states),
-        first_at=states[0].meta.event_time if states else None,
-        last_at=states[-1].meta.event_time if states else None,
+        **body,
+    )
+
+
+# -- 5-minute windows ---------------------------------------------------------------------------
+
+
+class InputEntry(_Model):
+    """One processed/ object a window was folded from."""
+
+    dataset: str
+    key: str
+    etag: str
+
+
+class FactoryWindow(FactoryRecords):
+    """One factory's records of one 5-minute window of event time ``[start, end)``: what an
+    hourly fold needs, kept by the aggregator in the window's processed_agg/ object. Its series
+    carry exact sums (``exact``) so that twelve windows merge into exactly the hour's fold
+    (:func:`hour_from_windows`); ``inputs`` are the objects it was made from, so a reader can tell
+    whether the window is current against a listing of its hour."""
+
+    kind: Literal["factory-window"] = "factory-window"
+    factory_id: str
+    window_start: Timestamp
+    window_end: Timestamp
+    params: FoldParams
+    inputs: list[InputEntry] = []
+    skipped: int = 0
+    exact: dict[str, str] = {}
+
+
+def fold_factory_window(
+    *,
+    factory_id: str,
+    start: datetime,
+    end: datetime,
+    params: FoldParams,
+    inputs: Iterable[InputEntry],
+    factory_states: Iterable[FactoryState],
+    risks: Iterable[RiskRecord],
+    infras: Iterable[InfraState],
+    images: Iterable[ImageSnapshotRef],
+    skipped: int = 0,
+) -> FactoryWindow:
+    """One window of one factory, from its records (the same definitions as an hour)."""
+    body, exact = _factory_body(factory_states, risks, infras, images, params, all_sensors=True)
+    return FactoryWindow(
+        factory_id=factory_id,
+        window_start=start,
+        window_end=end,
+        params=params,
+        inputs=sorted(inputs, key=lambda e: (e.key, e.etag)),
+        skipped=skipped,
+        exact=exact,
+        **body,
+    )
+
+
+def _merge_series(items: Sequence[tuple[Series, str]]) -> Series:
+    """Series of consecutive spans with their exact sums, as one span's series."""
+    sketches = [s.sketch for s, _ in items if s.sketch is not None]
+    merged = None
+    if sketches:
+        merged = sketches[0].sketch()
+        for other in sketches[1:]:
+            merged.merge(other.sketch())
+    total = sum((Fraction(exact) for _, exact in items), Fraction(0))
+    return Series(
+        count=sum(s.count for s, _ in items),
+        min=min(s.min for s, _ in items),
+        max=max(s.max for s, _ in items),
+        sum=float(total),
+        sketch=None if merged is None else SketchData.of(merged),
+    )
+
+
+def _added(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: Counter[str] = Counter()
+    for c in counts:
+        total.update(c)
+    return dict(sorted(total.items()))
+
+
+def hour_from_windows(
+    windows: Iterable[FactoryWindow],
+    *,
+    target: str,
+    report_date: date,
+    kst_hour: int,
+    utc_hour: datetime,
+    params: FoldParams,
+    listing: InputListing,
+) -> FactoryHour:
+    """The hour's fold from the folds of its windows: equal to :func:`fold_factory_hour` over
+    the same records (intervals and gaps across window boundaries are rebuilt from each
+    window's first and last record; sums are exact; sketches merge bin by bin)."""
+    ordered = sorted(windows, key=lambda w: w.window_start)
+    if any(w.params != params for w in ordered):
+        raise ValueError("windows folded with other parameters do not merge into this hour")
+    intervals: Counter[str] = Counter()
+    gaps: list[Gap] = []
+    last: datetime | None = None
+    for w in ordered:
+        if not w.factory_records:
+            continue
+        assert w.first_at is not None and w.last_at is not None
+        if last is not None:
+            dt = (w.first_at - last).total_seconds()
+            if dt > params.gap_s:
+                gaps.append(Gap(start=last, end=w.first_at))
+            else:
+                intervals[str(round(dt / INTERVAL_RESOLUTION_S))] += 1
+        intervals.update(w.intervals)
+        gaps.extend(w.gaps)
+        last = w.last_at
+
+    def merged(field: str) -> dict[str, Series]:
+        names = sorted({n for w in ordered for n in getattr(w, field)})
+        return {
+            n: _merge_series(
+                [
+                    (getattr(w, field)[n], w.exact[f"{field}.{n}"])
+                    for w in ordered
+                    if n in getattr(w, field)
+                ]
+            )
+            for n in names
+        }
+
+    sensors = merged("sensors")
+    runs: list[Run] = []
+    for w in ordered:
+        for run in w.runs:
+            runs = append_run(runs, run)
+    labels = sorted({label for w in ordered for label in w.detections})
+    with_states = [w for w in ordered if w.factory_records]
+    scores = [w.max_score for w in ordered if w.max_score is not None]
+    levels = [w.worst_level for w in ordered if w.worst_level is not None]
+    return FactoryHour(
+        target=target,
+        report_date=report_date,
+        kst_hour=kst_hour,
+        utc_hour=utc_hour,
+        params=params,
+        input=listing,
+        skipped=sum(w.skipped for w in ordered),
+        factory_records=sum(w.factory_records for w in ordered),
+        first_at=with_states[0].first_at if with_states else None,
+        last_at=with_states[-1].last_at if with_states else None,
         intervals=dict(sorted(intervals.items())),
         gaps=gaps,
-        sensors={n: series(v, params.alpha) for n, v in sorted(sensor_values.items())},
-        out_of_range=dict(sorted(out_of_range.items())),
+        sensors=sensors,
+        out_of_range={
+            n: c for n, c in _added(w.out_of_range for w in ordered).items() if n in sensors
+        },
         detections={
             label: LabelFold(
-                count=len(found),
-                max_confidence=max(c for c, _ in found),
-                cameras=dict(sorted(Counter(cam for _, cam in found).items())),
+                count=sum(w.detections[label].count for w in ordered if label in w.detections),
+                max_confidence=max(
+                    w.detections[label].max_confidence for w in ordered if label in w.detections
+                ),
+                cameras=_added(
+                    w.detections[label].cameras for w in ordered if label in w.detections
+                ),
             )
-            for label, found in sorted(labels.items())
+            for label in labels
         },
-        risk_records=len(rated),
-        max_score=max((r.risk.score for r in rated), default=None),
-        worst_level=Level.worst(*(r.risk.level for r in rated)) if rated else None,
-        runs=runs_of(
-            Point(r.meta.event_time, r.risk.level, r.risk.score, r.risk.reasons) for r in rated
-        ),
-        infra_records=len(infra),
-        **infra_fold,
-        images=len(shots),
-        image_bytes=sum(s.size_bytes for s in shots),
-        image_cameras=dict(sorted(Counter(s.camera_id for s in shots).items())),
+        risk_records=sum(w.risk_records for w in ordered),
+        max_score=max(scores) if scores else None,
+        worst_level=Level.worst(*levels) if levels else None,
+        runs=runs,
+        infra_records=sum(w.infra_records for w in ordered),
+        infra=merged("infra"),
+        camera_observations=_added(w.camera_observations for w in ordered),
+        camera_offline=_added(w.camera_offline for w in ordered),
+        pipeline_not_ok=_added(w.pipeline_not_ok for w in ordered),
+        images=sum(w.images for w in ordered),
+        image_bytes=sum(w.image_bytes for w in ordered),
+        image_cameras=_added(w.image_cameras for w in ordered),
     )
 
 
