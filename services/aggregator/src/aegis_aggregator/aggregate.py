@@ -62,8 +62,9 @@ PRODUCER = "aggregator"
 CLAIM_TTL_S = 3 * 86_400
 OBJECT_FAMILY = "metrics_5m"
 CATCHUP = timedelta(hours=24)
-# HISTORY#STATE is read only for windows that start this long inside its TTL (an item's ttl
-# counts from when the processor wrote it, a little after its updated_at)
+# a window is read from HISTORY#STATE only while it starts at least this long after
+# now - history_ttl (an item's ttl counts from when the processor wrote it, just after its
+# updated_at); older windows are read from the state_snapshot objects
 HISTORY_MARGIN = timedelta(minutes=10)
 
 
