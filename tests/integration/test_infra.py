@@ -14,7 +14,7 @@ import importlib.util
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,6 +25,8 @@ import pytest
 import yaml
 from aiobotocore.session import get_session
 
+from aegis_aggregator.aggregate import Aggregator, Source
+from aegis_contracts.ttl import TtlSettings
 from aegis_runtime.localservers import free_port, start_moto_server
 from aegis_storage.bootstrap import (
     bootstrap,
@@ -397,14 +399,36 @@ async def test_aggregator(as_service):
     me = await as_service("aggregator")
     await me.store.put_bytes(WINDOW_OBJECT, b"{}")
     assert await me.readmodel.claim_window("aggregate", NOW, owner="t", now=NOW, ttl=1)
+    assert await me.readmodel.first_window("aggregate", NOW, now=NOW) == NOW
     assert await me.readmodel.fleet_ids() == [F]
     assert await me.readmodel.history_states(F, NOW, NOW, now=NOW) == []
     # the window folds: the processed/ records and the windows already written
     assert await me.store.get_bytes(PROCESSED)
     assert await me.store.get_bytes(WINDOW_OBJECT) == b"{}"
+    # a window older than HISTORY holds: its state_snapshot objects, listed and read
+    hour = SNAPSHOT.rsplit("/", 1)[0] + "/"
+    listed = await me.store.list_keys_between(hour, hour, hour + "~")
+    assert SNAPSHOT in listed  # with the processor test's, when it ran first
+    assert await me.store.get_bytes(SNAPSHOT) == b'{"seed": true}'
+    agg = Aggregator(
+        readmodel=me.readmodel,
+        store=me.store,
+        publish=no_events,
+        ttl=TtlSettings(),
+        clock=lambda: NOW,
+        owner="t",
+    )
+    run = await agg.run_window(NOW, [F], now=NOW + timedelta(hours=3))
+    # every object there was read; none is a real snapshot (seeds)
+    assert (run.source, run.skipped_items) == (Source.SNAPSHOTS, len(listed))
     await denied(me.store.put_bytes(PROCESSED, b"{}"))
+    await denied(me.store.put_bytes(SNAPSHOT, b"{}"))
     await denied(me.store.get_bytes(RAW))
     await denied(me.store.get_bytes(REPORT))
+
+
+async def no_events(subject: str, event: Any, *, msg_id: str) -> bool:
+    return False
 
 
 async def test_cloud_collector(as_service):

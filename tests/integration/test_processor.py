@@ -19,6 +19,7 @@ from nats.js import JetStreamContext, api
 from aegis_contracts import keys
 from aegis_contracts.events import ChangeEvent, ObjectCreated, RawArchived
 from aegis_contracts.ids import SourceType
+from aegis_contracts.items import FactoryLatest, HistoryState
 from aegis_contracts.keys import Dataset, ReportArtifact
 from aegis_contracts.subjects import DEAD_LETTER, dead_letter_subject, raw_subject
 from aegis_contracts.times import format_ts, kst_report_date, parse_ts, truncate_ms
@@ -291,6 +292,10 @@ async def test_factory_state_yields_processed_objects_latest_history_snapshot_an
     snapshot = await h.store.get_json(snap_key)
     assert "ttl" not in snapshot
     assert snapshot == {k: v for k, v in item.items() if k != "ttl"}
+    # what the aggregator reads for a window older than HISTORY holds: the same state
+    assert FactoryLatest.model_validate(snapshot).model_dump() == HistoryState.model_validate(
+        item
+    ).model_dump(exclude={"ttl"})
     assert sorted(await h.processed_keys()) == sorted([fs_key, risk_key, snap_key])
 
     wanted = {fs_key, risk_key, snap_key}

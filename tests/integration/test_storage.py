@@ -90,6 +90,51 @@ async def test_json_round_trip_listing_and_missing_objects(foundation):
         await store.get_bytes("processed/factory-a/nothing.json")
 
 
+async def test_a_key_range_is_listed_from_its_start_and_never_past_its_end(foundation):
+    store = foundation.store
+    prefix = keys.processed_hour_prefix("factory-a", "state_snapshot", T0)
+    names = [keys.state_snapshot_key("factory-a", T0 + timedelta(seconds=i)) for i in range(1100)]
+    slots = asyncio.Semaphore(32)
+
+    async def put(key: str) -> None:
+        async with slots:
+            await store.put_bytes(key, b"{}")
+
+    await asyncio.gather(*(put(k) for k in names))
+    lists = 0
+
+    def count(**_: object) -> None:
+        nonlocal lists
+        lists += 1
+
+    foundation.clients.s3.meta.events.register("before-call.s3.ListObjectsV2", count)
+    try:
+        # the bounds are exclusive: a range from a key's name without ".json" includes that key
+        late = await store.list_keys_between(
+            prefix, names[1050].removesuffix(".json"), names[1060].removesuffix(".json")
+        )
+        assert late == names[1050:1060] and lists == 1  # started at 1050, not on page one
+        early = await store.list_keys_between(prefix, names[0], names[20])
+        assert early == names[1:20] and lists == 2  # one page, however many follow
+        assert await store.list_keys_between(prefix, prefix, prefix + "~") == names
+        assert lists == 4  # the whole prefix: two pages
+    finally:
+        foundation.clients.s3.meta.events.unregister("before-call.s3.ListObjectsV2", count)
+
+
+async def test_the_first_window_of_a_job_is_recorded_once(foundation):
+    rm = foundation.readmodel
+    candidates = [T0 + timedelta(minutes=5 * i) for i in range(8)]
+    got = await asyncio.gather(*(rm.first_window("graph-5m", c, now=c) for c in candidates))
+    assert len(set(got)) == 1 and got[0] in candidates  # every replica got the winner's
+    assert await rm.first_window("graph-5m", T0 - timedelta(days=1), now=T0) == got[0]
+    item = await rm.get_item(keys.claim_pk("graph-5m"), keys.CLAIM_FIRST_SK)
+    assert item is not None and "ttl" not in item  # never expires
+    # window listings never see it
+    far = T0 + timedelta(days=3650)
+    assert await rm.window_claims("graph-5m", T0 - timedelta(days=1), far, now=T0) == {}
+
+
 async def test_delete_many_chunks_to_1000(foundation):
     store = foundation.store
     names = [f"tmp/{i:05d}.json" for i in range(1005)]

@@ -5,7 +5,10 @@ catch-up after downtime, byte-identical re-runs, expired items left out."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,7 +17,7 @@ import pytest
 from nats.js.api import DeliverPolicy
 from typer.testing import CliRunner
 
-from aegis_aggregator.aggregate import WINDOW, Aggregator
+from aegis_aggregator.aggregate import JOB, WINDOW, Aggregator, Source
 from aegis_aggregator.app import AggregatorApp
 from aegis_aggregator.cli import windows_between
 from aegis_aggregator.settings import AggregatorSettings
@@ -23,12 +26,13 @@ from aegis_contracts import keys
 from aegis_contracts.events import ObjectCreated
 from aegis_contracts.graph import WindowStats
 from aegis_contracts.items import Graph5m, HistoryState
-from aegis_contracts.times import format_ts
+from aegis_contracts.times import format_ts, parse_ts
 from aegis_contracts.ttl import TtlSettings
 from aegis_runtime.broker import create_broker, ensure_streams
 from aegis_runtime.cli import app as cli_app
 from aegis_runtime.testing.clock import FakeClock
 from aegis_runtime.testing.storage import Foundation
+from aegis_storage.s3 import to_json_bytes
 
 T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 
@@ -388,11 +392,32 @@ def aggregator(
     )
 
 
+async def running_since(foundation: Foundation, first: datetime) -> None:
+    """Record that aggregators have run on this table since the window ``first`` (what the
+    first tick on a fresh table records), so a tick may look back that far."""
+    assert await foundation.readmodel.first_window(JOB, first, now=first) == first
+
+
 async def seed(foundation: Foundation, snaps: list[Snap], factory: str, **item: Any) -> None:
     for s in snaps:
         await foundation.readmodel.put_item({**s.item(factory), **item})
     if await foundation.readmodel.get_latest(factory) is None:
         await foundation.readmodel.set_latest(factory, {"updated_at": format_ts(snaps[-1].at)})
+
+
+async def seed_objects(
+    foundation: Foundation, snaps: list[Snap], factory: str, *, concurrency: int = 16
+) -> None:
+    """The state_snapshot objects of ``snaps``, as the processor writes them: the HISTORY item
+    without ``ttl``, named by its updated_at."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def put(s: Snap) -> None:
+        body = {k: v for k, v in s.item(factory).items() if k != "ttl"}
+        async with slots:
+            await foundation.store.put_json(keys.state_snapshot_key(factory, s.at), body)
+
+    await asyncio.gather(*(put(s) for s in snaps))
 
 
 @pytest.mark.integration
@@ -405,8 +430,9 @@ async def test_a_window_is_written_as_graph_item_and_processed_agg_object(
     ]
     await seed(foundation, live, "factory-a")
     await seed(foundation, expired, "factory-a", ttl=int((W0 + timedelta(minutes=6)).timestamp()))
+    await running_since(foundation, W0)
     clock, recorder = FakeClock(W1 + timedelta(minutes=2)), Recorder()
-    agg = aggregator(foundation, clock, recorder, catchup=0)
+    agg = aggregator(foundation, clock, recorder, catchup=WINDOW)
 
     runs = await agg.tick()
 
@@ -433,9 +459,10 @@ async def test_a_window_is_written_as_graph_item_and_processed_agg_object(
 async def test_two_replicas_produce_each_window_once(foundation: Foundation) -> None:
     await seed(foundation, steady(0, 900), "factory-a")
     await seed(foundation, steady(0, 900, every=10, factory="b"), "factory-b")
+    await running_since(foundation, W0 - timedelta(hours=1))
     clock, recorder = FakeClock(W0 + timedelta(minutes=15, seconds=20)), Recorder()
-    one = aggregator(foundation, clock, recorder, catchup=5, owner="replica-one")
-    two = aggregator(foundation, clock, recorder, catchup=5, owner="replica-two")
+    one = aggregator(foundation, clock, recorder, catchup=6 * WINDOW, owner="replica-one")
+    two = aggregator(foundation, clock, recorder, catchup=6 * WINDOW, owner="replica-two")
 
     runs = await asyncio.gather(one.tick(), two.tick(), one.tick())
 
@@ -453,12 +480,12 @@ async def test_a_restart_after_30_minutes_fills_the_six_missed_windows_oldest_fi
 ) -> None:
     await seed(foundation, steady(-300, 2400, every=15), "factory-a")
     clock, recorder = FakeClock(W0 + timedelta(seconds=20)), Recorder()
-    before = aggregator(foundation, clock, recorder)  # looks back as far as HISTORY holds (2 h)
-    ran = [r.start for r in await before.tick()]
-    assert ran == [W0 - i * WINDOW for i in range(24, 0, -1)]
+    before = aggregator(foundation, clock, recorder)
+    # the first tick on this table: windows already due then are never looked back at
+    assert await before.tick() == []
 
     clock.advance(timedelta(minutes=30))  # down for 30 minutes, a new replica starts
-    after = aggregator(foundation, clock, recorder)  # default catch-up: what HISTORY holds
+    after = aggregator(foundation, clock, recorder)  # default catch-up (24 h)
     runs = await after.tick()
 
     assert [r.start for r in runs] == [W0 + i * WINDOW for i in range(6)]
@@ -473,8 +500,9 @@ async def test_a_restart_after_30_minutes_fills_the_six_missed_windows_oldest_fi
 @pytest.mark.integration
 async def test_a_rerun_is_byte_identical(foundation: Foundation) -> None:
     await seed(foundation, steady(0, 300, every=3), "factory-a")
+    await running_since(foundation, W0)
     clock, recorder = FakeClock(W1 + timedelta(seconds=30)), Recorder()
-    agg = aggregator(foundation, clock, recorder, catchup=0)
+    agg = aggregator(foundation, clock, recorder, catchup=WINDOW)
     await agg.tick()
     key = keys.processed_agg_key("factory-a", W0)
     first_body = await foundation.store.get_bytes(key)
@@ -500,7 +528,7 @@ async def test_a_claim_left_unfinished_by_a_dead_replica_is_taken_over_after_the
     assert await foundation.readmodel.claim_window(
         "graph-5m", W0, owner="dead", now=clock(), ttl=2_000_000_000
     )
-    agg = aggregator(foundation, clock, recorder, catchup=0, lease=timedelta(minutes=2))
+    agg = aggregator(foundation, clock, recorder, catchup=WINDOW, lease=timedelta(minutes=2))
     assert await agg.tick() == []  # inside the lease: not yet
     clock.advance(timedelta(minutes=3))
     assert [r.start for r in await agg.tick()] == [W0]
@@ -519,8 +547,9 @@ async def test_a_damaged_history_item_is_skipped_not_fatal(foundation: Foundatio
             "ttl": 2_000_000_000,
         }
     )
+    await running_since(foundation, W0)
     clock, recorder = FakeClock(W1 + timedelta(seconds=30)), Recorder()
-    runs = await aggregator(foundation, clock, recorder, catchup=0).tick()
+    runs = await aggregator(foundation, clock, recorder, catchup=WINDOW).tick()
     assert runs[0].skipped_items == 1 and runs[0].samples == len(snaps)
 
 
@@ -535,13 +564,13 @@ async def test_the_service_aggregates_on_its_own_and_announces_on_the_queue(
     foundation: Foundation, nats_url: str, aws_endpoint: str
 ) -> None:
     await seed(foundation, steady(0, 300), "factory-a")
+    await running_since(foundation, W0)
     clock = FakeClock(W1 + timedelta(seconds=20))
     settings = AggregatorSettings(
         aws_endpoint_url=aws_endpoint,
         bucket=foundation.bucket,
         table=foundation.table,
         nats_url=nats_url,
-        catchup_windows=0,
     )
     app = AggregatorApp(settings, clock=clock)
     seen: list[ObjectCreated] = []
@@ -571,7 +600,10 @@ async def test_the_service_aggregates_on_its_own_and_announces_on_the_queue(
 async def test_aegis_aggregate_rewrites_a_range_for_an_operator(
     foundation: Foundation, aws_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # seeded both ways: on the real clock the range is read from HISTORY or, once HISTORY would
+    # no longer hold it, from the state_snapshot objects
     await seed(foundation, steady(0, 600, every=10), "factory-a")
+    await seed_objects(foundation, steady(0, 600, every=10), "factory-a")
     for name, value in {
         "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
         "AEGIS_BUCKET": foundation.bucket,
@@ -592,3 +624,297 @@ async def test_aegis_aggregate_rewrites_a_range_for_an_operator(
         CliRunner().invoke, cli_app, ["aggregate", "--from", "yesterday", "--to", "now"]
     )
     assert bad.exit_code == 2
+
+
+# -- windows older than HISTORY: read from the state_snapshot objects ---------------------------
+
+FACTORIES = ("factory-a", "factory-b")
+HISTORY_TTL = timedelta(hours=2)
+
+
+@contextlib.contextmanager
+def counted(foundation: Foundation) -> Iterator[Counter[str]]:
+    """The S3 and DynamoDB API calls made inside the block, by operation name."""
+    calls: Counter[str] = Counter()
+
+    def count(model: Any, **_: Any) -> None:
+        calls[model.name] += 1
+
+    clients = (foundation.clients.s3, foundation.clients.dynamodb)
+    for client in clients:
+        client.meta.events.register("before-call", count, unique_id="aggregator-test-count")
+    try:
+        yield calls
+    finally:
+        for client in clients:
+            client.meta.events.unregister("before-call", unique_id="aggregator-test-count")
+
+
+def irregular(factory: str, start: datetime, stop: datetime) -> list[Snap]:
+    """A factory's snapshots every 10 to 20 s (an uneven, repeatable rhythm): a factory_state
+    record in each, an infra record every fourth, CO rising to WARNING now and then."""
+    snaps: list[Snap] = []
+    n = 0
+    t = start + timedelta(seconds=FACTORIES.index(factory) * 3)
+    infra: tuple[str, datetime] | None = None
+    while t < stop:
+        co = 5 + (n % 7) * 3.5
+        level = "WARNING" if co > 20 else "NORMAL"
+        if n % 4 == 0:
+            infra = (f"{factory}-infra-{n:06d}", t)
+        assert infra is not None
+        snaps.append(
+            Snap(
+                at=t,
+                level=level,
+                score=co * 2,
+                reasons=["CO_HIGH"] if level == "WARNING" else [],
+                fs_id=f"{factory}-fs-{n:06d}",
+                fs_at=t,
+                sensors={"co_ppm": co, "temperature_c": 21 + (n % 4) / 4},
+                infra_id=infra[0],
+                infra_at=infra[1],
+                host={"cpu_pct": 20 + n % 9},
+                cameras={"cam-1": "online" if n % 5 else "offline"},
+            )
+        )
+        t += timedelta(seconds=10 + (n * 7) % 11)
+        n += 1
+    return snaps
+
+
+async def write_snapshots(foundation: Foundation, snaps: list[Snap], factory: str) -> None:
+    """What the processor writes for each state: the HISTORY item with its real ttl (2 h after
+    it was written) and the state_snapshot object."""
+    slots = asyncio.Semaphore(16)
+
+    async def history(s: Snap) -> None:
+        async with slots:
+            await foundation.readmodel.put_item(
+                s.item(factory, ttl=TtlSettings().history_expiry(s.at))
+            )
+
+    await asyncio.gather(*(history(s) for s in snaps))
+    await seed_objects(foundation, snaps, factory)
+    if await foundation.readmodel.get_latest(factory) is None:
+        await foundation.readmodel.set_latest(factory, {"updated_at": format_ts(snaps[-1].at)})
+
+
+def inside(snaps: list[Snap], start: datetime) -> list[Snap]:
+    return [s for s in snaps if start <= s.at < start + WINDOW]
+
+
+@pytest.mark.integration
+async def test_a_window_read_from_the_snapshot_objects_equals_it_read_from_history(
+    foundation: Foundation,
+) -> None:
+    # the same snapshots as HISTORY items and as objects; the window is W1, with snapshots of
+    # other windows before and after it in the same hour partition
+    snaps = steady(0, 900, every=4)
+    snaps += [Snap(at=at(599), fs_id="last-second", sensors={"co_ppm": 2}, score=3)]
+    await seed(foundation, snaps, "factory-a")
+    await seed_objects(foundation, snaps, "factory-a")
+    clock, recorder = FakeClock(W1), Recorder()
+    agg = aggregator(foundation, clock, recorder)
+    key = keys.processed_agg_key("factory-a", W1)
+    pk, sk = keys.factory_pk("factory-a"), keys.graph_5m_sk(W1)
+
+    with counted(foundation) as history_calls:
+        recent = await agg.run_window(W1, ["factory-a"], now=W1 + WINDOW + timedelta(seconds=30))
+    from_history = (
+        await foundation.store.get_bytes(key),
+        await foundation.readmodel.get_item(pk, sk),
+    )
+    await foundation.store.delete_many([key])
+    await foundation.readmodel.delete_item(pk, sk)
+    with counted(foundation) as object_calls:
+        old = await agg.run_window(W1, ["factory-a"], now=W1 + timedelta(hours=3))
+    from_objects = (
+        await foundation.store.get_bytes(key),
+        await foundation.readmodel.get_item(pk, sk),
+    )
+
+    assert (recent.source, old.source) == (Source.HISTORY, Source.SNAPSHOTS)
+    assert recent.samples == old.samples == len(inside(snaps, W1)) == 76
+    assert from_objects == from_history  # the same bytes, the same GRAPH item
+    assert from_history[1] is not None
+    assert_equal(Graph5m.model_validate(from_history[1]).stats, brute_force(snaps, W1, W1 + WINDOW))
+    # the cost of one factory-window on each path; both also list the hour's four processed/
+    # partitions and its window objects for the report's window fold (5 LISTs; this factory has
+    # no processed/ records, so nothing more is read)
+    assert history_calls == Counter({"Query": 1, "ListObjectsV2": 5, "PutObject": 1, "PutItem": 1})
+    assert object_calls == Counter(
+        {"ListObjectsV2": 1 + 5, "GetObject": 76, "PutObject": 1, "PutItem": 1}
+    )
+
+
+UP = W0 + timedelta(seconds=20)  # the aggregator's first tick on the table
+DOWN = W1 + timedelta(seconds=20)  # its last tick before the outage
+BACK = DOWN + timedelta(hours=3)  # the first tick after it
+MISSED = [W1 + i * WINDOW for i in range(36)]  # the windows due during the outage
+
+
+async def outage(foundation: Foundation) -> tuple[FakeClock, dict[str, list[Snap]]]:
+    """An aggregator runs (W0), then is down for 3 hours while both factories keep writing
+    snapshots; returns the clock at the end of the outage and what was written."""
+    written = {f: irregular(f, W0 - timedelta(minutes=10), BACK) for f in FACTORIES}
+    clock, recorder = FakeClock(UP), Recorder()
+    before = {f: [s for s in snaps if s.at < DOWN] for f, snaps in written.items()}
+    for f in FACTORIES:
+        await write_snapshots(foundation, [s for s in before[f] if s.at < UP], f)
+    assert await aggregator(foundation, clock, recorder).tick() == []  # the first tick
+    for f in FACTORIES:
+        await write_snapshots(foundation, [s for s in before[f] if s.at >= UP], f)
+    clock.now = DOWN
+    assert [r.start for r in await aggregator(foundation, clock, recorder).tick()] == [W0]
+    for f in FACTORIES:  # the aggregator is down; the processor keeps writing
+        await write_snapshots(foundation, [s for s in written[f] if s.at >= DOWN], f)
+    clock.now = BACK
+    return clock, written
+
+
+@pytest.mark.integration
+async def test_after_a_3_hour_outage_one_tick_fills_every_window_from_history_or_s3(
+    foundation: Foundation,
+) -> None:
+    clock, written = await outage(foundation)
+    recorder = Recorder()
+    now = clock()
+
+    runs = await aggregator(foundation, clock, recorder).tick()
+
+    assert [r.start for r in runs] == MISSED  # every window, oldest first, once
+    sources = {r.start: r.source for r in runs}
+    # HISTORY holds a window whole until 2 h after its start (10 min of margin): older ones
+    # are read from S3
+    assert [sources[w] for w in MISSED] == [Source.SNAPSHOTS] * 15 + [Source.HISTORY] * 21
+    expired = [w for w in MISSED if w + WINDOW + HISTORY_TTL <= now]
+    assert len(expired) == 12
+    for start in MISSED:
+        for f in FACTORIES:
+            wanted = inside(written[f], start)
+            assert 15 <= len(wanted) <= 30
+            item = await foundation.readmodel.get_item(
+                keys.factory_pk(f), keys.graph_5m_sk(start), now=now
+            )
+            assert item is not None, (f, start)
+            graph = Graph5m.model_validate(item)
+            assert graph.stats.samples == len(wanted)
+            assert_equal(graph.stats, brute_force(wanted, start, start + WINDOW))
+            body = await foundation.store.get_json(keys.processed_agg_key(f, start))
+            assert WindowStats.model_validate(body["stats"]) == graph.stats
+            if start in expired:  # HISTORY has nothing of it any more: these came from S3
+                assert (
+                    await foundation.readmodel.history_states(f, start, start + WINDOW, now=now)
+                    == []
+                )
+    assert sorted(recorder.keys()) == sorted(
+        keys.processed_agg_key(f, w) for f in FACTORIES for w in MISSED
+    )
+    claims = await foundation.readmodel.window_claims(JOB, W0, MISSED[-1] + WINDOW, now=now)
+    assert sorted(claims) == [format_ts(w) for w in [W0, *MISSED]]
+    assert all(c.get("done_at") for c in claims.values())
+    assert await aggregator(foundation, clock, recorder).tick() == []
+
+
+@pytest.mark.integration
+async def test_two_replicas_after_the_outage_run_each_window_once(foundation: Foundation) -> None:
+    clock, _ = await outage(foundation)
+    recorder = Recorder()
+    one = aggregator(foundation, clock, recorder, owner="replica-one")
+    two = aggregator(foundation, clock, recorder, owner="replica-two")
+
+    runs = await asyncio.gather(one.tick(), two.tick())
+
+    assert runs[0] and runs[1]  # both took part
+    assert sorted(r.start for rs in runs for r in rs) == MISSED  # each window once
+    written = recorder.keys()
+    assert len(written) == len(set(written)) == 2 * len(MISSED)
+    assert await one.tick() == [] and await two.tick() == []
+
+
+@pytest.mark.integration
+async def test_the_first_tick_on_a_fresh_table_claims_no_window_already_due(
+    foundation: Foundation,
+) -> None:
+    # three hours of snapshots (one in six: every 1-2 min) before any aggregator ran on the table
+    for f in FACTORIES:
+        await write_snapshots(foundation, irregular(f, UP - timedelta(hours=3), UP)[::6], f)
+    clock, recorder = FakeClock(UP), Recorder()
+    delay = timedelta(seconds=15)
+
+    assert await aggregator(foundation, clock, recorder, delay=delay).tick() == []
+
+    day_before = UP - timedelta(hours=24)
+    assert await foundation.readmodel.window_claims(JOB, day_before, UP, now=UP) == {}
+    assert recorder.keys() == []
+    # later ticks, by any replica, run the windows from the one not yet due at UP
+    clock.advance(timedelta(hours=1))
+    runs = await aggregator(foundation, clock, recorder, owner="later").tick()
+    assert [r.start for r in runs] == [W0 + i * WINDOW for i in range(12)]
+    claimed = await foundation.readmodel.window_claims(JOB, day_before, clock(), now=clock())
+    assert min(claimed) == format_ts(W0)
+    assert all(parse_ts(start) + WINDOW > UP - delay for start in claimed)
+
+
+@pytest.mark.integration
+async def test_claims_already_on_the_table_count_as_the_first_run(foundation: Foundation) -> None:
+    # an aggregator from before the FIRST record ran up to W0 - 30 min, then stopped
+    for i in range(6, 12):
+        start = W0 - i * WINDOW
+        assert await foundation.readmodel.claim_window(
+            JOB, start, owner="old", now=start + WINDOW, ttl=2_000_000_000
+        )
+        assert await foundation.readmodel.finish_window(JOB, start, owner="old", now=start)
+    clock, recorder = FakeClock(W0 + timedelta(hours=1, seconds=20)), Recorder()
+
+    runs = await aggregator(foundation, clock, recorder).tick()
+
+    assert [r.start for r in runs] == [W0 - 5 * WINDOW + i * WINDOW for i in range(17)]
+
+
+@pytest.mark.integration
+async def test_a_damaged_or_foreign_snapshot_object_is_skipped_not_fatal(
+    foundation: Foundation,
+) -> None:
+    snaps = steady(0, 60)
+    await seed_objects(foundation, snaps, "factory-a")
+
+    def key(seconds: float) -> str:
+        return keys.state_snapshot_key("factory-a", at(seconds))
+
+    body = {k: v for k, v in Snap(at=at(31.5)).item("factory-b").items() if k != "ttl"}
+    moved = {k: v for k, v in Snap(at=at(40)).item("factory-a").items() if k != "ttl"}
+    for name, data in {
+        key(30.5): b"{not json",
+        key(31.5): to_json_bytes(body),  # another factory's state
+        key(32.5): to_json_bytes(moved),  # its updated_at is not its name
+        key(33.5): to_json_bytes(Snap(at=at(33.5)).item("factory-a")),  # a HISTORY item (ttl)
+        key(34.5) + ".bak": b"{}",  # no snapshot name: not even fetched
+    }.items():
+        await foundation.store.put_bytes(name, data)
+    clock, recorder = FakeClock(W1 + timedelta(hours=3)), Recorder()
+
+    run = await aggregator(foundation, clock, recorder).run_window(W0, ["factory-a"], now=clock())
+
+    assert run.source is Source.SNAPSHOTS
+    assert run.skipped_items == 5 and run.samples == len(snaps)
+
+
+@pytest.mark.integration
+async def test_a_window_past_its_graph_ttl_gets_its_object_but_no_graph_item(
+    foundation: Foundation,
+) -> None:
+    await seed_objects(foundation, steady(0, 300, every=10), "factory-a")
+    clock, recorder = FakeClock(W1 + timedelta(hours=48, seconds=1)), Recorder()
+
+    run = await aggregator(foundation, clock, recorder).run_window(W0, ["factory-a"], now=clock())
+
+    assert run.samples == 30
+    body = await foundation.store.get_json(keys.processed_agg_key("factory-a", W0))
+    assert body["stats"]["samples"] == 30
+    assert recorder.keys() == [keys.processed_agg_key("factory-a", W0)]
+    assert (
+        await foundation.readmodel.get_item(keys.factory_pk("factory-a"), keys.graph_5m_sk(W0))
+        is None
+    )

@@ -434,6 +434,11 @@ def claim_sk(window_start: datetime) -> str:
     return format_ts(window_start)
 
 
+# ``CLAIM#{job}`` / ``FIRST``: the oldest window the job may ever run on this table, recorded once
+# (no ttl); it sorts after every window start, so window listings never see it
+CLAIM_FIRST_SK = "FIRST"
+
+
 # The fleet index: a sparse global secondary index that holds only FACTORY LATEST items and the
 # alert states that are firing, so listing the fleet or the open alerts reads what it returns,
 # however deep each factory's history is. Its entries carry only keys (KEYS_ONLY): a LATEST

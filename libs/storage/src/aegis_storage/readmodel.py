@@ -28,7 +28,7 @@ from aegis_contracts import keys
 from aegis_contracts.cloud import CloudSnapshot
 from aegis_contracts.items import CloudHistory
 from aegis_contracts.state import Level
-from aegis_contracts.times import format_ts
+from aegis_contracts.times import format_ts, parse_ts
 from aegis_storage.errors import Conflict, Transient, translated
 
 if TYPE_CHECKING:
@@ -757,6 +757,30 @@ class ReadModel:
         except Conflict:
             return False
         return True
+
+    async def first_window(self, job: str, window_start: datetime, *, now: datetime) -> datetime:
+        """The oldest window ``job`` may ever run on this table (``CLAIM#{job}`` / ``FIRST``, no
+        ttl). The first caller records ``window_start`` with a conditional put; every later caller,
+        on any replica, gets that record back (``window_start`` is then ignored)."""
+        pk, sk = keys.claim_pk(job), keys.CLAIM_FIRST_SK
+        found = await self.get_item(pk, sk)
+        if found is None:
+            item = {
+                "pk": pk,
+                "sk": sk,
+                "job": job,
+                "window_start": format_ts(window_start),
+                "recorded_at": format_ts(now),
+            }
+            try:
+                await self.put_item(item, if_absent=True)
+            except Conflict:  # another replica recorded it first: its record holds
+                found = await self.get_item(pk, sk)
+            else:
+                return window_start
+        if found is None:  # pragma: no cover - a record that vanished after a conflict
+            raise Conflict(f"{pk}/{sk} disappeared after a conditional put failed on it")
+        return parse_ts(str(found["window_start"]))
 
     async def window_claims(
         self, job: str, start: datetime, end: datetime, *, now: datetime

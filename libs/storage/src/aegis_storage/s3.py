@@ -297,6 +297,22 @@ class ObjectStore:
                         last_modified=obj["LastModified"],
                     )
 
+    async def list_keys_between(self, prefix: str, start_after: str, before: str) -> list[str]:
+        """The keys under ``prefix`` with ``start_after < key < before``, in key order. S3 starts
+        the listing after ``start_after`` (StartAfter) and no page past ``before`` is asked for, so
+        a narrow range of a large prefix costs one LIST."""
+        found: list[str] = []
+        paginator = self._s3.get_paginator("list_objects_v2")
+        with translated(f"list s3://{self.bucket}/{prefix} after {start_after}"):
+            async for page in paginator.paginate(
+                Bucket=self.bucket, Prefix=prefix, StartAfter=start_after
+            ):
+                for obj in page.get("Contents", []):
+                    if obj["Key"] >= before:
+                        return found
+                    found.append(obj["Key"])
+        return found
+
     async def child_prefixes(self, prefix: str) -> list[str]:
         """The "folders" directly under ``prefix`` (``raw/`` -> ``raw/factory-a/``, …)."""
         found: list[str] = []

@@ -1,30 +1,45 @@
 """GraphAggregator5m (DESIGN §2): every completed 5-minute window, for every factory, the
-statistics of its HISTORY#STATE snapshots as GRAPH#5M#{bucket_start} and a processed_agg/ object.
+statistics of its state snapshots as GRAPH#5M#{bucket_start} and a processed_agg/ object.
 
 Windows and replicas:
 - a window ``[start, start + 5 min)`` is due once ``delay`` has passed after its end (snapshots
   committed just before the end have landed by then);
 - each window is claimed with a conditional write (``CLAIM#graph-5m``), run for every factory, and
   then marked done; a claim never finished (its replica died) can be taken over after ``lease``;
-- every tick looks back over the windows HISTORY#STATE still holds (its TTL) and runs the ones
-  without a finished claim, oldest first: after downtime the missed windows are filled in;
+- every tick looks back ``catchup`` (24 h) and runs the windows without a finished claim, oldest
+  first: after downtime the missed windows are filled in. Never before the first window that
+  became due while an aggregator ran on the table (``CLAIM#graph-5m`` / ``FIRST``, recorded once
+  by the very first tick: the window not yet due then, or the oldest claim already there), so a
+  fresh deployment does not aggregate a day of empty windows;
+- the input: while HISTORY#STATE still holds the whole window (it starts after
+  ``now - history_ttl + HISTORY_MARGIN``), one Query per factory; an older window is read from
+  the state_snapshot objects (``processed/{f}/state_snapshot/…/hh=/{updated_at}.json``, the
+  HISTORY item without ``ttl``, kept forever): one LIST of the window's hour partition (a window
+  never crosses an hour), starting at the window's start and selected by key name, then one GET
+  per snapshot. The same snapshots either way, so the same output. An item or object that does
+  not parse (or names another factory or time than its key) is skipped and counted;
+- at most ``concurrency`` factories at once, and at most ``concurrency`` snapshot GETs at once;
 - the output depends only on the window's snapshots: a re-run writes the same bytes (the GRAPH
-  item's ``ttl`` counts from the window's end, not from when it was computed).
+  item's ``ttl`` counts from the window's end, not from when it was computed). A window whose
+  GRAPH item would already have expired (its end + graph_bucket_ttl_hours is past) gets its
+  processed_agg/ object and event, but no GRAPH item.
 
 The processed_agg/ object also keeps, under ``report``, the window's fold of the factory's
 processed/ records by event time (:mod:`aegis_folds.windows`): what the daily report needs, so a
 report merges 288 windows instead of reading every object of the day. Each run lists the
-window's hour, reads the objects no window of the hour has yet (late ones included: the window
-they belong to is folded again and rewritten), and leaves the objects of later windows to their
-own run.
+window's hour and reads the objects no window of the hour has yet: late ones (the window they
+belong to is folded again and rewritten) and those of the hour's windows already over (catching
+up reads each object once); objects of windows still open wait for their own run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any, Protocol
 
 import pydantic
@@ -32,14 +47,17 @@ import structlog
 
 from aegis_aggregator.stats import window_stats
 from aegis_contracts import keys
+from aegis_contracts.errors import ContractError
 from aegis_contracts.events import ObjectCreated
-from aegis_contracts.items import Graph5m, HistoryState
+from aegis_contracts.items import FactoryLatest, Graph5m, HistoryState
+from aegis_contracts.keys import Dataset, KeyFamily
 from aegis_contracts.subjects import object_created_subject
-from aegis_contracts.times import Clock, floor_to, format_ts, truncate_ms
+from aegis_contracts.times import Clock, floor_to, format_ts, parse_ts, truncate_ms
 from aegis_contracts.ttl import TtlSettings, expires_at
 from aegis_folds.folds import FoldParams
 from aegis_folds.windows import REPORT_FIELD, current_windows, hour_entries
 from aegis_runtime.heartbeat import instance_id
+from aegis_storage.errors import NotFound
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore, PutResult, to_json_bytes
 
@@ -47,9 +65,23 @@ log = structlog.get_logger(__name__)
 
 JOB = "graph-5m"
 WINDOW = keys.GRAPH_BUCKET
+HOUR = timedelta(hours=1)
 PRODUCER = "aggregator"
+# a claim outlives its window's stay in the catch-up horizon (else the window would run again)
 CLAIM_TTL_S = 3 * 86_400
 OBJECT_FAMILY = "metrics_5m"
+CATCHUP = timedelta(hours=24)
+# a window is read from HISTORY#STATE only while it starts at least this long after
+# now - history_ttl (an item's ttl counts from when the processor wrote it, just after its
+# updated_at); older windows are read from the state_snapshot objects
+HISTORY_MARGIN = timedelta(minutes=10)
+
+
+class Source(StrEnum):
+    """Where a window's snapshots were read from."""
+
+    HISTORY = "history"  # HISTORY#STATE items (a Query per factory)
+    SNAPSHOTS = "snapshots"  # state_snapshot objects (a LIST per factory, a GET per snapshot)
 
 
 class Publish(Protocol):
@@ -61,6 +93,7 @@ class WindowRun:
     """What one replica did with one window."""
 
     start: datetime
+    source: Source = Source.HISTORY
     factories: int = 0
     samples: int = 0
     skipped_items: int = 0
@@ -79,7 +112,7 @@ class Aggregator:
         delay: timedelta = timedelta(seconds=15),
         lease: timedelta = timedelta(minutes=2),
         fresh_for: timedelta = timedelta(seconds=60),
-        catchup: int | None = None,
+        catchup: timedelta = CATCHUP,
         concurrency: int = 8,
         owner: str | None = None,
         fold_params: FoldParams | None = None,
@@ -93,35 +126,61 @@ class Aggregator:
         self.delay = delay
         self.lease = lease
         self.fresh_for = fresh_for
-        # how far back a tick looks: as far as HISTORY#STATE still holds whole windows
-        self.catchup = catchup if catchup is not None else int(ttl.history_ttl_hours * 12) - 1
+        # how far back a tick looks: ``catchup`` of windows, the newest due one included
+        self.catchup = catchup
+        self.claim_ttl_s = max(CLAIM_TTL_S, int(catchup.total_seconds()) + 86_400)
         self._slots = asyncio.Semaphore(concurrency)
+        self._gets = asyncio.Semaphore(concurrency)
         self._reads = asyncio.Semaphore(read_concurrency)
         self.owner = owner or instance_id()
+        # the oldest window an aggregator may run on this table (read once, it never changes)
+        self.first: datetime | None = None
         # must equal the reporter's (AEGIS_REPORT_GAP_S, AEGIS_REPORT_SKETCH_ALPHA), else the
         # reporter does not use the windows and reads the objects
         self.fold_params = fold_params or FoldParams(gap_s=60.0, alpha=0.005)
 
     def due_windows(self, now: datetime) -> list[datetime]:
-        """Completed windows from the oldest HISTORY still holds to the newest, oldest first."""
+        """The completed windows of the catch-up horizon, oldest first (at least the newest)."""
         newest = floor_to(now - self.delay, WINDOW) - WINDOW
-        return [newest - i * WINDOW for i in range(self.catchup, -1, -1)]
+        count = max(1, self.catchup // WINDOW)
+        return [newest - i * WINDOW for i in range(count - 1, -1, -1)]
+
+    def reads_history(self, start: datetime, now: datetime) -> bool:
+        """True while HISTORY#STATE still holds all of the window that starts at ``start``."""
+        expired_before = now - timedelta(hours=self.ttl.history_ttl_hours)
+        return start > expired_before + HISTORY_MARGIN
 
     async def tick(self) -> list[WindowRun]:
-        """Run every due window that no replica has finished and this one can claim."""
+        """Run every due window from ``first`` on that no replica has finished and this one can
+        claim, oldest first."""
         now = truncate_ms(self.clock())
-        due = self.due_windows(now)
-        claims = await self.readmodel.window_claims(JOB, due[0], due[-1] + WINDOW, now=now)
+        horizon = self.due_windows(now)
+        claims = None
+        if self.first is None:
+            # claims already there (an aggregator ran before this table had the record) count
+            claims = await self.readmodel.window_claims(
+                JOB, horizon[0], horizon[-1] + WINDOW, now=now
+            )
+            not_yet_due = floor_to(now - self.delay, WINDOW)
+            oldest = min([not_yet_due, *(parse_ts(start) for start in claims)])
+            self.first = await self.readmodel.first_window(JOB, oldest, now=now)
+        first = self.first
+        due = [start for start in horizon if start >= first]
+        if not due:
+            return []
+        if claims is None:
+            claims = await self.readmodel.window_claims(JOB, due[0], due[-1] + WINDOW, now=now)
         factories: list[str] | None = None
         runs: list[WindowRun] = []
         for start in due:
+            now = truncate_ms(self.clock())  # a long catch-up: every claim carries its own time
             won = await self.readmodel.claim_pending(
                 JOB,
                 start,
                 claims=claims,
                 owner=self.owner,
                 now=now,
-                ttl=expires_at(now, CLAIM_TTL_S),
+                ttl=expires_at(now, self.claim_ttl_s),
                 lease=self.lease,
             )
             if not won:
@@ -134,6 +193,7 @@ class Aggregator:
             log.info(
                 "window_aggregated",
                 window_start=format_ts(start),
+                source=run.source.value,
                 factories=run.factories,
                 samples=run.samples,
                 skipped_items=run.skipped_items,
@@ -144,11 +204,12 @@ class Aggregator:
         self, start: datetime, factories: list[str], *, now: datetime
     ) -> WindowRun:
         """Aggregate one window for ``factories`` (bounded concurrency); idempotent."""
-        run = WindowRun(start=start)
+        source = Source.HISTORY if self.reads_history(start, now) else Source.SNAPSHOTS
+        run = WindowRun(start=start, source=source)
 
         async def one(factory_id: str) -> None:
             async with self._slots:
-                graph, skipped = await self.aggregate(factory_id, start, now=now)
+                graph, skipped = await self.aggregate(factory_id, start, now=now, source=source)
             key = keys.processed_agg_key(factory_id, start)
             run.factories += 1
             run.samples += graph.stats.samples
@@ -160,21 +221,16 @@ class Aggregator:
         return run
 
     async def aggregate(
-        self, factory_id: str, start: datetime, *, now: datetime
+        self, factory_id: str, start: datetime, *, now: datetime, source: Source | None = None
     ) -> tuple[Graph5m, int]:
         """One factory's window: read, compute, write the object, the item, the event."""
         end = start + WINDOW
-        items = await self.readmodel.history_states(factory_id, start, end, now=now)
-        snapshots: list[HistoryState] = []
-        skipped = 0
-        for item in items:
-            try:
-                snapshots.append(HistoryState.model_validate(item))
-            except pydantic.ValidationError as err:
-                skipped += 1  # a foreign or damaged item never stops the window
-                log.warning(
-                    "history_item_skipped", factory_id=factory_id, sk=item.get("sk"), error=str(err)
-                )
+        if source is None:
+            source = Source.HISTORY if self.reads_history(start, now) else Source.SNAPSHOTS
+        if source is Source.HISTORY:
+            snapshots, skipped = await self.history_snapshots(factory_id, start, end, now=now)
+        else:
+            snapshots, skipped = await self.object_snapshots(factory_id, start, end)
         stats = window_stats(snapshots, start, end, fresh_for=self.fresh_for)
         graph = Graph5m(
             pk=keys.factory_pk(factory_id),
@@ -187,7 +243,8 @@ class Aggregator:
         )
         graph_body = graph.model_dump(mode="json", exclude={"pk", "sk", "ttl"})
         written = await self._write_windows(factory_id, start, graph_body, now=now)
-        await self.readmodel.put_item(graph)
+        if graph.ttl > int(now.timestamp()):  # an item already expired is not written
+            await self.readmodel.put_item(graph)
         for put in written:  # announced once everything of the window is stored
             await self.publish(
                 object_created_subject(OBJECT_FAMILY),
@@ -238,3 +295,67 @@ class Aggregator:
             key = keys.processed_agg_key(factory_id, changed)
             written.append(await self.store.put_bytes(key, to_json_bytes(body)))
         return written
+
+    async def history_snapshots(
+        self, factory_id: str, start: datetime, end: datetime, *, now: datetime
+    ) -> tuple[list[FactoryLatest], int]:
+        """The window's live HISTORY#STATE items (one Query) and how many did not parse."""
+        items = await self.readmodel.history_states(factory_id, start, end, now=now)
+        snapshots: list[FactoryLatest] = []
+        skipped = 0
+        for item in items:
+            try:
+                snapshots.append(HistoryState.model_validate(item))
+            except pydantic.ValidationError as err:
+                skipped += 1  # a foreign or damaged item never stops the window
+                log.warning(
+                    "history_item_skipped", factory_id=factory_id, sk=item.get("sk"), error=str(err)
+                )
+        return snapshots, skipped
+
+    async def object_snapshots(
+        self, factory_id: str, start: datetime, end: datetime
+    ) -> tuple[list[FactoryLatest], int]:
+        """The window's state_snapshot objects and how many were skipped: one LIST per hour
+        partition the window touches, from the window's start, selected by key name (the
+        snapshot's updated_at); then one GET per snapshot."""
+        selected: list[str] = []
+        hour = floor_to(start, HOUR)
+        while hour < end:
+            prefix = keys.processed_hour_prefix(factory_id, Dataset.STATE_SNAPSHOT, hour)
+            low, high = max(start, hour), min(end, hour + HOUR)
+            selected += await self.store.list_keys_between(
+                prefix, prefix + format_ts(low), prefix + format_ts(high)
+            )
+            hour += HOUR
+        read = await asyncio.gather(*(self._object(factory_id, k, start, end) for k in selected))
+        snapshots = [s for s in read if s is not None]
+        return snapshots, len(read) - len(snapshots)
+
+    async def _object(
+        self, factory_id: str, key: str, start: datetime, end: datetime
+    ) -> FactoryLatest | None:
+        """One state_snapshot object, or None (logged) when its name is no snapshot key of this
+        factory and window, it is gone, or its body is not the snapshot its name says."""
+        try:
+            info = keys.parse_key(key)
+            if (
+                info.family is not KeyFamily.STATE_SNAPSHOT
+                or info.factory_id != factory_id
+                or info.at is None
+                or not start <= info.at < end
+            ):
+                raise ContractError(
+                    "foreign_key", "not a state_snapshot of this factory and window"
+                )
+            async with self._gets:
+                body = await self.store.get_bytes(key)
+            # the same validation as a HISTORY item's (python mode), without the ttl it never has
+            snapshot = FactoryLatest.model_validate(json.loads(body))
+            if snapshot.pk != keys.factory_pk(factory_id) or snapshot.updated_at != info.at:
+                raise ContractError("foreign_body", "the body names another factory or time")
+        except (NotFound, ValueError) as err:  # ContractError, ValidationError, bad JSON
+            # a foreign, damaged or vanished object never stops the window
+            log.warning("snapshot_object_skipped", factory_id=factory_id, key=key, error=str(err))
+            return None
+        return snapshot

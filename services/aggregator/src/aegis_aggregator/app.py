@@ -34,10 +34,11 @@ class AggregatorApp(ServiceApp):
             "aggregator_windows_total", "5-minute windows aggregated by this replica."
         )
         self.samples = self.metrics.counter(
-            "aggregator_samples_total", "HISTORY#STATE snapshots folded into windows."
+            "aggregator_samples_total", "State snapshots folded into windows."
         )
         self.skipped = self.metrics.counter(
-            "aggregator_skipped_items_total", "HISTORY#STATE items that did not parse (skipped)."
+            "aggregator_skipped_items_total",
+            "HISTORY#STATE items or state_snapshot objects that did not parse (skipped).",
         )
         self.failures = self.metrics.counter(
             "aggregator_tick_failures_total", "Ticks that failed (retried at the next one)."
@@ -81,13 +82,17 @@ class AggregatorApp(ServiceApp):
             delay=timedelta(seconds=s.aggregate_delay_s),
             lease=timedelta(seconds=s.claim_lease_s),
             fresh_for=timedelta(seconds=s.fresh_for_s),
-            catchup=s.catchup_windows,
+            catchup=timedelta(hours=s.catchup_hours),
             concurrency=s.factory_concurrency,
             fold_params=s.fold_params(),
             read_concurrency=s.aggregate_read_concurrency,
         )
         start_background(stack, self._loop, "aggregator-windows")
-        log.info("aggregator_started", owner=self.aggregator.owner, catchup=self.aggregator.catchup)
+        log.info(
+            "aggregator_started",
+            owner=self.aggregator.owner,
+            catchup_hours=self.aggregator.catchup.total_seconds() / 3600,
+        )
 
 
 def main() -> None:

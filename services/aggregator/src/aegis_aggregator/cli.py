@@ -1,9 +1,10 @@
 """``aegis aggregate``: re-aggregate 5-minute windows by hand (after a replay or a backfill).
 
 Runs the same code as the service, for every window in ``[--from, --to)`` (aligned to 5 minutes),
-without claims: an operator's re-run rewrites the same keys. ObjectCreated events are published
-when NATS is reachable (``--no-events`` to skip). Exit codes: 0 done, 1 a window failed, 2 bad
-options.
+without claims: an operator's re-run rewrites the same keys. Windows older than HISTORY#STATE
+holds are read from the state_snapshot objects, so any range can be rewritten. ObjectCreated
+events are published when NATS is reachable (``--no-events`` to skip). Exit codes: 0 done, 1 a
+window failed, 2 bad options.
 """
 
 from __future__ import annotations

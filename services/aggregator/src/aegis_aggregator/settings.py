@@ -18,8 +18,9 @@ class AggregatorSettings(AegisSettings):
     claim_lease_s: float = Field(default=120.0, gt=0)
     # a factory_state record counts as "data" for this long after its event time (coverage)
     fresh_for_s: float = Field(default=60.0, gt=0)
-    # windows looked back over after downtime; None: as far as HISTORY#STATE holds (its TTL)
-    catchup_windows: int | None = Field(default=None, ge=0, le=2016)
+    # how far back a tick looks for windows without a finished claim (after downtime); windows
+    # older than HISTORY#STATE holds are read from the state_snapshot objects
+    catchup_hours: float = Field(default=24.0, gt=0, le=168)
     factory_concurrency: int = Field(default=8, ge=1, le=256)
     # processed/ objects read at once (the window folds the daily report merges)
     aggregate_read_concurrency: int = Field(default=32, ge=1, le=256)

@@ -1,4 +1,5 @@
-"""The statistics of one 5-minute window, from its HISTORY#STATE snapshots (pure, no I/O).
+"""The statistics of one 5-minute window, from its state snapshots (pure, no I/O): HISTORY#STATE
+items or state_snapshot objects, the same LATEST fields either way.
 
 The definitions are those of :mod:`aegis_contracts.graph`. The result depends only on the
 snapshots and the window, never on when it is computed, so a re-run writes the same bytes.
@@ -13,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from aegis_contracts.graph import LabelStats, RiskStats, SeriesStats, WindowStats
-from aegis_contracts.items import HistoryState
+from aegis_contracts.items import FactoryLatest
 from aegis_contracts.state import FactoryState, InfraState, Level
 
 R = TypeVar("R", FactoryState, InfraState)
@@ -56,7 +57,7 @@ def coverage(
     return covered / (end - start)
 
 
-def _risk(snapshots: Sequence[HistoryState], end: datetime) -> RiskStats | None:
+def _risk(snapshots: Sequence[FactoryLatest], end: datetime) -> RiskStats | None:
     rated = [s for s in snapshots if s.risk is not None and s.updated_at is not None]
     if not rated:
         return None
@@ -80,7 +81,7 @@ def _risk(snapshots: Sequence[HistoryState], end: datetime) -> RiskStats | None:
 
 
 def window_stats(
-    snapshots: Iterable[HistoryState],
+    snapshots: Iterable[FactoryLatest],
     start: datetime,
     end: datetime,
     *,
