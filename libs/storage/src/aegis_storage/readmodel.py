@@ -30,6 +30,7 @@ from aegis_contracts.items import CloudHistory
 from aegis_contracts.state import Level
 from aegis_contracts.times import format_ts, parse_ts
 from aegis_storage.errors import Conflict, Transient, translated
+from aegis_storage.tasks import all_of
 
 if TYPE_CHECKING:
     from types_aiobotocore_dynamodb import DynamoDBClient
@@ -325,7 +326,7 @@ class ReadModel:
             return found
 
         with translated(f"query index {keys.FLEET_INDEX} of {self.table} for {kind}"):
-            shards = await asyncio.gather(*(shard(p) for p in keys.fleet_partitions(kind)))
+            shards = await all_of(*(shard(p) for p in keys.fleet_partitions(kind)))
         return sorted({member for found in shards for member in found})
 
     async def batch_get(
@@ -362,7 +363,7 @@ class ReadModel:
         chunks = [
             item_keys[i : i + BATCH_GET_LIMIT] for i in range(0, len(item_keys), BATCH_GET_LIMIT)
         ]
-        batches = await asyncio.gather(*(batch(c) for c in chunks))
+        batches = await all_of(*(batch(c) for c in chunks))
         return [item for found in batches for item in found]
 
     # -- HISTORY and other keyed items ------------------------------------------------------------

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, cast
 
 import structlog
 
@@ -61,6 +61,7 @@ from aegis_runtime.broker import Outgoing, Poison
 from aegis_storage.errors import Conflict, NotFound, Transient
 from aegis_storage.readmodel import LATEST_GROUPS, ReadModel, encode
 from aegis_storage.s3 import ObjectStore, PutResult
+from aegis_storage.tasks import all_of
 
 log = structlog.get_logger(__name__)
 # the stdlib logger under ``log``: its level is checked before a per-message line is built
@@ -75,7 +76,6 @@ COMMIT_ATTEMPTS = 8
 RECOVERY_MARGIN = timedelta(minutes=5)
 _ITEM_ONLY = frozenset({"ttl"})
 _CACHE_LIMIT = 8192
-_T = TypeVar("_T")
 
 
 class Publish(Protocol):
@@ -112,21 +112,6 @@ class Outcome:
     objects: list[str] = field(default_factory=list)
     changes: int = 0
     history_at: datetime | None = None
-
-
-async def all_of(*coros: Coroutine[Any, Any, _T]) -> list[_T]:
-    """Run concurrently; if one fails the rest are cancelled and its own error is raised (not an
-    ExceptionGroup), so the broker middleware classifies it as usual."""
-    tasks: list[asyncio.Task[_T]] = []
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(c) for c in coros]
-    except BaseExceptionGroup as eg:
-        first = eg.exceptions[0]
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
-        raise first from None
-    return [t.result() for t in tasks]
 
 
 class Processor:
