@@ -261,8 +261,8 @@ def main() -> None:
         if server is not None:
             server.terminate()
             server.wait(30)
-        emulator.stop()
-        private_nats.stop()
+        emulator.close()
+        private_nats.close()
     result = {
         "factories": args.factories,
         "requests": args.requests,

@@ -190,7 +190,7 @@ def main() -> int:
         )
         check = {b: asyncio.run(counts(endpoint, b)) for b in (ours, theirs)}
     finally:
-        server.stop()
+        server.close()
     moved = {"datasets/": 0, "raw/": args.objects}
     n = args.objects
     result: dict[str, Any] = {

@@ -439,9 +439,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if floor is not None:
             floor.stop()
-        mqtt.stop()
-        nats_server.stop()
-        moto.stop()
+        mqtt.close()
+        nats_server.close()
+        moto.close()
     ceiling = statistics.median(r["ceiling_messages_per_s"] for r in rounds)
     per_second = statistics.median(r["aegis"]["per_second"] for r in rounds)
     return {

@@ -105,7 +105,7 @@ def day_objects(fid: str) -> list[tuple[datetime, str, bytes]]:
     boundary) and none in hour 04."""
     out: list[tuple[datetime, str, bytes]] = []
     for h in HOURS:
-        for s in range(0, 3600, 30):
+        for s in range(0, 3600, 60):
             at = START + timedelta(hours=h, seconds=s, milliseconds=(s * 37) % 1000)
             minute = h * 60 + s / 60
             if 91 <= minute < 94:

@@ -177,7 +177,7 @@ def windows_of(
     ]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     factory=factory_records(),
     infras=infra_records(),

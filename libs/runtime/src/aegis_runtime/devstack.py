@@ -126,7 +126,7 @@ async def run_stack(settings: AegisSettings, *, services: list[str] | None = Non
         return await _supervise(settings, specs)
     finally:
         if moto is not None:
-            moto.stop()
+            moto.close()
 
 
 async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:

@@ -316,9 +316,9 @@ class ManagedServer:
     """A server at ``url``; ``stop()`` ends it if this process started it, else is a no-op.
 
     Servers this process started keep their command, so ``restart()`` brings the same server back
-    on the same port with the same data directory (tests of broker and queue restarts). Their
-    ``scratch`` folder (data, logs) is removed by ``stop()``: nothing is left in the temp
-    directory."""
+    on the same port with the same data directory (tests of broker and queue restarts), also after
+    a ``stop()``. ``close()`` stops it for good and removes its ``scratch`` folder (data, logs):
+    nothing is left in the temp directory."""
 
     url: str
     process: subprocess.Popen[bytes] | None = None
@@ -333,7 +333,7 @@ class ManagedServer:
         """True when this handle owns the process (it was not already running)."""
         return self.process is not None
 
-    def stop(self, timeout: float = 5.0, *, keep_scratch: bool = False) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         if self.process is None or self._stopped:
             return
         self._stopped = True
@@ -343,13 +343,17 @@ class ManagedServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout)
-        if self.scratch is not None and not keep_scratch:
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop it and remove its scratch folder (a no-op for a server not started here)."""
+        self.stop(timeout)
+        if self.process is not None and self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
     def restart(self, timeout: float = 15.0) -> None:
         if self.command is None:
             raise LocalServerError(f"{self.url} was not started here; it cannot be restarted")
-        self.stop(keep_scratch=True)
+        self.stop()
         self._stopped = False
         self.process = _spawn(self.command, self.log_file)
         _wait_ready(self, timeout)
@@ -510,7 +514,7 @@ def start_moto_server(
     deadline = time.monotonic() + timeout
     while not _answers_http(server.url):
         if process.poll() is not None or time.monotonic() >= deadline:
-            server.stop(keep_scratch=True)  # its log says why
+            server.stop()  # its folder stays: the log says why
             raise LocalServerError(
                 f"moto_server did not come up at {server.url} (exit {process.returncode}) with: "
                 f"{shlex.join(command)}; see {log_path}"

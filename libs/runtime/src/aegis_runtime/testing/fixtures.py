@@ -74,7 +74,7 @@ def aws_endpoint() -> Iterator[str]:
     try:
         yield server.url
     finally:
-        server.stop()  # a no-op for a server this session did not start
+        server.close()  # a no-op for a server this session did not start
 
 
 @pytest.fixture(scope="session")
@@ -113,7 +113,7 @@ def _private_or_shared(
     try:
         yield server.url
     finally:
-        server.stop()
+        server.close()
 
 
 @pytest.fixture
@@ -123,7 +123,7 @@ def private_nats() -> Iterator[ManagedServer]:
     try:
         yield server
     finally:
-        server.stop()
+        server.close()
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def private_mosquitto() -> Iterator[ManagedServer]:
     try:
         yield server
     finally:
-        server.stop()
+        server.close()
 
 
 @pytest.fixture
