@@ -177,7 +177,7 @@ async def test_moto_server_answers_s3_over_http_and_stops(unique_id: str) -> Non
             f"aegis-{unique_id}"
         ]
     finally:
-        server.stop()
+        server.close()
     assert server.process is not None
     assert server.process.returncode is not None
     assert not port_open("127.0.0.1", port)
@@ -203,7 +203,7 @@ async def test_ensure_moto_server_reuses_the_one_listening() -> None:
         second.stop()  # does not own the process: must leave it running
         assert await _bucket_names(url) == []
     finally:
-        first.stop()
+        first.close()
     assert not port_open("127.0.0.1", int(url.rsplit(":", 1)[1]))
 
 
