@@ -358,3 +358,58 @@ async def test_cloudwatch_dynamodb_metrics(foundation: Foundation, aws_endpoint:
             4,
         )
         assert by_name["cloudwatch:dynamodb_errors"].status is Level.NORMAL
+
+
+async def test_coverage_reads_the_buckets_and_one_history_item_whatever_the_history(
+    foundation: Foundation, aws_endpoint: str
+) -> None:
+    """GRAPH_BEHIND when the newest graded window had HISTORY but has no bucket; the HISTORY
+    read is one small page, however many snapshots the window holds (a busy factory)."""
+    from aegis_cloud_collector import domain  # noqa: PLC0415
+    from aegis_runtime.testing.emulator import arequest_counts  # noqa: PLC0415
+
+    now = datetime(2026, 11, 30, 10, 12, tzinfo=UTC)
+    newest = domain.newest_graded_window(now)
+    rm = foundation.readmodel
+    await rm.set_latest("factory-a", {"factory_id": "factory-a"})
+    ttl = int((now + timedelta(hours=1)).timestamp())
+    for i in range(120):  # a snapshot every 2.5 s in the newest window
+        at = newest + timedelta(milliseconds=2500 * i)
+        await rm.put_item({"pk": "FACTORY#factory-a", "sk": keys.history_state_sk(at), "ttl": ttl})
+    for i in range(1, 12):  # every bucket but the newest
+        start = newest - i * domain.GRAPH_WINDOW
+        await rm.put_item(
+            {
+                "pk": "FACTORY#factory-a",
+                "sk": keys.graph_5m_sk(start),
+                "bucket_start": format_ts(start),
+                "stats": {"samples": 60},
+                "ttl": ttl,
+            }
+        )
+    probes = SlowProbes(
+        CollectorSettings(aws_endpoint_url=aws_endpoint, table=foundation.table),
+        foundation.clients,
+        rm,
+        ObjectCounter(foundation.store, grace=timedelta(0)),
+    )
+    before = await arequest_counts(aws_endpoint)
+    (behind,) = await probes.coverage(Context(now, None))
+    read = await arequest_counts(aws_endpoint) - before
+    assert (behind.reason, behind.value) == ("GRAPH_BEHIND", 11)
+    assert behind.measures == {"history_last_hour": 60 * 9}
+    # 8 index queries (the fleet), one small HISTORY page, the buckets (11 items)
+    assert read.count("dynamodb", "Query") == 2
+    assert read.items_scanned("Query") <= 10 + 11
+
+    await rm.put_item(
+        {
+            "pk": "FACTORY#factory-a",
+            "sk": keys.graph_5m_sk(newest),
+            "bucket_start": format_ts(newest),
+            "stats": {"samples": 120},
+            "ttl": ttl,
+        }
+    )
+    (caught_up,) = await probes.coverage(Context(now, None))
+    assert (caught_up.status, caught_up.value) == (Level.NORMAL, 12)

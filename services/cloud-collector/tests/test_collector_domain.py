@@ -370,22 +370,18 @@ def test_newest_graded_window() -> None:
 def test_coverage() -> None:
     now = datetime(2026, 11, 30, 10, 12, tzinfo=UTC)
     newest = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
-    history = [newest + timedelta(minutes=1), newest - timedelta(minutes=2)]
-    graphs = [newest - timedelta(minutes=5 * i) for i in range(1, 12)]  # all but the newest
-    behind = domain.coverage_check("a", history, graphs, now)
+    # all but the newest, 6 samples each; the buckets of the last hour count
+    graphs = {newest - timedelta(minutes=5 * i): 6 for i in range(1, 12)}
+    behind = domain.coverage_check("a", True, graphs, now)
     assert (behind.status, behind.reason, behind.value) == (Level.WARNING, "GRAPH_BEHIND", 11)
-    assert behind.measures == {"history_last_hour": 2}
-    caught_up = domain.coverage_check("a", history, [*graphs, newest], now)
+    assert behind.measures == {"history_last_hour": 6 * 9}  # 09:15 .. 09:55
+    caught_up = domain.coverage_check("a", True, {**graphs, newest: 4}, now)
     assert (caught_up.status, caught_up.value) == (Level.NORMAL, 12)
+    assert caught_up.measures == {"history_last_hour": 6 * 9 + 4}
     # the newest window had no HISTORY (nothing to aggregate): not behind
-    quiet = domain.coverage_check("a", [newest - timedelta(minutes=2)], graphs, now)
+    quiet = domain.coverage_check("a", False, graphs, now)
     assert quiet.status is Level.NORMAL
-    # boundaries: a sample exactly at the window end belongs to the next window
-    at_end = domain.coverage_check("a", [newest + timedelta(minutes=5)], graphs, now)
-    assert at_end.status is Level.NORMAL
-    at_start = domain.coverage_check("a", [newest], graphs, now)
-    assert at_start.reason == "GRAPH_BEHIND"
-    off = domain.coverage_check("a", history, graphs, now, graph_expected=False)
+    off = domain.coverage_check("a", True, graphs, now, graph_expected=False)
     assert off.status is Level.NORMAL
 
 

@@ -503,6 +503,8 @@ class ReadModel:
                 },
                 ScanIndexForward=not descending,
                 ConsistentRead=True,
+                # a few items wanted: pages that small, so DynamoDB reads no more than that
+                PaginationConfig={"PageSize": max(limit, 10)} if limit else {},
             ):
                 for raw in page.get("Items", []):
                     item = from_attributes(raw)

@@ -545,24 +545,26 @@ def newest_graded_window(now: datetime, window: timedelta = GRAPH_WINDOW) -> dat
 
 def coverage_check(
     factory: str,
-    history_at: Sequence[datetime],
-    graph_starts: Iterable[datetime],
+    newest_had_history: bool,
+    graph_samples: Mapping[datetime, int],
     now: datetime,
     *,
     graph_expected: bool = True,
     window: timedelta = GRAPH_WINDOW,
     shown: int = GRAPH_WINDOWS_SHOWN,
 ) -> CloudCheck:
-    """Value: how many of the last ``shown`` graded windows have a GRAPH#5M bucket. WARNING
-    GRAPH_BEHIND when the newest graded window had HISTORY but has no bucket."""
+    """Value: how many of the last ``shown`` graded windows have a GRAPH#5M bucket
+    (``graph_samples``: bucket start -> the HISTORY samples it counted). WARNING GRAPH_BEHIND
+    when the newest graded window had HISTORY but has no bucket. The measure
+    ``history_last_hour`` is the samples of the buckets of the last hour: read from the buckets
+    (12 small items), never from HISTORY itself, which grows with every message."""
     newest = newest_graded_window(now, window)
     graded = {newest - i * window for i in range(shown)}
-    present = graded & set(graph_starts)
-    last_hour = sum(1 for t in history_at if now - timedelta(hours=1) <= t < now)
-    had_history = any(newest <= t < newest + window for t in history_at)
+    present = graded & set(graph_samples)
+    last_hour = sum(n for start, n in graph_samples.items() if now - timedelta(hours=1) <= start)
     measures = {"history_last_hour": last_hour}
     name = f"coverage:{_subject(factory)}"
-    if graph_expected and had_history and newest not in present:
+    if graph_expected and newest_had_history and newest not in present:
         return _check(
             name,
             Level.WARNING,

@@ -309,19 +309,35 @@ class SlowProbes:
         checks = []
         for item in await self.readmodel.factory_latest_items():
             factory = str(item.get("factory_id") or str(item["pk"]).removeprefix("FACTORY#"))
-            history, graph = await asyncio.gather(
-                self.readmodel.history_states(
-                    factory, min(now - timedelta(hours=1), oldest), now, now=now
+            # one HISTORY item of the newest graded window (did it have any?) and the window
+            # buckets: what it reads does not grow with the factory's message rate
+            newest_history, graph = await asyncio.gather(
+                self.readmodel.query_range(
+                    keys.factory_pk(factory),
+                    keys.HISTORY_STATE_PREFIX,
+                    newest,
+                    newest + domain.GRAPH_WINDOW,
+                    now=now,
+                    limit=1,
                 ),
                 self.readmodel.graph_buckets(
-                    factory, oldest, newest + domain.GRAPH_WINDOW, now=now
+                    factory,
+                    min(now - timedelta(hours=1), oldest),
+                    newest + domain.GRAPH_WINDOW,
+                    now=now,
                 ),
             )
             checks.append(
                 domain.coverage_check(
                     factory,
-                    [parse_ts(str(h["updated_at"])) for h in history if h.get("updated_at")],
-                    [parse_ts(str(g["bucket_start"])) for g in graph if g.get("bucket_start")],
+                    bool(newest_history),
+                    {
+                        parse_ts(str(g["bucket_start"])): int(
+                            (g.get("stats") or {}).get("samples", 0)
+                        )
+                        for g in graph
+                        if g.get("bucket_start")
+                    },
                     now,
                     graph_expected=self.settings.graph_check_enabled,
                 )
