@@ -70,7 +70,9 @@ import httpx
 from botocore.auth import S3SigV4Auth, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from dashboard import TOKEN, wait_ready
 from dashboard import latest as dashboard_latest
+from dashboard import measure as fleet_latencies
 
 from aegis_aggregator.aggregate import JOB as AGGREGATOR_JOB
 from aegis_aggregator.aggregate import Aggregator
@@ -133,7 +135,6 @@ WRITES_IN_FLIGHT = 16
 GRAPH_ITEMS = 48
 HISTORY_STEP = timedelta(seconds=5)
 FIRING_SHARE = 10  # one factory in ten has a firing CRITICAL alert
-TOKEN = "bench-fleet-screen"
 SCRIPTS = Path(sys.executable).parent
 TARGET_SEED_S = 120.0
 TARGET_RATIO = 1.1
@@ -1378,34 +1379,6 @@ async def collector_runs(
 # 4. Dashboard
 
 
-def wait_ready(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the dashboard did not become ready at {url}")
-
-
-def fleet_latencies(url: str, requests: int) -> list[float]:
-    request = urllib.request.Request(
-        f"{url}/api/fleet", headers={"Authorization": f"Bearer {TOKEN}"}
-    )
-    samples = []
-    body = b""
-    for _ in range(requests):
-        started = time.perf_counter()
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            body = resp.read()
-        samples.append((time.perf_counter() - started) * 1000)
-    assert json.loads(body).get("factories"), "an empty fleet"
-    return samples
-
-
 def percentile(samples: Sequence[float], p: float) -> float:
     ordered = sorted(samples)
     return round(ordered[max(0, math.ceil(len(ordered) * p) - 1)], 2)
@@ -1483,7 +1456,7 @@ async def dashboard_phase(
         stderr=subprocess.DEVNULL,
     )
     try:
-        await asyncio.to_thread(wait_ready, url)
+        await asyncio.to_thread(wait_ready, url, 60)
         await asyncio.to_thread(fleet_latencies, url, 20)  # warm-up
         requests = 300
         samples = await asyncio.to_thread(fleet_latencies, url, requests)
