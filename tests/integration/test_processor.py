@@ -614,6 +614,13 @@ async def test_clock_skew_is_filed_under_arrival_and_late_data_keeps_its_time(
     latest = await h.readmodel.get_latest(h.f)
     assert latest is not None
     assert latest["factory_state"]["meta"]["message_id"] == f"skew-{h.uid}"
+    # the late message's hour was folded long ago: it is marked for the aggregator, once; the
+    # message filed under its arrival (an hour not over) marks nothing
+    marked = await h.readmodel.late_hours(now=now_ms())
+    assert [(m["factory_id"], m["hour_start"], m["marks"]) for m in marked] == [
+        (h.f, format_ts(late.replace(minute=0, second=0, microsecond=0)), 1)
+    ]
+    assert app.metrics.registry.get_sample_value("aegis_processor_late_marks_total") == 1
 
 
 # -- the 1-minute refresh -----------------------------------------------------------------------

@@ -374,6 +374,9 @@ HISTORY_FAST_PREFIX = "HISTORY#FAST#"
 HISTORY_SLOW_PREFIX = "HISTORY#SLOW#"
 OBSERVATION_PREFIX = "OBSERVATION#"
 CURSOR_PREFIX = "CURSOR#"
+# ``FACTORY#{f}`` / ``LATE#{hour}``: the factory-hour got processed/ objects after its windows were
+# folded (late data); the aggregator folds the hour's windows again and deletes the marker
+LATE_PREFIX = "LATE#"
 # the window-claim family of periodic work (refresh minutes, aggregator windows, report days)
 CLAIM_PK_PREFIX = "CLAIM#"
 
@@ -388,6 +391,13 @@ def factory_pk(factory_id: str) -> str:
 
 def history_state_sk(updated_at: datetime) -> str:
     return f"{HISTORY_STATE_PREFIX}{format_ts(updated_at)}"
+
+
+def late_hour_sk(hour: datetime) -> str:
+    """``LATE#{hour}`` for the UTC hour that starts at ``hour``."""
+    if ensure_utc(hour) != ensure_utc(hour).replace(minute=0, second=0, microsecond=0):
+        raise ContractError("invalid_hour", f"{hour.isoformat()} is not the start of an hour")
+    return f"{LATE_PREFIX}{format_ts(hour)}"
 
 
 def graph_5m_sk(bucket_start: datetime) -> str:
@@ -439,8 +449,9 @@ def claim_sk(window_start: datetime) -> str:
 CLAIM_FIRST_SK = "FIRST"
 
 
-# The fleet index: a sparse global secondary index that holds only FACTORY LATEST items and the
-# alert states that are firing, so listing the fleet or the open alerts reads what it returns,
+# The fleet index: a sparse global secondary index that holds only FACTORY LATEST items, the
+# alert states that are firing and the late-data markers of factory-hours (``LATE#{hour}``), so
+# listing the fleet, the open alerts or the hours to fold again reads what it returns,
 # however deep each factory's history is. Its entries carry only keys (KEYS_ONLY): a LATEST
 # rewrite that keeps the index keys writes nothing to the index (AWS charges an index write only
 # when a projected attribute changes), so the per-message write cost stays what it was; readers
@@ -452,6 +463,8 @@ FLEET_SK = "fleet_sk"
 FLEET_SHARDS = 8
 FLEET_LATEST = "LATEST"
 FLEET_FIRING = "FIRING"
+FLEET_LATE = "LATE"
+FLEET_KINDS = (FLEET_LATEST, FLEET_FIRING, FLEET_LATE)
 FLEET_ATTRIBUTES = frozenset({FLEET_PK, FLEET_SK})
 
 
@@ -461,8 +474,9 @@ def fleet_shard(pk: str) -> int:
 
 
 def fleet_partition(kind: str, shard: int) -> str:
-    """``LATEST#{n}`` or ``FIRING#{n}``: one index partition of the fleet or of the open alerts."""
-    if kind not in (FLEET_LATEST, FLEET_FIRING) or not 0 <= shard < FLEET_SHARDS:
+    """``LATEST#{n}``, ``FIRING#{n}`` or ``LATE#{n}``: one index partition of the fleet, of the
+    open alerts or of the late-data markers."""
+    if kind not in FLEET_KINDS or not 0 <= shard < FLEET_SHARDS:
         raise ContractError(
             "invalid_index_partition", f"{kind!r}#{shard!r} is not a fleet partition"
         )
@@ -477,9 +491,11 @@ def fleet_partitions(kind: str) -> list[str]:
 def fleet_index_keys(pk: str, sk: str, *, firing: object = None) -> dict[str, str] | None:
     """The index attributes an item carries, or None when it stays out of the index: a FACTORY
     LATEST always; an alert state (``ALERT#{scope}`` / ``{severity}#{reason}#{status}``) while
-    ``firing`` is True; nothing else."""
+    ``firing`` is True; a factory-hour's late-data marker; nothing else."""
     if pk.startswith("FACTORY#") and sk == LATEST_SK:
         return {FLEET_PK: fleet_partition(FLEET_LATEST, fleet_shard(pk)), FLEET_SK: pk}
+    if pk.startswith("FACTORY#") and sk.startswith(LATE_PREFIX):
+        return {FLEET_PK: fleet_partition(FLEET_LATE, fleet_shard(pk)), FLEET_SK: f"{pk}#{sk}"}
     if (
         firing is True
         and pk.startswith("ALERT#")

@@ -51,6 +51,11 @@ class AegisSettings(BaseSettings):
     cloud_fast_history_ttl_hours: float = Field(default=6, gt=0)
     cloud_slow_history_ttl_hours: float = Field(default=24, gt=0)
     alert_state_ttl_seconds: int = Field(default=604_800, gt=0)
+    # the aggregator folds a 5-minute window this long after it ends (late commits land first);
+    # the processor marks a factory-hour for folding again when it writes an object into an
+    # hour that ended longer ago than this (less a margin for the hosts' clocks): one setting,
+    # so the two cannot disagree
+    aggregate_delay_s: float = Field(default=15.0, ge=0, le=240)
 
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: str = "INFO"

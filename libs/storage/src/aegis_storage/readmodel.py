@@ -5,10 +5,11 @@ Rules this repository keeps for every caller:
   redelivered or out-of-order message never moves the state backwards;
 - no two HISTORY#STATE snapshots of one factory collide (a taken millisecond moves to the next);
 - every read drops items whose ``ttl`` has passed: DynamoDB deletes them late, moto never does;
-- every write of a FACTORY LATEST or of an alert state carries the fleet index's keys exactly
-  when the item belongs in the index (:func:`aegis_contracts.keys.fleet_index_keys`), and every
-  read strips them: callers never see them. The fleet and the open alerts are listed from that
-  index, never by scanning the table.
+- every write of a FACTORY LATEST, of an alert state or of a late-data marker carries the fleet
+  index's keys exactly when the item belongs in the index
+  (:func:`aegis_contracts.keys.fleet_index_keys`), and every read strips them: callers never see
+  them. The fleet, the open alerts and the late factory-hours are listed from that index, never
+  by scanning the table.
 """
 
 from __future__ import annotations
@@ -310,7 +311,7 @@ class ReadModel:
 
     async def index_members(self, kind: str) -> list[tuple[str, str]]:
         """The (pk, sk) of every item in the fleet index's ``kind`` partitions
-        (:data:`keys.FLEET_LATEST` or :data:`keys.FLEET_FIRING`), all shards queried at once."""
+        (one of :data:`keys.FLEET_KINDS`), all shards queried at once."""
 
         async def shard(partition: str) -> list[tuple[str, str]]:
             found: list[tuple[str, str]] = []
@@ -791,3 +792,60 @@ class ReadModel:
         """The claims of ``job`` for windows in ``[start, end)``, by window start (as stored)."""
         items = await self.query_range(keys.claim_pk(job), "", start, end, now=now)
         return {str(item["window_start"]): item for item in items}
+
+    # -- late data: factory-hours whose windows must be folded again ---------------------------
+
+    async def mark_late(self, factory_id: str, hour: datetime, *, now: datetime, ttl: int) -> None:
+        """Record that the factory-hour starting at ``hour`` got processed/ objects after its
+        windows were folded (``FACTORY#{f}`` / ``LATE#{hour}``, in the fleet index). Each call
+        adds one to ``marks``: a reader that folded the hour clears the marker only if no mark
+        came after the one it read (:meth:`clear_late`)."""
+        pk, sk = keys.factory_pk(factory_id), keys.late_hour_sk(hour)
+        index = keys.fleet_index_keys(pk, sk) or {}
+        with translated(f"mark {pk}/{sk}"):
+            await self._ddb.update_item(
+                TableName=self.table,
+                Key={"pk": {"S": pk}, "sk": {"S": sk}},
+                UpdateExpression=(
+                    "SET factory_id = :f, hour_start = :h, marked_at = :now, #ttl = :ttl, "
+                    "#fp = :fp, #fs = :fs ADD marks :one"
+                ),
+                ExpressionAttributeNames={
+                    "#ttl": "ttl",
+                    "#fp": keys.FLEET_PK,
+                    "#fs": keys.FLEET_SK,
+                },
+                ExpressionAttributeValues={
+                    ":f": {"S": factory_id},
+                    ":h": {"S": format_ts(hour)},
+                    ":now": {"S": format_ts(now)},
+                    ":ttl": {"N": str(ttl)},
+                    ":fp": {"S": index[keys.FLEET_PK]},
+                    ":fs": {"S": index[keys.FLEET_SK]},
+                    ":one": {"N": "1"},
+                },
+            )
+
+    async def late_hours(self, *, now: datetime) -> list[dict[str, Any]]:
+        """Every live late-data marker (``factory_id``, ``hour_start``, ``marks``), oldest hour
+        first: the fleet index's ``LATE`` entries, then the markers themselves (consistent reads,
+        so ``marks`` is the count a clear is conditioned on)."""
+        found = await self.batch_get(await self.index_members(keys.FLEET_LATE), consistent=True)
+        items = [i for i in found if live(i, now) and "hour_start" in i and "marks" in i]
+        return sorted(items, key=lambda i: (str(i["hour_start"]), str(i["pk"])))
+
+    async def clear_late(self, factory_id: str, hour: datetime, *, marks: int) -> bool:
+        """Delete the factory-hour's marker if it still holds ``marks`` (no object came late
+        since it was read); False when another mark arrived (the hour is folded again later)."""
+        pk, sk = keys.factory_pk(factory_id), keys.late_hour_sk(hour)
+        try:
+            with translated(f"clear {pk}/{sk}"):
+                await self._ddb.delete_item(
+                    TableName=self.table,
+                    Key={"pk": {"S": pk}, "sk": {"S": sk}},
+                    ConditionExpression="marks = :n",
+                    ExpressionAttributeValues={":n": {"N": str(marks)}},
+                )
+        except Conflict:
+            return False
+        return True

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from aegis_contracts.events import ObjectCreated
 from aegis_storage.errors import Conflict, NotFound, translated
 
 if TYPE_CHECKING:
@@ -101,6 +102,17 @@ class ObjectStore:
     def __init__(self, s3: S3Client, bucket: str) -> None:
         self._s3 = s3
         self.bucket = bucket
+
+    def created(self, put: PutResult, *, producer: str, at: datetime) -> ObjectCreated:
+        """The ObjectCreated event that announces an object this store wrote."""
+        return ObjectCreated(
+            bucket=self.bucket,
+            key=put.key,
+            size_bytes=put.size_bytes,
+            etag=put.etag,
+            producer=producer,
+            created_at=at,
+        )
 
     async def put_bytes(
         self,

@@ -88,6 +88,17 @@ class Publish(Protocol):
     def __call__(self, subject: str, event: ObjectCreated, *, msg_id: str) -> Awaitable[bool]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class LateFold:
+    """A factory-hour folded again for late data: the window objects rewritten, and whether its
+    marker was cleared (False: more came late meanwhile, the next tick folds it again)."""
+
+    factory_id: str
+    hour: datetime
+    keys: list[str]
+    cleared: bool
+
+
 @dataclass(slots=True)
 class WindowRun:
     """What one replica did with one window."""
@@ -139,9 +150,13 @@ class Aggregator:
         # reporter does not use the windows and reads the objects
         self.fold_params = fold_params or FoldParams(gap_s=60.0, alpha=0.005)
 
+    def newest_due(self, now: datetime) -> datetime:
+        """The start of the newest window that is due (over, and ``delay`` passed)."""
+        return floor_to(now - self.delay, WINDOW) - WINDOW
+
     def due_windows(self, now: datetime) -> list[datetime]:
         """The completed windows of the catch-up horizon, oldest first (at least the newest)."""
-        newest = floor_to(now - self.delay, WINDOW) - WINDOW
+        newest = self.newest_due(now)
         count = max(1, self.catchup // WINDOW)
         return [newest - i * WINDOW for i in range(count - 1, -1, -1)]
 
@@ -245,19 +260,7 @@ class Aggregator:
         written = await self._write_windows(factory_id, start, graph_body, now=now)
         if graph.ttl > int(now.timestamp()):  # an item already expired is not written
             await self.readmodel.put_item(graph)
-        for put in written:  # announced once everything of the window is stored
-            await self.publish(
-                object_created_subject(OBJECT_FAMILY),
-                ObjectCreated(
-                    bucket=self.store.bucket,
-                    key=put.key,
-                    size_bytes=put.size_bytes,
-                    etag=put.etag,
-                    producer=PRODUCER,
-                    created_at=now,
-                ),
-                msg_id=f"oc:{put.key}:{put.etag}",
-            )
+        await self._announce(written, now=now)
         return graph, skipped
 
     async def _write_windows(
@@ -266,7 +269,24 @@ class Aggregator:
         """The window's object (its statistics and its fold), and the objects of the hour's other
         windows whose folds changed: earlier ones that got late objects, and later ones already
         over (catching up, re-aggregating a range), so every object of the hour is read once."""
-        hour = floor_to(start, timedelta(hours=1))
+        return await self._fold_hour(
+            factory_id,
+            floor_to(start, HOUR),
+            upto=max(start, self.newest_due(now)),
+            current=(start, graph_body),
+        )
+
+    async def _fold_hour(
+        self,
+        factory_id: str,
+        hour: datetime,
+        *,
+        upto: datetime,
+        current: tuple[datetime, dict[str, Any]] | None = None,
+    ) -> list[PutResult]:
+        """Bring the hour's window folds up to date with its listing (windows up to ``upto``) and
+        write every window object whose fold changed; ``current``: the window being aggregated
+        and its statistics (written even when its fold did not change)."""
         entries = await hour_entries(self.store, factory_id, hour)
         windows = await current_windows(
             self.store,
@@ -274,15 +294,16 @@ class Aggregator:
             hour,
             entries,
             self.fold_params,
-            upto=max(start, floor_to(now - self.delay, WINDOW) - WINDOW),
-            ensure=[start],
+            upto=upto,
+            ensure=[] if current is None else [current[0]],
             concurrency=self._reads,
         )
         written: list[PutResult] = []
-        for changed in sorted(windows.changed | {start}):
+        todo = set(windows.changed) | (set() if current is None else {current[0]})
+        for changed in sorted(todo):
             stored = windows.stored.get(changed)
-            if changed == start:
-                body = dict(graph_body)
+            if current is not None and changed == current[0]:
+                body = dict(current[1])
             elif stored is not None:
                 body = {k: v for k, v in stored.body.items() if k != REPORT_FIELD}
             else:  # not aggregated yet (a later window of a range), or its claim was lost
@@ -295,6 +316,45 @@ class Aggregator:
             key = keys.processed_agg_key(factory_id, changed)
             written.append(await self.store.put_bytes(key, to_json_bytes(body)))
         return written
+
+    async def _announce(self, written: list[PutResult], *, now: datetime) -> None:
+        for put in written:  # announced once everything of the window is stored
+            await self.publish(
+                object_created_subject(OBJECT_FAMILY),
+                self.store.created(put, producer=PRODUCER, at=now),
+                msg_id=f"oc:{put.key}:{put.etag}",
+            )
+
+    async def fold_late(self, now: datetime) -> list[LateFold]:
+        """Fold again the factory-hours the processor marked late (objects written after the
+        hour's last run listed it), then clear each marker unless another object came late
+        meanwhile (it stays for the next tick). An hour whose last window is not due yet is
+        left to that window's own run."""
+        newest = self.newest_due(now)
+        marked = [
+            m
+            for m in await self.readmodel.late_hours(now=now)
+            if parse_ts(str(m["hour_start"])) + HOUR - WINDOW <= newest
+        ]
+
+        async def one(marker: dict[str, Any]) -> LateFold:
+            factory_id, hour = str(marker["factory_id"]), parse_ts(str(marker["hour_start"]))
+            async with self._slots:
+                written = await self._fold_hour(factory_id, hour, upto=hour + HOUR - WINDOW)
+                await self._announce(written, now=now)
+                cleared = await self.readmodel.clear_late(
+                    factory_id, hour, marks=int(marker["marks"])
+                )
+            log.info(
+                "late_hour_folded",
+                factory_id=factory_id,
+                hour=format_ts(hour),
+                windows=len(written),
+                cleared=cleared,
+            )
+            return LateFold(factory_id, hour, [p.key for p in written], cleared)
+
+        return list(await asyncio.gather(*(one(m) for m in marked)))
 
     async def history_snapshots(
         self, factory_id: str, start: datetime, end: datetime, *, now: datetime

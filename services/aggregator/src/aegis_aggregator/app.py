@@ -40,13 +40,18 @@ class AggregatorApp(ServiceApp):
             "aggregator_skipped_items_total",
             "HISTORY#STATE items or state_snapshot objects that did not parse (skipped).",
         )
+        self.late_hours = self.metrics.counter(
+            "aggregator_late_hours_total",
+            "Factory-hours folded again because objects came after their last window ran.",
+        )
         self.failures = self.metrics.counter(
             "aggregator_tick_failures_total", "Ticks that failed (retried at the next one)."
         )
         self.aggregator: Aggregator | None = None
 
     async def tick(self) -> int:
-        """One pass over the due windows; returns how many this replica ran."""
+        """One pass over the due windows, then over the factory-hours marked late; returns how
+        many windows this replica ran."""
         if self.aggregator is None:
             raise RuntimeError("the aggregator is not started")
         runs = await self.aggregator.tick()
@@ -54,6 +59,8 @@ class AggregatorApp(ServiceApp):
             self.windows.inc()
             self.samples.inc(run.samples)
             self.skipped.inc(run.skipped_items)
+        folded = await self.aggregator.fold_late(self.clock())
+        self.late_hours.inc(len(folded))
         return len(runs)
 
     async def _loop(self, stop: asyncio.Event) -> None:

@@ -12,8 +12,6 @@ class AggregatorSettings(AegisSettings):
     """``AEGIS_*`` variables."""
 
     service: str = "aggregator"
-    # a window is aggregated this long after it ends (late commits land first)
-    aggregate_delay_s: float = Field(default=15.0, ge=0, le=240)
     # an unfinished claim (its replica died) is taken over after this long
     claim_lease_s: float = Field(default=120.0, gt=0)
     # a factory_state record counts as "data" for this long after its event time (coverage)

@@ -25,7 +25,6 @@ from aegis_cloud_collector.domain import failed_check
 from aegis_cloud_collector.settings import Tier
 from aegis_contracts import keys
 from aegis_contracts.cloud import CloudCheck, CloudSnapshot
-from aegis_contracts.events import ObjectCreated
 from aegis_contracts.state import Level
 from aegis_contracts.subjects import object_created_subject
 from aegis_contracts.times import Clock, floor_to, truncate_ms
@@ -198,14 +197,7 @@ class Collector:
         overall = await self.readmodel.apply_cloud(snapshot, ttl=self.ttl(snapshot.updated_at))
         await self.publish(
             object_created_subject(keys.CLOUD_INFRA),
-            ObjectCreated(
-                bucket=self.store.bucket,
-                key=key,
-                size_bytes=put.size_bytes,
-                etag=put.etag,
-                producer=PRODUCER,
-                created_at=snapshot.updated_at,
-            ),
+            self.store.created(put, producer=PRODUCER, at=snapshot.updated_at),
             msg_id=f"oc:{key}",
         )
         return overall

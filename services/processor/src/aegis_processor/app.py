@@ -33,6 +33,9 @@ from aegis_storage.s3 import ObjectStore
 log = structlog.get_logger(__name__)
 
 RAW_STREAM = next(s for s in STREAMS if s.name == "AEGIS_RAW")
+# how far the processor's and the aggregator's clocks may disagree: an hour is late for the
+# processor this much sooner than the aggregator's last run of it lists it
+LATE_CLOCK_MARGIN_S = 5.0
 
 
 class ProcessorApp(ServiceApp):
@@ -65,6 +68,10 @@ class ProcessorApp(ServiceApp):
             "Raw events by what they did to LATEST (applied, older, redelivery).",
             ("outcome",),
         )
+        self.late_marks = self.metrics.counter(
+            "processor_late_marks_total",
+            "Raw events whose objects went into an hour already folded (the hour is marked).",
+        )
         self.processor: Processor | None = None
 
         @durable_pull(
@@ -85,6 +92,8 @@ class ProcessorApp(ServiceApp):
             raise RuntimeError("the processor is not started")  # nacked: retried later
         outcome = await self.processor.handle(event, redelivered=redelivered)
         self.latest_outcomes.labels(outcome=outcome.latest).inc()
+        if outcome.late_hour is not None:
+            self.late_marks.inc()
         return outcome
 
     async def _publish(self, events: Sequence[Outgoing]) -> list[bool]:
@@ -100,6 +109,7 @@ class ProcessorApp(ServiceApp):
             ttl=s.ttl,
             clock=self.clock,
             report_check_cache_s=s.report_check_cache_s,
+            late_after=timedelta(seconds=max(0.0, s.aggregate_delay_s - LATE_CLOCK_MARGIN_S)),
         )
         if s.refresh_enabled:
             refresher = Refresher(

@@ -13,6 +13,10 @@ publish what was written. Every step is idempotent, so a redelivery is harmless:
    names the state it replaced (``prev_updated_at``), so the items form a chain.
 5. The state_snapshot object (the HISTORY item without ttl), ObjectCreated per object written,
    a ChangeEvent (old and new image) per commit.
+6. Late data: when the objects went into an event-time hour that ended more than ``late_after``
+   before they were written (the aggregator's last run of that hour may have listed it already),
+   the factory-hour is marked (``LATE#{hour}``) after the writes, so the aggregator folds that
+   hour's windows again and a daily report made from them includes these objects.
 A redelivery first looks for the HISTORY item that an earlier delivery of the same message
 wrote (:meth:`Processor._recover`): committed (LATEST is it, or a later item names it as its
 predecessor) -> only the snapshot and events are redone; not committed but LATEST is still its
@@ -38,7 +42,7 @@ from typing import Any, Protocol, cast
 import structlog
 
 from aegis_contracts import keys
-from aegis_contracts.events import ChangeEvent, ObjectCreated, RawArchived
+from aegis_contracts.events import ChangeEvent, RawArchived
 from aegis_contracts.items import FactoryLatest
 from aegis_contracts.keys import Dataset, ReportArtifact
 from aegis_contracts.payloads import parse_device_message
@@ -48,6 +52,7 @@ from aegis_contracts.times import (
     Clock,
     EventTime,
     TimeFlag,
+    floor_to,
     format_ts,
     kst_report_date,
     parse_ts,
@@ -75,6 +80,9 @@ COMMIT_ATTEMPTS = 8
 # (processing starts after arrival; the margin covers clocks of different hosts)
 RECOVERY_MARGIN = timedelta(minutes=5)
 _ITEM_ONLY = frozenset({"ttl"})
+HOUR = timedelta(hours=1)
+# a late-data marker outlives any aggregator outage its catch-up covers (at most a week)
+LATE_MARK_TTL_S = 8 * 86_400
 _CACHE_LIMIT = 8192
 
 
@@ -112,6 +120,7 @@ class Outcome:
     objects: list[str] = field(default_factory=list)
     changes: int = 0
     history_at: datetime | None = None
+    late_hour: datetime | None = None  # the factory-hour marked for folding again
 
 
 class Processor:
@@ -129,6 +138,7 @@ class Processor:
         report_check_cache_s: float = 60.0,
         latest_cache_size: int = 10_000,
         monotonic: Callable[[], float] = time.monotonic,
+        late_after: timedelta = timedelta(seconds=10),
     ) -> None:
         self.store = store
         self.readmodel = readmodel
@@ -137,6 +147,8 @@ class Processor:
         self.ttl = ttl
         self.clock = clock
         self.report_check_cache_s = report_check_cache_s
+        # objects of an hour that ended longer ago than this are late for its windows
+        self.late_after = late_after
         self._monotonic = monotonic
         self._reports: dict[tuple[str, date], tuple[bool, float]] = {}
         # LATEST per factory as last written or read here (saves a GET per message)
@@ -217,6 +229,7 @@ class Processor:
         created = cast("list[PutResult]", written)
         latest, committed = cast("tuple[str, Commit | None]", settled)
         outcome = Outcome(latest=latest)
+        outcome.late_hour = await self._mark_late(fid, event_time.at)
         if committed is not None:
             created.append(await self._snapshot(fid, committed))
             outcome.history_at = committed.at
@@ -232,6 +245,19 @@ class Processor:
                 objects=len(created),
             )
         return outcome
+
+    async def _mark_late(self, factory_id: str, at: datetime) -> datetime | None:
+        """Mark the factory-hour of event time ``at`` when it ended more than ``late_after``
+        before now (read after the objects are stored: an aggregator run that listed the hour
+        before they were there started after the mark's threshold, so it is marked)."""
+        hour = floor_to(at, HOUR)
+        written = truncate_ms(self.clock())
+        if hour + HOUR + self.late_after > written:
+            return None
+        await self.readmodel.mark_late(
+            factory_id, hour, now=written, ttl=int(written.timestamp()) + LATE_MARK_TTL_S
+        )
+        return hour
 
     async def _event_time(self, event: RawArchived, emitted_at: datetime) -> EventTime:
         resolved = resolve_event_time(emitted_at, event.received_at)
@@ -414,14 +440,7 @@ class Processor:
         events = [
             Outgoing(
                 object_created_subject(_family(put.key)),
-                ObjectCreated(
-                    bucket=self.store.bucket,
-                    key=put.key,
-                    size_bytes=put.size_bytes,
-                    etag=put.etag,
-                    producer=PRODUCER,
-                    created_at=now,
-                ),
+                self.store.created(put, producer=PRODUCER, at=now),
                 f"oc:{put.key}",
             )
             for put in created
