@@ -73,6 +73,7 @@ from botocore.credentials import Credentials
 from dashboard import TOKEN, wait_ready
 from dashboard import latest as dashboard_latest
 from dashboard import measure as fleet_latencies
+from procstat import sample as process_sample
 
 from aegis_aggregator.aggregate import JOB as AGGREGATOR_JOB
 from aegis_aggregator.aggregate import Aggregator
@@ -683,6 +684,8 @@ class Measured:
     units: dict[str, OpUnits]
     result: Any = None
     detail: dict[str, OpUnits] = field(default_factory=dict)
+    # CPU seconds meanwhile: the emulator's process, this one's (the platform's code, the meter)
+    cpu: tuple[float, float] = (0.0, 0.0)
 
     def ddb(self) -> dict[str, int]:
         return self.counts.ops("dynamodb")
@@ -714,6 +717,8 @@ class Measured:
     def summary(self) -> dict[str, Any]:
         return {
             "seconds": round(self.seconds, 3),
+            "emulator_cpu_s": round(self.cpu[0], 2),
+            "bench_process_cpu_s": round(self.cpu[1], 2),
             "dynamodb": self.ddb(),
             "s3": self.s3(),
             "dynamodb_read_units": round(self.rru(), 2),
@@ -732,8 +737,14 @@ def s3_tiers(ops: Mapping[str, int]) -> dict[str, int]:
 
 
 class Bench:
-    def __init__(self, url: str, clients: AwsClients, meter: Meter, table: str) -> None:
+    def __init__(
+        self, url: str, clients: AwsClients, meter: Meter, table: str, emulator_pid: int | None
+    ) -> None:
         self.url, self.clients, self.meter, self.table = url, clients, meter, table
+        self.emulator_pid = emulator_pid
+
+    def _emulator_cpu(self) -> float:
+        return 0.0 if self.emulator_pid is None else process_sample(self.emulator_pid).cpu_s
 
     async def measure(self, label: str, work: Callable[[], Awaitable[_T]]) -> Measured:
         """Run ``work``; what the emulator counted meanwhile and the units it cost."""
@@ -741,16 +752,18 @@ class Bench:
         units0 = self.meter.snapshot()
         detail0 = self.meter.snapshot(detail=True)
         self.meter.take_updates()
+        emulator_cpu, own_cpu = self._emulator_cpu(), time.process_time()
         started = time.perf_counter()
         result = await work()
         seconds = time.perf_counter() - started
+        cpu = (self._emulator_cpu() - emulator_cpu, time.process_time() - own_cpu)
         counts = await counted(self.url) - before
         units = self.meter.since(units0)
         detail = self.meter.since(detail0, detail=True)
         updates = self.meter.take_updates()
         if updates:  # sized after the counts were taken: these reads are not the work's
             units["UpdateItem"].wru += await self.meter.size_updates(self.clients.dynamodb, updates)
-        return Measured(label, seconds, counts, units, result, detail)
+        return Measured(label, seconds, counts, units, result, detail, cpu)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1707,7 +1720,9 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-async def collect(args: argparse.Namespace, emulator: str, nats_url: str) -> dict[str, Any]:
+async def collect(
+    args: argparse.Namespace, emulator: str, nats_url: str, emulator_pid: int | None
+) -> dict[str, Any]:
     """Every measurement, in an order that keeps the bench short: the slow cloud collector (it
     reads each factory's last hour of HISTORY) runs at the first depth, the aggregator window
     (60 HISTORY items in it) at the second."""
@@ -1726,7 +1741,7 @@ async def collect(args: argparse.Namespace, emulator: str, nats_url: str) -> dic
     config = AwsConfig(endpoint_url=emulator, max_pool_connections=64)
     async with open_clients(config) as clients:
         meter.attach(clients.dynamodb)
-        bench = Bench(emulator, clients, meter, table)
+        bench = Bench(emulator, clients, meter, table, emulator_pid)
         writer = RawWriter(emulator, clients.config.region)
         await bootstrap(clients, bucket=bucket, table=table)
         try:
@@ -1989,7 +2004,9 @@ def report(args: argparse.Namespace, got: dict[str, Any]) -> dict[str, Any]:
             name,
             m,
             f"; {m.result} written, {events} events counted "
-            f"[target < {TARGET_REFRESH_S:.0f} s: {ok}]",
+            f"[target < {TARGET_REFRESH_S:.0f} s: {ok}]; CPU: emulator {m.cpu[0]:.1f} s "
+            f"({1000 * m.cpu[0] / max(1, m.counts.total('dynamodb') + m.counts.total('s3')):.1f} ms a request), this process "
+            f"{m.cpu[1]:.1f} s",
         )
     print()
     print(f"4. dashboard API process, {factories:,} factories")
@@ -2205,8 +2222,10 @@ def report(args: argparse.Namespace, got: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def run(args: argparse.Namespace, emulator: str, nats_url: str) -> dict[str, Any]:
-    got = await collect(args, emulator, nats_url)
+async def run(
+    args: argparse.Namespace, emulator: str, nats_url: str, emulator_pid: int | None
+) -> dict[str, Any]:
+    got = await collect(args, emulator, nats_url, emulator_pid)
     return jsonable(report(args, got))  # type: ignore[no-any-return]
 
 
@@ -2228,7 +2247,8 @@ def main() -> None:
         emulator = start_emulator(scratch)
         private_nats = start_private_nats()
         progress(f"emulator {emulator.url}, NATS {private_nats.url}")
-        result = asyncio.run(run(args, emulator.url, private_nats.url))
+        pid = None if emulator.process is None else emulator.process.pid
+        result = asyncio.run(run(args, emulator.url, private_nats.url, pid))
     finally:
         for server in (private_nats, emulator):
             if server is not None:

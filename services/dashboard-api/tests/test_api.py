@@ -337,12 +337,13 @@ async def test_storage_down_is_503_with_a_clear_body() -> None:
             assert (await c.get("/readyz")).status_code == 503
 
 
-def fleet_app(foundation: Foundation, *, cache_s: float) -> Any:
+def fleet_app(foundation: Foundation, *, cache_s: float, idle_s: float = 60.0) -> Any:
     settings = DashboardSettings(
         bucket=foundation.bucket,
         table=foundation.table,
         dashboard_tokens=token_digest(TOKEN),
         dashboard_fleet_cache_s=cache_s,
+        dashboard_fleet_idle_s=idle_s,
     )
     return create_app(settings, clients=foundation.clients, clock=FakeClock(NOW))
 
@@ -397,9 +398,10 @@ async def test_kept_warm_the_fleet_never_waits_for_a_scan_nor_loses_a_newer_even
     transport = httpx.ASGITransport(app=app)
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
-            await asyncio.wait_for(scanning.wait(), 10)  # the second scan hangs
-            # a change event heard meanwhile, newer than what the hanging scan read
+            # a screen asks (the first read; warming starts), then the next scan hangs
             (before,) = (await c.get("/api/fleet", headers=AUTH)).json()["factories"]
+            await asyncio.wait_for(scanning.wait(), 10)
+            # a change event heard meanwhile, newer than what the hanging scan read
             newer = dict(await reader.latest(unique_id))
             newer["updated_at"] = "2099-01-01T00:00:00.000Z"
             newer["risk"] = {**newer["risk"], "level": "CRITICAL", "score": 99.5}
@@ -415,6 +417,46 @@ async def test_kept_warm_the_fleet_never_waits_for_a_scan_nor_loses_a_newer_even
     finally:
         stop.set()
         gate.set()
+        await warm
+
+
+async def test_nobody_looking_the_fleet_is_not_read(foundation: Foundation, unique_id: str) -> None:
+    app = fleet_app(foundation, cache_s=0.2, idle_s=1.0)
+    reader = app.state.reader
+    scan = reader.readmodel.factory_latest_items
+    await seed(foundation, unique_id)
+    scans = 0
+    scanned = asyncio.Condition()
+
+    async def counted() -> list[dict[str, Any]]:
+        nonlocal scans
+        items = await scan()
+        async with scanned:
+            scans += 1
+            scanned.notify_all()
+        return items
+
+    async def scans_reach(n: int) -> None:
+        async with scanned:
+            await asyncio.wait_for(scanned.wait_for(lambda: scans >= n), 10)
+
+    reader.readmodel.factory_latest_items = counted
+    stop = asyncio.Event()
+    warm = asyncio.create_task(reader.keep_fleet_warm(stop))
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
+            await asyncio.sleep(1.0)  # five cache periods with no screen: nothing read
+            assert scans == 0
+            (entry,) = (await c.get("/api/fleet", headers=AUTH)).json()["factories"]
+            assert entry["factory_id"] == unique_id
+            await scans_reach(4)  # a screen asked: kept warm, re-read every period
+            await asyncio.sleep(1.5)  # idle again once no screen asked for a second
+            idle = scans
+            await asyncio.sleep(1.0)
+            assert scans == idle
+    finally:
+        stop.set()
         await warm
 
 

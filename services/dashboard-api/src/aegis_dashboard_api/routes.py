@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import re
 import time
 from datetime import date, datetime
@@ -64,11 +65,13 @@ class Reader:
         self._fleet_read_at = 0.0
         self._fleet_lock = asyncio.Lock()
         self._kept_warm = False  # a background task re-reads the fleet: requests never wait
+        self._asked_at = -math.inf  # when a request last wanted the fleet (monotonic)
 
     async def fleet_items(self) -> list[Item]:
         """Every FACTORY LATEST. Kept warm (:meth:`keep_fleet_warm`), the cached fleet is always
         served, the listing running beside the requests; otherwise read again when older than the
         cache period (one read at a time: concurrent requests wait for it, not each listing)."""
+        self._asked_at = time.monotonic()
         fleet = self._fleet
         if fleet is not None and (
             self._kept_warm
@@ -95,12 +98,19 @@ class Reader:
             self._fleet = _newer_of(fleet, [image], add=True)
 
     async def keep_fleet_warm(self, stop: asyncio.Event) -> None:
-        """Re-read the fleet every cache period, so a request never waits for the listing."""
+        """Re-read the fleet every cache period while screens use it, so a request never waits
+        for the listing. With no request for ``dashboard_fleet_idle_s`` it reads nothing (a
+        dashboard nobody looks at costs no reads); the next request reads the fleet itself,
+        once, and warming resumes."""
         period = max(self.settings.dashboard_fleet_cache_s, 0.2)
+        idle_after = self.settings.dashboard_fleet_idle_s
         while not stop.is_set():
             try:
-                await self._read_fleet(force=True)
-                self._kept_warm = True
+                if time.monotonic() - self._asked_at > idle_after:
+                    self._kept_warm = False
+                else:
+                    await self._read_fleet(force=True)
+                    self._kept_warm = True
             except Exception as err:
                 self._kept_warm = False  # requests read for themselves until a listing succeeds
                 log.warning("fleet_refresh_failed", error=str(err))

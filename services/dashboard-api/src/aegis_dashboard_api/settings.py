@@ -30,6 +30,9 @@ class DashboardSettings(AegisSettings):
     dashboard_presign_ttl_s: int = Field(default=300, ge=1, le=3600)
     # the fleet view is read at most this often, once for every open screen
     dashboard_fleet_cache_s: float = Field(default=1.0, ge=0, le=60)
+    # the fleet is kept warm (re-read every cache period) only while a screen asked for it this
+    # recently; idle, nothing is read (open screens still get the change feed)
+    dashboard_fleet_idle_s: float = Field(default=60.0, gt=0, le=3600)
     # live updates (/api/live): the NATS subscription, each browser's queue of undelivered
     # events (a browser that falls this far behind is dropped and reconnects), the heartbeat
     dashboard_live: bool = True
