@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -348,6 +349,20 @@ def fleet_app(foundation: Foundation, *, cache_s: float, idle_s: float = 60.0) -
     return create_app(settings, clients=foundation.clients, clock=FakeClock(NOW))
 
 
+@asynccontextmanager
+async def kept_warm(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``app`` with its fleet kept warm in the background meanwhile."""
+    stop = asyncio.Event()
+    warm = asyncio.create_task(app.state.reader.keep_fleet_warm(stop))
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
+            yield c
+    finally:
+        stop.set()
+        await warm
+
+
 async def test_the_fleet_is_read_once_per_cache_period_for_every_screen(
     foundation: Foundation, unique_id: str
 ) -> None:
@@ -393,11 +408,8 @@ async def test_kept_warm_the_fleet_never_waits_for_a_scan_nor_loses_a_newer_even
         return items
 
     reader.readmodel.factory_latest_items = held_scan
-    stop = asyncio.Event()
-    warm = asyncio.create_task(reader.keep_fleet_warm(stop))
-    transport = httpx.ASGITransport(app=app)
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
+        async with kept_warm(app) as c:
             # a screen asks (the first read; warming starts), then the next scan hangs
             (before,) = (await c.get("/api/fleet", headers=AUTH)).json()["factories"]
             await asyncio.wait_for(scanning.wait(), 10)
@@ -415,9 +427,7 @@ async def test_kept_warm_the_fleet_never_waits_for_a_scan_nor_loses_a_newer_even
             (after,) = (await c.get("/api/fleet", headers=AUTH)).json()["factories"]
             assert before["score"] != 99.5 and after["score"] == 99.5
     finally:
-        stop.set()
         gate.set()
-        await warm
 
 
 async def test_nobody_looking_the_fleet_is_not_read(foundation: Foundation, unique_id: str) -> None:
@@ -441,23 +451,16 @@ async def test_nobody_looking_the_fleet_is_not_read(foundation: Foundation, uniq
             await asyncio.wait_for(scanned.wait_for(lambda: scans >= n), 10)
 
     reader.readmodel.factory_latest_items = counted
-    stop = asyncio.Event()
-    warm = asyncio.create_task(reader.keep_fleet_warm(stop))
-    transport = httpx.ASGITransport(app=app)
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
-            await asyncio.sleep(1.0)  # five cache periods with no screen: nothing read
-            assert scans == 0
-            (entry,) = (await c.get("/api/fleet", headers=AUTH)).json()["factories"]
-            assert entry["factory_id"] == unique_id
-            await scans_reach(4)  # a screen asked: kept warm, re-read every period
-            await asyncio.sleep(1.5)  # idle again once no screen asked for a second
-            idle = scans
-            await asyncio.sleep(1.0)
-            assert scans == idle
-    finally:
-        stop.set()
-        await warm
+    async with kept_warm(app) as c:
+        await asyncio.sleep(1.0)  # five cache periods with no screen: nothing read
+        assert scans == 0
+        (entry,) = (await c.get("/api/fleet", headers=AUTH)).json()["factories"]
+        assert entry["factory_id"] == unique_id
+        await scans_reach(4)  # a screen asked: kept warm, re-read every period
+        await asyncio.sleep(1.5)  # idle again once no screen asked for a second
+        idle = scans
+        await asyncio.sleep(1.0)
+        assert scans == idle
 
 
 @pytest.mark.parametrize(
