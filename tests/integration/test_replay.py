@@ -8,6 +8,7 @@ window, and must rewrite exactly what it wrote the first time.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -16,16 +17,24 @@ from typing import Any
 import pytest
 from faststream.nats import NatsBroker
 
+from aegis_alert_dispatcher.app import DispatcherApp
+from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_contracts.archive import Archive, admit
 from aegis_contracts.events import RawArchived
 from aegis_contracts.ids import SourceType
 from aegis_contracts.keys import KeyFamily, parse_key
 from aegis_contracts.subjects import raw_subject
 from aegis_contracts.times import truncate_ms
+from aegis_orchestration.model import Job
+from aegis_orchestrator.app import OrchestratorApp
+from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_processor.app import ProcessorApp
+from aegis_processor.app import create_app as create_processor
+from aegis_processor.settings import ProcessorSettings
 from aegis_runtime.broker import create_broker, ensure_streams, publish, publish_raw_archived
 from aegis_runtime.settings import AegisSettings
 from aegis_runtime.testing.waiting import eventually
+from aegis_runtime.testing.webhook import FakeWebhook
 from aegis_storage.s3 import ObjectStore
 from aegis_storage_tools.replay import replay
 
@@ -181,3 +190,157 @@ async def test_a_replay_of_an_intact_range_changes_nothing(
         )
         == history
     )
+
+
+# -- a replay pages nobody and starts no job (unless --notify) --------------------------------
+
+
+def fire_message(factory: str, at: datetime) -> bytes:
+    return json.dumps(
+        {
+            "message_id": f"m-{factory}-fire",
+            "factory_id": factory,
+            "device_id": "edge-1",
+            "emitted_at": at.isoformat(),
+            "schema_version": "1.0",
+            "sensors": {"temperature_c": 24.0, "co_ppm": 3.0},
+            "ai": {
+                "model_version": "yolo-1",
+                "detections": [{"label": "fire", "confidence": 0.93, "camera_id": "cam-1"}],
+            },
+        }
+    ).encode()
+
+
+def fire_job(factory: str, url: str) -> Job:
+    """Calls ``url`` when ``factory`` first turns CRITICAL (LATEST inserted CRITICAL)."""
+    return Job.model_validate(
+        {
+            "id": f"on-fire-{factory}",
+            "job_name": f"fire at {factory}",
+            "trigger_type": "BizObject",
+            "object_id": "factory_latest",
+            "trigger_sub_type": "*",
+            "trigger_condition_expr": (
+                f'AND(StringEQ([$.afterData.factory_id], "{factory}"), '
+                'StringEQ([$.afterData.risk.level], "CRITICAL"))'
+            ),
+            "steps": [
+                {
+                    "id": "call",
+                    "step_type": "TASK",
+                    "step_sub_type": "HTTP_WEBHOOK",
+                    "is_start_point": True,
+                }
+            ],
+            "params": [
+                {
+                    "id": "u",
+                    "step_id": "call",
+                    "param_key": "url",
+                    "source_type": "STATIC",
+                    "param_value": url,
+                }
+            ],
+        }
+    )
+
+
+async def test_a_replayed_fire_is_processed_but_pages_nobody_and_starts_no_job(
+    foundation: Any,
+    aws_endpoint: str,
+    private_nats: Any,
+    webhook: FakeWebhook,
+    unique_id: str,
+) -> None:
+    """Two factories' fire messages sit in raw/ and were never processed (as after an outage
+    that lost their events). ``aegis replay`` of the first: processed/ and LATEST are written,
+    and its snapshot and change reach the alert dispatcher and the orchestrator marked replayed:
+    no Slack message, no webhook. ``--notify`` for the second: one of each."""
+    store, nats_url = foundation.store, private_nats.url
+    quiet, loud = f"q-{unique_id}", f"l-{unique_id}"
+    at = truncate_ms(datetime.now(UTC)) - timedelta(seconds=5)
+    for factory in (quiet, loud):
+        decision = admit(
+            f"aegis/{factory}/factory_state", fire_message(factory, at), at, 1, bucket=store.bucket
+        )
+        assert isinstance(decision, Archive)
+        await store.put_immutable(
+            decision.key, fire_message(factory, at), metadata=decision.metadata
+        )
+
+    common = {
+        "aws_endpoint_url": aws_endpoint,
+        "bucket": foundation.bucket,
+        "table": foundation.table,
+        "nats_url": nats_url,
+        "heartbeat_interval_s": 60,
+    }
+    processor = create_processor(
+        ProcessorSettings(
+            **common, durable=f"p-{unique_id}", fetch_timeout_s=0.3, refresh_enabled=False
+        )
+    )
+    dispatcher = DispatcherApp(
+        DispatcherSettings(
+            **common,
+            slack_webhook_url=webhook.url,
+            alert_durable=f"a-{unique_id}",
+            fetch_timeout_s=0.3,
+        )
+    )
+    orchestrator = OrchestratorApp(
+        OrchestratorSettings(
+            **common,
+            orchestrator_durable=f"o-{unique_id}",
+            orchestrator_jobs_file="",
+            orchestrator_schedule_tick_s=3600,
+        ),
+        clock=lambda: datetime.now(UTC),
+        environment={},
+    )
+    broker = create_broker(AegisSettings(nats_url=nats_url), name="replay-test-client")
+    apps = [processor, dispatcher, orchestrator]
+    try:
+        for app in apps:
+            await app.start()
+        await broker.connect()
+        assert orchestrator.store is not None
+        for factory in (quiet, loud):
+            await orchestrator.store.register(fire_job(factory, f"{webhook.url}/job/{factory}"))
+        await orchestrator.refresh()
+
+        async def send(event: RawArchived) -> bool:
+            return await publish_raw_archived(broker, event)
+
+        window = {"start": at, "end": at + timedelta(seconds=1), "sources": ALL}
+        summary = await replay(store, send, factory_id=quiet, **window)
+        assert summary.requeued == 1
+
+        def replayed_decisions() -> float:
+            value = dispatcher.metrics.registry.get_sample_value(
+                "aegis_alert_decisions_total",
+                {"outcome": "replayed", "action": "", "severity": ""},
+            )
+            return value or 0.0
+
+        await eventually(lambda: replayed_decisions() >= 1, within=20, what="the replayed snapshot")
+        latest = await foundation.readmodel.get_latest(quiet)
+        assert latest is not None and latest["risk"]["level"] == "CRITICAL"  # processed
+        assert await store.list_keys(f"processed/{quiet}/factory_state/")
+
+        loud_summary = await replay(store, send, factory_id=loud, notify=True, **window)
+        assert loud_summary.requeued == 1
+        await eventually(
+            lambda: {r.path for r in webhook.requests} >= {"/hook", f"/hook/job/{loud}"},
+            within=20,
+            what="the --notify replay's Slack message and webhook call",
+        )
+        await asyncio.sleep(0.5)  # the quiet factory's events were handled before the loud ones
+        paths = sorted(r.path for r in webhook.requests)
+        assert paths == ["/hook", f"/hook/job/{loud}"]  # one Slack message, one job's call
+        assert loud in json.dumps(webhook.delivered) and quiet not in json.dumps(webhook.delivered)
+    finally:
+        await broker.stop()
+        for app in reversed(apps):
+            await app.stop()

@@ -8,7 +8,13 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from aegis_orchestration.model import Job
-from aegis_orchestration.triggers import TriggerIndex, biz_object_trigger, due_fires, fires_between
+from aegis_orchestration.triggers import (
+    TriggerIndex,
+    biz_object_trigger,
+    due_fires,
+    fires_between,
+    platform_trigger,
+)
 
 CONDITION = (
     'AND(StringEQ([$.afterData.risk.level], "CRITICAL"),'
@@ -53,6 +59,28 @@ def test_a_bizobject_update_job_fires_only_when_its_condition_holds() -> None:
         == []
     )
     assert index.matching(biz_object_trigger(change("WARNING", "CRITICAL"), "other_entity")) == []
+
+
+def test_replayed_data_starts_no_job_unless_replayed_with_notify() -> None:
+    index = TriggerIndex(
+        [
+            job("on"),
+            job(
+                "raw",
+                trigger_type="Platform",
+                object_id="factory_state",
+                trigger_sub_type="Insert",
+                trigger_condition_expr=None,
+            ),
+        ]
+    )
+    replayed = {**change("WARNING", "CRITICAL"), "replayed": True}
+    assert index.matching(biz_object_trigger(replayed, "factory_latest")) == []
+    notified = {**replayed, "replayed": False}  # aegis replay --notify
+    assert [j.id for j in index.matching(biz_object_trigger(notified, "factory_latest"))] == ["on"]
+    raw = {"source_type": "factory_state", "payload_text": "{}"}
+    assert [j.id for j in index.matching(platform_trigger(raw))] == ["raw"]
+    assert index.matching(platform_trigger({**raw, "replayed": True})) == []
 
 
 def test_disabled_or_soft_deleted_jobs_never_fire() -> None:

@@ -30,6 +30,9 @@ class RawArchived(_Event):
     # the payload itself when it is small UTF-8 text, which saves the processor a GET per message;
     # otherwise None and the processor reads ``key``
     payload_text: str | None = None
+    # re-queued by ``aegis replay`` (not a device's new message): what the processor makes of it
+    # is marked replayed, so alerts and workflow triggers leave it alone (``--notify``: False)
+    replayed: bool = False
 
 
 class ObjectCreated(_Event):
@@ -41,6 +44,8 @@ class ObjectCreated(_Event):
     etag: str | None = None
     producer: str
     created_at: Timestamp
+    # written while processing a replayed message: alerts and triggers ignore it
+    replayed: bool = False
 
 
 class ChangeEvent(_Event):
@@ -54,6 +59,8 @@ class ChangeEvent(_Event):
     new_image: dict[str, Any] | None = None
     producer: str
     at: Timestamp
+    # made by a replayed message: alerts and triggers ignore it
+    replayed: bool = False
 
 
 class SystemEvent(_Event):

@@ -14,6 +14,9 @@ registered with ``*`` for object or sub type), each with its condition compiled 
   (``alert_sent``), data ``{kind, producer, at, detail}``.
 - Component: an S3 object written (``ObjectCreated``): object = key family, sub type ``Insert``.
 - Schedule: a cron fire: data ``{scheduled_for, time_zone}``.
+
+An event made by ``aegis replay`` (``replayed``, unless the operator replayed with ``--notify``)
+starts no job: a replay restores history, it does not report news.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Trigger:
     object_id: str
     sub_type: str
     data: dict[str, Any]
+    replayed: bool = False  # made by a replayed message: fires nothing
 
 
 def biz_object_trigger(change: Mapping[str, Any], entity: str) -> Trigger:
@@ -54,6 +58,7 @@ def biz_object_trigger(change: Mapping[str, Any], entity: str) -> Trigger:
             "afterData": change.get("new_image"),
             "at": change.get("at"),
         },
+        replayed=change.get("replayed") is True,
     )
 
 
@@ -66,7 +71,13 @@ def platform_trigger(raw: Mapping[str, Any]) -> Trigger:
         except ValueError:
             data["payload"] = None
         data.pop("payload_text", None)
-    return Trigger(TriggerType.PLATFORM, str(raw.get("source_type")), "Insert", data)
+    return Trigger(
+        TriggerType.PLATFORM,
+        str(raw.get("source_type")),
+        "Insert",
+        data,
+        replayed=raw.get("replayed") is True,
+    )
 
 
 def automation_trigger(event: Mapping[str, Any]) -> Trigger:
@@ -76,7 +87,13 @@ def automation_trigger(event: Mapping[str, Any]) -> Trigger:
 
 
 def component_trigger(created: Mapping[str, Any], family: str) -> Trigger:
-    return Trigger(TriggerType.COMPONENT, family, "Insert", dict(created))
+    return Trigger(
+        TriggerType.COMPONENT,
+        family,
+        "Insert",
+        dict(created),
+        replayed=created.get("replayed") is True,
+    )
 
 
 def schedule_trigger(job: Job, scheduled_for: datetime) -> Trigger:
@@ -130,7 +147,10 @@ class TriggerIndex:
         ]
 
     def matching(self, trigger: Trigger) -> list[Job]:
-        """The jobs this trigger starts: same key (or ``*``), condition holds (never raises)."""
+        """The jobs this trigger starts: same key (or ``*``), condition holds (never raises);
+        none for a replayed event."""
+        if trigger.replayed:
+            return []
         t, o, s = trigger.type.value, trigger.object_id, trigger.sub_type
         found: list[Job] = []
         for key in {(t, o, s), (t, "*", s), (t, o, "*"), (t, "*", "*")}:

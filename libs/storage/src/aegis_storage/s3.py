@@ -103,7 +103,9 @@ class ObjectStore:
         self._s3 = s3
         self.bucket = bucket
 
-    def created(self, put: PutResult, *, producer: str, at: datetime) -> ObjectCreated:
+    def created(
+        self, put: PutResult, *, producer: str, at: datetime, replayed: bool = False
+    ) -> ObjectCreated:
         """The ObjectCreated event that announces an object this store wrote."""
         return ObjectCreated(
             bucket=self.bucket,
@@ -112,6 +114,7 @@ class ObjectStore:
             etag=put.etag,
             producer=producer,
             created_at=at,
+            replayed=replayed,
         )
 
     async def put_bytes(

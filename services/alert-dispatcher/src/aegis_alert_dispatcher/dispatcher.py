@@ -114,7 +114,7 @@ class Sender(Protocol):
 class Result:
     """What happened to one decision (``outcome``: sent, suppressed_cooldown, waiting_observations,
     downgraded, claimed_elsewhere, undeliverable, logged_only) or to the whole snapshot (stale,
-    ignored)."""
+    ignored, replayed)."""
 
     outcome: str
     action: Action | None = None
@@ -178,6 +178,9 @@ class Dispatcher:
     async def handle(self, event: ObjectCreated) -> list[Result]:
         if not triggered(event.key, self.triggers):
             return [Result("ignored", why="not under a trigger prefix")]  # not logged: most events
+        if event.replayed:  # ``aegis replay`` without --notify: history, not news
+            why = "made by a replayed message (aegis replay without --notify)"
+            return [self._record(Result("replayed", why=why), key=event.key)]
         try:
             body = await self.store.get_json(event.key)
         except NotFound:

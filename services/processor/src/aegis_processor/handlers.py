@@ -235,7 +235,9 @@ class Processor:
             outcome.history_at = committed.at
             outcome.changes = 1
         outcome.objects = [p.key for p in created]
-        await self._announce(fid, created, [committed] if committed else [], now)
+        await self._announce(
+            fid, created, [committed] if committed else [], now, replayed=event.replayed
+        )
         if _stdlog.isEnabledFor(logging.DEBUG):
             log.debug(
                 "raw_processed",
@@ -436,11 +438,16 @@ class Processor:
         created: list[PutResult],
         commits: list[Commit],
         now: datetime,
+        *,
+        replayed: bool = False,
     ) -> None:
+        """ObjectCreated for every object written, a ChangeEvent for every commit; ``replayed``
+        (the message came from ``aegis replay``) marks them all, so that alerts and triggers
+        leave them alone."""
         events = [
             Outgoing(
                 object_created_subject(_family(put.key)),
-                self.store.created(put, producer=PRODUCER, at=now),
+                self.store.created(put, producer=PRODUCER, at=now, replayed=replayed),
                 f"oc:{put.key}",
             )
             for put in created
@@ -460,6 +467,7 @@ class Processor:
                         new_image=change.new,
                         producer=PRODUCER,
                         at=now,
+                        replayed=replayed,
                     ),
                     f"chg:{pk}:{keys.LATEST_SK}:{new.get('updated_at')}",
                 )

@@ -176,12 +176,21 @@ def replay(  # noqa: PLR0917 - typer options are parameters
     rate: Annotated[
         float | None, typer.Option(min=0, help="Messages per second at most (0: no limit).")
     ] = None,
+    notify: Annotated[
+        bool,
+        typer.Option(
+            "--notify",
+            help="Let the replayed data alert and trigger workflows as new data would "
+            "(by default a replay pages nobody and starts no job).",
+        ),
+    ] = False,
     progress: ProgressOpt = None,
 ) -> None:
     """Feed a factory's raw/ objects of a time range back to the processor, as ingest did.
 
     Same event and Nats-Msg-Id as ingest; the processor rewrites processed/ identically and never
-    moves LATEST backwards. Prints found / requeued / skipped / failed."""
+    moves LATEST backwards. The events are marked replayed: no Slack message, no triggered job,
+    unless --notify. Prints found / requeued / skipped / failed."""
     try:
         factory_id = validate_factory_id(factory)
         start, end = parse_iso(from_, "--from"), parse_iso(to, "--to")
@@ -220,6 +229,7 @@ def replay(  # noqa: PLR0917 - typer options are parameters
                         concurrency=settings.replay_concurrency,
                         inline_max_bytes=settings.payload_inline_max_bytes,
                         tracker=tracker,
+                        notify=notify,
                     )
         finally:
             if broker is not None:
@@ -230,5 +240,5 @@ def replay(  # noqa: PLR0917 - typer options are parameters
     except StorageError as err:
         typer.echo(f"replay failed: {err}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
-    typer.echo(json.dumps(asdict(summary) | {"dry_run": dry_run}))
+    typer.echo(json.dumps(asdict(summary) | {"dry_run": dry_run, "notify": notify}))
     raise typer.Exit(EXIT_FAILED if summary.failed else 0)

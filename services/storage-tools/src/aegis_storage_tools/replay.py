@@ -8,6 +8,12 @@ and published the way ingest publishes it (:func:`aegis_runtime.broker.publish_r
 same event, same Nats-Msg-Id. Inside JetStream's duplicate window (2 min) the queue drops it;
 older data is processed again, and the processor's writes are idempotent (processed/ objects
 rewritten byte for byte, LATEST never moved backwards).
+
+The event is marked ``replayed``: whatever the processor makes of it (objects, a LATEST commit
+when the replayed message is newer than LATEST) is announced as replayed, and the alert
+dispatcher and the workflow triggers leave it alone, so a replay never pages anyone or calls a
+webhook. ``notify=True`` (``--notify``) sends the events unmarked: they alert and trigger as new
+data would.
 """
 
 from __future__ import annotations
@@ -99,6 +105,7 @@ async def replay(
     concurrency: int = 16,
     inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
     tracker: Tracker | None = None,
+    notify: bool = False,
 ) -> ReplaySummary:
     """Re-queue the raw objects of ``factory_id`` that arrived in ``[start, end)``; with
     ``publish=None`` (a dry run) only count them. ``inline_max_bytes`` must be ingest's setting
@@ -107,7 +114,9 @@ async def replay(
     summary = ReplaySummary()
     keys = await raw_keys_in(store, factory_id, sources, start, end)
     tracker.stage("replay", len(keys))
-    one_key = _Replayer(store, publish, (start, end), Pacer(rate), summary, inline_max_bytes)
+    one_key = _Replayer(
+        store, publish, (start, end), Pacer(rate), summary, inline_max_bytes, notify
+    )
     gate = asyncio.Semaphore(concurrency)
 
     async def one(key: str) -> None:
@@ -126,6 +135,7 @@ async def replay(
         skipped=summary.skipped,
         failed=summary.failed,
         dry_run=publish is None,
+        notify=notify,
     )
     return summary
 
@@ -138,6 +148,7 @@ class _Replayer:
     pacer: Pacer
     summary: ReplaySummary
     inline_max_bytes: int
+    notify: bool
 
     async def __call__(self, key: str) -> None:  # noqa: PLR0911 - one return per outcome
         store, publish, summary, (start, end) = self.store, self.publish, self.summary, self.window
@@ -178,7 +189,10 @@ class _Replayer:
             return
         await self.pacer.wait()
         try:
-            duplicate = await publish(archive.event)
+            event = archive.event
+            duplicate = await publish(
+                event if self.notify else event.model_copy(update={"replayed": True})
+            )
         except Exception as err:  # the broker's errors: count, log, go on with the rest
             summary.failed += 1
             log.warning("replay_publish_failed", key=key, error=f"{type(err).__name__}: {err}")
