@@ -2,7 +2,9 @@
 within 30 s `aegis status` shows factory-a, factory-b and factory-c, and the cloud collectors'
 first snapshots. On an emulator of its own, whose request counts show that over the whole run
 (bootstrap, every service's first ticks, the dashboard, `aegis status`) nothing scanned the
-table: every listing went through the fleet index."""
+table: every listing went through the fleet index. Then, while a device publishes, the processor
+and then ingest are SIGKILLed: aegis up restarts each (and says so), the rest keeps running, and
+every message is in raw/ and processed/ once, the last one in LATEST."""
 
 from __future__ import annotations
 
@@ -20,14 +22,19 @@ from typing import Any
 import httpx
 import pytest
 
+from aegis_contracts.ids import topic_for
 from aegis_runtime.devstack import DASHBOARD_TOKEN_FILE, local_dashboard_token
 from aegis_runtime.localservers import ManagedServer, free_port, start_moto_server
 from aegis_runtime.testing.emulator import arequest_counts
 from aegis_runtime.testing.waiting import eventually
+from aegis_storage.clients import AwsConfig, open_clients
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+from .conftest import publish_all
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 AEGIS = str(Path(sys.executable).parent / "aegis")
+DATASETS = ("factory_state", "risk_score")
 
 
 async def dashboard_page(port: int) -> str:
@@ -38,6 +45,68 @@ async def dashboard_page(port: int) -> str:
         resp = await client.get("/", headers={"Authorization": f"Bearer {token}"})
         assert resp.status_code == 200, resp.text[:500]
         return resp.text
+
+
+def child_pid(parent: int, service: str) -> int | None:
+    """The pid of aegis up's child that runs ``service`` (``python -m aegis_runtime.devstack
+    {service}``), or None."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and cmdline[-2:] == [service.encode(), b""]:
+            return int(entry.name)
+    return None
+
+
+def device_message(factory: str, seq: int) -> bytes:
+    return json.dumps(
+        {
+            "message_id": f"{factory}-{seq:04d}",
+            "factory_id": factory,
+            "device_id": "edge-1",
+            "emitted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "schema_version": "1.0",
+            "sensors": {"temperature_c": 20.0 + seq / 10, "co_ppm": 3.0},
+        }
+    ).encode()
+
+
+class KillWhilePublishing:
+    """A device publishes ``count`` messages, one every ``interval`` s; at ``kills`` (message
+    number -> service) that service's process is SIGKILLed. Records, per kill, how many messages
+    were published while the service was down (before aegis up said it restarted it)."""
+
+    def __init__(self, up: subprocess.Popen[bytes], log: Path, mqtt_url: str, factory: str) -> None:
+        self.up, self.log, self.mqtt_url, self.factory = up, log, mqtt_url, factory
+        self.while_down: dict[str, int] = {}
+
+    def restarted(self, service: str) -> bool:
+        return f"aegis up: {service} restarted" in self.log.read_text(errors="replace")
+
+    async def run(self, count: int, kills: dict[int, str], interval: float = 0.1) -> None:
+        topic = topic_for(self.factory, "factory_state")
+        down: list[str] = []
+        for seq in range(count):
+            if seq in kills:
+                service = kills[seq]
+                pid = child_pid(self.up.pid, service)
+                assert pid is not None, f"no {service} process under aegis up"
+                os.kill(pid, signal.SIGKILL)
+                down.append(service)
+                self.while_down[service] = 0
+            await publish_all(self.mqtt_url, [(topic, device_message(self.factory, seq))])
+            for service in list(down):
+                if self.restarted(service):
+                    down.remove(service)
+                else:
+                    self.while_down[service] += 1
+            await asyncio.sleep(interval)
 
 
 @pytest.fixture
@@ -116,6 +185,37 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
         page = await dashboard_page(dashboard_port)
         assert all(f'data-factory="{f}"' in page for f in ("factory-a", "factory-b", "factory-c"))
         counts = await arequest_counts(aws_endpoint)
+
+        # a device publishes while the processor, then ingest, are killed
+        factory, count = f"kill-{unique_id}", 60
+        device = KillWhilePublishing(up, tmp_path / "up.log", private_mosquitto.url, factory)
+        await device.run(count, {10: "processor", 35: "ingest"})
+        print(f"messages published while down: {device.while_down}")
+        # each fault hit with work outstanding: messages came while the service was down
+        assert device.while_down["processor"] >= 3 and device.while_down["ingest"] >= 3, (
+            device.while_down
+        )
+        wanted = {f"{factory}-{seq:04d}" for seq in range(count)}
+        async with open_clients(AwsConfig(endpoint_url=aws_endpoint)) as clients:
+
+            async def names(prefix: str) -> list[str]:
+                pages = clients.s3.get_paginator("list_objects_v2").paginate(
+                    Bucket=env["AEGIS_BUCKET"], Prefix=prefix
+                )
+                return [
+                    o["Key"].rsplit("/", 1)[1].removesuffix(".json")
+                    async for page in pages
+                    for o in page.get("Contents", [])
+                ]
+
+            async def all_processed() -> bool:
+                return set(await names(f"processed/{factory}/risk_score/")) >= wanted
+
+            await eventually(all_processed, within=60, interval=1, what="every message processed")
+            for prefix in (f"raw/{factory}/", *(f"processed/{factory}/{d}/" for d in DATASETS)):
+                found = await names(prefix)
+                assert sorted(found) == sorted(wanted), prefix  # each once, none missing
+        assert up.poll() is None  # aegis up kept going
     finally:
         up.send_signal(signal.SIGTERM)
         code = up.wait(60)
@@ -126,6 +226,8 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
         f"the dashboard: http://127.0.0.1:{dashboard_port}/ (sign in with the token in" in printed
     )
     assert local_dashboard_token(DASHBOARD_TOKEN_FILE) not in printed  # the token stays in its file
+    for service in ("processor", "ingest"):
+        assert f"aegis up: {service} exited (killed by SIGKILL); restart 1 in 1 s" in printed
     for row in rows:
         assert row["level"] in {"NORMAL", "WARNING", "CRITICAL"}
     assert cloud["overall_status"] in {"NORMAL", "WARNING", "CRITICAL"}

@@ -48,3 +48,13 @@ def test_the_operators_tokens_win_and_no_dashboard_no_token(
     monkeypatch.delenv("AEGIS_DASHBOARD_TOKENS")
     assert dashboard_access([ServiceSpec("ingest", 0)])[0] == {}
     assert not (tmp_path / "dashboard-token").exists()
+
+
+def test_a_service_that_keeps_exiting_is_restarted_ever_more_slowly() -> None:
+    waits, last = [], 0.0
+    for _ in range(7):  # each run dies at once
+        last = devstack.restart_delay(last, ran_for=0.5)
+        waits.append(last)
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    # a run that lasted a minute was healthy: the next restart is quick again
+    assert devstack.restart_delay(30.0, ran_for=devstack.RESTART_RESET_S) == 1.0

@@ -5,11 +5,16 @@ the S3/DynamoDB emulator on 127.0.0.1:4566 (LocalStack if one listens there, els
 starts), runs ``bootstrap``, then starts every installed service (entry-point group
 ``aegis.services``: name -> a ``main()`` callable) as a child process with its own health port,
 prefixes their output with the service name, and stops them all on Ctrl-C or SIGTERM.
+
+A child that exits is started again, as a deployment's orchestrator would, after a back-off that
+doubles from 1 s to 30 s (back to 1 s once a run lasted a minute); each restart is printed. The
+other services and the emulator (with its data) keep running meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import secrets
@@ -32,6 +37,11 @@ FIRST_HEALTH_PORT = 8101
 # started first; the others once these answer /readyz (or after EARLY_READY_TIMEOUT_S)
 EARLY_SERVICES = frozenset({"ingest", "processor", "simulator"})
 EARLY_READY_TIMEOUT_S = 20.0
+# restarts of a child that exited: the first after RESTART_FIRST_S, doubling up to RESTART_MAX_S;
+# a run that lasted RESTART_RESET_S counts as healthy (the next restart waits RESTART_FIRST_S)
+RESTART_FIRST_S = 1.0
+RESTART_MAX_S = 30.0
+RESTART_RESET_S = 60.0
 
 
 # the local stack's dashboard token when AEGIS_DASHBOARD_TOKENS is unset: kept in a file (0600) so
@@ -129,28 +139,98 @@ async def run_stack(settings: AegisSettings, *, services: list[str] | None = Non
             moto.close()
 
 
+def restart_delay(previous: float, ran_for: float) -> float:
+    """The wait before restarting a child that exited after ``ran_for`` seconds, the last wait
+    having been ``previous`` (0: none yet)."""
+    if ran_for >= RESTART_RESET_S or previous <= 0:
+        return RESTART_FIRST_S
+    return min(previous * 2, RESTART_MAX_S)
+
+
+class _Child:
+    """One service of the stack: started, restarted when it exits, stopped with the stack."""
+
+    def __init__(
+        self,
+        spec: ServiceSpec,
+        env: dict[str, str],
+        group: asyncio.TaskGroup,
+        stop: asyncio.Event,
+    ) -> None:
+        self.spec, self.env, self.group, self.stop = spec, env, group, stop
+        self.proc: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "aegis_runtime.devstack",
+            self.spec.name,
+            env=self.env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        assert self.proc.stdout is not None
+        self.group.create_task(_pipe(self.spec.name, self.proc.stdout))
+
+    async def keep_running(self) -> None:
+        """Wait for the child; unless the stack is stopping, start it again after a back-off."""
+        delay = 0.0
+        while self.proc is not None:
+            started = time.monotonic()
+            code = await self.proc.wait()
+            if self.stop.is_set():
+                return
+            delay = restart_delay(delay, time.monotonic() - started)
+            self.restarts += 1
+            print(
+                f"aegis up: {self.spec.name} exited ({_exit_text(code)}); restart "
+                f"{self.restarts} in {delay:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), timeout=delay)
+            if self.stop.is_set():
+                return
+            await self.start()
+            print(f"aegis up: {self.spec.name} restarted", flush=True)
+
+    async def terminate(self) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
 async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
     extra_env, token_note = dashboard_access(specs)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    procs: dict[str, asyncio.subprocess.Process] = {}
+    children: dict[str, _Child] = {}
     async with asyncio.TaskGroup() as group:
 
         async def spawn(spec: ServiceSpec) -> None:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "aegis_runtime.devstack",
-                spec.name,
-                env=child_env(os.environ, settings, spec) | extra_env,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-            )
-            procs[spec.name] = proc
-            assert proc.stdout is not None
-            group.create_task(_pipe(spec.name, proc.stdout))
+            child = _Child(spec, child_env(os.environ, settings, spec) | extra_env, group, stop)
+            await child.start()
+            children[spec.name] = child
             # the dashboard answers /readyz on its own (API) port
             health = (
                 f"{settings.dashboard_url.rstrip('/')}/readyz"
@@ -164,7 +244,7 @@ async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
         early = [s for s in specs if s.name in EARLY_SERVICES]
         for spec in early:
             await spawn(spec)
-        await _until_ready(early, procs, stop, within=EARLY_READY_TIMEOUT_S)
+        await _until_ready(early, children, stop, within=EARLY_READY_TIMEOUT_S)
         for spec in specs:
             if spec not in early and not stop.is_set():
                 await spawn(spec)
@@ -181,30 +261,23 @@ async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
                     f"its API: {url}/docs",
                     flush=True,
                 )
+            print("aegis up: a service that exits is restarted; Ctrl-C stops everything")
         else:
             print("aegis up: no services installed yet; the local stack is ready (Ctrl-C stops)")
-        waiters = [asyncio.create_task(p.wait()) for p in procs.values()]
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait([stopper, *waiters], return_when=asyncio.FIRST_COMPLETED)
-        crashed = [n for n, p in procs.items() if p.returncode not in (None, 0)]
-        for proc in procs.values():
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                await asyncio.wait_for(proc.wait(), timeout=30)
-            except TimeoutError:
-                proc.kill()
-        stopper.cancel()
-    if crashed:
-        print(f"aegis up: stopped because {', '.join(crashed)} exited", file=sys.stderr)
-        return 1
+        keepers = [group.create_task(c.keep_running()) for c in children.values()]
+        await stop.wait()
+        await asyncio.gather(*(c.terminate() for c in children.values()))
+        for keeper in keepers:
+            keeper.cancel()
+    restarted = {n: c.restarts for n, c in children.items() if c.restarts}
+    if restarted:
+        print(f"aegis up: stopped; restarts: {restarted}", file=sys.stderr)
     return 0
 
 
 async def _until_ready(
     specs: list[ServiceSpec],
-    procs: dict[str, asyncio.subprocess.Process],
+    children: Mapping[str, _Child],
     stop: asyncio.Event,
     *,
     within: float,
@@ -225,10 +298,14 @@ async def _until_ready(
         waiting = [
             s
             for s, ok in zip(waiting, answers, strict=True)
-            if not ok and procs[s.name].returncode is None
+            if not ok and _running(children[s.name])
         ]
         if waiting:
             await asyncio.sleep(0.25)
+
+
+def _running(child: _Child) -> bool:
+    return child.proc is not None and child.proc.returncode is None
 
 
 def main() -> None:
