@@ -66,20 +66,36 @@ async def assert_exactly_once_in_effect(p: Pipeline, factories: list[str], start
 
 
 async def run_with_fault(
-    p: Pipeline, now: datetime, fault: Callable[[], Awaitable[None]], after_processed: int = 300
+    p: Pipeline,
+    now: datetime,
+    fault: Callable[[], Awaitable[None]],
+    recover: Callable[[], Awaitable[None]],
+    *,
+    publish_while_down: bool = True,
+    after_processed: int = 300,
 ) -> None:
+    """Half the stream, then ``fault`` once ``after_processed`` messages are through; the other
+    half goes out while the faulted part is down, so the fault always hits with work outstanding;
+    then ``recover``. Without ``publish_while_down`` the whole stream goes out first (and the
+    fault must still find messages not yet processed)."""
     factories = p.factories(FACTORIES)
     p.start("ingest")
     p.start("processor")
     await p.ready("ingest", "processor")
     messages = stream_of(factories, PER_FACTORY, now)
-    await publish_all(p.mqtt.url, messages)
+    half = len(messages) // 2 if publish_while_down else len(messages)
+    await publish_all(p.mqtt.url, messages[:half])
 
     async def progressed() -> bool:
         return await processed_count(p) >= after_processed
 
     await eventually(progressed, within=120, what=f"{after_processed} messages processed")
     await fault()
+    processed_at_fault = await processed_count(p)
+    if publish_while_down:
+        await publish_all(p.mqtt.url, messages[half:])
+    await recover()
+    assert processed_at_fault < len(messages)
     await converged(p, len(messages))
     await assert_exactly_once_in_effect(p, factories, now)
 
@@ -107,36 +123,50 @@ async def test_a_message_flows_from_mqtt_to_the_read_model(pipeline: Pipeline, n
 async def test_processor_killed_mid_stream_loses_and_repeats_nothing(
     pipeline: Pipeline, now: datetime
 ):
-    async def crash_and_restart() -> None:
+    async def crash() -> None:
         pipeline.kill("processor")
+
+    async def restart() -> None:
         pipeline.start("processor")
 
-    await run_with_fault(pipeline, now, crash_and_restart)
+    await run_with_fault(pipeline, now, crash, restart)
 
 
 async def test_ingest_killed_mid_stream_loses_and_repeats_nothing(
     pipeline: Pipeline, now: datetime
 ):
-    async def crash_and_restart() -> None:
+    async def crash() -> None:
         pipeline.kill("ingest")
+
+    async def restart() -> None:
         pipeline.start("ingest")  # the same client id resumes the broker's session
 
-    await run_with_fault(pipeline, now, crash_and_restart)
+    # half the stream is published while ingest is dead: only the broker's session holds it
+    await run_with_fault(pipeline, now, crash, restart)
 
 
 async def test_nats_restart_mid_stream_loses_and_repeats_nothing(pipeline: Pipeline, now: datetime):
-    async def restart_nats() -> None:
+    async def stop_nats() -> None:
+        pipeline.nats.stop()
+
+    async def start_nats() -> None:
         pipeline.nats.restart()
 
-    await run_with_fault(pipeline, now, restart_nats)
+    # ingest takes MQTT messages it cannot publish: it must leave them unacknowledged
+    await run_with_fault(pipeline, now, stop_nats, start_nats)
 
 
 async def test_mqtt_broker_restart_mid_stream_loses_and_repeats_nothing(
     pipeline: Pipeline, now: datetime
 ):
-    async def restart_broker() -> None:
+    async def stop_broker() -> None:
         # Mosquitto saves sessions and queued messages on shutdown; ingest must reconnect and
-        # resume its persistent session, and what it had not acknowledged comes again
+        # resume its persistent session, and what it had not acknowledged comes again. (Messages
+        # published after the restart but before ingest subscribed again are not routed to its
+        # shared subscription: the whole stream goes out before the restart.)
+        pipeline.mqtt.stop()
+
+    async def start_broker() -> None:
         pipeline.mqtt.restart()
 
-    await run_with_fault(pipeline, now, restart_broker)
+    await run_with_fault(pipeline, now, stop_broker, start_broker, publish_while_down=False)
