@@ -1,0 +1,104 @@
+"""A TCP proxy in front of a server that a test or bench can take down and bring back.
+
+``OutageProxy(upstream_port)`` forwards every connection on its own port to the upstream server.
+``down()`` closes every open connection and refuses new ones, as a stopped server does, while
+the upstream keeps its state (the S3/DynamoDB emulator keeps everything in memory: stopping its
+process would lose every object and item); ``up()`` accepts connections again. The proxy runs in
+a thread of its own, so the services' traffic never waits for the caller's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from aegis_runtime.localservers import free_port
+
+_CHUNK = 65536
+_T = TypeVar("_T")
+
+
+class OutageProxy:
+    def __init__(self, upstream_port: int, *, host: str = "127.0.0.1") -> None:
+        self.host, self.upstream_port = host, upstream_port
+        self.port = free_port()
+        self._server: asyncio.Server | None = None
+        self._links: set[asyncio.Task[None]] = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"outage-proxy-{self.port}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def is_up(self) -> bool:
+        return self._server is not None
+
+    def up(self) -> None:
+        """Accept connections (again)."""
+        self._call(self._up())
+
+    def down(self) -> None:
+        """Refuse new connections and cut the open ones, as a stopped server would."""
+        self._call(self._down())
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            self._call(self._down())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+    def _call(self, work: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result(30)
+
+    async def _up(self) -> None:
+        if self._server is None:
+            self._server = await asyncio.start_server(
+                self._link, self.host, self.port, reuse_address=True
+            )
+
+    async def _down(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        links, self._links = self._links, set()
+        for link in links:
+            link.cancel()
+        await asyncio.gather(*links, return_exceptions=True)
+        if server is not None:
+            await server.wait_closed()
+
+    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._links.add(task)
+        upstream_writer: asyncio.StreamWriter | None = None
+        with contextlib.suppress(asyncio.CancelledError, OSError, ExceptionGroup):
+            try:
+                upstream_reader, upstream_writer = await asyncio.open_connection(
+                    self.host, self.upstream_port
+                )
+                async with asyncio.TaskGroup() as pumps:
+                    pumps.create_task(_pump(reader, upstream_writer))
+                    pumps.create_task(_pump(upstream_reader, writer))
+            finally:
+                self._links.discard(task)
+                for w in (writer, upstream_writer):
+                    if w is not None:
+                        w.close()
+
+
+async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    while data := await source.read(_CHUNK):
+        sink.write(data)
+        await sink.drain()
+    if sink.can_write_eof():
+        sink.write_eof()
