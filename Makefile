@@ -62,13 +62,14 @@ test: lint browser $(KUBECTL) ## lint, then the whole suite: unit, integration, 
 unit: $(STAMP) $(KUBECTL) ## only the tests that need no server
 	$(VENV)/bin/pytest -m "not integration and not e2e" --basetemp=$(PYTEST_TMP); status=$$?; rm -rf $(PYTEST_TMP); exit $$status
 
-bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), backend ceiling, baseline, AEGIS end to end, a reporter day, migration, the dashboard's fleet, the fleet at 1,000 factories
+bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), backend ceiling, baseline, AEGIS end to end, a reporter day, migration, the dashboard's fleet, the fleet at 1,000 factories, faults under load
 	$(VENV)/bin/python tests/bench/triggers.py --out bench-results/triggers.json
 	$(VENV)/bin/python tests/bench/pipeline.py --out bench-results/pipeline.json
 	$(VENV)/bin/python tests/bench/reporter.py --out bench-results/reporter.json
 	$(VENV)/bin/python tests/bench/migrate.py --out bench-results/migrate.json
 	$(VENV)/bin/python tests/bench/dashboard.py --out bench-results/dashboard.json
 	$(VENV)/bin/python tests/bench/fleet.py --out bench-results/fleet.json
+	$(VENV)/bin/python tests/bench/faults.py --out bench-results/faults.json
 
 fmt: $(STAMP) ## format and autofix
 	$(VENV)/bin/ruff format .

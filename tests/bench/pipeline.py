@@ -218,20 +218,25 @@ class Services:
         self.mqtt, self.nats, self.endpoint = mqtt, nats_server, endpoint
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.health: dict[str, int] = {}
+        self.extra_env: dict[str, str] = {}  # added to every service's environment
 
     def start(self, service: str, logs: Path) -> None:
         self.health[service] = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")} | {
-            "AEGIS_AWS_ENDPOINT_URL": self.endpoint,
-            "AEGIS_BUCKET": self.bucket,
-            "AEGIS_TABLE": self.table,
-            "AEGIS_MQTT_URL": self.mqtt.url,
-            "AEGIS_NATS_URL": self.nats.url,
-            "AEGIS_LOG_FORMAT": "json",
-            "AEGIS_LOG_LEVEL": "WARNING",
-            "AEGIS_HEALTH_PORT": str(self.health[service]),
-            "AEGIS_REFRESH_ENABLED": "false",
-        }
+        env = (
+            {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")}
+            | {
+                "AEGIS_AWS_ENDPOINT_URL": self.endpoint,
+                "AEGIS_BUCKET": self.bucket,
+                "AEGIS_TABLE": self.table,
+                "AEGIS_MQTT_URL": self.mqtt.url,
+                "AEGIS_NATS_URL": self.nats.url,
+                "AEGIS_LOG_FORMAT": "json",
+                "AEGIS_LOG_LEVEL": "WARNING",
+                "AEGIS_HEALTH_PORT": str(self.health[service]),
+                "AEGIS_REFRESH_ENABLED": "false",
+            }
+            | self.extra_env
+        )
         with (logs / f"{service}.log").open("ab") as log:
             self.procs[service] = subprocess.Popen(
                 [str(SCRIPTS / f"aegis-{service}")], env=env, stdout=log, stderr=subprocess.STDOUT
