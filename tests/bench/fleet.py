@@ -98,6 +98,7 @@ from aegis_contracts.ttl import TtlSettings, expires_at
 from aegis_processor import domain
 from aegis_processor.handlers import Processor
 from aegis_processor.refresh import Refresher
+from aegis_processor.settings import ProcessorSettings
 from aegis_processor.rules import RiskRules, load_rules
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime.localservers import (
@@ -1257,7 +1258,12 @@ async def refresh_tick(
     bench: Bench, processor: Processor, clock: FixedClock, label: str
 ) -> Measured:
     refresher = Refresher(
-        processor, interval=timedelta(seconds=60), catchup=0, clock=clock, concurrency=16
+        processor,
+        interval=timedelta(seconds=60),
+        catchup=0,
+        clock=clock,
+        # the processor's default (AEGIS_REFRESH_CONCURRENCY)
+        concurrency=ProcessorSettings.model_fields["refresh_concurrency"].default,
     )
     return await bench.measure(label, refresher.tick)
 
@@ -1994,7 +2000,7 @@ def report(args: argparse.Namespace, got: dict[str, Any]) -> dict[str, Any]:
         f"{scan_rru:,.0f} RRU per listing"
     )
     print()
-    print("3. refresh of the fleet (Refresher.tick, concurrency 16, fixed clock, one window)")
+    print("3. refresh of the fleet (Refresher.tick, the default concurrency, fixed clock, one window)")
     for name, m, events in (
         ("quiet (LATEST fresh)", quiet, got["quiet_events"]),
         ("due (every factory)", due, got["due_events"]),

@@ -37,7 +37,7 @@ class Refresher:
         catchup: int,
         clock: Clock,
         owner: str | None = None,
-        concurrency: int = 16,
+        concurrency: int = 32,
     ) -> None:
         self.processor = processor
         self.concurrency = concurrency

@@ -32,8 +32,8 @@ class ProcessorSettings(AegisSettings):
     refresh_interval_s: float = Field(default=60.0, gt=0)
     # how many missed windows a replica claims and runs after downtime (older ones are skipped)
     refresh_catchup_windows: int = Field(default=10, ge=0, le=1440)
-    # factories refreshed at once in a tick
-    refresh_concurrency: int = Field(default=16, ge=1, le=256)
+    # factories refreshed at once in a tick (enough in flight that the storage is never idle)
+    refresh_concurrency: int = Field(default=32, ge=1, le=256)
     stale_after_s: float | None = Field(default=None, gt=0)
     offline_after_s: float | None = Field(default=None, gt=0)
 
