@@ -2000,7 +2000,9 @@ def report(args: argparse.Namespace, got: dict[str, Any]) -> dict[str, Any]:
         f"{scan_rru:,.0f} RRU per listing"
     )
     print()
-    print("3. refresh of the fleet (Refresher.tick, the default concurrency, fixed clock, one window)")
+    print(
+        "3. refresh of the fleet (Refresher.tick, the default concurrency, fixed clock, one window)"
+    )
     for name, m, events in (
         ("quiet (LATEST fresh)", quiet, got["quiet_events"]),
         ("due (every factory)", due, got["due_events"]),
