@@ -98,8 +98,8 @@ from aegis_contracts.ttl import TtlSettings, expires_at
 from aegis_processor import domain
 from aegis_processor.handlers import Processor
 from aegis_processor.refresh import Refresher
-from aegis_processor.settings import ProcessorSettings
 from aegis_processor.rules import RiskRules, load_rules
+from aegis_processor.settings import ProcessorSettings
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime.localservers import (
     ManagedServer,
