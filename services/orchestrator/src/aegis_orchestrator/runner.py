@@ -9,8 +9,9 @@ interpreter, and the execution log that is also the execution's state.
   slot. :meth:`Runner.resume_abandoned`, run by every replica, takes over an execution whose
   lease ran out and resumes it after its last recorded step; one that already ended, or whose job
   changed meanwhile, is closed and its slot freed.
-- The log item stays under the item budget: values over ``log_inline`` go to S3 (claim check),
-  all of a step's values when the item is near its budget, and past that the execution fails.
+- The log item stays under the item budget: a step's input and output are kept as JSON text, in
+  S3 (claim check) when over ``log_inline``, all of a step's values when the item is near its
+  budget; past that the execution fails.
 """
 
 from __future__ import annotations
@@ -412,8 +413,8 @@ class Runner:
             started_at=parse_ts(str(entry["started_at"])),
             finished_at=parse_ts(str(entry["finished_at"])) if entry.get("finished_at") else None,
             attempts=int(entry.get("attempts") or 0),
-            input=entry.get("input"),
-            output=await self._load(entry.get("output")),
+            input=None,  # a replayed step needs only what it did
+            output=await self._load(entry.get("output"), text=True),
             error=entry.get("error"),
             branch=entry.get("branch"),
             occurrence=str(entry["occurrence"]),
@@ -425,19 +426,24 @@ class Runner:
     def _now(self) -> str:
         return format_ts(self.clock())
 
-    async def _offload(self, execution: Execution, *, name: str, value: Any, limit: int) -> Any:
-        """``value`` inline when small, else an S3 object and ``{"claim_check": {...}}``."""
-        body = json.dumps(value, default=str).encode()
-        if len(body) <= limit or value is None:
-            return value
+    async def _offload(
+        self, execution: Execution, *, name: str, value: Any, limit: int, text: bool = False
+    ) -> Any:
+        """``value`` inline when small (with ``text`` as its JSON text), else an S3 object and
+        ``{"claim_check": {...}}``."""
+        body = json.dumps(value, default=str, separators=(",", ":")).encode()
+        if value is None or len(body) <= limit:
+            return body.decode() if text and value is not None else value
         key = keys.orchestration_input_key(execution.job.id, execution.started, execution.id, name)
         await self.objects.put_bytes(key, body, content_type="application/json")
         return {CLAIM_CHECK: {"bucket": self.objects.bucket, "key": key, "bytes": len(body)}}
 
-    async def _load(self, value: Any) -> Any:
-        """The value a claim check stands for (a value kept inline as it is)."""
+    async def _load(self, value: Any, *, text: bool = False) -> Any:
+        """The value a claim check, or with ``text`` a JSON text, stands for."""
         if isinstance(value, dict) and set(value) == {CLAIM_CHECK}:
             return json.loads(await self.objects.get_bytes(str(value[CLAIM_CHECK]["key"])))
+        if text and isinstance(value, str):
+            return json.loads(value)
         return value
 
     async def _step_entry(
@@ -457,11 +463,13 @@ class Runner:
             "duration_ms": round(
                 ((step.finished_at or step.started_at) - step.started_at).total_seconds() * 1000, 3
             ),
+            # JSON text: a step's values may nest deeper than DynamoDB's 32 levels (an output
+            # that holds earlier outputs), and one string is cheap to write again each step
             "input": await self._offload(
-                execution, name=f"{name}.in", value=step.input, limit=limit
+                execution, name=f"{name}.in", value=step.input, limit=limit, text=True
             ),
             "output": await self._offload(
-                execution, name=f"{name}.out", value=step.output, limit=limit
+                execution, name=f"{name}.out", value=step.output, limit=limit, text=True
             ),
             "error": step.error,
         }
