@@ -25,6 +25,7 @@ from aegis_contracts import keys
 from aegis_contracts.events import ChangeEvent
 from aegis_contracts.subjects import change_subject
 from aegis_contracts.times import format_ts, parse_ts
+from aegis_orchestration.limits import json_size
 from aegis_orchestration.model import Job, Retry
 from aegis_orchestration.yamlio import load_jobs
 from aegis_orchestrator.app import FileClock, OrchestratorApp
@@ -605,30 +606,37 @@ async def test_a_replica_killed_during_a_2_minute_wait_leaves_it_to_another_that
     await assert_freed(drill.foundation, job.id)
 
 
+def looped(
+    job_id: str, factory: str, body: list[dict[str, Any]], back_to: str, **extra: Any
+) -> Job:
+    """``body`` (top-level steps first, with the start point) then a CHOICE whose default branch
+    goes back to ``back_to``: a loop that only repeat_limit (100) or a bound ends."""
+    loop = [
+        {"id": "again", "step_type": "FLOW", "step_sub_type": "CHOICE", "seq": 90},
+        {"id": "loop", "flow_step_id": "again", "step_type": "DUMMY", "next_step_id": back_to},
+    ]
+    return biz_job(job_id, factory, repeat_limit=100, steps=[*body, *loop], **extra)
+
+
+async def run_once(app: OrchestratorApp, nats_url: str, job: Job, factory: str) -> None:
+    """Register ``job`` (a :func:`biz_job` of ``factory``), fire it once, wait for its outcome."""
+    assert app.store is not None
+    await app.store.register(job)
+    await app.refresh()
+    await publish_change(nats_url, factory, "WARNING", "CRITICAL")
+    await eventually(lambda: _count(app, job.id, 1), within=20, what=f"the outcome of {job.id}")
+
+
 async def test_a_parallel_in_a_loop_fails_with_a_clear_error_instead_of_growing_without_end(
     make_app: Callable[..., Any], nats_url: str, unique_id: str, foundation: Foundation
 ) -> None:
     """Each round copies the whole context into each of 3 branches: 3**rounds without a bound."""
     app = await make_app(orchestrator_max_context_bytes=16 * 1024)
-    job = biz_job(
-        "fan-loop",
-        unique_id,
-        repeat_limit=100,
-        steps=[
-            {"id": "fan", "step_type": "FLOW", "step_sub_type": "PARALLEL",
-             "is_start_point": True, "seq": 1},
-            *[
-                {"id": f"b{i}", "flow_step_id": "fan", "step_type": "DUMMY", "seq": i}
-                for i in range(3)
-            ],
-            {"id": "again", "step_type": "FLOW", "step_sub_type": "CHOICE", "seq": 2},
-            {"id": "loop", "flow_step_id": "again", "step_type": "DUMMY", "next_step_id": "fan"},
-        ],
-    )  # fmt: skip
-    await app.store.register(job)
-    await app.refresh()
-    await publish_change(nats_url, unique_id, "WARNING", "CRITICAL")
-    await eventually(lambda: _count(app, "fan-loop", 1), within=20, what="the run's outcome")
+    body = [
+        {"id": "fan", "step_type": "FLOW", "step_sub_type": "PARALLEL", "is_start_point": True},
+        *[{"id": f"b{i}", "flow_step_id": "fan", "step_type": "DUMMY", "seq": i} for i in range(3)],
+    ]
+    await run_once(app, nats_url, looped("fan-loop", unique_id, body, back_to="fan"), unique_id)
     run = (await runs_of(app, "fan-loop"))[0]
     assert run["status"] == "FAILED"
     assert run["error"]["Error"] == "ContextTooLarge"
@@ -636,3 +644,90 @@ async def test_a_parallel_in_a_loop_fails_with_a_clear_error_instead_of_growing_
     fans = [e for e in run["steps"] if e["step_id"] == "fan"]
     assert fans[-1]["status"] == "FAILED" and len(fans) < 15
     await assert_freed(foundation, "fan-loop")
+
+
+async def test_a_stopped_replica_hands_its_wait_over_at_once_and_the_wake_up_time_holds(
+    make_app: Callable[..., Any], nats_url: str, unique_id: str, foundation: Foundation
+) -> None:
+    """A deploy: SIGTERM's path (stop) during a WAIT. The next replica resumes it without waiting
+    for the lease to run out (the clock does not move), and it still wakes at T0 + 2 min."""
+    clock = FakeClock(T0)
+    fast = {"orchestrator_resume_scan_s": 0.1, "orchestrator_wait_poll_s": 0.05}
+    first = await make_app(clock=clock, orchestrator_drain_s=0.1, **fast)
+    job = biz_job(
+        "deploy-wait",
+        unique_id,
+        steps=[
+            {"id": "hold", "step_type": "FLOW", "step_sub_type": "WAIT", "wait_seconds": 120,
+             "is_start_point": True, "seq": 1},
+            {"id": "done", "step_type": "DUMMY", "seq": 2},
+        ],
+    )  # fmt: skip
+    await first.store.register(job)
+    await first.refresh()
+    await publish_change(nats_url, unique_id, "WARNING", "CRITICAL")
+
+    async def waiting() -> bool:
+        return recorded(await log_of(foundation, job.id), "hold.1", "WAITING")
+
+    await eventually(waiting, within=20, what="the WAIT begun")
+    await first.stop()
+    second = await make_app(clock=clock, **fast)
+
+    async def taken_over() -> bool:
+        run = await log_of(foundation, job.id)
+        return run is not None and run["runner"] == second.owner
+
+    await eventually(taken_over, within=20, what="the next replica running it, same clock")
+    clock.advance(timedelta(minutes=2, seconds=1))
+    await eventually(lambda: _count(second, job.id, 1), within=20, what="the run finished")
+    run = await log_of(foundation, job.id)
+    assert run is not None and run["status"] == "SUCCEEDED" and run["resumed"] == 1
+    assert [(e["occurrence"], e["status"]) for e in run["steps"]] == [
+        ("hold.1", "SUCCEEDED"),
+        ("done.1", "SUCCEEDED"),
+    ]
+    assert run["steps"][0]["wake_at"] == format_ts(T0 + timedelta(minutes=2))
+    await assert_freed(foundation, job.id)
+
+
+async def test_a_log_item_near_its_budget_keeps_values_in_s3_then_the_run_fails_cleanly(
+    make_app: Callable[..., Any], nats_url: str, unique_id: str, foundation: Foundation
+) -> None:
+    app = await make_app(orchestrator_max_item_bytes=8192, orchestrator_log_inline_bytes=256)
+    await foundation.readmodel.set_latest(
+        unique_id, {"risk": {"level": "CRITICAL"}, "note": "n" * 600}
+    )
+    body = [
+        {"id": "check", "step_type": "TASK", "step_sub_type": "READ_MODEL_QUERY",
+         "is_start_point": True},
+    ]  # fmt: skip
+    job = looped(
+        "big-log",
+        unique_id,
+        body,
+        back_to="check",
+        params=[
+            {"id": "check_pk", "step_id": "check", "param_key": "pk",
+             "source_type": "TRIGGER_DATA", "ref_path": "$.pk", "is_required": True},
+            {"id": "check_sk", "step_id": "check", "param_key": "sk_prefix",
+             "param_value": "LATEST"},
+        ],
+        conditions=[
+            {"id": "check_level", "step_id": "check", "field_id": "risk.level",
+             "comparison_type": "EXISTS"},
+        ],
+    )  # fmt: skip
+    await run_once(app, nats_url, job, unique_id)
+    run = (await runs_of(app, job.id))[0]
+    assert run["status"] == "FAILED"
+    assert run["error"]["Error"] == "ExecutionLogTooLarge"
+    assert "over the limit of 8192 bytes" in run["error"]["Cause"]
+    assert json_size(run) < 8192 + 1024  # the last step that fit, plus the error
+    checks = [e for e in run["steps"] if e["step_id"] == "check"]
+    assert len(checks) >= 3
+    for entry in checks:  # every query result by reference, read back whole
+        ref = entry["output"]["claim_check"]
+        stored = await foundation.store.get_json(ref["key"])
+        assert stored["items"][0]["note"] == "n" * 600 and ref["bytes"] > 600
+    await assert_freed(foundation, job.id)

@@ -54,7 +54,6 @@ EVENTS_STREAM = next(s for s in STREAMS if s.name == "AEGIS_EVENTS")
 RAW_STREAM = next(s for s in STREAMS if s.name == "AEGIS_RAW")
 JOB_ENTITY = "orch_job"
 CLAIM_TTL = timedelta(days=7)
-DRAIN_S = 5.0
 
 
 class FileClock:
@@ -285,7 +284,7 @@ class OrchestratorApp(ServiceApp):
         )
         # on stop, executions still going are handed over (their leases expired at once) to the
         # other replicas: a deploy does not wait out a WAIT, nor lose it
-        stack.push_async_callback(self.runner.drain, DRAIN_S)
+        stack.push_async_callback(self.runner.drain, s.orchestrator_drain_s)
         # on stop: no new execution (a trigger meanwhile is nacked and redelivered), then the drain
         stack.callback(setattr, self, "runner", None)
         jobs_file = Path(s.orchestrator_jobs_file) if s.orchestrator_jobs_file else None

@@ -188,8 +188,12 @@ class Runner:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+            # ended just before now: free for the taking (a lease is free once `until < now`)
             await self.readmodel.extend_lease(
-                keys.EXEC_ACTIVE_PK, active_sk, owner=self.owner, until=self.clock()
+                keys.EXEC_ACTIVE_PK,
+                active_sk,
+                owner=self.owner,
+                until=self.clock() - timedelta(milliseconds=1),
             )
             log.info("execution_handed_over", execution=active_sk)
 

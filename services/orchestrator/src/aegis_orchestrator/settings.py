@@ -27,6 +27,8 @@ class OrchestratorSettings(AegisSettings):
     # resumes an execution whose lease ran out (looking every resume_scan_s)
     orchestrator_execution_lease_s: float = Field(default=30.0, gt=0)
     orchestrator_resume_scan_s: float = Field(default=5.0, gt=0)
+    # on stop, executions get this long to end before they are handed over to other replicas
+    orchestrator_drain_s: float = Field(default=5.0, ge=0)
     # how often a WAIT step looks at the clock
     orchestrator_wait_poll_s: float = Field(default=1.0, gt=0)
     # bounds of one execution (a job past one fails with the reason in its execution log)
