@@ -27,6 +27,7 @@ from aegis_contracts.subjects import change_subject
 from aegis_contracts.times import format_ts, parse_ts
 from aegis_orchestration.limits import json_size
 from aegis_orchestration.model import Job, Retry
+from aegis_orchestration.triggers import Trigger, biz_object_trigger
 from aegis_orchestration.yamlio import load_jobs
 from aegis_orchestrator.app import FileClock, OrchestratorApp
 from aegis_orchestrator.settings import OrchestratorSettings
@@ -151,6 +152,7 @@ async def test_bizobject_update_fires_only_when_condition_holds_never_when_disab
         "type": "BizObject",
         "object_id": "factory_latest",
         "sub_type": "Update",
+        "digest": run["trigger"]["digest"],  # names the event (a redelivery is recognised)
     }
     assert run["input"]["beforeData"]["risk"]["level"] == "WARNING"
 
@@ -731,3 +733,33 @@ async def test_a_log_item_near_its_budget_keeps_values_in_s3_then_the_run_fails_
         stored = await foundation.store.get_json(ref["key"])
         assert stored["items"][0]["note"] == "n" * 600 and ref["bytes"] > 600
     await assert_freed(foundation, job.id)
+
+
+async def test_a_redelivered_trigger_that_was_recorded_starts_nothing_new(
+    make_app: Callable[..., Any], unique_id: str, foundation: Foundation
+) -> None:
+    """The replica recorded the execution, then died before NATS had the acknowledgement."""
+    app = await make_app()
+    await app.store.register(biz_job("once-per-event", unique_id, overlap_allowed=2))
+    await app.refresh()
+
+    def change(before: str) -> Trigger:
+        return biz_object_trigger(
+            {
+                "event_name": "MODIFY",
+                "pk": f"FACTORY#{unique_id}",
+                "old_image": {"risk": {"level": before}},
+                "new_image": {"factory_id": unique_id, "risk": {"level": "CRITICAL"}},
+                "at": "2026-12-01T06:00:00.000Z",
+            },
+            "factory_latest",
+        )
+
+    assert [j.id for j in await app.handle(change("WARNING"))] == ["once-per-event"]
+    await app.handle(change("WARNING"), redelivered=True)  # the same event again
+    await app.handle(change("NORMAL"), redelivered=True)  # another event, redelivered
+    await eventually(lambda: _count(app, "once-per-event", 2), within=20, what="two outcomes")
+    runs = await runs_of(app, "once-per-event")
+    assert len(runs) == 2
+    assert sorted(r["input"]["beforeData"]["risk"]["level"] for r in runs) == ["NORMAL", "WARNING"]
+    await assert_freed(foundation, "once-per-event")

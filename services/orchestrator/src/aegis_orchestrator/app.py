@@ -39,7 +39,7 @@ from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.store import DuplicateJob, JobStore
 from aegis_orchestrator.tasks import Tasks
 from aegis_runtime import logging as aegis_logging
-from aegis_runtime.broker import current_subject, durable_pull
+from aegis_runtime.broker import current_subject, delivery, durable_pull
 from aegis_runtime.heartbeat import instance_id
 from aegis_runtime.lifecycle import run_service, start_background
 from aegis_runtime.service import ServiceApp
@@ -130,15 +130,22 @@ class OrchestratorApp(ServiceApp):
         @consumer(EVENTS_STREAM, "changes", f"{CHANGES}.>")
         async def on_change(event: ChangeEvent) -> None:
             entity = current_subject().rsplit(".", 1)[-1]
-            await self.handle(biz_object_trigger(event.model_dump(mode="json"), entity))
+            await self.handle(
+                biz_object_trigger(event.model_dump(mode="json"), entity),
+                redelivered=delivery() > 1,
+            )
 
         @consumer(EVENTS_STREAM, "events", f"{SYSTEM}.>")
         async def on_system(event: SystemEvent) -> None:
-            await self.handle(automation_trigger(event.model_dump(mode="json")))
+            await self.handle(
+                automation_trigger(event.model_dump(mode="json")), redelivered=delivery() > 1
+            )
 
         @consumer(RAW_STREAM, "raw")
         async def on_raw(event: RawArchived) -> None:
-            await self.handle(platform_trigger(event.model_dump(mode="json")))
+            await self.handle(
+                platform_trigger(event.model_dump(mode="json")), redelivered=delivery() > 1
+            )
 
         # every replica hears every job change (core NATS, no queue group): no per-event DB read
         @self.broker.subscriber(change_subject(JOB_ENTITY))
@@ -163,19 +170,26 @@ class OrchestratorApp(ServiceApp):
         log.info("job_reloaded", job_id=job_id, found=job is not None)
         return job
 
-    async def handle(self, trigger: Trigger) -> list[Job]:
+    async def handle(self, trigger: Trigger, *, redelivered: bool = False) -> list[Job]:
         """Record an execution of each job ``trigger`` fires and start it (in the background);
         returns the jobs. Returns once every execution is recorded, so the trigger's message is
-        acknowledged only then (a failure to record nacks it)."""
+        acknowledged only then (a failure to record nacks it). A ``redelivered`` message may
+        have been recorded before its acknowledgement was lost: jobs that have it are skipped."""
         jobs = self.index.matching(trigger)
         for job in jobs:
-            await self.launch(job, trigger)
+            await self.launch(job, trigger, redelivered=redelivered)
         return jobs
 
-    async def launch(self, job: Job, trigger: Trigger) -> asyncio.Task[dict[str, Any]] | None:
-        """Record and start an execution; None when no run slot was free (SKIPPED_OVERLAP)."""
+    async def launch(
+        self, job: Job, trigger: Trigger, *, redelivered: bool = False
+    ) -> asyncio.Task[dict[str, Any]] | None:
+        """Record and start an execution; None when no run slot was free (SKIPPED_OVERLAP) or
+        the redelivered trigger was recorded already."""
         if self.runner is None:
             raise RuntimeError("the orchestrator is not started")  # nacked: retried later
+        if redelivered and await self.runner.recorded(job, trigger):
+            log.info("trigger_already_recorded", job_id=job.id, trigger=trigger.type.value)
+            return None
         execution = await self.runner.begin(job, trigger)
         if execution is None:
             return None

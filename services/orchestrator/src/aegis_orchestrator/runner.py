@@ -44,6 +44,17 @@ log = structlog.get_logger(__name__)
 CLAIM_CHECK = "claim_check"
 
 
+# how far back a redelivered trigger is looked for (redeliveries come within ack_wait x max_deliver)
+REDELIVERY_WINDOW = timedelta(hours=1)
+
+
+def trigger_digest(trigger: Trigger) -> str:
+    """Names one trigger (the event it comes from): the same data, the same digest."""
+    document = [trigger.type.value, trigger.object_id, trigger.sub_type, trigger.data]
+    text = json.dumps(document, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 def new_execution_id(now: datetime) -> str:
     return f"{now.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
 
@@ -129,6 +140,7 @@ class Runner:
                 "type": trigger.type.value,
                 "object_id": trigger.object_id,
                 "sub_type": trigger.sub_type,
+                "digest": trigger_digest(trigger),
             },
             "status": "RUNNING",
             "started_at": format_ts(started),
@@ -163,6 +175,15 @@ class Runner:
         )
         await self.store.put_execution(record, new=True)
         return execution
+
+    async def recorded(self, job: Job, trigger: Trigger) -> bool:
+        """Whether an execution of ``job`` for this very trigger started in the last hour."""
+        now = self.clock()
+        digest = trigger_digest(trigger)
+        recent = await self.readmodel.query_range(
+            keys.exec_pk(job.id), "", now - REDELIVERY_WINDOW, now + timedelta(minutes=1), now=now
+        )
+        return any(item.get("trigger", {}).get("digest") == digest for item in recent)
 
     def start(self, execution: Execution) -> asyncio.Task[dict[str, Any]]:
         """Run a recorded execution in the background; its outcome lands in its log."""
