@@ -648,11 +648,17 @@ async def test_a_parallel_in_a_loop_fails_with_a_clear_error_instead_of_growing_
     await assert_freed(foundation, "fan-loop")
 
 
+@pytest.mark.parametrize("job_changed", [False, True], ids=["same-job", "job-changed"])
 async def test_a_stopped_replica_hands_its_wait_over_at_once_and_the_wake_up_time_holds(
-    make_app: Callable[..., Any], nats_url: str, unique_id: str, foundation: Foundation
+    make_app: Callable[..., Any],
+    nats_url: str,
+    unique_id: str,
+    foundation: Foundation,
+    job_changed: bool,
 ) -> None:
     """A deploy: SIGTERM's path (stop) during a WAIT. The next replica resumes it without waiting
-    for the lease to run out (the clock does not move), and it still wakes at T0 + 2 min."""
+    for the lease to run out (the clock does not move), and it still wakes at T0 + 2 min; unless
+    the job was changed meanwhile: then the run is closed as Abandoned and its slot freed."""
     clock = FakeClock(T0)
     fast = {"orchestrator_resume_scan_s": 0.1, "orchestrator_wait_poll_s": 0.05}
     first = await make_app(clock=clock, orchestrator_drain_s=0.1, **fast)
@@ -674,6 +680,8 @@ async def test_a_stopped_replica_hands_its_wait_over_at_once_and_the_wake_up_tim
 
     await eventually(waiting, within=20, what="the WAIT begun")
     await first.stop()
+    if job_changed:
+        await JobStore(foundation.readmodel, clock).update(job.id, job_name="deploy-wait v2")
     second = await make_app(clock=clock, **fast)
 
     async def taken_over() -> bool:
@@ -684,12 +692,18 @@ async def test_a_stopped_replica_hands_its_wait_over_at_once_and_the_wake_up_tim
     clock.advance(timedelta(minutes=2, seconds=1))
     await eventually(lambda: _count(second, job.id, 1), within=20, what="the run finished")
     run = await log_of(foundation, job.id)
-    assert run is not None and run["status"] == "SUCCEEDED" and run["resumed"] == 1
-    assert [(e["occurrence"], e["status"]) for e in run["steps"]] == [
-        ("hold.1", "SUCCEEDED"),
-        ("done.1", "SUCCEEDED"),
-    ]
-    assert run["steps"][0]["wake_at"] == format_ts(T0 + timedelta(minutes=2))
+    assert run is not None
+    if job_changed:
+        assert run["status"] == "FAILED" and run["error"]["Error"] == "Abandoned"
+        assert "changed (version 1 -> 2)" in run["error"]["Cause"]
+        assert [(e["occurrence"], e["status"]) for e in run["steps"]] == [("hold.1", "WAITING")]
+    else:
+        assert run["status"] == "SUCCEEDED" and run["resumed"] == 1
+        assert [(e["occurrence"], e["status"]) for e in run["steps"]] == [
+            ("hold.1", "SUCCEEDED"),
+            ("done.1", "SUCCEEDED"),
+        ]
+        assert run["steps"][0]["wake_at"] == format_ts(T0 + timedelta(minutes=2))
     await assert_freed(foundation, job.id)
 
 

@@ -36,7 +36,7 @@ from aegis_orchestration.model import Job
 from aegis_orchestration.triggers import Trigger
 from aegis_orchestrator.store import JobStore
 from aegis_orchestrator.tasks import Tasks
-from aegis_storage.errors import Conflict
+from aegis_storage.errors import Conflict, Transient
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
@@ -263,26 +263,35 @@ class Runner:
 
     async def _heartbeat(self, execution: Execution) -> None:
         """Renew the execution's lease (and its slot's) every third of the lease; raise
-        :class:`LeaseLost` when another replica holds it."""
+        :class:`LeaseLost` when another replica holds it. A renewal that fails for a moment is
+        tried again at the next beat (two more before the lease runs out)."""
         while True:
             await self.sleep(self.execution_lease.total_seconds() / 3)
             async with execution.lock:
-                now = self.clock()
-                if not await self.readmodel.extend_lease(
-                    keys.EXEC_ACTIVE_PK,
-                    execution.active_sk,
-                    owner=self.owner,
-                    until=now + self.execution_lease,
-                ):
-                    raise LeaseLost(execution.id)
-                slot = execution.record.get("slot")
-                if slot is not None:
-                    await self.readmodel.extend_lease(
-                        keys.job_pk(execution.job.id),
-                        keys.running_sk(int(slot)),
-                        owner=execution.id,
-                        until=now + self.lease,
+                try:
+                    await self._renew(execution)
+                except Transient as err:
+                    log.warning(
+                        "execution_lease_not_renewed", execution_id=execution.id, error=str(err)
                     )
+
+    async def _renew(self, execution: Execution) -> None:
+        now = self.clock()
+        if not await self.readmodel.extend_lease(
+            keys.EXEC_ACTIVE_PK,
+            execution.active_sk,
+            owner=self.owner,
+            until=now + self.execution_lease,
+        ):
+            raise LeaseLost(execution.id)
+        slot = execution.record.get("slot")
+        if slot is not None:
+            await self.readmodel.extend_lease(
+                keys.job_pk(execution.job.id),
+                keys.running_sk(int(slot)),
+                owner=execution.id,
+                until=now + self.lease,
+            )
 
     async def _record_step(self, execution: Execution, step: StepRecord) -> None:
         """Write the step's record into the log before the execution moves on (a record of the
@@ -375,6 +384,7 @@ class Runner:
         if record is None or record.get("status") != "RUNNING" or job is None:
             if record is not None and record.get("status") == "RUNNING":
                 record.update(
+                    runner=self.owner,
                     status="FAILED",
                     error={"Error": "Abandoned", "Cause": f"job {job_id} no longer exists"},
                     finished_at=self._now(),
@@ -386,6 +396,7 @@ class Runner:
             return None
         if int(record.get("job_version", 0)) != job.version:
             record.update(
+                runner=self.owner,
                 status="FAILED",
                 error={
                     "Error": "Abandoned",
