@@ -36,7 +36,7 @@ from aegis_orchestration.model import Job
 from aegis_orchestration.triggers import Trigger
 from aegis_orchestrator.store import JobStore
 from aegis_orchestrator.tasks import Tasks
-from aegis_storage.errors import Conflict, Transient
+from aegis_storage.errors import Conflict, StorageError, Transient
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
@@ -209,13 +209,18 @@ class Runner:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-            # ended just before now: free for the taking (a lease is free once `until < now`)
-            await self.readmodel.extend_lease(
-                keys.EXEC_ACTIVE_PK,
-                active_sk,
-                owner=self.owner,
-                until=self.clock() - timedelta(milliseconds=1),
-            )
+            # ended just before now: free for the taking (a lease is free once `until < now`);
+            # if storage does not answer, the lease runs out on its own
+            try:
+                await self.readmodel.extend_lease(
+                    keys.EXEC_ACTIVE_PK,
+                    active_sk,
+                    owner=self.owner,
+                    until=self.clock() - timedelta(milliseconds=1),
+                )
+            except StorageError as err:
+                log.warning("execution_not_handed_over", execution=active_sk, error=str(err))
+                continue
             log.info("execution_handed_over", execution=active_sk)
 
     # -- running --------------------------------------------------------------------------------
