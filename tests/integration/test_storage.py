@@ -411,3 +411,20 @@ async def test_window_claim_has_exactly_one_winner(foundation):
         )
         assert wins.count(True) == 1, f"window {minute}: {wins.count(True)} winners"
     assert not await rm.claim_window("refresh", T0, owner="late", now=T0, ttl=ttl)
+
+
+async def test_a_lease_is_extended_only_by_its_owner_and_handed_over_by_ending_it_now(foundation):
+    rm = foundation.readmodel
+    pk, sk = "JOB#lease-test", keys.running_sk(0)
+    assert await rm.acquire_lease(pk, sk, owner="a", now=T0, until=T0 + timedelta(seconds=30))
+    later = T0 + timedelta(seconds=40)
+    # a heartbeat keeps it: past the first end, nobody else may take it
+    assert await rm.extend_lease(pk, sk, owner="a", until=later + timedelta(seconds=30))
+    assert not await rm.acquire_lease(pk, sk, owner="b", now=later, until=later)
+    assert not await rm.extend_lease(pk, sk, owner="b", until=later + timedelta(hours=1))
+    # ended now (a replica stopping): another one takes it at once
+    assert await rm.extend_lease(pk, sk, owner="a", until=later)
+    after = later + timedelta(milliseconds=1)
+    assert await rm.acquire_lease(pk, sk, owner="b", now=after, until=after + timedelta(seconds=30))
+    assert not await rm.extend_lease(pk, sk, owner="a", until=after + timedelta(seconds=30))
+    assert not await rm.extend_lease("JOB#lease-test", keys.running_sk(1), owner="a", until=after)

@@ -389,3 +389,17 @@ def test_a_fleet_partition_outside_the_shards_is_refused():
         keys.fleet_partition(keys.FLEET_LATEST, keys.FLEET_SHARDS)
     with pytest.raises(ContractError):
         keys.fleet_partition("HISTORY", 0)
+
+
+def test_an_active_execution_names_its_log_item_and_never_shares_a_job_partition() -> None:
+    started = datetime(2026, 12, 1, 6, 30, 1, 250_000, tzinfo=UTC)
+    sk = keys.exec_active_sk("gas-leak", started, "20261201T063001-ab12cd34")
+    assert sk == "gas-leak#2026-12-01T06:30:01.250Z#20261201T063001-ab12cd34"
+    assert keys.parse_exec_active_sk(sk) == (
+        "gas-leak",
+        keys.exec_sk(started, "20261201T063001-ab12cd34"),
+    )
+    # a job may be called "active": its log partition is EXEC#active, not the lease partition
+    assert keys.exec_pk("active") != keys.EXEC_ACTIVE_PK
+    with pytest.raises(ContractError):
+        keys.parse_exec_active_sk("gas-leak#yesterday#x")

@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from aegis_orchestration.engine import Interpreter
+import pytest
+
+from aegis_orchestration.engine import Interpreter, StepRecord
+from aegis_orchestration.limits import Limits, json_size
 from aegis_orchestration.model import Job, JobStep, TaskKind
 from aegis_orchestration.yamlio import load_jobs
 
@@ -36,12 +39,20 @@ class Fake:
         self.fail = fail or set()
         self.critical = critical
         self.sleeps: list[float] = []
+        self.keys: list[str] = []
+        self.now = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
 
-    async def __call__(self, step: JobStep, params: dict[str, Any], ctx: Mapping[str, Any]) -> Any:
+    def clock(self) -> datetime:
+        return self.now
+
+    async def __call__(
+        self, step: JobStep, params: dict[str, Any], ctx: Mapping[str, Any], *, key: str
+    ) -> Any:
         start = time.monotonic()
         self.calls.append((step.id, params, start))
-        if step.id in ("call_maintenance", "evacuate"):
-            await asyncio.sleep(0.2)
+        self.keys.append(key)
+        if step.id in ("call_maintenance", "evacuate"):  # evacuate ends last
+            await asyncio.sleep(0.1 if step.id == "call_maintenance" else 0.2)
         if step.id in self.fail:
             raise RuntimeError(f"{step.id} answered 500")
         if step.id == "check":
@@ -50,13 +61,14 @@ class Fake:
 
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
+        self.now += timedelta(seconds=seconds)
 
 
 def interpreter(job: Job, fake: Fake) -> Interpreter:
     return Interpreter(
         job,
         dict.fromkeys(TaskKind, fake),
-        clock=lambda: datetime.now(UTC),
+        clock=fake.clock,
         sleep=fake.sleep,
         environment={"AEGIS_JOB_MAINTENANCE_URL": "http://127.0.0.1:9/hook"},
     )
@@ -108,3 +120,172 @@ async def test_every_step_is_recorded_and_an_uncaught_failure_fails_the_run() ->
     assert result.error is not None and result.error["Error"] == "RuntimeError"
     assert [r.step_id for r in result.records] == ["notify"]
     assert result.records[0].attempts == 3
+
+
+class Crash(Exception):
+    """The replica died: raised by the record hook, it ends the run without an outcome."""
+
+
+async def interrupted(job: Job, fake: Fake, at: str) -> dict[str, StepRecord]:
+    """Run ``job`` until the record of the step ``at`` (a WAIT: its WAITING record) is written,
+    then crash; returns what had been written, by occurrence, as a store would hold it."""
+    journal: dict[str, StepRecord] = {}
+
+    async def on_step(record: StepRecord) -> None:
+        journal[record.occurrence] = record
+        if record.step_id == at:
+            raise Crash
+
+    run = interpreter(job, fake)
+    run.on_step = on_step
+    with pytest.raises((Crash, ExceptionGroup)):
+        await run.run(TRIGGER)
+    return journal
+
+
+async def test_a_run_interrupted_in_a_parallel_resumes_the_branch_that_was_not_recorded() -> None:
+    first = Fake(critical=False)
+    journal = await interrupted(example(), first, at="call_maintenance")
+    assert set(journal) == {"notify.1", "respond.1/call_maintenance.1"}
+    assert [n for n, _, _ in first.calls] == ["notify", "call_maintenance", "evacuate"]
+
+    second = Fake(critical=False)
+    result = await interpreter(example(), second).run(TRIGGER, journal=journal)
+    assert result.status == "SUCCEEDED"
+    # the recorded steps are not called again; the branch in flight is, with the same key
+    assert [n for n, _, _ in second.calls] == ["evacuate", "check"]
+    assert second.keys[0] == first.keys[2] == "respond.1/evacuate.1"
+    assert result.context["steps"]["respond"][0]["call_maintenance"] == {"ok": True}
+    assert result.context["steps"]["notify"] == {"ok": True}
+
+
+async def test_a_run_interrupted_in_a_wait_wakes_at_the_recorded_time() -> None:
+    first = Fake(critical=False)
+    journal = await interrupted(example(), first, at="wait_2m")
+    waiting = journal["wait_2m.1"]
+    assert waiting.status == "WAITING" and waiting.wake_at is not None
+
+    second = Fake(critical=False)
+    second.now = first.now + timedelta(seconds=0.004)  # restarted 4 ms into the 10 ms wait
+    result = await interpreter(example(), second).run(TRIGGER, journal=journal)
+    assert result.status == "SUCCEEDED"
+    assert [n for n, _, _ in second.calls] == ["check"]
+    assert sum(second.sleeps) == pytest.approx(
+        (waiting.wake_at - first.now).total_seconds() - 0.004
+    )
+    wait = next(r for r in result.records if r.step_id == "wait_2m" and r.status == "SUCCEEDED")
+    assert wait.wake_at == waiting.wake_at and wait.started_at == waiting.started_at
+
+
+def fanout(branches: int, repeat_limit: int) -> Job:
+    """A PARALLEL inside a loop: each branch's output is its copy of every earlier output, so the
+    context multiplies by ``branches`` each round."""
+    return Job.model_validate(
+        {
+            "id": "fanout",
+            "job_name": "fanout",
+            "trigger_type": "Automation",
+            "repeat_limit": repeat_limit,
+            "steps": [
+                {"id": "fan", "step_type": "FLOW", "step_sub_type": "PARALLEL",
+                 "is_start_point": True, "seq": 1},
+                *[
+                    {"id": f"b{i}", "flow_step_id": "fan", "step_type": "TASK",
+                     "step_sub_type": "HTTP_WEBHOOK", "seq": i}
+                    for i in range(branches)
+                ],
+                {"id": "again", "step_type": "FLOW", "step_sub_type": "CHOICE", "seq": 2},
+                {"id": "loop", "flow_step_id": "again", "step_type": "DUMMY",
+                 "next_step_id": "fan"},
+            ],
+        }
+    )  # fmt: skip
+
+
+async def test_a_parallel_in_a_loop_fails_cleanly_when_the_context_passes_its_limit() -> None:
+    fake = Fake()
+    limits = Limits(max_context_bytes=64 * 1024)
+    run = Interpreter(
+        fanout(3, repeat_limit=1000),
+        dict.fromkeys(TaskKind, fake),
+        clock=fake.clock,
+        sleep=fake.sleep,
+        limits=limits,
+    )
+    result = await run.run(TRIGGER)
+    assert result.status == "FAILED"
+    assert result.error is not None and result.error["Error"] == "ContextTooLarge"
+    assert "over the limit of 65536 bytes" in result.error["Cause"]
+    rounds = [r for r in result.records if r.step_id == "fan"]
+    assert 5 <= len(rounds) <= 12  # it grew round after round until the bound stopped it
+    # at most one round past the limit was ever held: branches x limit, not 3**rounds
+    assert json_size(result.context) < 4 * limits.max_context_bytes
+    assert rounds[-1].status == "FAILED"
+
+
+async def test_the_steps_per_execution_bound_ends_a_long_loop() -> None:
+    fake = Fake()
+    run = Interpreter(
+        fanout(1, repeat_limit=1000),
+        dict.fromkeys(TaskKind, fake),
+        clock=fake.clock,
+        sleep=fake.sleep,
+        limits=Limits(max_steps=30),
+    )
+    result = await run.run(TRIGGER)
+    assert result.error is not None and result.error["Error"] == "StepLimitExceeded"
+    assert len(result.records) <= 30
+
+
+async def test_a_loop_through_a_catch_path_is_bounded_and_never_caught() -> None:
+    job = Job.model_validate(
+        {
+            "id": "retry-forever",
+            "job_name": "retry-forever",
+            "trigger_type": "Automation",
+            "repeat_limit": 4,
+            "steps": [
+                {"id": "call", "step_type": "TASK", "step_sub_type": "HTTP_WEBHOOK",
+                 "is_start_point": True, "seq": 1, "catch_step_id": "pause"},
+                {"id": "pause", "step_type": "DUMMY", "seq": 2, "next_step_id": "call"},
+            ],
+        }
+    )  # fmt: skip
+    fake = Fake(fail={"call"})
+    result = await interpreter(job, fake).run(TRIGGER)
+    assert result.error is not None and result.error["Error"] == "RepeatLimitExceeded"
+    assert [n for n, _, _ in fake.calls].count("call") == 5  # the first run + repeat_limit
+
+
+async def test_nested_loops_share_one_choice_counter_each() -> None:
+    """An inner loop inside a PARALLEL inside an outer loop: the inner CHOICE's counter is the
+    execution's, not the branch copy's, so it stops after repeat_limit in total."""
+    job = Job.model_validate(
+        {
+            "id": "nested",
+            "job_name": "nested",
+            "trigger_type": "Automation",
+            "repeat_limit": 3,
+            "steps": [
+                {"id": "outer", "step_type": "FLOW", "step_sub_type": "PARALLEL",
+                 "is_start_point": True, "seq": 1},
+                {"id": "body", "flow_step_id": "outer", "step_type": "FLOW",
+                 "step_sub_type": "SEQUENCE", "seq": 1},
+                {"id": "work", "flow_step_id": "body", "step_type": "TASK",
+                 "step_sub_type": "HTTP_WEBHOOK", "seq": 1},
+                {"id": "inner", "flow_step_id": "body", "step_type": "FLOW",
+                 "step_sub_type": "CHOICE", "seq": 2},
+                {"id": "inner_back", "flow_step_id": "inner", "step_type": "DUMMY",
+                 "next_step_id": "work"},
+                {"id": "again", "step_type": "FLOW", "step_sub_type": "CHOICE", "seq": 2},
+                {"id": "outer_back", "flow_step_id": "again", "step_type": "DUMMY",
+                 "next_step_id": "outer"},
+            ],
+        }
+    )  # fmt: skip
+    fake = Fake()
+    result = await interpreter(job, fake).run(TRIGGER)
+    assert result.status == "SUCCEEDED", result.error
+    # 4 outer passes, each runs `work` once, plus 3 inner loop-backs in all: 7, not 4 * 4 = 16
+    assert [n for n, _, _ in fake.calls].count("work") == 7
+    assert len(set(fake.keys)) == len(fake.keys)  # every run of a step has its own key

@@ -561,6 +561,25 @@ def exec_sk(started_at: datetime, execution_id: str) -> str:
     return f"{format_ts(started_at)}#{_word(_EXECUTION_ID, execution_id, 'execution_id')}"
 
 
+# the executions in progress, one small item each with the lease of the replica running it: a
+# replica that stops renewing it is noticed and another one resumes the execution. No '#' in the
+# partition key, so no job id can make an EXEC#{job_id} partition collide with it.
+EXEC_ACTIVE_PK = "EXEC-ACTIVE"
+
+
+def exec_active_sk(job_id: str, started_at: datetime, execution_id: str) -> str:
+    """``{job_id}#{started_at}#{execution_id}`` under ``EXEC-ACTIVE``: names the execution log
+    item (``EXEC#{job_id}`` / the rest) of one execution in progress."""
+    return f"{_word(_JOB_ID, job_id, 'job_id')}#{exec_sk(started_at, execution_id)}"
+
+
+def parse_exec_active_sk(sk: str) -> tuple[str, str]:
+    """(job id, execution log sort key) of an ``EXEC-ACTIVE`` item."""
+    job_id, _, rest = sk.partition("#")
+    started, _, execution_id = rest.partition("#")
+    return _word(_JOB_ID, job_id, "job_id"), exec_sk(parse_ts(started), execution_id)
+
+
 def orchestration_input_key(job_id: str, started_at: datetime, execution_id: str, name: str) -> str:
     """``orchestration/executions/{job_id}/yyyy=/mm=/dd=/{execution_id}/{name}.json``: a claim
     check for an execution input or step value too large to keep inline."""

@@ -706,6 +706,26 @@ class ReadModel:
             return False
         return True
 
+    async def extend_lease(self, pk: str, sk: str, *, owner: str, until: datetime) -> bool:
+        """Move the end of a lease ``owner`` holds to ``until`` (a heartbeat; an ``until`` in the
+        past hands it over at once); False when another owner has taken it or it is gone."""
+        try:
+            with translated(f"extend {pk}/{sk}"):
+                await self._ddb.update_item(
+                    TableName=self.table,
+                    Key={"pk": {"S": pk}, "sk": {"S": sk}},
+                    UpdateExpression="SET #until = :until",
+                    ConditionExpression="#owner = :owner",
+                    ExpressionAttributeNames={"#owner": "owner", "#until": "until"},
+                    ExpressionAttributeValues={
+                        ":owner": {"S": owner},
+                        ":until": {"S": format_ts(until)},
+                    },
+                )
+        except Conflict:
+            return False
+        return True
+
     async def release_lease(self, pk: str, sk: str, *, owner: str) -> bool:
         """Give a lease back (only its owner can); False when it was taken over meanwhile."""
         try:

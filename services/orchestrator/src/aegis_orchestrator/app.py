@@ -1,13 +1,14 @@
 """Composition root of the orchestrator: trigger sources (read-model change events, device
 messages, system events, cron schedules), the in-memory trigger index refreshed by job change
-events, the runner, heartbeats and health."""
+events, the runner (executions are recorded before their trigger is acknowledged), the search
+for abandoned executions to resume, heartbeats and health."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -19,7 +20,8 @@ from faststream.nats.subscriber.usecases import PullStreamSubscriber
 
 from aegis_contracts.events import ChangeEvent, RawArchived, SystemEvent
 from aegis_contracts.subjects import CHANGES, STREAMS, SYSTEM, StreamSpec, change_subject
-from aegis_contracts.times import Clock, utc_now
+from aegis_contracts.times import Clock, ensure_utc, utc_now
+from aegis_orchestration.limits import Limits
 from aegis_orchestration.model import Job
 from aegis_orchestration.params import ENV_PREFIX
 from aegis_orchestration.triggers import (
@@ -37,7 +39,7 @@ from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.store import DuplicateJob, JobStore
 from aegis_orchestrator.tasks import Tasks
 from aegis_runtime import logging as aegis_logging
-from aegis_runtime.broker import current_subject, durable_pull
+from aegis_runtime.broker import current_subject, delivery, durable_pull
 from aegis_runtime.heartbeat import instance_id
 from aegis_runtime.lifecycle import run_service, start_background
 from aegis_runtime.service import ServiceApp
@@ -54,9 +56,38 @@ JOB_ENTITY = "orch_job"
 CLAIM_TTL = timedelta(days=7)
 
 
+class FileClock:
+    """The time written in a file (an ISO-8601 instant), read at each call: a test or a drill
+    moves the clock of a running process by rewriting it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __call__(self) -> datetime:
+        return ensure_utc(datetime.fromisoformat(self.path.read_text().strip()))
+
+
 def job_environment(env: Mapping[str, str]) -> dict[str, str]:
     """What ENVIRONMENT params may read: ``AEGIS_JOB_*`` only (never the service's secrets)."""
     return {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
+
+
+def every(
+    interval_s: float, work: Callable[[], Awaitable[Any]], failed: str
+) -> Callable[[asyncio.Event], Awaitable[None]]:
+    """A background loop: ``work`` now and every ``interval_s`` until stopped; a failure is
+    logged as ``failed`` and the next round tries again."""
+
+    async def loop(stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await work()
+            except Exception:
+                log.exception(failed)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
+
+    return loop
 
 
 class OrchestratorApp(ServiceApp):
@@ -99,15 +130,22 @@ class OrchestratorApp(ServiceApp):
         @consumer(EVENTS_STREAM, "changes", f"{CHANGES}.>")
         async def on_change(event: ChangeEvent) -> None:
             entity = current_subject().rsplit(".", 1)[-1]
-            self.handle(biz_object_trigger(event.model_dump(mode="json"), entity))
+            await self.handle(
+                biz_object_trigger(event.model_dump(mode="json"), entity),
+                redelivered=delivery() > 1,
+            )
 
         @consumer(EVENTS_STREAM, "events", f"{SYSTEM}.>")
         async def on_system(event: SystemEvent) -> None:
-            self.handle(automation_trigger(event.model_dump(mode="json")))
+            await self.handle(
+                automation_trigger(event.model_dump(mode="json")), redelivered=delivery() > 1
+            )
 
         @consumer(RAW_STREAM, "raw")
         async def on_raw(event: RawArchived) -> None:
-            self.handle(platform_trigger(event.model_dump(mode="json")))
+            await self.handle(
+                platform_trigger(event.model_dump(mode="json")), redelivered=delivery() > 1
+            )
 
         # every replica hears every job change (core NATS, no queue group): no per-event DB read
         @self.broker.subscriber(change_subject(JOB_ENTITY))
@@ -132,19 +170,37 @@ class OrchestratorApp(ServiceApp):
         log.info("job_reloaded", job_id=job_id, found=job is not None)
         return job
 
-    def handle(self, trigger: Trigger) -> list[Job]:
-        """Start the jobs ``trigger`` fires (in the background); returns them."""
+    async def handle(self, trigger: Trigger, *, redelivered: bool = False) -> list[Job]:
+        """Record an execution of each job ``trigger`` fires and start it (in the background);
+        returns the jobs. Returns once every execution is recorded, so the trigger's message is
+        acknowledged only then (a failure to record nacks it). A ``redelivered`` message may
+        have been recorded before its acknowledgement was lost: jobs that have it are skipped."""
         jobs = self.index.matching(trigger)
         for job in jobs:
-            self.launch(job, trigger)
+            await self.launch(job, trigger, redelivered=redelivered)
         return jobs
 
-    def launch(self, job: Job, trigger: Trigger) -> asyncio.Task[dict[str, Any]]:
+    async def launch(
+        self, job: Job, trigger: Trigger, *, redelivered: bool = False
+    ) -> asyncio.Task[dict[str, Any]] | None:
+        """Record and start an execution; None when no run slot was free (SKIPPED_OVERLAP) or
+        the redelivered trigger was recorded already."""
         if self.runner is None:
             raise RuntimeError("the orchestrator is not started")  # nacked: retried later
+        if redelivered and await self.runner.recorded(job, trigger):
+            log.info("trigger_already_recorded", job_id=job.id, trigger=trigger.type.value)
+            return None
+        execution = await self.runner.begin(job, trigger)
+        if execution is None:
+            return None
         self.fired.labels(trigger=trigger.type.value).inc()
-        log.info("execution_started", job_id=job.id, trigger=trigger.type.value)
-        return self.runner.start(job, trigger)
+        log.info(
+            "execution_started",
+            job_id=job.id,
+            execution_id=execution.id,
+            trigger=trigger.type.value,
+        )
+        return self.runner.start(execution)
 
     async def tick_schedules(self) -> list[tuple[str, datetime]]:
         """Claim and start the due fires of every schedule job; returns what this replica ran."""
@@ -162,19 +218,16 @@ class OrchestratorApp(ServiceApp):
                     ttl=int((now + CLAIM_TTL).timestamp()),
                 )
                 if claimed:
-                    self.launch(job, schedule_trigger(job, fire))
+                    await self.launch(job, schedule_trigger(job, fire))
                     started.append((job.id, fire))
             self._checked[job.id] = now
         return started
 
-    async def _schedule_loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.tick_schedules()
-            except Exception:
-                log.exception("schedule_tick_failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.orchestrator_schedule_tick_s)
+    async def resume_abandoned(self) -> list[str]:
+        """Resume the executions whose replica stopped renewing their lease; returns their ids."""
+        if self.runner is None or self.store is None:
+            return []
+        return await self.runner.resume_abandoned(self.store.get)
 
     async def _refresh_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -232,11 +285,20 @@ class OrchestratorApp(ServiceApp):
             environment=self.environment,
             owner=self.owner,
             lease=timedelta(seconds=s.orchestrator_run_lease_s),
+            execution_lease=timedelta(seconds=s.orchestrator_execution_lease_s),
             inline_limit=s.orchestrator_inline_limit_bytes,
             log_inline=s.orchestrator_log_inline_bytes,
             log_ttl=timedelta(days=s.orchestrator_log_ttl_days),
+            limits=Limits(
+                max_context_bytes=s.orchestrator_max_context_bytes,
+                max_steps=s.orchestrator_max_steps,
+                max_item_bytes=s.orchestrator_max_item_bytes,
+            ),
+            wait_poll_s=s.orchestrator_wait_poll_s,
         )
-        stack.push_async_callback(self.runner.drain, 20.0)
+        # on stop, executions still going are handed over (their leases expired at once) to the
+        # other replicas: a deploy does not wait out a WAIT, nor lose it
+        stack.push_async_callback(self.runner.drain, s.orchestrator_drain_s)
         # on stop: no new execution (a trigger meanwhile is nacked and redelivered), then the drain
         stack.callback(setattr, self, "runner", None)
         jobs_file = Path(s.orchestrator_jobs_file) if s.orchestrator_jobs_file else None
@@ -244,12 +306,23 @@ class OrchestratorApp(ServiceApp):
             added = await self.register_file(jobs_file)
             log.info("example_jobs_registered", file=s.orchestrator_jobs_file, added=added)
         count = await self.refresh()
-        start_background(stack, self._schedule_loop, "orchestrator-schedules")
+        start_background(
+            stack,
+            every(s.orchestrator_schedule_tick_s, self.tick_schedules, "schedule_tick_failed"),
+            "orchestrator-schedules",
+        )
         start_background(stack, self._refresh_loop, "orchestrator-refresh")
+        start_background(
+            stack,
+            every(s.orchestrator_resume_scan_s, self.resume_abandoned, "resume_scan_failed"),
+            "orchestrator-resume",
+        )
         log.info("orchestrator_started", jobs=count, owner=self.owner)
 
 
 def main() -> None:
     settings = OrchestratorSettings()
     aegis_logging.configure(settings.log_format, settings.log_level)
-    run_service(OrchestratorApp(settings).run)
+    path = settings.orchestrator_clock_file
+    clock: Clock = FileClock(path) if path is not None else utc_now
+    run_service(OrchestratorApp(settings, clock=clock).run)

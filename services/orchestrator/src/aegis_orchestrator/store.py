@@ -2,7 +2,10 @@
 
 - ``JOB#registry`` / ``JOB#{id}``: one job document with a ``version`` (optimistic concurrency);
 - ``JOB#{id}`` / ``RUNNING#{n}``: the ``overlap_allowed`` run slots, leased per execution;
-- ``EXEC#{id}`` / ``{started_at}#{execution_id}``: the execution log, ttl 30 days.
+- ``EXEC#{id}`` / ``{started_at}#{execution_id}``: the execution log, ttl 30 days; while it
+  runs, also its state (each step's record as it completes) and which replica runs it;
+- ``EXEC-ACTIVE`` / ``{job_id}#{started_at}#{execution_id}``: the lease on an execution in
+  progress, renewed by the replica running it.
 """
 
 from __future__ import annotations
@@ -96,8 +99,14 @@ class JobStore:
 
     # -- execution log ----------------------------------------------------------------------
 
-    async def put_execution(self, record: dict[str, Any]) -> None:
-        await self.readmodel.put_item(record)
+    async def put_execution(
+        self, record: dict[str, Any], *, new: bool = False, runner: str | None = None
+    ) -> None:
+        """Write an execution's log item: ``new`` only if absent; with ``runner`` only while that
+        replica runs it (``Conflict`` once another one has taken it over)."""
+        await self.readmodel.put_item(
+            record, if_absent=new, expected={"runner": runner} if runner is not None else None
+        )
 
     async def executions(self, job_id: str, *, limit: int = 20) -> list[dict[str, Any]]:
         items = await self.readmodel.partition(keys.exec_pk(job_id), now=self.clock())

@@ -1,9 +1,15 @@
 """TASK executors: Slack, HTTP webhook, publish a system event, run an allow-listed ``aegis``
-subcommand, query the read model. Each raises on failure; the engine retries and catches."""
+subcommand, query the read model. Each raises on failure; the engine retries and catches.
+
+Side effects carry an idempotency key derived from the execution id and the run of the step
+(:func:`idempotency_key`): the ``Idempotency-Key`` header of Slack and webhook calls, the
+``Nats-Msg-Id`` of published events. A step resumed on another replica, or retried, sends the
+same key, so a receiver that honours it acts once."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
@@ -26,6 +32,17 @@ class Publish(Protocol):
 
 
 SERVICE = "orchestrator"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+_KEY_BYTES = 200
+
+
+def idempotency_key(execution_id: str, occurrence: str) -> str:
+    """``{execution_id}:{occurrence}`` (``…:respond.1/call_maintenance.1``); a digest of it when
+    deep nesting would make it long."""
+    key = f"{execution_id}:{occurrence}"
+    if len(key) <= _KEY_BYTES:
+        return key
+    return f"{execution_id}:{hashlib.sha256(occurrence.encode()).hexdigest()}"
 
 
 class TaskFailed(Exception):
@@ -53,22 +70,31 @@ class Tasks:
         self.command_timeout = command_timeout
 
     def executors(self, job: Job, execution_id: str) -> dict[TaskKind, Executor]:
-        async def slack(step: JobStep, params: dict[str, Any], _: Mapping[str, Any]) -> Any:
+        async def slack(
+            step: JobStep, params: dict[str, Any], _: Mapping[str, Any], *, key: str
+        ) -> Any:
             url = params.get("webhook_url") or self.slack_webhook_url
             if not url:
                 return {"delivered": False, "reason": "no webhook configured"}
             body = {k: v for k, v in params.items() if k in ("text", "blocks", "channel")}
-            return await self._post(str(url), body)
+            return await self._post(str(url), body, key=idempotency_key(execution_id, key))
 
-        async def webhook(step: JobStep, params: dict[str, Any], _: Mapping[str, Any]) -> Any:
+        async def webhook(
+            step: JobStep, params: dict[str, Any], _: Mapping[str, Any], *, key: str
+        ) -> Any:
             url = str(params.get("url", ""))
             if not url.startswith(("http://", "https://")):
                 raise TaskFailed(f"url {url!r:.80} is not http(s)")
             return await self._post(
-                url, params.get("body", {}), method=params.get("method", "POST")
+                url,
+                params.get("body", {}),
+                method=params.get("method", "POST"),
+                key=idempotency_key(execution_id, key),
             )
 
-        async def publish(step: JobStep, params: dict[str, Any], _: Mapping[str, Any]) -> Any:
+        async def publish(
+            step: JobStep, params: dict[str, Any], _: Mapping[str, Any], *, key: str
+        ) -> Any:
             kind = str(params.get("kind", ""))
             detail = params.get("detail") or {}
             event = SystemEvent(
@@ -82,13 +108,18 @@ class Tasks:
                 },
             )
             subject = system_subject(kind)
-            duplicate = await self.publish(subject, event, msg_id=f"orch:{execution_id}:{step.id}")
+            msg_id = f"orch:{idempotency_key(execution_id, key)}"
+            duplicate = await self.publish(subject, event, msg_id=msg_id)
             return {"subject": subject, "duplicate": duplicate}
 
-        async def command(step: JobStep, params: dict[str, Any], _: Mapping[str, Any]) -> Any:
+        async def command(
+            step: JobStep, params: dict[str, Any], _: Mapping[str, Any], *, key: str
+        ) -> Any:
             return await self._command(params)
 
-        async def query(step: JobStep, params: dict[str, Any], _: Mapping[str, Any]) -> Any:
+        async def query(
+            step: JobStep, params: dict[str, Any], _: Mapping[str, Any], *, key: str
+        ) -> Any:
             spec = build_query(job.conditions_of(step.id), params)
             items = await self.readmodel.partition(spec.pk, now=self.clock())
             found = spec.apply(items)
@@ -102,9 +133,13 @@ class Tasks:
             TaskKind.READ_MODEL_QUERY: query,
         }
 
-    async def _post(self, url: str, body: Any, method: str = "POST") -> dict[str, Any]:
+    async def _post(self, url: str, body: Any, *, key: str, method: str = "POST") -> dict[str, Any]:
         async with self.session.request(
-            str(method).upper(), url, json=body, timeout=aiohttp.ClientTimeout(total=30)
+            str(method).upper(),
+            url,
+            json=body,
+            headers={IDEMPOTENCY_HEADER: key},
+            timeout=aiohttp.ClientTimeout(total=30),
         ) as resp:
             text = (await resp.text())[:2000]
             if not 200 <= resp.status < 300:

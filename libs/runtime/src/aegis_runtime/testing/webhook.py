@@ -1,11 +1,14 @@
 """A local HTTP server standing in for a webhook (Slack, an operator's endpoint) in tests.
 
 It records every POST and answers from a script: ``script(500, 200)`` answers 500 once, then 200;
-``script((429, {"Retry-After": "1"}))`` sets headers; ``down()`` answers 503 until ``up()``.
+``script((429, {"Retry-After": "1"}))`` sets headers; ``down()`` answers 503 until ``up()``;
+``hold(path)`` keeps the requests to a path unanswered (seen at once in ``held``) until
+``release()``: work in flight that a test can interrupt.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import deque
@@ -34,6 +37,9 @@ class FakeWebhook:
     requests: list[Request] = field(default_factory=list)
     _script: deque[tuple[int, dict[str, str]]] = field(default_factory=deque)
     _down: bool = False
+    held: list[Request] = field(default_factory=list)
+    _hold: set[str] = field(default_factory=set)
+    _released: asyncio.Event = field(default_factory=asyncio.Event)
 
     def script(self, *answers: int | tuple[int, dict[str, str]]) -> None:
         for answer in answers:
@@ -44,6 +50,15 @@ class FakeWebhook:
 
     def up(self) -> None:
         self._down = False
+
+    def hold(self, path: str) -> None:
+        self._hold.add(path)
+        self._released.clear()
+
+    def release(self) -> None:
+        """Answer the held requests (as scripted) and hold no more."""
+        self._hold.clear()
+        self._released.set()
 
     @property
     def delivered(self) -> list[Any]:
@@ -56,6 +71,11 @@ class FakeWebhook:
             body: Any = json.loads(raw)
         except ValueError:
             body = raw.decode(errors="replace")
+        if request.path in self._hold:
+            self.held.append(
+                Request(request.path, body, dict(request.headers), time.monotonic(), 0)
+            )
+            await self._released.wait()
         status, headers = (
             (503, {}) if self._down else (self._script.popleft() if self._script else (200, {}))
         )
