@@ -1,11 +1,15 @@
 """A local HTTP server standing in for a webhook (Slack, an operator's endpoint) in tests.
 
 It records every POST and answers from a script: ``script(500, 200)`` answers 500 once, then 200;
-``script((429, {"Retry-After": "1"}))`` sets headers; ``down()`` answers 503 until ``up()``.
+``script((429, {"Retry-After": "1"}))`` sets headers; ``down()`` answers 503 until ``up()``;
+``hold()`` keeps requests waiting unanswered (a slow Slack) until ``release()``. A held request
+whose sender went away meanwhile (its connection closed) is recorded as :data:`ABANDONED`, not as
+delivered: the stand-in only counts a message it could answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import deque
@@ -18,6 +22,9 @@ from aiohttp import web
 
 from aegis_runtime.localservers import free_port
 
+WAITING = 0  # the status of a request that is held, not answered yet
+ABANDONED = 499  # a held request whose sender closed the connection before the answer
+
 
 @dataclass
 class Request:
@@ -25,7 +32,7 @@ class Request:
     body: Any
     headers: dict[str, str]
     at: float  # time.monotonic() when it arrived
-    status: int  # what it was answered
+    status: int  # what it was answered (WAITING while held, ABANDONED if the sender left)
 
 
 @dataclass
@@ -34,6 +41,10 @@ class FakeWebhook:
     requests: list[Request] = field(default_factory=list)
     _script: deque[tuple[int, dict[str, str]]] = field(default_factory=deque)
     _down: bool = False
+    _gate: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._gate.set()
 
     def script(self, *answers: int | tuple[int, dict[str, str]]) -> None:
         for answer in answers:
@@ -44,6 +55,18 @@ class FakeWebhook:
 
     def up(self) -> None:
         self._down = False
+
+    def hold(self) -> None:
+        """Answer nothing until :meth:`release`; requests are recorded as they arrive."""
+        self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    @property
+    def waiting(self) -> list[Request]:
+        """Requests that arrived and are held, unanswered."""
+        return [r for r in self.requests if r.status == WAITING]
 
     @property
     def delivered(self) -> list[Any]:
@@ -56,12 +79,16 @@ class FakeWebhook:
             body: Any = json.loads(raw)
         except ValueError:
             body = raw.decode(errors="replace")
+        arrived = Request(request.path, body, dict(request.headers), time.monotonic(), WAITING)
+        self.requests.append(arrived)
+        await self._gate.wait()
+        if request.transport is None or request.transport.is_closing():
+            arrived.status = ABANDONED
+            return web.Response(status=ABANDONED)
         status, headers = (
             (503, {}) if self._down else (self._script.popleft() if self._script else (200, {}))
         )
-        self.requests.append(
-            Request(request.path, body, dict(request.headers), time.monotonic(), status)
-        )
+        arrived.status = status
         return web.Response(status=status, text="ok" if status < 300 else "error", headers=headers)
 
 
@@ -79,4 +106,5 @@ async def webhook() -> AsyncIterator[FakeWebhook]:
     try:
         yield fake
     finally:
+        fake.release()  # held requests are answered (or found abandoned) before the server stops
         await runner.cleanup()
