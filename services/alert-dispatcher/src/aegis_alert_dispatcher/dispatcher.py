@@ -32,6 +32,7 @@ does not open that window; a SIGKILL during the post does, for the length of one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+import anyio
 import pydantic
 import structlog
 
@@ -210,6 +212,8 @@ class Dispatcher:
         self.instance = instance or instance_name()
         # posts (and their confirmations) in progress: they outlive a cancelled handler
         self._settling: set[asyncio.Task[tuple[str, str]]] = set()
+        # handlers cancelled (a shutdown) while their post was in progress, which it outlived
+        self.sends_outliving_cancel = 0
 
     def _record(self, result: Result, snapshot: Snapshot | None = None, **context: Any) -> Result:
         if snapshot is not None:
@@ -522,21 +526,20 @@ class Dispatcher:
         task = asyncio.ensure_future(self._settle(intent))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
-        cancelled = False
-        while True:
-            try:
-                outcome = await asyncio.shield(task)
-            except asyncio.CancelledError:
-                if task.done():
-                    raise
-                if not cancelled:
-                    log.warning("alert_send_outlives_cancel", attempt_id=intent.attempt_id)
-                cancelled = True
-                continue
-            break
-        if cancelled:
-            raise asyncio.CancelledError
-        return outcome
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            self.sends_outliving_cancel += 1
+            log.warning("alert_send_outlives_cancel", attempt_id=intent.attempt_id)
+            # FastStream cancels through an anyio cancel scope, which cancels again at every
+            # step: a shielded scope keeps it out while the post and its confirmation finish
+            with anyio.CancelScope(shield=True):
+                while not task.done():
+                    with contextlib.suppress(asyncio.CancelledError):  # a plain task.cancel()
+                        await asyncio.wait([task])
+            raise
 
     async def _settle(self, intent: AlertIntent) -> tuple[str, str]:
         """Post the intent's message, then confirm it, or dead-letter it and release its alerts."""
