@@ -8,9 +8,14 @@ import asyncio
 import contextlib
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -32,11 +37,13 @@ from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
 from aegis_runtime.broker import create_broker, ensure_streams, publish
 from aegis_runtime.cli import app as cli_app
+from aegis_runtime.health import answers_ready
+from aegis_runtime.localservers import free_port
 from aegis_runtime.logging import configure
 from aegis_runtime.testing.clock import FakeClock
 from aegis_runtime.testing.storage import Foundation
 from aegis_runtime.testing.waiting import eventually
-from aegis_runtime.testing.webhook import FakeWebhook
+from aegis_runtime.testing.webhook import ABANDONED, FakeWebhook
 
 pytestmark = pytest.mark.integration
 
@@ -618,3 +625,91 @@ async def test_a_shutdown_while_slack_is_slow_still_sends_exactly_one_message(
             assert len(webhook.requests) == 1
     finally:
         webhook.release()
+
+
+async def test_a_replica_killed_while_slack_is_slow_is_completed_by_the_other_exactly_once(
+    foundation: Foundation,
+    aws_endpoint: str,
+    private_nats,
+    webhook: FakeWebhook,
+    unique_id: str,
+    tmp_path: Path,
+) -> None:
+    """Two real dispatcher processes. The one posting is SIGKILLed while Slack holds its post and
+    the intent item says ``sending``; the JetStream redelivery reaches the other, which completes
+    the intent: one message. The killed post never got an answer; the stand-in counts it as
+    abandoned (a real Slack might still show it: then as a second copy with the same alert id,
+    which is the at-least-once window the module docstring names, and which this asserts)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")} | {
+        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+        "AEGIS_BUCKET": foundation.bucket,
+        "AEGIS_TABLE": foundation.table,
+        "AEGIS_NATS_URL": private_nats.url,
+        "AEGIS_SLACK_WEBHOOK_URL": webhook.url,
+        "AEGIS_ALERT_DURABLE": f"alerts-{unique_id}",
+        "AEGIS_FETCH_TIMEOUT_S": "0.5",
+        "AEGIS_ACK_WAIT_S": "3",
+        "AEGIS_ALERT_SEND_LEASE_S": "2.5",
+        "AEGIS_LOG_FORMAT": "json",
+    }
+    script = Path(sys.executable).parent / "aegis-alert-dispatcher"
+    ports = [free_port(), free_port()]
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    try:
+        for i, port in enumerate(ports):
+            proc = spawn(script, env | {"AEGIS_HEALTH_PORT": str(port)}, tmp_path / f"d{i}.log")
+            procs[proc.pid] = proc
+        for port in ports:
+            await eventually(lambda p=port: answers_ready(p), within=30, what="a replica ready")
+        client = create_broker(
+            settings_for(foundation, aws_endpoint, private_nats.url, webhook, unique_id),
+            name="alerts-test-client",
+        )
+        try:
+            await ensure_streams(client)
+            webhook.hold()
+            event = await put_state(foundation, "factory-a", T0, [FIRE, TEMPERATURE])
+            await publish(client, object_created_subject("state_snapshot"), event, msg_id=None)
+            await eventually(lambda: len(webhook.waiting) == 1, within=15, what="the held post")
+        finally:
+            await client.stop()
+        (intent,) = await intent_items(foundation, "factory-a")
+        assert intent["state"] == "sending"
+        victim = int(intent["owner"].split("|")[0].rsplit(":", 1)[1])
+        assert victim in procs
+        procs[victim].send_signal(signal.SIGKILL)
+        await asyncio.to_thread(procs.pop(victim).wait, 10)
+        (held,) = webhook.waiting
+        await eventually(
+            lambda: not held.connected, within=5, what="the killed post's socket closed"
+        )
+        webhook.release()
+
+        async def sent() -> bool:
+            found = await intent_items(foundation, "factory-a")
+            return [i["state"] for i in found] == ["sent"]
+
+        await eventually(sent, within=20, what="the intent completed by the survivor")
+        (intent,) = await intent_items(foundation, "factory-a")
+        (survivor,) = procs
+        assert intent["owner"].split("|")[0].endswith(f":{survivor}")
+        assert [r.status for r in webhook.requests] == [ABANDONED, 200]
+        assert headlines(webhook) == ["CRITICAL · factory-a · FIRE_DETECTED, TEMPERATURE_HIGH"]
+        # the completion posted the recorded message: the same alert id as the killed post
+        killed, completed = (json.dumps(r.body) for r in webhook.requests)
+        assert killed == completed and intent["attempt_id"] in completed
+        item = await foundation.readmodel.get_item(
+            keys.alert_pk("factory-a"), keys.alert_sk("CRITICAL", "FIRE_DETECTED", "STATE")
+        )
+        assert item is not None and item["sent_count"] == 1 and item["pending"] is None
+    finally:
+        webhook.release()
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            await asyncio.to_thread(proc.wait, 30)
+
+
+def spawn(script: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([str(script)], env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -33,6 +33,12 @@ class Request:
     headers: dict[str, str]
     at: float  # time.monotonic() when it arrived
     status: int  # what it was answered (WAITING while held, ABANDONED if the sender left)
+    transport: asyncio.BaseTransport | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def connected(self) -> bool:
+        """The sender still holds the connection (it can still be answered)."""
+        return self.transport is not None and not self.transport.is_closing()
 
 
 @dataclass
@@ -79,10 +85,17 @@ class FakeWebhook:
             body: Any = json.loads(raw)
         except ValueError:
             body = raw.decode(errors="replace")
-        arrived = Request(request.path, body, dict(request.headers), time.monotonic(), WAITING)
+        arrived = Request(
+            request.path,
+            body,
+            dict(request.headers),
+            time.monotonic(),
+            WAITING,
+            request.transport,
+        )
         self.requests.append(arrived)
         await self._gate.wait()
-        if request.transport is None or request.transport.is_closing():
+        if not arrived.connected:
             arrived.status = ABANDONED
             return web.Response(status=ABANDONED)
         status, headers = (
