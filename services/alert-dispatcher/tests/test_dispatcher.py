@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from aegis_alert_dispatcher.app import DispatcherApp
 from aegis_alert_dispatcher.decide import Policy
-from aegis_alert_dispatcher.dispatcher import Dispatcher, Result
+from aegis_alert_dispatcher.dispatcher import AlertBusy, Dispatcher, Result
 from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_alert_dispatcher.slack import SlackWebhook
 from aegis_contracts import keys
@@ -713,3 +713,38 @@ async def test_a_replica_killed_while_slack_is_slow_is_completed_by_the_other_ex
 def spawn(script: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen([str(script)], env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def test_an_undecodable_slack_answer_is_still_a_delivery(
+    foundation, webhook, session
+) -> None:
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec)
+    webhook.script((200, {"Content-Type": "text/plain; charset=utf-8"}, b"\xff\xfe ok?"))
+    await d.handle(await put_state(foundation, "factory-a", T0, [FIRE]))
+    assert [r.outcome for r in rec.results] == ["sent"] and len(webhook.requests) == 1
+    assert [i["state"] for i in await intent_items(foundation, "factory-a")] == ["sent"]
+
+
+async def test_a_recovery_right_behind_a_fire_still_sending_waits_for_it(
+    foundation, webhook, session
+) -> None:
+    """The calm snapshot would resolve an alert whose FIRE message Slack has not answered yet:
+    it is retried (the queue's redelivery) until that message is confirmed, then resolves it."""
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec)
+    webhook.hold()
+    firing = asyncio.ensure_future(d.handle(await put_state(foundation, "factory-a", T0, [FIRE])))
+    try:
+        await eventually(lambda: len(webhook.waiting) == 1, within=5, what="the held fire")
+        calm = await put_state(foundation, "factory-a", T0 + timedelta(seconds=10), [])
+        with pytest.raises(AlertBusy):
+            await d.handle(calm)
+    finally:
+        webhook.release()
+        await firing
+    await d.handle(calm)  # the redelivery
+    assert headlines(webhook) == [
+        "CRITICAL · factory-a · FIRE_DETECTED",
+        "RESOLVED · factory-a · FIRE_DETECTED",
+    ]

@@ -1,10 +1,11 @@
 """A local HTTP server standing in for a webhook (Slack, an operator's endpoint) in tests.
 
 It records every POST and answers from a script: ``script(500, 200)`` answers 500 once, then 200;
-``script((429, {"Retry-After": "1"}))`` sets headers; ``down()`` answers 503 until ``up()``;
-``hold()`` keeps requests waiting unanswered (a slow Slack) until ``release()``. A held request
-whose sender went away meanwhile (its connection closed) is recorded as :data:`ABANDONED`, not as
-delivered: the stand-in only counts a message it could answer.
+``script((429, {"Retry-After": "1"}))`` sets headers, ``script((200, {}, b"\\xff"))`` the body
+too; ``down()`` answers 503 until ``up()``; ``hold()`` keeps requests waiting unanswered (a slow
+Slack) until ``release()``. A held request whose sender went away meanwhile (its connection
+closed) is recorded as :data:`ABANDONED`, not as delivered: the stand-in only counts a message it
+could answer.
 """
 
 from __future__ import annotations
@@ -45,16 +46,21 @@ class Request:
 class FakeWebhook:
     url: str = ""
     requests: list[Request] = field(default_factory=list)
-    _script: deque[tuple[int, dict[str, str]]] = field(default_factory=deque)
+    _script: deque[tuple[int, dict[str, str], bytes | None]] = field(default_factory=deque)
     _down: bool = False
     _gate: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self._gate.set()
 
-    def script(self, *answers: int | tuple[int, dict[str, str]]) -> None:
+    def script(
+        self, *answers: int | tuple[int, dict[str, str]] | tuple[int, dict[str, str], bytes]
+    ) -> None:
         for answer in answers:
-            self._script.append(answer if isinstance(answer, tuple) else (answer, {}))
+            if isinstance(answer, int):
+                self._script.append((answer, {}, None))
+            else:
+                self._script.append((answer[0], answer[1], answer[2] if len(answer) > 2 else None))
 
     def down(self) -> None:
         self._down = True
@@ -98,10 +104,14 @@ class FakeWebhook:
         if not arrived.connected:
             arrived.status = ABANDONED
             return web.Response(status=ABANDONED)
-        status, headers = (
-            (503, {}) if self._down else (self._script.popleft() if self._script else (200, {}))
+        status, headers, raw_body = (
+            (503, {}, None)
+            if self._down
+            else (self._script.popleft() if self._script else (200, {}, None))
         )
         arrived.status = status
+        if raw_body is not None:
+            return web.Response(status=status, body=raw_body, headers=headers)
         return web.Response(status=status, text="ok" if status < 300 else "error", headers=headers)
 
 
