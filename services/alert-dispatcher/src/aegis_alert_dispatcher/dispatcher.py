@@ -166,6 +166,8 @@ class AlertBusy(Exception):
 # the message again, so it is worth a few seconds)
 CONFIRM_ATTEMPTS = 6
 CONFIRM_FIRST_DELAY = 0.05
+# a settled intent is kept this long (a duplicate of its snapshot finds it), not the alert TTL
+SETTLED_INTENT_KEPT = timedelta(hours=1)
 
 
 def attempt_id(scope: str, stream: Stream, at: datetime) -> str:
@@ -595,6 +597,7 @@ class Dispatcher:
                         "state": "sent" if delivered else UNDELIVERABLE,
                         "version": intent.version + 1,
                         "settled_at": now,
+                        "ttl": min(intent.ttl, int((now + SETTLED_INTENT_KEPT).timestamp())),
                         "posts": intent.posts + int(self.sender is not None),
                     }
                 ),
