@@ -9,6 +9,7 @@ import pytest
 
 from aegis_alert_dispatcher.decide import Action, AlertKey, Policy, Stream, decide
 from aegis_alert_dispatcher.dispatcher import triggered
+from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_alert_dispatcher.slack import AlertEntry, AlertMessage, dashboard_link, reason_line
 from aegis_contracts import keys
 from aegis_contracts.items import AlertObservation, AlertState
@@ -252,3 +253,11 @@ def test_one_message_lists_every_alert_of_a_decision_worst_first() -> None:
     assert "*NOISE_HIGH* (WARNING) is no longer reported." in body
     context = payload["blocks"][4]["elements"][0]["text"]
     assert "`WARNING#CO_HIGH#STATE`" in context and "alert id `abc123`" in context
+
+
+def test_the_send_lease_stays_inside_the_ack_wait() -> None:
+    assert DispatcherSettings().send_lease_s == 120
+    assert DispatcherSettings(ack_wait_s=3).send_lease_s == pytest.approx(2.4)
+    assert DispatcherSettings(ack_wait_s=3, alert_send_lease_s=1).send_lease_s == 1
+    with pytest.raises(ValueError, match="AEGIS_ALERT_SEND_LEASE_S"):
+        DispatcherSettings(ack_wait_s=3, alert_send_lease_s=3)

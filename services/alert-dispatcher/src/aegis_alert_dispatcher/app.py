@@ -134,7 +134,7 @@ class DispatcherApp(ServiceApp):
             clock=self.clock,
             triggers=s.alert_trigger_prefixes,
             on_result=self._count,
-            lease=timedelta(seconds=s.alert_send_lease_s),
+            lease=timedelta(seconds=s.send_lease_s),
         )
         log.info(
             "alert_dispatcher_started", webhook=bool(webhook), triggers=s.alert_trigger_prefixes
