@@ -748,3 +748,54 @@ async def test_a_recovery_right_behind_a_fire_still_sending_waits_for_it(
         "CRITICAL · factory-a · FIRE_DETECTED",
         "RESOLVED · factory-a · FIRE_DETECTED",
     ]
+
+
+class Stuck:
+    """A sender that never hears back: its handler dies with the post outstanding."""
+
+    def __init__(self) -> None:
+        self.posted = asyncio.Event()
+
+    async def send(self, payload: dict[str, Any], *, deadline: float | None = None) -> Any:
+        self.posted.set()
+        await asyncio.Event().wait()
+
+
+async def test_an_intent_left_by_a_dead_replica_is_completed_by_another_after_its_lease(
+    foundation, webhook, session
+) -> None:
+    """Replica A records the message and dies mid-post (its tasks are cancelled outright, no
+    confirmation). Replica B handles the scope's next snapshot: inside A's lease it leaves the
+    intent alone; after it, B posts the recorded message once and confirms it."""
+    dead = make(foundation, webhook, session, Recorded())
+    stuck = Stuck()
+    dead.sender = stuck
+    handler = asyncio.ensure_future(
+        dead.handle(await put_state(foundation, "factory-a", T0, [FIRE, TEMPERATURE]))
+    )
+    await asyncio.wait_for(stuck.posted.wait(), 10)
+    for task in (*dead._settling, handler):  # the process is gone: nothing finishes
+        task.cancel()
+    await asyncio.gather(*dead._settling, handler, return_exceptions=True)
+    (left,) = await intent_items(foundation, "factory-a")
+    assert left["state"] == "sending"
+
+    rec = Recorded()
+    other = make(foundation, webhook, session, rec)
+    clock = other.clock
+    assert isinstance(clock, FakeClock)
+    clock.advance(timedelta(seconds=60))  # inside the 120 s lease: A may still be posting
+    await other.handle(
+        await put_state(foundation, "factory-a", T0 + timedelta(seconds=60), [FIRE, TEMPERATURE])
+    )
+    assert webhook.requests == [] and [r.outcome for r in rec.results] == ["in_flight"] * 2
+    clock.advance(timedelta(seconds=61))  # the lease is over
+    await other.handle(
+        await put_state(foundation, "factory-a", T0 + timedelta(seconds=121), [FIRE, TEMPERATURE])
+    )
+    assert headlines(webhook) == ["CRITICAL · factory-a · FIRE_DETECTED, TEMPERATURE_HIGH"]
+    assert json.dumps(webhook.delivered[0]) == json.dumps(json.loads(left["payload"]))
+    outcomes = [r.outcome for r in rec.results[2:]]
+    assert outcomes == ["completed_sent"] * 2 + ["suppressed_cooldown"] * 2
+    (done,) = await intent_items(foundation, "factory-a")
+    assert done["state"] == "sent" and done["version"] == left["version"] + 2
