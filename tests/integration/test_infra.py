@@ -36,7 +36,7 @@ from aegis_storage.bootstrap import (
 )
 from aegis_storage.clients import AwsClients, AwsConfig, aio_config, open_client
 from aegis_storage.errors import StorageError
-from aegis_storage.readmodel import ReadModel
+from aegis_storage.readmodel import Put, ReadModel
 from aegis_storage.s3 import ObjectStore
 
 pytestmark = pytest.mark.integration
@@ -372,6 +372,7 @@ async def test_ingest_writes_raw_once_and_nothing_else(as_service):
     assert (await me.store.put_immutable(key, b"{}")).outcome.value == "duplicate"
     await denied(me.store.put_bytes(PROCESSED, b"{}"))
     await denied(me.readmodel.put_item(item(f"FACTORY#{F}", "LATEST")))
+    await denied(me.readmodel.put_items([Put(item(f"ALERT#{F}", "INTENT#STATE#x"))]))
     await denied(me.store.get_bytes(REPORT))
 
 
@@ -449,6 +450,10 @@ async def test_alert_dispatcher(as_service):
     await me.readmodel.put_item(item(f"ALERT#{F}", "CRITICAL#FIRE#FIRING"))
     assert await me.readmodel.get_item(f"ALERT#{F}", "CRITICAL#FIRE#FIRING")
     await me.readmodel.delete_item(f"ALERT#{F}", "CRITICAL#FIRE#FIRING")
+    # a send's claim and its confirmation: conditional puts in one transaction
+    await me.readmodel.put_items(
+        [Put(item(f"ALERT#{F}", "INTENT#STATE#x"), if_absent=True), Put(item(f"ALERT#{F}", "y"))]
+    )
     await denied(me.store.put_bytes(SNAPSHOT, b"{}"))
     await denied(me.readmodel.factory_latest_items())
 

@@ -353,6 +353,7 @@ def test_no_string_escapes_the_factory_prefix(text):
         ("ALERT#factory-a", "CRITICAL#FIRE_DETECTED#STATE", "true", None),  # only a real True
         ("ALERT#factory-a", "OBSERVATION#WARNING#CO_HIGH#STATE", True, None),
         ("ALERT#factory-a", "CURSOR#STATE", True, None),
+        ("ALERT#factory-a", "INTENT#STATE#2026-11-30T10:00:00.000Z", True, None),
         ("CLAIM#refresh", "2026-11-30T10:00:00.000Z", True, None),
     ],
 )

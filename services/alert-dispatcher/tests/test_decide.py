@@ -9,7 +9,8 @@ import pytest
 
 from aegis_alert_dispatcher.decide import Action, AlertKey, Policy, Stream, decide
 from aegis_alert_dispatcher.dispatcher import triggered
-from aegis_alert_dispatcher.slack import AlertMessage, dashboard_link, reason_line
+from aegis_alert_dispatcher.settings import DispatcherSettings
+from aegis_alert_dispatcher.slack import AlertEntry, AlertMessage, dashboard_link, reason_line
 from aegis_contracts import keys
 from aegis_contracts.items import AlertObservation, AlertState
 from aegis_contracts.state import Reason
@@ -203,7 +204,10 @@ def test_only_trigger_prefixes_count(key: str, hit: bool) -> None:
 def test_the_slack_message_names_factory_severity_values_times_and_link() -> None:
     fire = reason("FIRE_DETECTED", value=0.93, threshold=0.8, source="cam-1")
     msg = AlertMessage(
-        "factory-b", Stream.STATE, Action.FIRE, "CRITICAL", "FIRE_DETECTED", T0, (fire,)
+        "factory-b",
+        Stream.STATE,
+        T0,
+        (AlertEntry(Action.FIRE, "CRITICAL", "FIRE_DETECTED", (fire,)),),
     )
     payload = msg.payload("https://aegis.example.com/")
     text = str(payload)
@@ -213,7 +217,7 @@ def test_the_slack_message_names_factory_severity_values_times_and_link() -> Non
     button = payload["blocks"][3]["elements"][0]
     assert button["url"] == "https://aegis.example.com/factories/factory-b"
     resolved = AlertMessage(
-        "cloud-infra", Stream.FAST, Action.RESOLVE, "CRITICAL", "SERVICE_DOWN", T0
+        "cloud-infra", Stream.FAST, T0, (AlertEntry(Action.RESOLVE, "CRITICAL", "SERVICE_DOWN"),)
     )
     assert resolved.payload("http://x")["blocks"][3]["elements"][0]["url"] == "http://x/cloud"
     assert "RESOLVED" in resolved.payload("http://x")["text"]
@@ -223,3 +227,37 @@ def test_the_slack_message_names_factory_severity_values_times_and_link() -> Non
 def test_mrkdwn_in_details_is_escaped() -> None:
     line = reason_line(Reason(code="X_Y", severity="WARNING", detail="<!channel> & co"))
     assert "&lt;!channel&gt; &amp; co" in line and "<!channel>" not in line
+
+
+def test_one_message_lists_every_alert_of_a_decision_worst_first() -> None:
+    gas = reason("CO_HIGH", "WARNING", value=60, threshold=50)
+    fire = reason("FIRE_DETECTED", value=0.93)
+    gone = AlertEntry(Action.RESOLVE, "WARNING", "NOISE_HIGH")
+    msg = AlertMessage(
+        "factory-b",
+        Stream.STATE,
+        T0,
+        (
+            gone,
+            AlertEntry(Action.FIRE, "WARNING", "CO_HIGH", (gas,)),
+            AlertEntry(Action.FIRE, "CRITICAL", "FIRE_DETECTED", (fire,)),
+        ),
+        attempt_id="abc123",
+    )
+    payload = msg.payload("http://x")
+    assert payload["text"].startswith(
+        ":red_circle: AEGIS CRITICAL · factory-b · FIRE_DETECTED, CO_HIGH, NOISE_HIGH at "
+    )
+    body = payload["blocks"][2]["text"]["text"]
+    assert body.index("FIRE_DETECTED") < body.index("CO_HIGH") < body.index("NOISE_HIGH")
+    assert "*NOISE_HIGH* (WARNING) is no longer reported." in body
+    context = payload["blocks"][4]["elements"][0]["text"]
+    assert "`WARNING#CO_HIGH#STATE`" in context and "alert id `abc123`" in context
+
+
+def test_the_send_lease_stays_inside_the_ack_wait() -> None:
+    assert DispatcherSettings().send_lease_s == 120
+    assert DispatcherSettings(ack_wait_s=3).send_lease_s == pytest.approx(2.4)
+    assert DispatcherSettings(ack_wait_s=3, alert_send_lease_s=1).send_lease_s == 1
+    with pytest.raises(ValueError, match="AEGIS_ALERT_SEND_LEASE_S"):
+        DispatcherSettings(ack_wait_s=3, alert_send_lease_s=3)

@@ -5,20 +5,27 @@ two replicas on one durable, the dead-letter subject and ``aegis alerts resend``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from faststream.nats import NatsBroker
 from typer.testing import CliRunner
 
 from aegis_alert_dispatcher.app import DispatcherApp
 from aegis_alert_dispatcher.decide import Policy
-from aegis_alert_dispatcher.dispatcher import Dispatcher, Result
+from aegis_alert_dispatcher.dispatcher import AlertBusy, Dispatcher, Result
 from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_alert_dispatcher.slack import SlackWebhook
 from aegis_contracts import keys
@@ -30,11 +37,13 @@ from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
 from aegis_runtime.broker import create_broker, ensure_streams, publish
 from aegis_runtime.cli import app as cli_app
+from aegis_runtime.health import answers_ready
+from aegis_runtime.localservers import free_port
 from aegis_runtime.logging import configure
 from aegis_runtime.testing.clock import FakeClock
 from aegis_runtime.testing.storage import Foundation
 from aegis_runtime.testing.waiting import eventually
-from aegis_runtime.testing.webhook import FakeWebhook
+from aegis_runtime.testing.webhook import ABANDONED, FakeWebhook
 
 pytestmark = pytest.mark.integration
 
@@ -314,6 +323,22 @@ def settings_for(
     )
 
 
+@contextlib.asynccontextmanager
+async def replicas(s: DispatcherSettings) -> AsyncIterator[tuple[list[DispatcherApp], NatsBroker]]:
+    """Two dispatcher replicas on one durable, and a client broker to publish with."""
+    apps = [DispatcherApp(s), DispatcherApp(s)]
+    client = create_broker(s, name="alerts-test-client")
+    try:
+        for app in apps:
+            await app.start()
+        await ensure_streams(client)
+        yield apps, client
+    finally:
+        for app in apps:
+            await app.stop()
+        await client.stop()
+
+
 async def test_two_replicas_on_one_durable_send_each_alert_once_and_resend_recovers(
     foundation: Foundation,
     aws_endpoint: str,
@@ -323,12 +348,7 @@ async def test_two_replicas_on_one_durable_send_each_alert_once_and_resend_recov
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     s = settings_for(foundation, aws_endpoint, private_nats.url, webhook, unique_id)
-    apps = [DispatcherApp(s), DispatcherApp(s)]
-    for app in apps:
-        await app.start()
-    client = create_broker(s, name="alerts-test-client")
-    await ensure_streams(client)
-    try:
+    async with replicas(s) as (_, client):
         events = [await put_state(foundation, f"factory-{i}", T0, [FIRE]) for i in range(6)]
         for e in events:
             for _ in range(2):  # every event twice, as a redelivering queue may
@@ -348,10 +368,6 @@ async def test_two_replicas_on_one_durable_send_each_alert_once_and_resend_recov
             within=20,
             what="retries",
         )
-    finally:
-        for app in apps:
-            await app.stop()
-        await client.stop()
 
     for name, value in {
         "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
@@ -419,3 +435,367 @@ async def test_a_mistyped_webhook_url_never_reaches_the_logs_or_the_dead_letter(
     logged = out.getvalue()
     assert "undeliverable" in logged and "hooks.slack.com:99999/services/" in logged
     assert secret not in logged and "Xq9SecretPart" not in logged
+
+
+# -- one message per decision; a decided message is never lost --------------------------------
+
+TEMPERATURE = {
+    "code": "TEMPERATURE_HIGH",
+    "severity": "CRITICAL",
+    "detail": "temperature 71 °C <hot>",
+    "value": 71,
+    "threshold": 60,
+}
+GAS = {"code": "CO_HIGH", "severity": "WARNING", "detail": "co 60 ppm", "value": 60}
+
+
+async def intent_items(f: Foundation, scope: str) -> list[dict[str, Any]]:
+    items = await f.readmodel.partition(keys.alert_pk(scope), now=T0)
+    return [i for i in items if str(i["sk"]).startswith(keys.INTENT_PREFIX)]
+
+
+async def test_one_snapshot_with_three_reasons_is_one_message_and_a_later_reason_its_own(
+    foundation, webhook, session
+) -> None:
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec)
+    await d.handle(await put_state(foundation, "factory-a", T0, [FIRE, TEMPERATURE, GAS]))
+    for i in range(1, 9):
+        await d.handle(
+            await put_state(
+                foundation, "factory-a", T0 + timedelta(seconds=10 * i), [FIRE, TEMPERATURE, GAS]
+            )
+        )
+    assert headlines(webhook) == ["CRITICAL · factory-a · FIRE_DETECTED, TEMPERATURE_HIGH, CO_HIGH"]
+    body = json.dumps(webhook.delivered[0], ensure_ascii=False)
+    assert "temperature 71 °C &lt;hot&gt;" in body and "<hot>" not in body  # escaped as before
+    assert "measured 0.93, threshold 0.8" in body and "co 60 ppm" in body
+    # per-reason state as before: each alert sent once, then in its cooldown
+    for severity, code in (("CRITICAL", "FIRE_DETECTED"), ("WARNING", "CO_HIGH")):
+        item = await foundation.readmodel.get_item(
+            keys.alert_pk("factory-a"), keys.alert_sk(severity, code, "STATE")
+        )
+        assert item is not None and item["sent_count"] == 1 and item["pending"] is None
+    assert sum(r.outcome == "suppressed_cooldown" for r in rec.results) == 8 * 3
+    # a reason that starts later, in the others' cooldown, gets a message of its own
+    smoke = {"code": "SMOKE_DETECTED", "severity": "CRITICAL", "detail": "smoke on cam-2"}
+    await d.handle(
+        await put_state(
+            foundation, "factory-a", T0 + timedelta(seconds=100), [FIRE, TEMPERATURE, GAS, smoke]
+        )
+    )
+    assert headlines(webhook)[1:] == ["CRITICAL · factory-a · SMOKE_DETECTED"]
+    assert [i["state"] for i in await intent_items(foundation, "factory-a")] == ["sent", "sent"]
+
+
+@dataclass
+class DynamoFaults:
+    """DynamoDB errors injected at the real client (a botocore ``before-call`` hook answers 500
+    instead of sending): after the claim transaction of ``table`` goes out, the next ``count``
+    requests of that table fail. ``seen`` records what the Slack stand-in had at each fault."""
+
+    table: str
+    webhook: FakeWebhook
+    count: int
+    on_claim: bool = False  # fail the claim transaction itself instead
+    armed: int = 0
+    seen: list[int] = field(default_factory=list)
+
+    def before_call(self, model: Any, params: dict[str, Any], **_: Any) -> Any:
+        body = params.get("body") or b""
+        body = body if isinstance(body, bytes) else str(body).encode()
+        if self.table.encode() not in body:
+            return None
+        claim = model.name == "TransactWriteItems" and b'"sending"' in body and b"INTENT#" in body
+        if claim and self.on_claim and self.count > len(self.seen):
+            return self._fail()
+        if self.armed:
+            self.armed -= 1
+            return self._fail()
+        if claim and not self.on_claim and not self.seen:
+            self.armed = self.count
+        return None
+
+    def _fail(self) -> Any:
+        self.seen.append(len(self.webhook.delivered))
+        error = {"Code": "InternalServerError", "Message": "injected by the test"}
+        return (
+            _Status(500),
+            {"Error": error, "ResponseMetadata": {"HTTPStatusCode": 500}},
+        )
+
+
+@dataclass
+class _Status:
+    status_code: int
+
+
+@pytest.mark.parametrize("on_claim", [False, True], ids=["after-the-claim", "in-the-claim"])
+async def test_a_dynamodb_error_after_or_in_the_claim_still_sends_exactly_one_message(
+    foundation, webhook, session, on_claim: bool
+) -> None:
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec)
+    faults = DynamoFaults(foundation.table, webhook, count=3, on_claim=on_claim)
+    events = foundation.readmodel._ddb.meta.events
+    events.register("before-call.dynamodb", faults.before_call, unique_id=foundation.table)
+    try:
+        event = await put_state(foundation, "factory-a", T0, [FIRE, TEMPERATURE])
+        errors = []
+        for _ in range(4):  # the handler, then the queue's redeliveries while it fails
+            try:
+                await d.handle(event)
+                break
+            except Exception as err:
+                errors.append(err)
+    finally:
+        events.unregister("before-call.dynamodb", unique_id=foundation.table)
+    # a failed claim wrote nothing and is redelivered; a failed confirmation is retried in place
+    assert len(errors) == (3 if on_claim else 0), errors
+    assert len(faults.seen) == 3  # the faults hit ...
+    # ... after Slack had the message (the confirmation) or before anything was sent (the claim)
+    assert faults.seen == ([1, 1, 1] if not on_claim else [0, 0, 0])
+    assert headlines(webhook) == ["CRITICAL · factory-a · FIRE_DETECTED, TEMPERATURE_HIGH"]
+    assert [i["state"] for i in await intent_items(foundation, "factory-a")] == ["sent"]
+    # cooldown counts the confirmed send: the next snapshot sends nothing
+    await d.handle(
+        await put_state(foundation, "factory-a", T0 + timedelta(seconds=5), [FIRE, TEMPERATURE])
+    )
+    assert len(webhook.requests) == 1
+    assert [r.outcome for r in rec.results[-2:]] == ["suppressed_cooldown"] * 2
+
+
+def sample(app: DispatcherApp, name: str, **labels: str) -> float:
+    return app.metrics.registry.get_sample_value(f"aegis_{name}", labels) or 0.0
+
+
+async def test_a_shutdown_while_slack_is_slow_still_sends_exactly_one_message(
+    foundation: Foundation,
+    aws_endpoint: str,
+    private_nats,
+    webhook: FakeWebhook,
+    unique_id: str,
+) -> None:
+    """Two replicas; the one posting is stopped while Slack holds the post, with a graceful
+    timeout shorter than Slack's answer, so its handler is cancelled mid-post. The post and its
+    confirmation finish anyway; the redelivery on the other replica finds it sent."""
+    s = settings_for(foundation, aws_endpoint, private_nats.url, webhook, unique_id).model_copy(
+        update={"graceful_timeout_s": 0.2, "ack_wait_s": 4.0, "alert_send_lease_s": 3.0}
+    )
+    try:
+        async with replicas(s) as (apps, client):
+            webhook.hold()
+            event = await put_state(foundation, "factory-a", T0, [FIRE])
+            await publish(client, object_created_subject("state_snapshot"), event, msg_id=None)
+            await eventually(lambda: len(webhook.waiting) == 1, within=10, what="the post at Slack")
+            (posting,) = [a for a in apps if a.dispatcher and a.dispatcher._settling]
+            (other,) = [a for a in apps if a is not posting]
+            stopping = asyncio.ensure_future(posting.stop())
+            dispatcher = posting.dispatcher
+            await eventually(
+                lambda: dispatcher.sends_outliving_cancel == 1,
+                within=5,
+                what="the handler cancelled while Slack holds the post",
+            )
+            assert len(webhook.waiting) == 1 and not stopping.done()
+            (intent,) = await intent_items(foundation, "factory-a")
+            assert intent["state"] == "sending"
+            webhook.release()
+            await stopping
+            assert sample(posting, "messages_total", outcome="interrupted") == 1
+            assert len(webhook.delivered) == 1
+            (intent,) = await intent_items(foundation, "factory-a")
+            assert intent["state"] == "sent"
+            # the cancelled message comes back after its ack wait, to the other replica: nothing sent
+            await eventually(
+                lambda: (
+                    sample(
+                        other,
+                        "alert_decisions_total",
+                        outcome="suppressed_cooldown",
+                        action="suppressed_cooldown",
+                        severity="CRITICAL",
+                    )
+                    == 1
+                ),
+                within=15,
+                what="the redelivery handled",
+            )
+            assert headlines(webhook) == ["CRITICAL · factory-a · FIRE_DETECTED"]
+            assert len(webhook.requests) == 1
+    finally:
+        webhook.release()
+
+
+async def test_a_replica_killed_while_slack_is_slow_is_completed_by_the_other_exactly_once(
+    foundation: Foundation,
+    aws_endpoint: str,
+    private_nats,
+    webhook: FakeWebhook,
+    unique_id: str,
+    tmp_path: Path,
+) -> None:
+    """Two real dispatcher processes. The one posting is SIGKILLed while Slack holds its post and
+    the intent item says ``sending``; the JetStream redelivery reaches the other, which completes
+    the intent: one message. The killed post never got an answer; the stand-in counts it as
+    abandoned (a real Slack might still show it: then as a second copy with the same alert id,
+    which is the at-least-once window the module docstring names, and which this asserts)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")} | {
+        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+        "AEGIS_BUCKET": foundation.bucket,
+        "AEGIS_TABLE": foundation.table,
+        "AEGIS_NATS_URL": private_nats.url,
+        "AEGIS_SLACK_WEBHOOK_URL": webhook.url,
+        "AEGIS_ALERT_DURABLE": f"alerts-{unique_id}",
+        "AEGIS_FETCH_TIMEOUT_S": "0.5",
+        "AEGIS_ACK_WAIT_S": "3",
+        "AEGIS_ALERT_SEND_LEASE_S": "2.5",
+        "AEGIS_LOG_FORMAT": "json",
+    }
+    script = Path(sys.executable).parent / "aegis-alert-dispatcher"
+    ports = [free_port(), free_port()]
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    try:
+        for i, port in enumerate(ports):
+            proc = spawn(script, env | {"AEGIS_HEALTH_PORT": str(port)}, tmp_path / f"d{i}.log")
+            procs[proc.pid] = proc
+        for port in ports:
+            await eventually(lambda p=port: answers_ready(p), within=30, what="a replica ready")
+        client = create_broker(
+            settings_for(foundation, aws_endpoint, private_nats.url, webhook, unique_id),
+            name="alerts-test-client",
+        )
+        try:
+            await ensure_streams(client)
+            webhook.hold()
+            event = await put_state(foundation, "factory-a", T0, [FIRE, TEMPERATURE])
+            await publish(client, object_created_subject("state_snapshot"), event, msg_id=None)
+            await eventually(lambda: len(webhook.waiting) == 1, within=15, what="the held post")
+        finally:
+            await client.stop()
+        (intent,) = await intent_items(foundation, "factory-a")
+        assert intent["state"] == "sending"
+        victim = int(intent["owner"].split("|")[0].rsplit(":", 1)[1])
+        assert victim in procs
+        procs[victim].send_signal(signal.SIGKILL)
+        await asyncio.to_thread(procs.pop(victim).wait, 10)
+        (held,) = webhook.waiting
+        await eventually(
+            lambda: not held.connected, within=5, what="the killed post's socket closed"
+        )
+        webhook.release()
+
+        async def sent() -> bool:
+            found = await intent_items(foundation, "factory-a")
+            return [i["state"] for i in found] == ["sent"]
+
+        await eventually(sent, within=20, what="the intent completed by the survivor")
+        (intent,) = await intent_items(foundation, "factory-a")
+        (survivor,) = procs
+        assert intent["owner"].split("|")[0].endswith(f":{survivor}")
+        assert [r.status for r in webhook.requests] == [ABANDONED, 200]
+        assert headlines(webhook) == ["CRITICAL · factory-a · FIRE_DETECTED, TEMPERATURE_HIGH"]
+        # the completion posted the recorded message: the same alert id as the killed post
+        killed, completed = (json.dumps(r.body) for r in webhook.requests)
+        assert killed == completed and intent["attempt_id"] in completed
+        item = await foundation.readmodel.get_item(
+            keys.alert_pk("factory-a"), keys.alert_sk("CRITICAL", "FIRE_DETECTED", "STATE")
+        )
+        assert item is not None and item["sent_count"] == 1 and item["pending"] is None
+    finally:
+        webhook.release()
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            await asyncio.to_thread(proc.wait, 30)
+
+
+def spawn(script: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([str(script)], env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def test_an_undecodable_slack_answer_is_still_a_delivery(
+    foundation, webhook, session
+) -> None:
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec)
+    webhook.script((200, {"Content-Type": "text/plain; charset=utf-8"}, b"\xff\xfe ok?"))
+    await d.handle(await put_state(foundation, "factory-a", T0, [FIRE]))
+    assert [r.outcome for r in rec.results] == ["sent"] and len(webhook.requests) == 1
+    assert [i["state"] for i in await intent_items(foundation, "factory-a")] == ["sent"]
+
+
+async def test_a_recovery_right_behind_a_fire_still_sending_waits_for_it(
+    foundation, webhook, session
+) -> None:
+    """The calm snapshot would resolve an alert whose FIRE message Slack has not answered yet:
+    it is retried (the queue's redelivery) until that message is confirmed, then resolves it."""
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec)
+    webhook.hold()
+    firing = asyncio.ensure_future(d.handle(await put_state(foundation, "factory-a", T0, [FIRE])))
+    try:
+        await eventually(lambda: len(webhook.waiting) == 1, within=5, what="the held fire")
+        calm = await put_state(foundation, "factory-a", T0 + timedelta(seconds=10), [])
+        with pytest.raises(AlertBusy):
+            await d.handle(calm)
+    finally:
+        webhook.release()
+        await firing
+    await d.handle(calm)  # the redelivery
+    assert headlines(webhook) == [
+        "CRITICAL · factory-a · FIRE_DETECTED",
+        "RESOLVED · factory-a · FIRE_DETECTED",
+    ]
+
+
+class Stuck:
+    """A sender that never hears back: its handler dies with the post outstanding."""
+
+    def __init__(self) -> None:
+        self.posted = asyncio.Event()
+
+    async def send(self, payload: dict[str, Any], *, deadline: float | None = None) -> Any:
+        self.posted.set()
+        await asyncio.Event().wait()
+
+
+async def test_an_intent_left_by_a_dead_replica_is_completed_by_another_after_its_lease(
+    foundation, webhook, session
+) -> None:
+    """Replica A records the message and dies mid-post (its tasks are cancelled outright, no
+    confirmation). Replica B handles the scope's next snapshot: inside A's lease it leaves the
+    intent alone; after it, B posts the recorded message once and confirms it."""
+    dead = make(foundation, webhook, session, Recorded())
+    stuck = Stuck()
+    dead.sender = stuck
+    handler = asyncio.ensure_future(
+        dead.handle(await put_state(foundation, "factory-a", T0, [FIRE, TEMPERATURE]))
+    )
+    await asyncio.wait_for(stuck.posted.wait(), 10)
+    for task in (*dead._settling, handler):  # the process is gone: nothing finishes
+        task.cancel()
+    await asyncio.gather(*dead._settling, handler, return_exceptions=True)
+    (left,) = await intent_items(foundation, "factory-a")
+    assert left["state"] == "sending"
+
+    rec = Recorded()
+    other = make(foundation, webhook, session, rec)
+    clock = other.clock
+    assert isinstance(clock, FakeClock)
+    clock.advance(timedelta(seconds=60))  # inside the 120 s lease: A may still be posting
+    await other.handle(
+        await put_state(foundation, "factory-a", T0 + timedelta(seconds=60), [FIRE, TEMPERATURE])
+    )
+    assert webhook.requests == [] and [r.outcome for r in rec.results] == ["in_flight"] * 2
+    clock.advance(timedelta(seconds=61))  # the lease is over
+    await other.handle(
+        await put_state(foundation, "factory-a", T0 + timedelta(seconds=121), [FIRE, TEMPERATURE])
+    )
+    assert headlines(webhook) == ["CRITICAL · factory-a · FIRE_DETECTED, TEMPERATURE_HIGH"]
+    assert json.dumps(webhook.delivered[0]) == json.dumps(json.loads(left["payload"]))
+    outcomes = [r.outcome for r in rec.results[2:]]
+    assert outcomes == ["completed_sent"] * 2 + ["suppressed_cooldown"] * 2
+    (done,) = await intent_items(foundation, "factory-a")
+    assert done["state"] == "sent" and done["version"] == left["version"] + 2

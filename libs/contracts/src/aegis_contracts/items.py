@@ -7,7 +7,7 @@ seconds; DynamoDB deletes expired items late, so every reader filters ``ttl > no
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -96,7 +96,9 @@ class AlertState(_Item):
     ``status`` is the alert stream the reason comes from: ``STATE`` (a factory's state snapshots),
     ``FAST`` or ``SLOW`` (the cloud collectors). ``version`` grows with every change; a replica
     changes the item only if the version is still the one it read, which is how N replicas send
-    one message, not two."""
+    one message, not two. ``pending``: the sk of the :class:`AlertIntent` that is sending this
+    alert's message (None once Slack confirmed it or it was dead-lettered); ``last_sent_at`` and
+    ``sent_count`` count confirmed sends only."""
 
     scope: str
     severity: Literal["WARNING", "CRITICAL"]
@@ -109,6 +111,44 @@ class AlertState(_Item):
     last_snapshot_at: Timestamp | None = None
     resolved_at: Timestamp | None = None
     sent_count: int = 0
+    pending: str | None = None
+    ttl: int
+
+
+class IntentAlert(BaseModel):
+    """One alert an :class:`AlertIntent` speaks for: its item, the version the claim wrote, what
+    the message says of it, and the item as it was before the claim (None: it did not exist), so
+    whoever settles the intent can confirm or undo it without the snapshot."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sk: str
+    action: Literal["fire", "escalate", "resolve"]
+    claimed_version: int
+    before: dict[str, Any] | None = None
+
+
+class AlertIntent(_Item):
+    """``ALERT#{scope}`` / ``INTENT#{status}#{snapshot_at}``: a decided Slack message, recorded
+    before it is posted. ``state`` goes ``sending`` -> ``sent`` (Slack confirmed it) or
+    ``undeliverable`` (dead-lettered). ``attempt_id`` is stable for the decision (every replica and
+    redelivery computes the same); ``owner`` is who is posting it, until ``lease_until``: after that
+    (or on a redelivery of the owner's own message) another handler completes it. ``version``
+    grows with every change (takeover, settle)."""
+
+    scope: str
+    status: str
+    snapshot_at: Timestamp
+    attempt_id: str
+    state: Literal["sending", "sent", "undeliverable"]
+    owner: str
+    lease_until: Timestamp
+    version: int = Field(default=1, ge=1)
+    alerts: list[IntentAlert]
+    # the Slack webhook body, as JSON text (kept byte for byte: a completion posts the same)
+    payload: str
+    posts: int = Field(default=0, ge=0)
+    settled_at: Timestamp | None = None
     ttl: int
 
 

@@ -377,6 +377,7 @@ CURSOR_PREFIX = "CURSOR#"
 # ``FACTORY#{f}`` / ``LATE#{hour}``: the factory-hour got processed/ objects after its windows were
 # folded (late data); the aggregator folds the hour's windows again and deletes the marker
 LATE_PREFIX = "LATE#"
+INTENT_PREFIX = "INTENT#"
 # the window-claim family of periodic work (refresh minutes, aggregator windows, report days)
 CLAIM_PK_PREFIX = "CLAIM#"
 
@@ -433,6 +434,12 @@ def alert_cursor_sk(status: str) -> str:
     """``CURSOR#{status}``: the newest snapshot handled for one alert stream of a scope; an older
     snapshot (out of order, replayed) is stale and ignored."""
     return f"{CURSOR_PREFIX}{_word(_STATUS, status, 'status')}"
+
+
+def alert_intent_sk(status: str, snapshot_at: datetime) -> str:
+    """``INTENT#{status}#{snapshot_at}``: the one Slack message a snapshot of one alert stream of a
+    scope decided to send, from the decision until Slack confirmed it or it was dead-lettered."""
+    return f"{INTENT_PREFIX}{_word(_STATUS, status, 'status')}#{format_ts(snapshot_at)}"
 
 
 def claim_pk(job: str) -> str:
@@ -499,7 +506,7 @@ def fleet_index_keys(pk: str, sk: str, *, firing: object = None) -> dict[str, st
     if (
         firing is True
         and pk.startswith("ALERT#")
-        and not sk.startswith((OBSERVATION_PREFIX, CURSOR_PREFIX))
+        and not sk.startswith((OBSERVATION_PREFIX, CURSOR_PREFIX, INTENT_PREFIX))
     ):
         return {FLEET_PK: fleet_partition(FLEET_FIRING, fleet_shard(pk)), FLEET_SK: f"{pk}#{sk}"}
     return None

@@ -569,6 +569,7 @@ def poison_reason(exc: BaseException) -> str | None:
 
 _delivery: ContextVar[int] = ContextVar("aegis_delivery", default=1)
 _subject: ContextVar[str] = ContextVar("aegis_subject", default="")
+_message: ContextVar[str] = ContextVar("aegis_message", default="")
 
 
 def delivery() -> int:
@@ -583,6 +584,13 @@ def current_subject() -> str:
     """The subject of the JetStream message being handled (empty outside a handler); read it here
     for the same reason as :func:`delivery`."""
     return _subject.get()
+
+
+def current_message() -> str:
+    """``{stream}:{sequence}`` of the JetStream message being handled (empty outside a handler):
+    the same for every delivery of that message, different for another message with the same
+    body. Read it here for the same reason as :func:`delivery`."""
+    return _message.get()
 
 
 class MessageOutcomes:
@@ -630,6 +638,8 @@ class _MessageOutcome(BaseMiddleware):
         self.scope.callback(_delivery.set, 1)
         _subject.set(raw.subject)
         self.scope.callback(_subject.set, "")
+        _message.set(f"{meta.stream}:{meta.sequence.stream}")
+        self.scope.callback(_message.set, "")
         self.scope.enter_context(
             bind_message(
                 service=self.outcomes.service,

@@ -21,12 +21,12 @@ import secrets
 import signal
 import sys
 import time
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from aegis_runtime.health import answers_ready
 from aegis_runtime.localservers import ensure_mosquitto, ensure_moto_server, ensure_nats, free_port
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.bootstrap import bootstrap
@@ -284,17 +284,12 @@ async def _until_ready(
 ) -> None:
     """Wait until each of ``specs`` answers /readyz (or exited, or ``stop``, or ``within`` s)."""
 
-    def ready(port: int) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
-
     deadline = time.monotonic() + within
     waiting = list(specs)
     while waiting and not stop.is_set() and time.monotonic() < deadline:
-        answers = await asyncio.gather(*(asyncio.to_thread(ready, s.health_port) for s in waiting))
+        answers = await asyncio.gather(
+            *(asyncio.to_thread(answers_ready, s.health_port) for s in waiting)
+        )
         waiting = [
             s
             for s, ok in zip(waiting, answers, strict=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import Self
@@ -168,3 +169,13 @@ class HealthServer:
 
     async def _metrics(self, _: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+
+def answers_ready(port: int, host: str = "127.0.0.1") -> bool:
+    """The service whose health server listens on ``port`` answers ``/readyz`` with 200 (a
+    blocking probe with a 1 s timeout: call it in a thread from async code)."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False

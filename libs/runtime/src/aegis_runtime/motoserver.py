@@ -24,8 +24,9 @@ When IAM enforcement is switched on (``POST /moto-api/reset-auth`` with ``0``, o
 that IAM does not have are mapped to IAM's (HeadBucket needs ``s3:ListBucket``), DynamoDB calls are
 checked against the table's ARN, an index's ARN for a Query or Scan of an index, and every table
 named by a batch call (moto checks them against ``*``, so no table-scoped policy could allow
-anything), and DeleteObjects is checked per key (moto checks the bucket's ARN). Without
-enforcement these checks never run. Everything else is moto_server's own ``main``.
+anything), each item of a TransactWriteItems by its own action (PutItem, UpdateItem, ...: IAM has
+no action for the transaction itself), and DeleteObjects is checked per key (moto checks the
+bucket's ARN). Without enforcement these checks never run. Everything else is moto_server's own ``main``.
 
 Every AWS request is counted, under the same lock, so that tests and benchmarks can prove at the
 emulator which requests the platform sends (no DynamoDB Scan on a recurring path, items DynamoDB
@@ -66,6 +67,13 @@ _IAM_ACTIONS = {
     "s3:DeletePublicAccessBlock": "s3:PutBucketPublicAccessBlock",
 }
 _DELETE_KEY = re.compile(rb"<Key>([^<]*)</Key>")
+# TransactWriteItems is no IAM action: AWS authorizes each item's own action on its table
+_TRANSACT_ACTIONS = {
+    "Put": "dynamodb:PutItem",
+    "Update": "dynamodb:UpdateItem",
+    "Delete": "dynamodb:DeleteItem",
+    "ConditionCheck": "dynamodb:ConditionCheckItem",
+}
 
 
 def serialize_requests(latency_s: float = 0.0, counter: RequestCounter | None = None) -> None:
@@ -385,6 +393,12 @@ def authorize_like_aws() -> None:
                 # BatchGetItem / BatchWriteItem: AWS authorizes the action on every table named
                 for name in body["RequestItems"]:
                     check(self, table_arn + name)
+                return
+            if self._action == "dynamodb:TransactWriteItems":
+                for entry in body.get("TransactItems", []):
+                    for kind, request in entry.items():
+                        self._action = _TRANSACT_ACTIONS[kind]
+                        check(self, table_arn + request["TableName"])
                 return
             if body.get("ResourceArn"):  # tags: authorized on the tagged table
                 resource = str(body["ResourceArn"])

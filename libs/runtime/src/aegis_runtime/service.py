@@ -51,7 +51,11 @@ class ServiceApp:
         self.background = background
         self.metrics = Metrics(settings.service)
         self.broker: NatsBroker = create_broker(
-            settings, name=settings.service, metrics=self.metrics, retry=retry
+            settings,
+            name=settings.service,
+            metrics=self.metrics,
+            retry=retry,
+            graceful_timeout=settings.graceful_timeout_s,
         )
         self.health = HealthServer(self.metrics, settings.health_host, settings.health_port)
         self.health.add_check("nats", nats_ready(self.broker))

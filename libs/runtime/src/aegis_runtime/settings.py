@@ -64,6 +64,8 @@ class AegisSettings(BaseSettings):
     max_concurrency: int = Field(default=64, ge=1, le=4096)
     # every replica announces itself on aegis.heartbeat.{service}.{instance} this often
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    # on stop, in-flight messages get this long to finish before their handlers are cancelled
+    graceful_timeout_s: float = Field(default=20.0, gt=0)
 
     @property
     def ttl(self) -> TtlSettings:

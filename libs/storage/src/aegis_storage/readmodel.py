@@ -43,6 +43,8 @@ _deser = TypeDeserializer()
 BATCH_GET_LIMIT = 100
 BATCH_GET_CONCURRENCY = 8
 BATCH_GET_ATTEMPTS = 8
+# TransactWriteItems takes at most 100 actions
+TRANSACTION_LIMIT = 100
 
 # field group -> the attribute holding its event time
 LATEST_GROUPS: dict[str, str] = {
@@ -76,6 +78,15 @@ def to_plain(value: BaseModel | Mapping[str, Any], *, drop_none: bool = False) -
     if not isinstance(result, dict):
         raise TypeError("an item must be an object")
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """One conditional put of :meth:`ReadModel.put_items` (conditions as in ``put_item``)."""
+
+    item: BaseModel | Mapping[str, Any] | Encoded
+    if_absent: bool = False
+    expected: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,12 +419,28 @@ class ReadModel:
         """Put ``item``; with ``if_absent`` only if no item has its key; with ``expected`` only if
         the stored item has those attribute values (optimistic concurrency, e.g. a version).
         Both: absent, or present with those values. A failed condition raises :class:`Conflict`."""
-        attributes = _attributes(item)
-        request: dict[str, Any] = {"TableName": self.table, "Item": attributes}
+        request = self._put_request(Put(item, if_absent=if_absent, expected=expected))
+        pk, sk = request["Item"].get("pk", {}).get("S"), request["Item"].get("sk", {}).get("S")
+        with translated(f"put {pk}/{sk}"):
+            await self._ddb.put_item(TableName=self.table, **request)
+
+    async def put_items(self, puts: Sequence[Put]) -> None:
+        """Several conditional puts as one transaction (at most 100): all are written or none.
+        Any failed condition raises :class:`Conflict` and writes nothing."""
+        if not 0 < len(puts) <= TRANSACTION_LIMIT:
+            raise ValueError(f"a transaction takes 1 to {TRANSACTION_LIMIT} puts, not {len(puts)}")
+        items = [{"Put": {"TableName": self.table, **self._put_request(p)}} for p in puts]
+        first = items[0]["Put"]["Item"]
+        with translated(f"transaction of {len(puts)} from {first['pk']['S']}/{first['sk']['S']}"):
+            await self._ddb.transact_write_items(TransactItems=items)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _put_request(put: Put) -> dict[str, Any]:
+        request: dict[str, Any] = {"Item": _attributes(put.item)}
         conditions: list[str] = []
-        if expected:
+        if put.expected:
             names, values = {}, {}
-            for i, (name, value) in enumerate(sorted(expected.items())):
+            for i, (name, value) in enumerate(sorted(put.expected.items())):
                 names[f"#e{i}"], values[f":e{i}"] = (
                     name,
                     _ser.serialize(to_plain({"v": value})["v"]),
@@ -421,16 +448,14 @@ class ReadModel:
                 conditions.append(f"#e{i} = :e{i}")
             request["ExpressionAttributeNames"] = names
             request["ExpressionAttributeValues"] = values
-        if if_absent:
+        if put.if_absent:
             match = " AND ".join(conditions)
             request["ConditionExpression"] = (
                 f"attribute_not_exists(pk) OR ({match})" if match else "attribute_not_exists(pk)"
             )
         elif conditions:
             request["ConditionExpression"] = " AND ".join(conditions)
-        pk, sk = attributes.get("pk", {}).get("S"), attributes.get("sk", {}).get("S")
-        with translated(f"put {pk}/{sk}"):
-            await self._ddb.put_item(**request)
+        return request
 
     async def get_item(
         self, pk: str, sk: str, *, now: datetime | None = None, consistent: bool = True

@@ -101,6 +101,9 @@ class DispatcherApp(ServiceApp):
     async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
         s = self.settings
         session = await stack.enter_async_context(aiohttp.ClientSession())
+        # closed before the session: the consumers stop (in-flight messages finish or are
+        # cancelled), then the posts in progress finish and are confirmed
+        stack.push_async_callback(self._drain)
         webhook = s.slack_webhook_url.get_secret_value() if s.slack_webhook_url else None
         sender = (
             SlackWebhook(
@@ -131,10 +134,16 @@ class DispatcherApp(ServiceApp):
             clock=self.clock,
             triggers=s.alert_trigger_prefixes,
             on_result=self._count,
+            lease=timedelta(seconds=s.send_lease_s),
         )
         log.info(
             "alert_dispatcher_started", webhook=bool(webhook), triggers=s.alert_trigger_prefixes
         )
+
+    async def _drain(self) -> None:
+        await self.broker.stop()
+        if self.dispatcher is not None:
+            await self.dispatcher.drain()
 
     async def stop(self) -> None:
         await super().stop()

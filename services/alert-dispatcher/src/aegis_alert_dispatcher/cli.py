@@ -3,7 +3,8 @@
 Dead-lettered alerts wait on ``aegis.dlq.alert-dispatcher.undeliverable`` (stream AEGIS_DLQ). This
 command reads them through its own durable consumer (``alerts-resend``), so each is resent once:
 a delivered one is acknowledged, one that still fails stays for the next run. An alert whose
-ALERT# item shows a later delivery (a newer snapshot fired it meanwhile) is skipped as superseded.
+ALERT# items all show a later delivery (newer snapshots fired them meanwhile) is skipped as
+superseded.
 Exit codes: 0 every alert delivered or skipped, 1 some still undeliverable, 2 no webhook set.
 """
 
@@ -139,11 +140,17 @@ async def _one(
     if dry_run:
         summary.listed.append(row | {"outcome": "pending"})
         return True
-    state = await readmodel.get_item(keys.alert_pk(record["scope"]), record["alert_sk"])
-    sent = state.get("last_sent_at") if state else None
-    if sent is not None and str(sent) > format_ts(letter.received_at):
+    # one message may speak for several alerts: superseded when every one was sent again since
+    sent_since = []
+    for sk in record.get("alert_sks") or [record["alert_sk"]]:
+        state = await readmodel.get_item(keys.alert_pk(record["scope"]), sk)
+        sent = state.get("last_sent_at") if state else None
+        sent_since.append(str(sent) if sent and str(sent) > format_ts(letter.received_at) else "")
+    if all(sent_since):
         summary.superseded += 1
-        summary.listed.append(row | {"outcome": "superseded", "detail": f"delivered at {sent}"})
+        summary.listed.append(
+            row | {"outcome": "superseded", "detail": f"delivered at {max(sent_since)}"}
+        )
         await msg.ack()
         return False
     try:

@@ -10,7 +10,9 @@ state snapshots, ``FAST``/``SLOW`` for the cloud collectors' runs). Rules (DESIG
   one that only drops from CRITICAL to WARNING clears the CRITICAL alert silently (the WARNING
   alert speaks for it, within its own cooldown);
 - a cloud WARNING fires only when seen in ``observations`` consecutive runs of its stream (a run
-  without it resets the count); a cloud CRITICAL fires at once.
+  without it resets the count); a cloud CRITICAL fires at once;
+- an alert whose message is being sent (``pending``: recorded, not yet confirmed by Slack) is not
+  fired again: that message speaks for it. Cooldown counts confirmed sends only.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Action(StrEnum):
     ESCALATE = "escalate"
     RESOLVE = "resolve"
     COOLDOWN = "suppressed_cooldown"
+    IN_FLIGHT = "in_flight"
     WAITING = "waiting_observations"
     DOWNGRADE = "downgraded"
 
@@ -78,6 +81,14 @@ class Decision:
     @property
     def sends(self) -> bool:
         return self.action in SENDS
+
+    @property
+    def touches_pending(self) -> bool:
+        """It would change an alert whose message is still being sent (a RESOLVE or DOWNGRADE
+        right behind its FIRE): it must wait until that message is confirmed or dead-lettered."""
+        if self.action in (Action.RESOLVE, Action.DOWNGRADE):
+            return any(s.pending is not None for s in (self.state, *self.also_clears) if s)
+        return False
 
 
 @dataclass(slots=True)
@@ -130,6 +141,13 @@ def decide(
                 )
                 continue
         state = states.get(key)
+        if state is not None and state.pending is not None:
+            out.decisions.append(
+                Decision(
+                    Action.IN_FLIGHT, severity, code, found, state, why="its message is sending"
+                )
+            )
+            continue
         if state is not None and state.firing and state.last_sent_at is not None:
             since = snapshot_at - state.last_sent_at
             if since < policy.cooldown(severity):

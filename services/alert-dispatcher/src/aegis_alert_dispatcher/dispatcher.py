@@ -5,23 +5,46 @@
 2. The snapshot is read from S3; its scope (factory or ``cloud-infra``), stream and time found.
 3. The scope's ALERT# items are read in one query. A snapshot older than the stream's cursor
    (``CURSOR#{stream}``) is stale and ignored; otherwise the cursor moves to it (conditionally).
-4. :func:`decide` says what to do. A send first claims its alert item by a conditional write on
-   the version read (so N replicas send once), then posts to Slack. If Slack cannot be reached
-   after the retries, the claim is released (a later snapshot tries again) and the message goes
-   to ``aegis.dlq.alert-dispatcher.undeliverable`` with everything ``aegis alerts resend`` needs.
-5. Every decision is logged with its reason and counted; a sent alert is announced as a system
+4. :func:`decide` says what to do. Everything one decision sends (fire, escalate, resolve) goes
+   out as ONE Slack message listing every alert in it, worst first.
+5. Recorded intent. Before posting, one DynamoDB transaction writes the message's intent
+   (``INTENT#{stream}#{snapshot_at}``, state ``sending``, with the Slack body, a stable attempt id,
+   an owner and a lease) and marks each alert ``pending`` on the version read: N replicas write
+   it once, and a failure writes nothing. Then the post, then a second transaction confirms it
+   (intent ``sent``; each alert's ``last_sent_at``/``sent_count``: cooldown counts confirmed sends
+   only). If Slack cannot be reached within the retries and the lease, the message goes to
+   ``aegis.dlq.alert-dispatcher.undeliverable`` (``aegis alerts resend``) and the alerts are
+   released, so a later snapshot tries again.
+6. An intent left ``sending`` (a crash, a DynamoDB error, a kill) is completed by the next handler
+   of that scope and stream that finds its lease over, or at once by a redelivery of the very
+   message that recorded it: it posts the recorded body and confirms. A post in progress is not
+   abandoned when the service stops: cancellation waits for the post and its confirmation.
+7. Every decision is logged with its reason and counted; a sent alert is announced as a system
    event (``aegis.events.alert_sent``) for the orchestrator.
+
+Guarantee: every decided message is confirmed once or dead-lettered. Slack's incoming webhook has
+no idempotency key, so delivery to Slack is at-least-once: a second copy (same attempt id, shown in
+the message) is possible only if the process dies, or DynamoDB stays unwritable through the confirm
+retries, after Slack took the post and before the confirmation was written. A cancelled handler
+does not open that window; a SIGKILL during the post does, for the length of one post.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import fnmatch
+import hashlib
 import json
+import os
+import socket
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+import anyio
 import pydantic
 import structlog
 
@@ -33,18 +56,25 @@ from aegis_alert_dispatcher.decide import (
     Stream,
     decide,
 )
-from aegis_alert_dispatcher.slack import AlertMessage, Delivery, Undeliverable
+from aegis_alert_dispatcher.slack import AlertEntry, AlertMessage, Delivery, Undeliverable
 from aegis_contracts import keys
 from aegis_contracts.cloud import CloudSnapshot
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import ObjectCreated
-from aegis_contracts.items import AlertCursor, AlertObservation, AlertState
+from aegis_contracts.items import (
+    AlertCursor,
+    AlertIntent,
+    AlertObservation,
+    AlertState,
+    IntentAlert,
+)
 from aegis_contracts.keys import KeyFamily
 from aegis_contracts.state import Reason
 from aegis_contracts.times import Clock, format_ts, parse_ts
 from aegis_contracts.ttl import TtlSettings
-from aegis_storage.errors import Conflict, NotFound
-from aegis_storage.readmodel import ReadModel
+from aegis_runtime.broker import current_message, delivery
+from aegis_storage.errors import Conflict, NotFound, Transient
+from aegis_storage.readmodel import Put, ReadModel
 from aegis_storage.s3 import ObjectStore
 
 log = structlog.get_logger(__name__)
@@ -107,14 +137,15 @@ def read_snapshot(key: str, body: Any) -> Snapshot:
 
 
 class Sender(Protocol):
-    async def send(self, payload: dict[str, Any]) -> Delivery: ...
+    async def send(self, payload: dict[str, Any], *, deadline: float | None = None) -> Delivery: ...
 
 
 @dataclass(frozen=True, slots=True)
 class Result:
     """What happened to one decision (``outcome``: sent, suppressed_cooldown, waiting_observations,
-    downgraded, claimed_elsewhere, undeliverable, logged_only) or to the whole snapshot (stale,
-    ignored, replayed)."""
+    in_flight, downgraded, claimed_elsewhere, undeliverable, logged_only; ``completed_sent`` and
+    the like for an intent an earlier handler left) or to the whole snapshot (stale, ignored,
+    replayed)."""
 
     outcome: str
     action: Action | None = None
@@ -125,6 +156,30 @@ class Result:
 
 DeadLetterFn = Callable[[dict[str, Any], str, str], Awaitable[None]]
 SystemEventFn = Callable[[dict[str, Any], str], Awaitable[None]]
+
+
+class AlertBusy(Exception):
+    """The decision would change an alert whose message another handler is still sending: the
+    message is retried (nacked with a delay) once that one is confirmed or its lease is over."""
+
+
+# the confirmation after a post: retried this often on DynamoDB errors (a redelivery would post
+# the message again, so it is worth a few seconds)
+CONFIRM_ATTEMPTS = 6
+CONFIRM_FIRST_DELAY = 0.05
+# a settled intent is kept this long (a duplicate of its snapshot finds it), not the alert TTL
+SETTLED_INTENT_KEPT = timedelta(hours=1)
+
+
+def attempt_id(scope: str, stream: Stream, at: datetime) -> str:
+    """The stable id of one decision's message: the same on every replica and redelivery."""
+    digest = hashlib.sha256(f"{scope}|{stream.value}|{format_ts(at)}".encode())
+    return digest.hexdigest()[:16]
+
+
+def instance_name() -> str:
+    """This process, as an intent's owner shows it (host and pid)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class Dispatcher:
@@ -142,6 +197,8 @@ class Dispatcher:
         clock: Clock,
         triggers: Sequence[str] = DEFAULT_TRIGGERS,
         on_result: Callable[[Result], None] | None = None,
+        lease: timedelta = timedelta(seconds=120),
+        instance: str | None = None,
     ) -> None:
         self.store = store
         self.readmodel = readmodel
@@ -154,6 +211,12 @@ class Dispatcher:
         self.clock = clock
         self.triggers = tuple(triggers)
         self.on_result = on_result
+        self.lease = lease
+        self.instance = instance or instance_name()
+        # posts (and their confirmations) in progress: they outlive a cancelled handler
+        self._settling: set[asyncio.Task[tuple[str, str]]] = set()
+        # handlers cancelled (a shutdown) while their post was in progress, which it outlived
+        self.sends_outliving_cancel = 0
 
     def _record(self, result: Result, snapshot: Snapshot | None = None, **context: Any) -> Result:
         if snapshot is not None:
@@ -190,8 +253,10 @@ class Dispatcher:
 
     async def handle_snapshot(self, snapshot: Snapshot, *, key: str = "") -> list[Result]:
         now = self.clock()
-        scope_items = await self.readmodel.partition(keys.alert_pk(snapshot.scope), now=now)
-        states, observations, cursor = _split(scope_items, snapshot.stream)
+        pk = keys.alert_pk(snapshot.scope)
+        states, observations, cursor, intents = _split(
+            await self.readmodel.partition(pk, now=now), snapshot.stream
+        )
         if cursor is not None and cursor.last_snapshot_at > snapshot.at:
             why = f"older than {format_ts(cursor.last_snapshot_at)}, the newest handled"
             return [self._record(Result("stale", why=why), snapshot, key=key)]
@@ -201,6 +266,13 @@ class Dispatcher:
                     Result("stale", why="a newer snapshot was handled meanwhile"), snapshot, key=key
                 )
             ]
+        results = [
+            self._record(r, snapshot, key=key) for r in await self._complete(intents, now=now)
+        ]
+        if results:  # the alerts changed: decide on what they are now
+            states, observations, _, _ = _split(
+                await self.readmodel.partition(pk, now=now), snapshot.stream
+            )
 
         outcome = decide(
             stream=snapshot.stream,
@@ -210,11 +282,27 @@ class Dispatcher:
             observations=observations,
             policy=self.policy,
         )
+        if busy := [d for d in outcome.decisions if d.touches_pending]:
+            raise AlertBusy(
+                f"{snapshot.scope}: {', '.join(d.code for d in busy)} still sending elsewhere"
+            )
         await self._observe(snapshot, outcome.observed, outcome.reset, observations)
-        results = []
-        for decision in outcome.decisions:
-            results.append(self._record(await self._act(snapshot, decision), snapshot, key=key))
+        sends = []
+        for d in outcome.decisions:
+            if d.sends:
+                sends.append(d)
+            else:
+                results.append(self._record(await self._quiet(snapshot, d), snapshot, key=key))
+        if sends:
+            for result in await self._send(snapshot, sends):
+                results.append(self._record(result, snapshot, key=key))
         return results
+
+    async def drain(self) -> None:
+        """Wait for the posts in progress (and their confirmations): call before closing the
+        Slack session and the storage clients."""
+        while self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -299,121 +387,307 @@ class Dispatcher:
     async def _swap(self, new: AlertState, old: AlertState | None) -> bool:
         """Write ``new`` only if the item is still ``old`` (absent when None)."""
         try:
-            if old is None:
-                await self.readmodel.put_item(new, if_absent=True)
-            else:
-                await self.readmodel.put_item(new, expected={"version": old.version})
+            await self.readmodel.put_item(new, **_unchanged(old))
         except Conflict:
             return False
         return True
 
     # -- actions --------------------------------------------------------------------------------
 
-    async def _act(self, snapshot: Snapshot, d: Decision) -> Result:
-        if d.action in (Action.COOLDOWN, Action.WAITING):
+    async def _quiet(self, snapshot: Snapshot, d: Decision) -> Result:
+        """A decision that sends nothing: suppressed, waiting, or a silent downgrade."""
+        if d.action is not Action.DOWNGRADE:
             return Result(d.action.value, d.action, d.severity, d.code, d.why)
-        old = d.state
-        if d.action is Action.DOWNGRADE:
-            assert old is not None
-            done = await self._swap(self._state(snapshot, d, firing=False), old)
-            return Result(
-                "downgraded" if done else "claimed_elsewhere", d.action, d.severity, d.code, d.why
-            )
-        if d.action is Action.RESOLVE:
-            assert old is not None
-            claimed = self._state(snapshot, d, firing=False, resolved_at=snapshot.at)
-        else:
-            claimed = self._state(
-                snapshot,
-                d,
-                firing=True,
-                fired_at=old.fired_at if old and old.firing and old.fired_at else snapshot.at,
-                last_sent_at=snapshot.at,
-                resolved_at=None,
-                sent_count=(old.sent_count if old else 0) + 1,
-            )
-        if not await self._swap(claimed, old):
-            return Result(
-                "claimed_elsewhere", d.action, d.severity, d.code, "another replica has it"
-            )
-        for other in d.also_clears:  # the lower severities of a resolved reason
-            quiet = Decision(Action.DOWNGRADE, other.severity, other.reason, state=other)
-            await self._swap(
-                self._state(snapshot, quiet, firing=False, resolved_at=snapshot.at), other
-            )
+        assert d.state is not None
+        done = await self._swap(self._state(snapshot, d, firing=False), d.state)
+        return Result(
+            "downgraded" if done else "claimed_elsewhere", d.action, d.severity, d.code, d.why
+        )
 
+    def _owner(self) -> str:
+        """Who posts an intent: this process, and the JetStream message and delivery it handles
+        (a handler called directly, without a queue, gets a message of its own)."""
+        return f"{self.instance}|{current_message() or uuid.uuid4().hex}|{delivery()}"
+
+    async def _send(self, snapshot: Snapshot, decisions: list[Decision]) -> list[Result]:
+        """Record the decision's one message as an intent (claiming its alerts), then post it."""
+        now = self.clock()
+        pk = keys.alert_pk(snapshot.scope)
+        intent_sk = keys.alert_intent_sk(snapshot.stream.value, snapshot.at)
+        aid = attempt_id(snapshot.scope, snapshot.stream, snapshot.at)
         message = AlertMessage(
             scope=snapshot.scope,
             stream=snapshot.stream,
-            action=d.action,
-            severity=d.severity,
-            code=d.code,
             snapshot_at=snapshot.at,
-            reasons=d.reasons,
+            entries=tuple(AlertEntry(d.action, d.severity, d.code, d.reasons) for d in decisions),
+            attempt_id=aid,
         )
-        payload = message.payload(self.dashboard_url)
+        puts: list[Put] = []
+        alerts: list[IntentAlert] = []
+        for d in decisions:
+            old = d.state
+            if d.action is Action.RESOLVE:
+                claimed = self._state(
+                    snapshot, d, firing=False, resolved_at=snapshot.at, pending=intent_sk
+                )
+            else:
+                claimed = self._state(
+                    snapshot,
+                    d,
+                    firing=True,
+                    fired_at=old.fired_at if old and old.firing and old.fired_at else snapshot.at,
+                    resolved_at=None,
+                    pending=intent_sk,
+                )
+            puts.append(Put(claimed, **_unchanged(old)))
+            alerts.append(
+                IntentAlert(
+                    sk=claimed.sk,
+                    action=d.action.value,
+                    claimed_version=claimed.version,
+                    before=old.model_dump(mode="json") if old else None,
+                )
+            )
+            for other in d.also_clears:  # the lower severities of a resolved reason
+                quiet = Decision(Action.DOWNGRADE, other.severity, other.reason, state=other)
+                puts.append(
+                    Put(
+                        self._state(snapshot, quiet, firing=False, resolved_at=snapshot.at),
+                        **_unchanged(other),
+                    )
+                )
+        intent = AlertIntent(
+            pk=pk,
+            sk=intent_sk,
+            scope=snapshot.scope,
+            status=snapshot.stream.value,
+            snapshot_at=snapshot.at,
+            attempt_id=aid,
+            state="sending",
+            owner=self._owner(),
+            lease_until=now + self.lease,
+            alerts=alerts,
+            payload=json.dumps(message.payload(self.dashboard_url), ensure_ascii=False),
+            ttl=self.ttl.alert_expiry(snapshot.at),
+        )
+        try:
+            await self.readmodel.put_items([Put(intent, if_absent=True), *puts])
+        except Conflict:
+            return [
+                Result("claimed_elsewhere", d.action, d.severity, d.code, "another replica has it")
+                for d in decisions
+            ]
+        outcome, why = await self._settle_outliving_cancel(intent)
+        return [Result(outcome, d.action, d.severity, d.code, why or d.why) for d in decisions]
+
+    async def _complete(self, intents: list[AlertIntent], *, now: datetime) -> list[Result]:
+        """Finish the intents an earlier handler left ``sending``: those whose lease is over, and
+        this message's own from an earlier delivery (that delivery has ended: it failed, or its
+        ack wait, longer than the lease, ran out)."""
+        message, this_delivery = current_message(), delivery()
+        results = []
+        for intent in intents:
+            if intent.state != "sending":
+                continue
+            _, owner_message, owner_delivery = intent.owner.rsplit("|", 2)
+            redelivered = bool(message) and owner_message == message
+            redelivered = redelivered and int(owner_delivery) < this_delivery
+            if intent.lease_until > now and not redelivered:
+                continue
+            taken = intent.model_copy(
+                update={
+                    "owner": self._owner(),
+                    "lease_until": now + self.lease,
+                    "version": intent.version + 1,
+                }
+            )
+            try:
+                await self.readmodel.put_item(taken, expected={"version": intent.version})
+            except Conflict:
+                continue  # another handler took it over first
+            log.warning(
+                "alert_intent_taken_over",
+                intent=intent.sk,
+                attempt_id=intent.attempt_id,
+                previous_owner=intent.owner,
+                lease_over=intent.lease_until <= now,
+            )
+            outcome, why = await self._settle_outliving_cancel(taken)
+            for alert in intent.alerts:
+                severity, code, _ = alert.sk.split("#")
+                results.append(
+                    Result(
+                        f"completed_{outcome}",
+                        Action(alert.action),
+                        severity,
+                        code,
+                        why or f"intent {intent.attempt_id} left by {intent.owner}",
+                    )
+                )
+        return results
+
+    async def _settle_outliving_cancel(self, intent: AlertIntent) -> tuple[str, str]:
+        """Post and confirm ``intent``; a cancellation (shutdown) meanwhile waits for both, then
+        propagates: abandoning a post Slack may already show would send it twice."""
+        task = asyncio.ensure_future(self._settle(intent))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            self.sends_outliving_cancel += 1
+            log.warning("alert_send_outlives_cancel", attempt_id=intent.attempt_id)
+            # FastStream cancels through an anyio cancel scope, which cancels again at every
+            # step: a shielded scope keeps it out while the post and its confirmation finish
+            with anyio.CancelScope(shield=True):
+                while not task.done():
+                    with contextlib.suppress(asyncio.CancelledError):  # a plain task.cancel()
+                        await asyncio.wait([task])
+            raise
+
+    async def _settle(self, intent: AlertIntent) -> tuple[str, str]:
+        """Post the intent's message, then confirm it, or dead-letter it and release its alerts."""
+        payload = json.loads(intent.payload)
         if self.sender is None:
             log.warning("alert_not_sent_no_webhook", text=payload["text"])
-            outcome = "logged_only"
-        else:
-            try:
-                await self.sender.send(payload)
-            except Undeliverable as err:
-                await self._release(claimed, old)
-                await self.dead_letter(
-                    {
-                        "scope": snapshot.scope,
-                        "stream": snapshot.stream.value,
-                        "action": d.action.value,
-                        "severity": d.severity,
-                        "reason": d.code,
-                        "snapshot_at": format_ts(snapshot.at),
-                        "alert_sk": claimed.sk,
-                        "slack_payload": payload,
-                    },
-                    err.detail,
-                    f"{snapshot.scope}:{claimed.sk}:{format_ts(snapshot.at)}",
-                )
-                return Result(UNDELIVERABLE, d.action, d.severity, d.code, err.detail)
-            outcome = "sent"
-        await self.announce(
-            {
-                "scope": snapshot.scope,
-                "severity": d.severity,
-                "reason": d.code,
-                "action": d.action.value,
-                "stream": snapshot.stream.value,
-                "snapshot_at": format_ts(snapshot.at),
-                "delivered": outcome == "sent",
-            },
-            f"alert:{claimed.pk}:{claimed.sk}:{claimed.version}",
-        )
-        return Result(outcome, d.action, d.severity, d.code, d.why)
+            return await self._confirm(intent, delivered=True), "no webhook: logged only"
+        left = (intent.lease_until - self.clock()).total_seconds()
+        deadline = asyncio.get_running_loop().time() + left - min(5.0, left * 0.2)
+        try:
+            await self.sender.send(payload, deadline=deadline)
+        except Undeliverable as err:
+            first = intent.alerts[0]
+            await self.dead_letter(
+                {
+                    "scope": intent.scope,
+                    "stream": intent.status,
+                    "action": first.action,
+                    "severity": first.sk.split("#")[0],
+                    "reason": ", ".join(a.sk.split("#")[1] for a in intent.alerts),
+                    "snapshot_at": format_ts(intent.snapshot_at),
+                    "alert_sk": first.sk,
+                    "alert_sks": [a.sk for a in intent.alerts],
+                    "attempt_id": intent.attempt_id,
+                    "slack_payload": payload,
+                },
+                err.detail,
+                f"{intent.scope}:{intent.sk}",
+            )
+            await self._confirm(intent, delivered=False)
+            return UNDELIVERABLE, err.detail
+        return await self._confirm(intent, delivered=True), ""
 
-    async def _release(self, claimed: AlertState, old: AlertState | None) -> None:
-        """Undo a claim whose message could not be sent, so a later snapshot tries again."""
-        restored = (
-            old.model_dump()
-            if old
-            else claimed.model_dump()
-            | {"firing": False, "fired_at": None, "last_sent_at": None, "sent_count": 0}
-        ) | {"version": claimed.version + 1, "last_snapshot_at": claimed.last_snapshot_at}
-        if not await self._swap(AlertState.model_validate(restored), claimed):
-            log.warning("alert_release_lost", pk=claimed.pk, sk=claimed.sk)
+    async def _confirm(self, intent: AlertIntent, *, delivered: bool) -> str:
+        """Settle the intent in one transaction (retried on DynamoDB errors): ``sent`` and each
+        alert's confirmed send, or ``undeliverable`` and each alert as it was before the claim."""
+        for attempt in range(1, CONFIRM_ATTEMPTS + 1):
+            try:
+                return await self._write_settled(intent, delivered=delivered)
+            except Transient as err:
+                if attempt == CONFIRM_ATTEMPTS:
+                    raise
+                log.warning("alert_confirm_retried", attempt_id=intent.attempt_id, error=str(err))
+                await asyncio.sleep(CONFIRM_FIRST_DELAY * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _write_settled(self, intent: AlertIntent, *, delivered: bool) -> str:
+        now = self.clock()
+        puts = [
+            Put(
+                intent.model_copy(
+                    update={
+                        "state": "sent" if delivered else UNDELIVERABLE,
+                        "version": intent.version + 1,
+                        "settled_at": now,
+                        "ttl": min(intent.ttl, int((now + SETTLED_INTENT_KEPT).timestamp())),
+                        "posts": intent.posts + int(self.sender is not None),
+                    }
+                ),
+                expected={"version": intent.version},
+            )
+        ]
+        for alert in intent.alerts:
+            item = await self.readmodel.get_item(intent.pk, alert.sk)
+            if item is None or item.get("pending") != intent.sk:
+                continue  # expired meanwhile, or already settled
+            current = AlertState.model_validate(item)
+            fires = alert.action != Action.RESOLVE.value
+            if delivered:
+                new = current.model_dump() | {
+                    "pending": None,
+                    "last_sent_at": intent.snapshot_at if fires else current.last_sent_at,
+                    "sent_count": current.sent_count + int(fires),
+                }
+            elif alert.before is not None:
+                new = AlertState.model_validate(alert.before).model_dump()
+            else:  # never fired before: the claim is undone
+                new = current.model_dump() | {
+                    "firing": False,
+                    "fired_at": None,
+                    "last_sent_at": None,
+                    "sent_count": 0,
+                    "pending": None,
+                }
+            new |= {
+                "version": current.version + 1,
+                "last_snapshot_at": current.last_snapshot_at,
+                "ttl": current.ttl,
+            }
+            puts.append(Put(AlertState.model_validate(new), expected={"version": current.version}))
+        try:
+            await self.readmodel.put_items(puts)
+        except Conflict:
+            log.warning("alert_intent_settled_elsewhere", attempt_id=intent.attempt_id)
+            return "claimed_elsewhere"
+        if not delivered:
+            return UNDELIVERABLE
+        for alert in intent.alerts:
+            severity, code, status = alert.sk.split("#")
+            await self.announce(
+                {
+                    "scope": intent.scope,
+                    "severity": severity,
+                    "reason": code,
+                    "action": alert.action,
+                    "stream": status,
+                    "snapshot_at": format_ts(intent.snapshot_at),
+                    "delivered": self.sender is not None,
+                    "attempt_id": intent.attempt_id,
+                },
+                f"alert:{intent.pk}:{alert.sk}:{alert.claimed_version}",
+            )
+        return "sent" if self.sender is not None else "logged_only"
+
+
+def _unchanged(old: AlertState | None) -> dict[str, Any]:
+    """The put condition "the item is still ``old``" (absent when None)."""
+    return {"if_absent": True} if old is None else {"expected": {"version": old.version}}
 
 
 def _split(
     items: list[dict[str, Any]], stream: Stream
-) -> tuple[dict[AlertKey, AlertState], dict[AlertKey, AlertObservation], AlertCursor | None]:
+) -> tuple[
+    dict[AlertKey, AlertState],
+    dict[AlertKey, AlertObservation],
+    AlertCursor | None,
+    list[AlertIntent],
+]:
     states: dict[AlertKey, AlertState] = {}
     observations: dict[AlertKey, AlertObservation] = {}
     cursor: AlertCursor | None = None
+    intents: list[AlertIntent] = []
     for item in items:
         sk = str(item["sk"])
         try:
             if sk.startswith(keys.CURSOR_PREFIX):
                 if sk == keys.alert_cursor_sk(stream.value):
                     cursor = AlertCursor.model_validate(item)
+            elif sk.startswith(keys.INTENT_PREFIX):
+                intent = AlertIntent.model_validate(item)
+                if intent.status == stream.value:
+                    intents.append(intent)
             elif sk.startswith(keys.OBSERVATION_PREFIX):
                 severity, code, status = sk.removeprefix(keys.OBSERVATION_PREFIX).split("#")
                 if status == stream.value and severity in ("WARNING", "CRITICAL"):
@@ -424,7 +698,7 @@ def _split(
                     states[(state.severity, state.reason)] = state
         except (pydantic.ValidationError, ValueError) as err:
             log.warning("alert_item_unreadable", sk=sk, error=str(err))
-    return states, observations, cursor
+    return states, observations, cursor, intents
 
 
 def dead_letter_body(record: dict[str, Any]) -> bytes:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Self
+
+from pydantic import Field, model_validator
 
 from aegis_alert_dispatcher.dispatcher import DEFAULT_TRIGGERS
 from aegis_runtime.settings import AegisSettings
+
+DEFAULT_SEND_LEASE_S = 120.0
 
 
 class DispatcherSettings(AegisSettings):
@@ -27,3 +31,23 @@ class DispatcherSettings(AegisSettings):
     fetch_timeout_s: float = Field(default=1.0, gt=0)
     ack_wait_s: float = Field(default=300.0, gt=0)
     max_deliver: int = Field(default=5, ge=1)
+    # how long the handler that recorded a message may take to post and confirm it; after that
+    # another handler completes it (a dead replica does not keep it). Less than ack_wait_s, so a
+    # redelivery of the same event always finds the earlier delivery over. Unset: 120 s, or 80 %
+    # of ack_wait_s when that is shorter.
+    alert_send_lease_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _lease_within_ack_wait(self) -> Self:
+        if self.alert_send_lease_s is not None and self.alert_send_lease_s >= self.ack_wait_s:
+            raise ValueError(
+                f"AEGIS_ALERT_SEND_LEASE_S ({self.alert_send_lease_s}) must be less than "
+                f"AEGIS_ACK_WAIT_S ({self.ack_wait_s})"
+            )
+        return self
+
+    @property
+    def send_lease_s(self) -> float:
+        if self.alert_send_lease_s is not None:
+            return self.alert_send_lease_s
+        return min(DEFAULT_SEND_LEASE_S, 0.8 * self.ack_wait_s)

@@ -63,35 +63,73 @@ def reason_line(reason: Reason) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class AlertMessage:
-    scope: str
-    stream: Stream
+class AlertEntry:
+    """One alert of a message: what happens to it and the snapshot's reasons behind it."""
+
     action: Action
     severity: str
     code: str
-    snapshot_at: datetime
     reasons: tuple[Reason, ...] = ()
 
     @property
+    def rank(self) -> tuple[bool, bool, str]:
+        # firing before resolved, CRITICAL before WARNING, then by code
+        return (self.action is Action.RESOLVE, self.severity != "CRITICAL", self.code)
+
+
+@dataclass(frozen=True, slots=True)
+class AlertMessage:
+    """The one Slack message of one decision for one scope: every alert it fires, escalates or
+    resolves (as Alertmanager groups a notification), the worst first. ``attempt_id`` names the
+    decision, so two copies of one message (possible only after a crash mid-post) are recognisable."""
+
+    scope: str
+    stream: Stream
+    snapshot_at: datetime
+    entries: tuple[AlertEntry, ...]
+    attempt_id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.entries:
+            raise ValueError("a message needs at least one alert")
+        object.__setattr__(self, "entries", tuple(sorted(self.entries, key=lambda e: e.rank)))
+
+    @property
+    def lead(self) -> AlertEntry:
+        return self.entries[0]
+
+    @property
     def headline(self) -> str:
-        what = TITLE.get(self.action, "{severity}").format(severity=self.severity)
+        lead = self.lead
+        what = TITLE.get(lead.action, "{severity}").format(severity=lead.severity)
         target = "cloud infrastructure" if self.scope == CLOUD_INFRA_TARGET else self.scope
-        return f"{what} · {target} · {self.code}"
+        return f"{what} · {target} · {', '.join(e.code for e in self.entries)}"
+
+    def _body(self) -> str:
+        lines: list[str] = []
+        for entry in self.entries:
+            if entry.action is Action.RESOLVE:
+                lines.append(f"*{entry.code}* ({entry.severity}) is no longer reported.")
+                continue
+            lines.extend(reason_line(r) for r in entry.reasons[:MAX_REASONS])
+            if len(entry.reasons) > MAX_REASONS:
+                lines.append(f"… and {len(entry.reasons) - MAX_REASONS} more")
+            if not entry.reasons:
+                lines.append(f"*{entry.code}*")
+        return "\n".join(lines)
 
     def payload(self, dashboard_url: str) -> dict[str, Any]:
         """The webhook body: Block Kit blocks, and ``text`` for notifications and old clients."""
-        icon = ICON["RESOLVED" if self.action is Action.RESOLVE else self.severity]
+        lead = self.lead
+        resolved = lead.action is Action.RESOLVE  # the worst is a recovery: all of them are
+        icon = ICON["RESOLVED" if resolved else lead.severity]
         utc = self.snapshot_at.strftime("%Y-%m-%d %H:%M:%S UTC")
         kst = self.snapshot_at.astimezone(KST).strftime("%Y-%m-%d %H:%M:%S KST")
         link = dashboard_link(dashboard_url, self.scope)
-        if self.action is Action.RESOLVE:
-            body = f"*{self.code}* ({self.severity}) is no longer reported."
-        else:
-            lines = [reason_line(r) for r in self.reasons[:MAX_REASONS]]
-            if len(self.reasons) > MAX_REASONS:
-                lines.append(f"… and {len(self.reasons) - MAX_REASONS} more")
-            body = "\n".join(lines) or f"*{self.code}*"
         scope_label = "Scope" if self.scope == CLOUD_INFRA_TARGET else "Factory"
+        keys = ", ".join(f"`{e.severity}#{e.code}#{self.stream.value}`" for e in self.entries)
+        context = f"{self.stream.value.lower()} stream · alert key{'s' * (len(self.entries) > 1)} "
+        context += keys + (f" · alert id `{self.attempt_id}`" if self.attempt_id else "")
         return {
             "text": f"{icon} AEGIS {self.headline} at {kst}",
             "blocks": [
@@ -105,14 +143,14 @@ class AlertMessage:
                         {"type": "mrkdwn", "text": f"*{scope_label}*\n{_escape(self.scope)}"},
                         {
                             "type": "mrkdwn",
-                            "text": f"*Severity*\n{icon} {self.severity}"
-                            + (" (resolved)" if self.action is Action.RESOLVE else ""),
+                            "text": f"*Severity*\n{icon} {lead.severity}"
+                            + (" (resolved)" if resolved else ""),
                         },
                         {"type": "mrkdwn", "text": f"*Time (KST)*\n{kst}"},
                         {"type": "mrkdwn", "text": f"*Time (UTC)*\n{utc}"},
                     ],
                 },
-                {"type": "section", "text": {"type": "mrkdwn", "text": body[:3000]}},
+                {"type": "section", "text": {"type": "mrkdwn", "text": self._body()[:3000]}},
                 {
                     "type": "actions",
                     "elements": [
@@ -123,16 +161,7 @@ class AlertMessage:
                         }
                     ],
                 },
-                {
-                    "type": "context",
-                    "elements": [
-                        {
-                            "type": "mrkdwn",
-                            "text": f"{self.stream.value.lower()} stream · alert key "
-                            f"`{self.severity}#{self.code}#{self.stream.value}`",
-                        }
-                    ],
-                },
+                {"type": "context", "elements": [{"type": "mrkdwn", "text": context[:3000]}]},
             ],
         }
 
@@ -185,19 +214,34 @@ class SlackWebhook:
         ceiling = min(self.max_delay, self.first_delay * 2 ** (attempt - 1))
         return random.uniform(0, ceiling)  # noqa: S311 (jitter, not cryptography)
 
-    async def send(self, payload: dict[str, Any]) -> Delivery:
+    async def send(self, payload: dict[str, Any], *, deadline: float | None = None) -> Delivery:
+        """POST ``payload`` until Slack takes it. ``deadline`` (``loop.time()``): no attempt runs
+        past it, so whoever holds the alert's lease is done before another may take it over."""
+        loop = asyncio.get_running_loop()
         status: int | None = None
         detail = ""
+        attempts = 0
         for attempt in range(1, self.max_attempts + 1):
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                detail = f"the send's lease ran out; last: {detail or 'none'}"
+                break
+            attempts = attempt
+            timeout = (
+                self.timeout
+                if left is None
+                else aiohttp.ClientTimeout(total=min(self.timeout.total or left, left))
+            )
             retry_after: float | None = None
             try:
-                async with self.session.post(self.url, json=payload, timeout=self.timeout) as resp:
+                async with self.session.post(self.url, json=payload, timeout=timeout) as resp:
                     status = resp.status
-                    text = (await resp.text())[:200]
                     if self.on_attempt:
                         self.on_attempt(status)
                     if 200 <= status < 300:
+                        # taken: what the body says does not matter (and must not fail the send)
                         return Delivery(attempt, status)
+                    text = (await resp.read())[:200].decode(errors="replace")
                     detail = f"HTTP {status}: {text}"
                     if status != 429 and status < 500:
                         raise Undeliverable(detail, attempts=attempt, status=status)
@@ -212,11 +256,12 @@ class SlackWebhook:
             delay = self.backoff(attempt)
             if retry_after is not None:
                 delay = max(delay, min(retry_after, self.max_retry_after))
+            if deadline is not None and loop.time() + delay >= deadline:
+                detail = f"the send's lease ends before the next attempt; last: {detail}"
+                break
             await self.sleep(delay)
         raise Undeliverable(
-            f"gave up after {self.max_attempts} attempts: {detail}",
-            attempts=self.max_attempts,
-            status=status,
+            f"gave up after {attempts} attempts: {detail}", attempts=attempts, status=status
         )
 
 

@@ -1,9 +1,12 @@
 """A local HTTP server standing in for a webhook (Slack, an operator's endpoint) in tests.
 
 It records every POST and answers from a script: ``script(500, 200)`` answers 500 once, then 200;
-``script((429, {"Retry-After": "1"}))`` sets headers; ``down()`` answers 503 until ``up()``;
-``hold(path)`` keeps the requests to a path unanswered (seen at once in ``held``) until
-``release()``: work in flight that a test can interrupt.
+``script((429, {"Retry-After": "1"}))`` sets headers, ``script((200, {}, b"\\xff"))`` the body
+too; ``down()`` answers 503 until ``up()``; ``hold()`` keeps requests waiting unanswered (a slow
+Slack; ``hold(path)``: only those to that path) until ``release()``: work in flight that a test
+can interrupt. A held request whose sender went away meanwhile (its connection closed) is
+recorded as :data:`ABANDONED`, not as delivered: the stand-in only counts a message it could
+answer.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from aiohttp import web
 
 from aegis_runtime.localservers import free_port
 
+WAITING = 0  # the status of a request that is held, not answered yet
+ABANDONED = 499  # a held request whose sender closed the connection before the answer
+
 
 @dataclass
 class Request:
@@ -28,22 +34,35 @@ class Request:
     body: Any
     headers: dict[str, str]
     at: float  # time.monotonic() when it arrived
-    status: int  # what it was answered
+    status: int  # what it was answered (WAITING while held, ABANDONED if the sender left)
+    transport: asyncio.BaseTransport | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def connected(self) -> bool:
+        """The sender still holds the connection (it can still be answered)."""
+        return self.transport is not None and not self.transport.is_closing()
 
 
 @dataclass
 class FakeWebhook:
     url: str = ""
     requests: list[Request] = field(default_factory=list)
-    _script: deque[tuple[int, dict[str, str]]] = field(default_factory=deque)
+    _script: deque[tuple[int, dict[str, str], bytes | None]] = field(default_factory=deque)
     _down: bool = False
-    held: list[Request] = field(default_factory=list)
-    _hold: set[str] = field(default_factory=set)
-    _released: asyncio.Event = field(default_factory=asyncio.Event)
+    _gate: asyncio.Event = field(default_factory=asyncio.Event)
+    _held_paths: set[str] | None = None  # None: every path (while the gate is closed)
 
-    def script(self, *answers: int | tuple[int, dict[str, str]]) -> None:
+    def __post_init__(self) -> None:
+        self._gate.set()
+
+    def script(
+        self, *answers: int | tuple[int, dict[str, str]] | tuple[int, dict[str, str], bytes]
+    ) -> None:
         for answer in answers:
-            self._script.append(answer if isinstance(answer, tuple) else (answer, {}))
+            if isinstance(answer, int):
+                self._script.append((answer, {}, None))
+            else:
+                self._script.append((answer[0], answer[1], answer[2] if len(answer) > 2 else None))
 
     def down(self) -> None:
         self._down = True
@@ -51,14 +70,25 @@ class FakeWebhook:
     def up(self) -> None:
         self._down = False
 
-    def hold(self, path: str) -> None:
-        self._hold.add(path)
-        self._released.clear()
+    def hold(self, path: str | None = None) -> None:
+        """Answer nothing (to ``path``, or to any path) until :meth:`release`; requests are
+        recorded as they arrive."""
+        if path is None:
+            self._held_paths = None
+        else:
+            self._held_paths = (self._held_paths or set()) | {path}
+        self._gate.clear()
 
     def release(self) -> None:
-        """Answer the held requests (as scripted) and hold no more."""
-        self._hold.clear()
-        self._released.set()
+        self._held_paths = None
+        self._gate.set()
+
+    @property
+    def waiting(self) -> list[Request]:
+        """Requests that arrived and are held, unanswered."""
+        return [r for r in self.requests if r.status == WAITING]
+
+    held = waiting
 
     @property
     def delivered(self) -> list[Any]:
@@ -71,17 +101,28 @@ class FakeWebhook:
             body: Any = json.loads(raw)
         except ValueError:
             body = raw.decode(errors="replace")
-        if request.path in self._hold:
-            self.held.append(
-                Request(request.path, body, dict(request.headers), time.monotonic(), 0)
-            )
-            await self._released.wait()
-        status, headers = (
-            (503, {}) if self._down else (self._script.popleft() if self._script else (200, {}))
+        arrived = Request(
+            request.path,
+            body,
+            dict(request.headers),
+            time.monotonic(),
+            WAITING,
+            request.transport,
         )
-        self.requests.append(
-            Request(request.path, body, dict(request.headers), time.monotonic(), status)
+        self.requests.append(arrived)
+        if self._held_paths is None or request.path in self._held_paths:
+            await self._gate.wait()
+        if not arrived.connected:
+            arrived.status = ABANDONED
+            return web.Response(status=ABANDONED)
+        status, headers, raw_body = (
+            (503, {}, None)
+            if self._down
+            else (self._script.popleft() if self._script else (200, {}, None))
         )
+        arrived.status = status
+        if raw_body is not None:
+            return web.Response(status=status, body=raw_body, headers=headers)
         return web.Response(status=status, text="ok" if status < 300 else "error", headers=headers)
 
 
@@ -99,4 +140,5 @@ async def webhook() -> AsyncIterator[FakeWebhook]:
     try:
         yield fake
     finally:
+        fake.release()  # held requests are answered (or found abandoned) before the server stops
         await runner.cleanup()
