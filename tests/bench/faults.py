@@ -8,15 +8,25 @@ factory_state a second (QoS 1, reconnecting and re-sending like a real device wh
 gone), plus a burst of ``--burst`` messages when the fault starts. The fault is held for its
 duration, then the load runs 20 s more and stops. Measured from what the platform stored:
 
-- lost: messages the devices had published (the broker took them) that never reached processed/;
+- lost: messages the devices had published (the broker took them) that never reached processed/
+  (nothing more processed for 90 s);
 - duplicated: messages applied to LATEST more than once (two HISTORY#STATE items of one message);
 - dead-lettered: messages on the dead-letter stream (a transient fault should leave none);
 - recovery: seconds from the end of the fault until every message published so far is processed;
 - peak RSS of ingest and processor (the live process at the end; after a kill, the new one).
 
 Faults: the S3/DynamoDB endpoint refusing connections for 30 s and for 5 minutes, NATS stopped for
-60 s, Mosquitto restarted, the processor and ingest SIGKILLed (started again after 1 s, as a
-supervisor would). Prints a table, writes JSON (``--out``). About 15 minutes.
+60 s, Mosquitto restarted (ingest with a plain subscription, as one replica runs, and in a share
+group, as several do), the processor and ingest SIGKILLed (started again after 1 s, as a
+supervisor would).
+
+Slack faults run the alert dispatcher too, against a Slack stand-in of the bench's own: ten
+factories each report a fire when the fault starts, while Slack answers every post after 10 s,
+or answers 503 for ``--slack-down-s`` (10 minutes); then ``aegis alerts resend`` sends what was
+dead-lettered. Measured: alerts delivered (a fire factory named in a post Slack received: Slack
+shows a message it received, whenever it answers), posts of one alert more than once, alerts
+dead-lettered and resent, and the seconds from the end of the fault until every alert arrived.
+Prints a table, writes JSON (``--out``). About 30 minutes.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import contextlib
 import json
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,10 +51,11 @@ from typing import Any
 import aiomqtt
 import nats
 import nats.js.errors
+from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from pipeline import Services, payload
+from pipeline import SCRIPTS, Services, payload
 from procstat import sample
 
 from aegis_contracts.ids import topic_for
@@ -62,6 +74,7 @@ from aegis_storage.s3 import ObjectStore
 
 AFTER_S = 20.0  # load after the fault ends
 CONVERGE_WITHIN_S = 600.0
+STALL_S = 90.0  # nothing more processed for this long: what is missing is lost
 
 
 @dataclass
@@ -78,6 +91,8 @@ class Fault:
     begin: Callable[[Servers, Services], Awaitable[None]]
     end: Callable[[Servers, Services], Awaitable[None]]
     hold_s: float
+    # ingest in a share group ($share/...): as with several replicas (else a plain subscription)
+    shared: bool = False
 
 
 async def _storage_down(servers: Servers, _: Services) -> None:
@@ -131,6 +146,7 @@ def faults(logs: Path, long_outage_s: float) -> list[Fault]:
         ),
         Fault("NATS down 60 s", _nats_down, _nats_up, 60),
         Fault("Mosquitto restarted", _mqtt_down, _mqtt_up, 2),
+        Fault("Mosquitto restarted, shared", _mqtt_down, _mqtt_up, 2, shared=True),
         Fault("processor SIGKILL", _kill("processor"), _start("processor", logs), 1),
         Fault("ingest SIGKILL", _kill("ingest"), _start("ingest", logs), 1),
     ]
@@ -208,9 +224,9 @@ async def run_fault(
 ) -> dict[str, Any]:
     svc = Services(servers.mqtt, servers.nats, servers.proxy.url)
     svc.extra_env = {
-        # a stable client id and share group: a restarted ingest resumes the broker's session
+        # a stable client id: a restarted ingest resumes the broker's session
         "AEGIS_MQTT_CLIENT_ID": f"ingest-{svc.uid}",
-        "AEGIS_MQTT_SHARE_GROUP": f"g-{svc.uid}",
+        "AEGIS_MQTT_SHARE_GROUP": f"g-{svc.uid}" if fault.shared else "",
         "AEGIS_ACK_WAIT_S": "5",
     }
     await bootstrap(clients, bucket=svc.bucket, table=svc.table)
@@ -251,13 +267,16 @@ async def run_fault(
     everything_at: float | None = None
     deadline = time.monotonic() + CONVERGE_WITHIN_S
     done: set[str] = set()
-    while time.monotonic() < deadline:
+    progress_at, seen = time.monotonic(), 0
+    while time.monotonic() < deadline and time.monotonic() - progress_at < STALL_S:
         done = await processed_ids(store, steady + bursty)
         if recovered is None and set(published_by_end) <= done:
             recovered = time.monotonic() - ended
         if wanted <= done:
             everything_at = time.monotonic() - ended
             break
+        if len(done) > seen:
+            progress_at, seen = time.monotonic(), len(done)
         await asyncio.sleep(1)
     rss = {s: sample(p.pid).peak_rss_mb for s, p in svc.procs.items() if p.poll() is None}
     result = {
@@ -277,12 +296,144 @@ async def run_fault(
     return result
 
 
+class SlackStandIn:
+    """Slack's incoming webhook: records every post it receives (Slack shows a message it
+    received, whenever it answers); answers after ``delay_s``, or 503 while ``down``."""
+
+    def __init__(self) -> None:
+        self.delay_s = 0.0
+        self.down = False
+        self.received: list[tuple[float, Any]] = []
+        self.refused = 0
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}/services/bench"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if self.down:
+            self.refused += 1
+            return web.Response(status=503, text="unavailable")
+        self.received.append((time.monotonic(), body))
+        await asyncio.sleep(self.delay_s)
+        return web.Response(text="ok")
+
+    def posts_naming(self, factory: str) -> int:
+        return sum(1 for _, body in self.received if factory in json.dumps(body))
+
+
+def fire_payload(factory: str, message_id: str, at: datetime) -> bytes:
+    return json.dumps(
+        {
+            "message_id": message_id,
+            "factory_id": factory,
+            "device_id": "edge-1",
+            "emitted_at": at.isoformat(),
+            "schema_version": "1.0",
+            "sensors": {"temperature_c": 24.0, "co_ppm": 3.0},
+            "ai": {
+                "model_version": "yolo-1",
+                "detections": [{"label": "fire", "confidence": 0.93, "camera_id": "cam-1"}],
+            },
+        }
+    ).encode()
+
+
+async def run_slack_fault(
+    servers: Servers, clients: AwsClients, name: str, args: argparse.Namespace, logs: Path
+) -> dict[str, Any]:
+    slow = "slow" in name
+    slack = SlackStandIn()
+    await slack.start()
+    svc = Services(servers.mqtt, servers.nats, servers.emulator.url)
+    svc.extra_env = {"AEGIS_SLACK_WEBHOOK_URL": slack.url, "AEGIS_LOG_LEVEL": "WARNING"}
+    await bootstrap(clients, bucket=svc.bucket, table=svc.table)
+    fires = [f"f{svc.uid}-{i}" for i in range(10)]
+    steady = [f"s{svc.uid}-{i}" for i in range(5)]
+    dead_before = await dead_letters(servers.nats.url)
+    for service in ("ingest", "processor", "alert-dispatcher"):
+        svc.start(service, logs)
+    await asyncio.to_thread(svc.ready)
+    devices, stop = Devices(servers.mqtt.url), asyncio.Event()
+    load = asyncio.create_task(devices.steady(steady, stop))
+    resent: str = ""
+    try:
+        await asyncio.sleep(5)
+        print(f"  {name}: fault on", flush=True)
+        if slow:
+            slack.delay_s = 10.0
+        else:
+            slack.down = True
+        begun = time.monotonic()
+        now = datetime.now(UTC)
+        await devices.send(
+            [(f, f"{f}-fire", fire_payload(f, f"{f}-fire", now)) for f in fires], asyncio.Event()
+        )
+        await asyncio.sleep(60.0 if slow else args.slack_down_s)
+        slack.delay_s, slack.down = 0.0, False
+        ended = time.monotonic()
+        print(f"  {name}: fault off after {ended - begun:.0f} s", flush=True)
+        dead = await dead_letters(servers.nats.url) - dead_before
+        if dead:  # what Slack never took: the operator resends it
+            env = svc.env_for("alert-dispatcher") | {"AEGIS_LOG_LEVEL": "ERROR"}
+            done = await asyncio.to_thread(
+                subprocess.run,
+                [str(SCRIPTS / "aegis"), "alerts", "resend"],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            resent = done.stdout.strip() or done.stderr.strip()[-300:]
+        delivered_at: float | None = None
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if all(slack.posts_naming(f) for f in fires):
+                delivered_at = time.monotonic() - ended
+                break
+            await asyncio.sleep(1)
+        await asyncio.sleep(5)  # a late second copy would show by now
+    finally:
+        stop.set()
+        await load
+    rss = {s: sample(p.pid).peak_rss_mb for s, p in svc.procs.items() if p.poll() is None}
+    result = {
+        "fault": name,
+        "held_s": round(ended - begun, 1),
+        "alerts": len(fires),
+        "delivered": sum(1 for f in fires if slack.posts_naming(f)),
+        "posted_more_than_once": sum(1 for f in fires if slack.posts_naming(f) > 1),
+        "refused_posts": slack.refused,
+        "dead_lettered": dead,
+        "resend": resent,
+        "all_delivered_s": None if delivered_at is None else round(delivered_at, 1),
+        "peak_rss_mb": {k: round(v, 1) for k, v in rss.items()},
+    }
+    svc.stop()
+    await slack.stop()
+    return result
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(
         f"\n{'fault':<26} {'published':>9} {'lost':>5} {'dup':>4} {'DLQ':>4} {'recovery s':>10} "
         f"{'RSS ingest/processor MB':>24}"
     )
     for r in rows:
+        if "alerts" in r:
+            continue
         rss = r["peak_rss_mb"]
         recovery = "-" if r["recovery_s"] is None else f"{r['recovery_s']:.1f}"
         print(
@@ -291,14 +442,33 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"{rss.get('ingest', 0):>11.0f} / {rss.get('processor', 0):<10.0f}"
         )
 
+    slack = [r for r in rows if "alerts" in r]
+    if slack:
+        print(
+            f"\n{'Slack fault':<26} {'alerts':>6} {'delivered':>9} {'twice':>5} {'DLQ':>4} "
+            f"{'all delivered s':>15}  resend"
+        )
+    for r in slack:
+        at = "-" if r["all_delivered_s"] is None else f"{r['all_delivered_s']:.1f}"
+        print(
+            f"{r['fault']:<26} {r['alerts']:>6} {r['delivered']:>9} "
+            f"{r['posted_more_than_once']:>5} {r['dead_lettered']:>4} {at:>15}  {r['resend']}"
+        )
+
 
 async def run(args: argparse.Namespace, servers: Servers, logs: Path) -> list[dict[str, Any]]:
     rows = []
+    slack_faults = ["Slack slow (10 s answers)", f"Slack down {args.slack_down_s / 60:g} min"]
     async with open_clients(AwsConfig(endpoint_url=servers.emulator.url)) as clients:
         for fault in faults(logs, args.long_outage_s):
             if args.only and args.only.lower() not in fault.name.lower():
                 continue
             rows.append(await run_fault(servers, clients, fault, args, logs))
+            print(json.dumps(rows[-1]), flush=True)
+        for name in slack_faults:
+            if args.only and args.only.lower() not in name.lower():
+                continue
+            rows.append(await run_slack_fault(servers, clients, name, args, logs))
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -308,6 +478,7 @@ def main() -> None:
     parser.add_argument("--factories", type=int, default=10)
     parser.add_argument("--burst", type=int, default=1000)
     parser.add_argument("--long-outage-s", type=float, default=300.0)
+    parser.add_argument("--slack-down-s", type=float, default=600.0)
     parser.add_argument("--only", default="", help="run the faults whose name contains this")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()

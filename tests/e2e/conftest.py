@@ -60,7 +60,8 @@ class Pipeline:
                 "AEGIS_HEALTH_PORT": str(self.health.setdefault(service, free_port())),
                 # the same client id across restarts: the broker keeps the session and its messages
                 "AEGIS_MQTT_CLIENT_ID": f"ingest-{self.uid}",
-                "AEGIS_MQTT_SHARE_GROUP": f"g-{self.uid}",
+                # one ingest: a plain subscription, which the broker restores when it restarts
+                "AEGIS_MQTT_SHARE_GROUP": "",
                 # an unacked message comes back quickly after a crash
                 "AEGIS_ACK_WAIT_S": "3",
                 "AEGIS_REFRESH_ENABLED": "false",

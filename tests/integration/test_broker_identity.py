@@ -182,7 +182,7 @@ async def ingest(broker: Broker) -> AsyncIterator[aiomqtt.Client]:
     assert settings.mqtt_endpoint()[1] == broker.port
     async with AsyncExitStack() as stack:
         client = await stack.enter_async_context(create_client(settings))
-        await client.subscribe(settings.shared_subscription, qos=1)
+        await client.subscribe(settings.subscription, qos=1)
         yield client
 
 

@@ -39,9 +39,10 @@ def test_connect_properties_keep_the_session_and_bound_inflight() -> None:
     assert props.ReceiveMaximum == 32  # type: ignore[attr-defined]
 
 
-def test_settings_build_the_shared_subscription_and_endpoint() -> None:
+def test_settings_build_the_subscription_and_endpoint() -> None:
     s = IngestSettings(mqtt_url="mqtt://user:pw@broker:1884", mqtt_share_group="g1")
-    assert s.shared_subscription == "$share/g1/aegis/+/+"
+    assert s.subscription == "$share/g1/aegis/+/+"
+    assert IngestSettings(mqtt_share_group="").subscription == "aegis/+/+"  # one replica
     assert s.mqtt_endpoint() == ("broker", 1884, "user", "pw")
     assert s.mqtt_client_id.startswith("aegis-ingest-")
     assert s.aws().max_attempts == s.aws_max_attempts

@@ -100,6 +100,10 @@ def child_env(
     env.setdefault("AEGIS_AWS_ENDPOINT_URL", endpoint_of(settings))
     env["AEGIS_SERVICE"] = spec.name
     env["AEGIS_HEALTH_PORT"] = str(spec.health_port)
+    if spec.name == "ingest":
+        # one ingest: a plain subscription, which Mosquitto restores when it restarts (a shared
+        # one it does not: what devices publish before ingest subscribes again would be dropped)
+        env.setdefault("AEGIS_MQTT_SHARE_GROUP", "")
     env.setdefault("AEGIS_LOG_FORMAT", "console")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

@@ -99,7 +99,7 @@ class IngestApp:
             log.info(
                 "ingest_started",
                 client_id=s.mqtt_client_id,
-                subscription=s.shared_subscription,
+                subscription=s.subscription,
                 bucket=s.bucket,
                 max_inflight=s.mqtt_max_inflight,
                 max_concurrency=s.max_concurrency,
@@ -137,10 +137,10 @@ class IngestApp:
         try:
             async with client, _halt_on(stop, redeliver) as halt:
                 self.mqtt_connected = True
-                await client.subscribe(s.shared_subscription, qos=1)
+                await client.subscribe(s.subscription, qos=1)
                 self.subscribed.set()
                 backoff.reset()
-                log.info("mqtt_subscribed", subscription=s.shared_subscription)
+                log.info("mqtt_subscribed", subscription=s.subscription)
                 # one reader for the whole session, cancelled when ``halt`` is done: racing each
                 # wait against ``halt`` cost a task and an asyncio.wait per message
                 await _first(self._read(client, handler, acker, slots, redeliver), halt)

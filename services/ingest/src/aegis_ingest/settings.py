@@ -22,7 +22,11 @@ class IngestSettings(AegisSettings):
     service: str = "ingest"
 
     mqtt_client_id: str = Field(default_factory=_default_client_id, min_length=1, max_length=128)
-    mqtt_share_group: str = Field(default="aegis-ingest", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    # replicas in one group share the messages ($share/{group}/...); empty: a plain subscription
+    # for a single replica. Mosquitto restores a persistent session's plain subscriptions when it
+    # restarts, but not its shared ones: what devices publish between a broker restart and the
+    # replicas' next subscribe is dropped for a group, kept for a plain subscription
+    mqtt_share_group: str = Field(default="aegis-ingest", pattern=r"^([A-Za-z0-9_-]{1,64})?$")
     mqtt_topic_filter: str = "aegis/+/+"
     # > 0, else the broker drops the session, and with it the offline and unacked messages
     mqtt_session_expiry_seconds: int = Field(default=3600, gt=0, le=0xFFFFFFFF)
@@ -59,7 +63,10 @@ class IngestSettings(AegisSettings):
         return value
 
     @property
-    def shared_subscription(self) -> str:
+    def subscription(self) -> str:
+        """The subscription ingest makes: shared by the group's replicas, or plain (no group)."""
+        if not self.mqtt_share_group:
+            return self.mqtt_topic_filter
         return f"$share/{self.mqtt_share_group}/{self.mqtt_topic_filter}"
 
     def aws(self) -> AwsConfig:
