@@ -66,6 +66,7 @@ from aegis_runtime.localservers import (
     start_private_mosquitto,
     start_private_nats,
 )
+from aegis_runtime.testing.devices import factory_state_message
 from aegis_runtime.testing.outage import OutageProxy
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
@@ -334,23 +335,6 @@ class SlackStandIn:
         return sum(1 for _, body in self.received if factory in json.dumps(body))
 
 
-def fire_payload(factory: str, message_id: str, at: datetime) -> bytes:
-    return json.dumps(
-        {
-            "message_id": message_id,
-            "factory_id": factory,
-            "device_id": "edge-1",
-            "emitted_at": at.isoformat(),
-            "schema_version": "1.0",
-            "sensors": {"temperature_c": 24.0, "co_ppm": 3.0},
-            "ai": {
-                "model_version": "yolo-1",
-                "detections": [{"label": "fire", "confidence": 0.93, "camera_id": "cam-1"}],
-            },
-        }
-    ).encode()
-
-
 async def run_slack_fault(
     servers: Servers, clients: AwsClients, name: str, args: argparse.Namespace, logs: Path
 ) -> dict[str, Any]:
@@ -379,7 +363,11 @@ async def run_slack_fault(
         begun = time.monotonic()
         now = datetime.now(UTC)
         await devices.send(
-            [(f, f"{f}-fire", fire_payload(f, f"{f}-fire", now)) for f in fires], asyncio.Event()
+            [
+                (f, f"{f}-fire", factory_state_message(f, f"{f}-fire", now, fire=True))
+                for f in fires
+            ],
+            asyncio.Event(),
         )
         await asyncio.sleep(60.0 if slow else args.slack_down_s)
         slack.delay_s, slack.down = 0.0, False

@@ -33,6 +33,7 @@ from aegis_processor.app import create_app as create_processor
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime.broker import create_broker, ensure_streams, publish, publish_raw_archived
 from aegis_runtime.settings import AegisSettings
+from aegis_runtime.testing.devices import factory_state_message
 from aegis_runtime.testing.waiting import eventually
 from aegis_runtime.testing.webhook import FakeWebhook
 from aegis_storage.s3 import ObjectStore
@@ -195,23 +196,6 @@ async def test_a_replay_of_an_intact_range_changes_nothing(
 # -- a replay pages nobody and starts no job (unless --notify) --------------------------------
 
 
-def fire_message(factory: str, at: datetime) -> bytes:
-    return json.dumps(
-        {
-            "message_id": f"m-{factory}-fire",
-            "factory_id": factory,
-            "device_id": "edge-1",
-            "emitted_at": at.isoformat(),
-            "schema_version": "1.0",
-            "sensors": {"temperature_c": 24.0, "co_ppm": 3.0},
-            "ai": {
-                "model_version": "yolo-1",
-                "detections": [{"label": "fire", "confidence": 0.93, "camera_id": "cam-1"}],
-            },
-        }
-    ).encode()
-
-
 def fire_job(factory: str, url: str) -> Job:
     """Calls ``url`` when ``factory`` first turns CRITICAL (LATEST inserted CRITICAL)."""
     return Job.model_validate(
@@ -261,13 +245,10 @@ async def test_a_replayed_fire_is_processed_but_pages_nobody_and_starts_no_job(
     quiet, loud = f"q-{unique_id}", f"l-{unique_id}"
     at = truncate_ms(datetime.now(UTC)) - timedelta(seconds=5)
     for factory in (quiet, loud):
-        decision = admit(
-            f"aegis/{factory}/factory_state", fire_message(factory, at), at, 1, bucket=store.bucket
-        )
+        body = factory_state_message(factory, f"m-{factory}-fire", at, fire=True)
+        decision = admit(f"aegis/{factory}/factory_state", body, at, 1, bucket=store.bucket)
         assert isinstance(decision, Archive)
-        await store.put_immutable(
-            decision.key, fire_message(factory, at), metadata=decision.metadata
-        )
+        await store.put_immutable(decision.key, body, metadata=decision.metadata)
 
     common = {
         "aws_endpoint_url": aws_endpoint,
