@@ -571,6 +571,10 @@ class Meter:
         client.meta.events.register("before-parameter-build.dynamodb", self._before)
         client.meta.events.register("after-call.dynamodb", self._after)
 
+    def detach(self, client: Any) -> None:
+        client.meta.events.unregister("before-parameter-build.dynamodb", self._before)
+        client.meta.events.unregister("after-call.dynamodb", self._after)
+
     def snapshot(self, detail: bool = False) -> dict[str, OpUnits]:
         ops = self.detail if detail else self.ops
         return {op: copy.copy(units) for op, units in ops.items()}
@@ -1802,8 +1806,17 @@ async def collect(
         clock.now = now + timedelta(seconds=120)
         got["due"] = await refresh_tick(bench, processor, clock, "refresh due")
         got["due_events"] = pub.events - got["quiet_events"]
+        # every factory due again, the meter off: the platform's own seconds and CPU (the meter's
+        # hooks run in this process and would count as the platform's)
+        meter.detach(clients.dynamodb)
+        clock.now = now + timedelta(seconds=240)
+        before_bare = pub.events
+        got["due_bare"] = await refresh_tick(bench, processor, clock, "refresh due, no meter")
+        got["due_bare_events"] = pub.events - before_bare
+        meter.attach(clients.dynamodb)
         progress(
-            f"refresh: quiet {got['quiet'].seconds:.1f} s, due {got['due'].seconds:.1f} s; "
+            f"refresh: quiet {got['quiet'].seconds:.1f} s, due {got['due'].seconds:.1f} s "
+            f"({got['due_bare'].seconds:.1f} s without the meter); "
             "dashboard ..."
         )
 
@@ -2006,6 +2019,7 @@ def report(args: argparse.Namespace, got: dict[str, Any]) -> dict[str, Any]:
     for name, m, events in (
         ("quiet (LATEST fresh)", quiet, got["quiet_events"]),
         ("due (every factory)", due, got["due_events"]),
+        ("due again, the meter off", got["due_bare"], got["due_bare_events"]),
     ):
         ok = "met" if m.seconds < TARGET_REFRESH_S else "MISSED"
         print_measured(
@@ -2164,6 +2178,7 @@ def report(args: argparse.Namespace, got: dict[str, Any]) -> dict[str, Any]:
             "target_seconds": TARGET_REFRESH_S,
             "quiet": {**quiet.summary(), "written": quiet.result, "events": got["quiet_events"]},
             "due": {**due.summary(), "written": due.result, "events": got["due_events"]},
+            "due_without_meter": {**got["due_bare"].summary(), "written": got["due_bare"].result},
         },
         "dashboard": {
             "fleet_requests": dash["requests"],
