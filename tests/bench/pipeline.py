@@ -222,7 +222,17 @@ class Services:
 
     def start(self, service: str, logs: Path) -> None:
         self.health[service] = free_port()
-        env = (
+        with (logs / f"{service}.log").open("ab") as log:
+            self.procs[service] = subprocess.Popen(
+                [str(SCRIPTS / f"aegis-{service}")],
+                env=self.env_for(service),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def env_for(self, service: str) -> dict[str, str]:
+        """The environment ``service`` runs with (also a one-shot ``aegis`` command's)."""
+        return (
             {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")}
             | {
                 "AEGIS_AWS_ENDPOINT_URL": self.endpoint,
@@ -232,15 +242,11 @@ class Services:
                 "AEGIS_NATS_URL": self.nats.url,
                 "AEGIS_LOG_FORMAT": "json",
                 "AEGIS_LOG_LEVEL": "WARNING",
-                "AEGIS_HEALTH_PORT": str(self.health[service]),
+                "AEGIS_HEALTH_PORT": str(self.health.get(service, 0)),
                 "AEGIS_REFRESH_ENABLED": "false",
             }
             | self.extra_env
         )
-        with (logs / f"{service}.log").open("ab") as log:
-            self.procs[service] = subprocess.Popen(
-                [str(SCRIPTS / f"aegis-{service}")], env=env, stdout=log, stderr=subprocess.STDOUT
-            )
 
     def ready(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
