@@ -26,7 +26,7 @@ class OutageProxy:
         self.host, self.upstream_port = host, upstream_port
         self.port = free_port()
         self._server: asyncio.Server | None = None
-        self._links: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name=f"outage-proxy-{self.port}", daemon=True
@@ -66,33 +66,35 @@ class OutageProxy:
             )
 
     async def _down(self) -> None:
+        """Close the listener and every open connection (both sides): the pumps end on their
+        own, each closing what it opened; no task is cancelled before it could clean up."""
         server, self._server = self._server, None
         if server is not None:
             server.close()
-        links, self._links = self._links, set()
-        for link in links:
-            link.cancel()
-        await asyncio.gather(*links, return_exceptions=True)
+        for writer in list(self._writers):
+            writer.close()
         if server is not None:
             await server.wait_closed()
 
     async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._links.add(task)
+        if self._server is None:  # accepted just before the proxy went down
+            writer.close()
+            return
+        self._writers.add(writer)
         upstream_writer: asyncio.StreamWriter | None = None
-        with contextlib.suppress(asyncio.CancelledError, OSError, ExceptionGroup):
+        with contextlib.suppress(OSError, ExceptionGroup):
             try:
                 upstream_reader, upstream_writer = await asyncio.open_connection(
                     self.host, self.upstream_port
                 )
+                self._writers.add(upstream_writer)
                 async with asyncio.TaskGroup() as pumps:
                     pumps.create_task(_pump(reader, upstream_writer))
                     pumps.create_task(_pump(upstream_reader, writer))
             finally:
-                self._links.discard(task)
                 for w in (writer, upstream_writer):
                     if w is not None:
+                        self._writers.discard(w)
                         w.close()
 
 
