@@ -232,6 +232,21 @@ async def run_fault(
     }
     await bootstrap(clients, bucket=svc.bucket, table=svc.table)
     store, readmodel = ObjectStore(clients.s3, svc.bucket), ReadModel(clients.dynamodb, svc.table)
+    try:
+        return await _measure_fault(servers, svc, store, readmodel, fault, args, logs)
+    finally:
+        svc.stop()  # on any exit: no service outlives the bench
+
+
+async def _measure_fault(
+    servers: Servers,
+    svc: Services,
+    store: ObjectStore,
+    readmodel: ReadModel,
+    fault: Fault,
+    args: argparse.Namespace,
+    logs: Path,
+) -> dict[str, Any]:
     steady = [f"s{svc.uid}-{i}" for i in range(args.factories)]
     bursty = [f"b{svc.uid}-{i}" for i in range(10)]
     dead_before = await dead_letters(servers.nats.url)
@@ -293,7 +308,6 @@ async def run_fault(
         "device_reconnects": devices.retries,
         "peak_rss_mb": {k: round(v, 1) for k, v in rss.items()},
     }
-    svc.stop()
     return result
 
 
@@ -338,12 +352,27 @@ class SlackStandIn:
 async def run_slack_fault(
     servers: Servers, clients: AwsClients, name: str, args: argparse.Namespace, logs: Path
 ) -> dict[str, Any]:
-    slow = "slow" in name
     slack = SlackStandIn()
     await slack.start()
     svc = Services(servers.mqtt, servers.nats, servers.emulator.url)
     svc.extra_env = {"AEGIS_SLACK_WEBHOOK_URL": slack.url, "AEGIS_LOG_LEVEL": "WARNING"}
     await bootstrap(clients, bucket=svc.bucket, table=svc.table)
+    try:
+        return await _measure_slack_fault(servers, svc, slack, name, args, logs)
+    finally:  # on any exit: no service outlives the bench
+        svc.stop()
+        await slack.stop()
+
+
+async def _measure_slack_fault(
+    servers: Servers,
+    svc: Services,
+    slack: SlackStandIn,
+    name: str,
+    args: argparse.Namespace,
+    logs: Path,
+) -> dict[str, Any]:
+    slow = "slow" in name
     fires = [f"f{svc.uid}-{i}" for i in range(10)]
     steady = [f"s{svc.uid}-{i}" for i in range(5)]
     dead_before = await dead_letters(servers.nats.url)
@@ -409,8 +438,6 @@ async def run_slack_fault(
         "all_delivered_s": None if delivered_at is None else round(delivered_at, 1),
         "peak_rss_mb": {k: round(v, 1) for k, v in rss.items()},
     }
-    svc.stop()
-    await slack.stop()
     return result
 
 

@@ -477,7 +477,7 @@ def keys_by_path(webhook: FakeWebhook) -> dict[str, set[str]]:
     """The idempotency keys each endpoint saw: one per step run means one effect per step run for
     a receiver that honours the key, however often a call was repeated."""
     seen: dict[str, set[str]] = {}
-    for r in [*webhook.requests, *webhook.held]:
+    for r in [*webhook.requests, *webhook.waiting]:
         seen.setdefault(r.path, set()).add(r.headers["Idempotency-Key"])
     return seen
 
@@ -526,7 +526,7 @@ async def test_a_replica_killed_during_a_parallel_is_finished_by_another_each_ca
     async def in_flight() -> bool:
         run = await drill.run("fan-out")
         # the second branch's call reached the stand-in; the first branch's result is recorded
-        return bool(webhook.held) and recorded(run, "respond.1/first.1", "SUCCEEDED")
+        return bool(webhook.waiting) and recorded(run, "respond.1/first.1", "SUCCEEDED")
 
     await eventually(in_flight, within=20, what="both branches under way, the first recorded")
     drill.victim.kill()

@@ -88,8 +88,6 @@ class FakeWebhook:
         """Requests that arrived and are held, unanswered."""
         return [r for r in self.requests if r.status == WAITING]
 
-    held = waiting
-
     @property
     def delivered(self) -> list[Any]:
         """Bodies answered 2xx, in arrival order."""
