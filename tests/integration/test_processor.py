@@ -477,6 +477,77 @@ async def test_an_orphaned_state_that_latest_moved_past_is_removed(
     assert history[1]["prev_updated_at"] == history[0]["updated_at"]
 
 
+class LostAnswer:
+    """The processor's DynamoDB client behind a network that loses the answer to one put: the
+    first put whose sort key starts with ``sk_prefix`` is applied and its answer never arrives,
+    so the SDK sends it again and the caller hears the retry's answer (a failed condition, as
+    the first one was applied)."""
+
+    def __init__(self, client: Any, sk_prefix: str) -> None:
+        self.client, self.sk_prefix, self.lost = client, sk_prefix, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    async def put_item(self, **request: Any) -> Any:
+        if not self.lost and request["Item"]["sk"]["S"].startswith(self.sk_prefix):
+            self.lost += 1
+            await self.client.put_item(**request)  # applied; its answer is lost
+        return await self.client.put_item(**request)
+
+
+@pytest.mark.parametrize(
+    ("sk_prefix", "roll_forward"),
+    [("HISTORY#STATE#", False), ("LATEST", False), ("LATEST", True)],
+    ids=["history-put", "latest-replace", "latest-roll-forward"],
+)
+async def test_a_write_whose_answer_is_lost_is_applied_once(
+    harness: Harness,
+    events: Events,
+    run_app: Callable[..., Any],
+    sk_prefix: str,
+    roll_forward: bool,
+) -> None:
+    """A put applied by the table whose answer is lost is retried by the SDK and refused by its
+    own success: the state is still committed once (one HISTORY item, LATEST, a snapshot, one
+    change event), neither written twice nor taken for another writer's and undone."""
+    h = harness
+    async with run_app() as app:
+        second, (first, item) = await _two_states(h, app, now_ms())
+        # back to the first state: died between HISTORY and LATEST (the redelivery rolls LATEST
+        # forward), or never got to write (the second message comes again)
+        state1 = {k: v for k, v in first.items() if k != "ttl"} | {"sk": "LATEST"}
+        assert await h.readmodel.replace_latest(h.f, state1, expected=item["updated_at"])
+        if not roll_forward:
+            await h.readmodel.delete_item(keys.factory_pk(h.f), item["sk"])
+            await h.store.delete_many([keys.state_snapshot_key(h.f, parse_ts(item["updated_at"]))])
+        await events.until(lambda: len(events.changes) >= 2)
+        assert app.processor is not None
+        lossy = LostAnswer(app.processor.readmodel._ddb, sk_prefix)
+        app.processor.readmodel._ddb = lossy
+        app.processor._known.clear()
+        outcome = await app.handle(second, redelivered=roll_forward)
+        assert lossy.lost == 1  # the fault hit a write of this commit
+        assert outcome.latest == ("recovered" if roll_forward else "applied")
+
+    history = await h.history()
+    assert [i["factory_state"]["meta"]["message_id"] for i in history] == [
+        f"m-{h.uid}-1",
+        f"m-{h.uid}-2",
+    ]
+    assert history[1]["prev_updated_at"] == history[0]["updated_at"]
+    latest = await h.readmodel.get_latest(h.f)
+    assert latest == {k: v for k, v in history[1].items() if k != "ttl"} | {"sk": "LATEST"}
+    snapshots = await h.store.list_keys(keys.processed_prefix(h.f, "state_snapshot"))
+    assert len(snapshots) == 2
+    await events.until(
+        lambda: latest["updated_at"] in [c.new_image["updated_at"] for c in events.changes]
+    )
+    await events.drain()
+    changed = [c.new_image["updated_at"] for c in events.changes]
+    assert changed.count(latest["updated_at"]) == 1
+
+
 # -- poison -------------------------------------------------------------------------------------
 
 

@@ -64,7 +64,7 @@ from aegis_processor import domain
 from aegis_processor.rules import RiskRules
 from aegis_runtime.broker import Outgoing, Poison
 from aegis_storage.errors import Conflict, NotFound, Transient
-from aegis_storage.readmodel import LATEST_GROUPS, ReadModel, encode
+from aegis_storage.readmodel import LATEST_GROUPS, Encoded, ReadModel, encode
 from aegis_storage.s3 import ObjectStore, PutResult
 from aegis_storage.tasks import all_of
 
@@ -340,18 +340,33 @@ class Processor:
             history = encoded.with_fields(sk=history_sk, ttl=self.ttl.history_expiry(now))
             try:
                 await self.readmodel.put_item(history, if_absent=True)
-            except Conflict:  # that millisecond holds another state: read again, move on
-                floor = updated_at + timedelta(milliseconds=1)
-                continue
-            if await self.readmodel.replace_latest(
-                factory_id, encoded, expected=None if seen is None else str(seen)
-            ):
+            except Conflict:
+                # that millisecond holds a state: this one, when the SDK retried a put whose
+                # answer was lost (then go on with it); else another's: read again, move on
+                if await self.readmodel.get_item(pk, history_sk) != history.plain:
+                    floor = updated_at + timedelta(milliseconds=1)
+                    continue
+            if await self._replace_latest(factory_id, encoded, expected=seen):
                 self._remember(factory_id, image)
                 return Commit(old=old, new=image, at=updated_at)
             # another writer replaced LATEST first: this state never was, so it is no history
             await self.readmodel.delete_item(pk, history_sk)
             self._known.pop(factory_id, None)
         raise Transient(f"LATEST of {factory_id} kept changing under {COMMIT_ATTEMPTS} attempts")
+
+    async def _replace_latest(
+        self, factory_id: str, state: Encoded | dict[str, Any], *, expected: Any
+    ) -> bool:
+        """Replace LATEST if it is still the version ``expected``. A refusal is checked against
+        the table: a replace whose answer was lost and that the SDK retried is refused by its own
+        success, and LATEST then is this very state (its ``updated_at`` is held by the HISTORY
+        item this writer put), which counts as replaced."""
+        if await self.readmodel.replace_latest(
+            factory_id, state, expected=None if expected is None else str(expected)
+        ):
+            return True
+        plain = state.plain if isinstance(state, Encoded) else state
+        return await self._latest(factory_id, fresh=True) == plain
 
     async def _latest(self, factory_id: str, *, fresh: bool) -> dict[str, Any] | None:
         """LATEST as this replica last wrote or read it, else read. A stale copy costs no
@@ -394,9 +409,7 @@ class Processor:
             i.get("prev_updated_at") == mine["updated_at"] for i in items
         ):
             return Commit(old=old_image, new=state, at=at)  # committed: redo snapshot and events
-        if current == prev and await self.readmodel.replace_latest(
-            factory_id, state, expected=None if prev is None else str(prev)
-        ):
+        if current == prev and await self._replace_latest(factory_id, state, expected=prev):
             return Commit(old=latest, new=state, at=at)  # rolled forward
         await self.readmodel.delete_item(keys.factory_pk(factory_id), str(mine["sk"]))
         return None
