@@ -3,15 +3,18 @@ either, or a restart of NATS, does to a stream of 1,000 messages: nothing, in ef
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
+import nats
 import pytest
 
 from aegis_contracts import keys
 from aegis_contracts.keys import parse_key
 from aegis_contracts.times import format_ts
+from aegis_runtime.testing.outage import OutageProxy
 from aegis_runtime.testing.waiting import eventually
 
 from .conftest import Pipeline, publish_all, stream_of
@@ -65,6 +68,16 @@ async def assert_exactly_once_in_effect(
         assert set(applied.values()) == {1}, f"{f}: a message was applied twice: {applied}"
         snapshots = await p.store.list_keys(keys.processed_prefix(f, "state_snapshot"))
         assert len(snapshots) == len(history), f
+
+
+async def dead_letters(p: Pipeline) -> int:
+    """Messages on the (private) NATS's dead-letter stream."""
+    nc = await nats.connect(p.nats.url)
+    try:
+        info = await nc.jetstream().stream_info("AEGIS_DLQ")
+        return int(info.state.messages)
+    finally:
+        await nc.close()
 
 
 async def run_with_fault(
@@ -154,6 +167,39 @@ async def test_nats_restart_mid_stream_loses_and_repeats_nothing(pipeline: Pipel
 
     # ingest takes MQTT messages it cannot publish: it must leave them unacknowledged
     await run_with_fault(pipeline, now, stop_nats, start_nats)
+
+
+async def test_storage_down_for_10_s_mid_stream_loses_and_repeats_nothing(
+    pipeline: Pipeline, now: datetime
+):
+    """The S3/DynamoDB endpoint refuses every connection for 10 s (its data kept) while half the
+    stream arrives: ingest archives nothing and acknowledges nothing meanwhile (the broker keeps
+    the messages), nothing is dead-lettered for a transient outage, and afterwards every message
+    is in raw/, processed/ and LATEST once."""
+    proxy = OutageProxy(int(pipeline.aws_endpoint.rsplit(":", 1)[1]))
+    proxy.up()
+    pipeline.aws_endpoint = proxy.url  # the services go through the proxy; the test does not
+    raw_at_outage = 0
+
+    async def storage_down() -> None:
+        nonlocal raw_at_outage
+        proxy.down()
+        raw_at_outage = len(await pipeline.store.list_keys("raw/"))
+
+    async def storage_up() -> None:
+        await asyncio.sleep(10)
+        # nothing was archived while the storage was down
+        assert len(await pipeline.store.list_keys("raw/")) == raw_at_outage
+        proxy.up()
+
+    try:
+        # a shorter stream than the other faults' (the outage itself takes 10 s)
+        await run_with_fault(
+            pipeline, now, storage_down, storage_up, after_processed=100, per_factory=40
+        )
+    finally:
+        proxy.close()
+    assert await dead_letters(pipeline) == 0
 
 
 async def test_mqtt_broker_restart_mid_stream_loses_and_repeats_nothing(
