@@ -27,9 +27,9 @@ from aegis_contracts.subjects import change_subject
 from aegis_contracts.times import format_ts, parse_ts
 from aegis_orchestration.limits import json_size
 from aegis_orchestration.model import Job, Retry
-from aegis_orchestration.triggers import Trigger, biz_object_trigger
+from aegis_orchestration.triggers import Trigger, biz_object_trigger, due_fires, schedule_trigger
 from aegis_orchestration.yamlio import load_jobs
-from aegis_orchestrator.app import FileClock, OrchestratorApp
+from aegis_orchestrator.app import SCHEDULE_CLAIM_LEASE, FileClock, OrchestratorApp
 from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.store import DuplicateJob, JobStore
 from aegis_runtime.localservers import free_port
@@ -37,6 +37,7 @@ from aegis_runtime.testing.clock import FakeClock
 from aegis_runtime.testing.storage import Foundation
 from aegis_runtime.testing.waiting import eventually
 from aegis_runtime.testing.webhook import FakeWebhook
+from aegis_storage.readmodel import ReadModel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 EXAMPLES = Path(__file__).parents[3] / "deploy" / "jobs" / "examples.yaml"
@@ -309,6 +310,45 @@ async def test_two_replicas_fire_each_schedule_once(make_app: Callable[..., Any]
     ]
     await eventually(lambda: _count(one, "once", 3), within=20, what="three runs")
     assert len(await runs_of(one, "once")) == 3
+
+
+@pytest.mark.parametrize("recorded", [False, True], ids=["died-claiming", "died-recording"])
+async def test_a_schedule_fire_whose_replica_died_runs_once(
+    make_app: Callable[..., Any], recorded: bool
+) -> None:
+    """A replica claimed a fire and died before marking it done: before recording its execution
+    (nobody ran it), or after (it ran). The surviving replica watches the unfinished claim, takes
+    it over once its lease is over, and the fire has run exactly once."""
+    clock = FakeClock(START)
+    one = await make_app(clock=clock)
+    assert one.store is not None and one.clients is not None
+    job_id = f"died-{'recorded' if recorded else 'claimed'}"
+    await one.store.register(schedule_job(job_id, overlap=5, wait=0))
+    await one.refresh()
+    await one.tick_schedules()  # first tick: nothing due (SKIP)
+    clock.advance(timedelta(minutes=1))
+    (job,) = [j for j in one.index.schedules() if j.id == job_id]
+    (fire,) = due_fires(job, START, clock())  # as every replica names it (in the job's zone)
+    readmodel = ReadModel(one.clients.dynamodb, one.settings.table)
+    assert await readmodel.claim_window(
+        f"orch-{job_id}",
+        fire,
+        owner="replica-that-died",
+        now=clock(),
+        ttl=int((clock() + timedelta(days=1)).timestamp()),
+        lease=SCHEDULE_CLAIM_LEASE,
+    )
+    if recorded:  # it recorded (and started) the execution, then died before marking it done
+        await one.launch(job, schedule_trigger(job, fire))
+        await eventually(lambda: _count(one, job_id, 1), within=20, what="the dead one's run")
+    assert await one.tick_schedules() == []  # held by the dead replica: watched, not run
+    clock.advance(SCHEDULE_CLAIM_LEASE + timedelta(seconds=1))
+    started = await one.tick_schedules()
+    assert (job_id, fire) in started  # taken over
+    runs = len(started)  # this fire (run once, by whichever replica) and the later ones
+    await eventually(lambda: _count(one, job_id, runs), within=20, what=f"{runs} runs")
+    fires = [r["trigger"]["digest"] for r in await runs_of(one, job_id)]  # one per fire
+    assert len(fires) == len(set(fires)) == runs
 
 
 # -- durable executions ---------------------------------------------------------------------------

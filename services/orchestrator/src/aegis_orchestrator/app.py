@@ -18,6 +18,7 @@ import aiohttp
 import structlog
 from faststream.nats.subscriber.usecases import PullStreamSubscriber
 
+from aegis_contracts import keys
 from aegis_contracts.events import ChangeEvent, RawArchived, SystemEvent
 from aegis_contracts.subjects import CHANGES, STREAMS, SYSTEM, StreamSpec, change_subject
 from aegis_contracts.times import Clock, ensure_utc, utc_now
@@ -44,7 +45,7 @@ from aegis_runtime.heartbeat import instance_id
 from aegis_runtime.lifecycle import run_service, start_background
 from aegis_runtime.service import ServiceApp
 from aegis_storage.clients import AwsClients
-from aegis_storage.errors import Conflict
+from aegis_storage.errors import Conflict, StorageError
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
@@ -54,6 +55,8 @@ EVENTS_STREAM = next(s for s in STREAMS if s.name == "AEGIS_EVENTS")
 RAW_STREAM = next(s for s in STREAMS if s.name == "AEGIS_RAW")
 JOB_ENTITY = "orch_job"
 CLAIM_TTL = timedelta(days=7)
+# a schedule fire claimed but not recorded within this is taken over by another replica
+SCHEDULE_CLAIM_LEASE = timedelta(minutes=2)
 
 
 class FileClock:
@@ -111,6 +114,8 @@ class OrchestratorApp(ServiceApp):
         self.store: JobStore | None = None
         self.runner: Runner | None = None
         self._checked: dict[str, datetime] = {}
+        # per schedule job, fires claimed but not recorded yet (here or elsewhere)
+        self._unfinished: dict[str, set[datetime]] = {}
         durable = settings.orchestrator_durable
 
         def consumer(
@@ -203,25 +208,59 @@ class OrchestratorApp(ServiceApp):
         return self.runner.start(execution)
 
     async def tick_schedules(self) -> list[tuple[str, datetime]]:
-        """Claim and start the due fires of every schedule job; returns what this replica ran."""
+        """Claim and start the due fires of every schedule job; returns what this replica ran.
+
+        A fire is claimed with a lease and marked done once its execution is recorded. A fire
+        whose claim is held but not done (its replica died between claiming and recording, or
+        could not record) is watched, and taken over once the lease is over; the execution is
+        then started only if the trigger was not recorded yet, so a fire runs once however its
+        replica died."""
         assert self.clients is not None
         readmodel = ReadModel(self.clients.dynamodb, self.settings.table)
         now = self.clock()
         started: list[tuple[str, datetime]] = []
         for job in self.index.schedules():
-            for fire in due_fires(job, self._checked.get(job.id), now):
-                claimed = await readmodel.claim_window(
-                    f"orch-{job.id}",
-                    fire,
-                    owner=self.owner,
-                    now=now,
-                    ttl=int((now + CLAIM_TTL).timestamp()),
-                )
-                if claimed:
-                    await self.launch(job, schedule_trigger(job, fire))
-                    started.append((job.id, fire))
+            watched = self._unfinished.pop(job.id, set())
+            fires = sorted(set(due_fires(job, self._checked.get(job.id), now)) | watched)
             self._checked[job.id] = now
+            for fire in fires:
+                if now - fire > CLAIM_TTL:
+                    continue  # its claim has expired: too old to run
+                try:
+                    ran = await self._fire(readmodel, job, fire, now)
+                except StorageError as err:
+                    log.warning(
+                        "schedule_fire_failed", job_id=job.id, fire=str(fire), error=str(err)
+                    )
+                    ran = None
+                if ran is None:
+                    self._unfinished.setdefault(job.id, set()).add(fire)
+                elif ran:
+                    started.append((job.id, fire))
         return started
+
+    async def _fire(
+        self, readmodel: ReadModel, job: Job, fire: datetime, now: datetime
+    ) -> bool | None:
+        """Claim ``fire`` of ``job`` and start it. True: this replica had it (started, skipped for
+        overlap, or found recorded by a replica that died before marking it done); False: done
+        by another replica; None: not done yet, to look at again."""
+        claim = f"orch-{job.id}"
+        claimed = await readmodel.claim_window(
+            claim,
+            fire,
+            owner=self.owner,
+            now=now,
+            ttl=int((now + CLAIM_TTL).timestamp()),
+            lease=SCHEDULE_CLAIM_LEASE,
+        )
+        if not claimed:
+            held = await readmodel.get_item(keys.claim_pk(claim), keys.claim_sk(fire))
+            return False if held is None or held.get("done_at") else None
+        # claimed afresh or taken over from a replica that may have recorded it before dying
+        await self.launch(job, schedule_trigger(job, fire), redelivered=True)
+        await readmodel.finish_window(claim, fire, owner=self.owner, now=now)
+        return True
 
     async def resume_abandoned(self) -> list[str]:
         """Resume the executions whose replica stopped renewing their lease; returns their ids."""
