@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from aegis_contracts import keys
 from aegis_contracts.times import format_ts
+from aegis_contracts.ttl import TtlSettings
+from aegis_processor.handlers import Processor
+from aegis_processor.refresh import Refresher
+from aegis_processor.rules import load_rules
+from aegis_runtime.broker import Outgoing
+from aegis_runtime.testing.clock import FakeClock
 
 pytestmark = pytest.mark.integration
 
@@ -120,3 +127,45 @@ async def test_a_firing_alert_enters_the_index_and_leaves_it_when_resolved(found
     later = now + timedelta(hours=2)
     assert await rm.firing_alerts(now=later) == []
     assert len(await rm.index_members(keys.FLEET_FIRING)) == 2
+
+
+async def test_replicas_share_the_refresh_tick_and_refresh_each_factory_once(foundation):
+    """Two processor replicas tick in the same minute over a fleet whose every factory is due:
+    they split the fleet index's shards between them (each claims a shard, refreshes it, takes
+    the next free one), each factory is committed once, and a third replica ticking in that
+    minute finds every shard taken."""
+    rm = foundation.readmodel
+    factories = [f"factory-s{i:03d}" for i in range(40)]
+    for f in factories:  # last written an hour before the tick: every one is due
+        assert await rm.replace_latest(
+            f, {"factory_id": f, "updated_at": format_ts(T0)}, expected=None
+        )
+    published: list[Outgoing] = []
+
+    async def publish(events: Sequence[Outgoing]) -> list[bool]:
+        published.extend(events)
+        return [True] * len(events)
+
+    clock = FakeClock(T0 + timedelta(hours=1))
+
+    def replica(owner: str) -> Refresher:
+        processor = Processor(
+            store=foundation.store,
+            readmodel=rm,
+            publish=publish,
+            rules=load_rules(None),
+            ttl=TtlSettings(),
+            clock=clock,
+        )
+        return Refresher(
+            processor, interval=timedelta(seconds=60), catchup=0, clock=clock, owner=owner
+        )
+
+    written = await asyncio.gather(replica("replica-a").tick(), replica("replica-b").tick())
+    assert sum(written) == len(factories)
+    assert all(n > 0 for n in written), written  # the tick was shared
+    now = clock()
+    for f in factories:
+        history = await rm.history_states(f, T0, now + timedelta(seconds=1), now=now)
+        assert len(history) == 1, f  # committed once
+    assert await replica("replica-c").tick() == 0  # every shard of this minute is taken

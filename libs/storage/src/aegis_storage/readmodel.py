@@ -300,10 +300,14 @@ class ReadModel:
     async def get_latest(self, factory_id: str) -> dict[str, Any] | None:
         return await self.get_item(keys.factory_pk(factory_id), keys.LATEST_SK)
 
-    async def factory_latest_items(self) -> list[dict[str, Any]]:
-        """Every FACTORY LATEST item (the fleet), by pk: the fleet index's entries, then the
-        items themselves. Reads what it returns, however much history the table holds."""
-        found = await self.batch_get(await self.index_members(keys.FLEET_LATEST))
+    async def factory_latest_items(self, *, shard: int | None = None) -> list[dict[str, Any]]:
+        """Every FACTORY LATEST item (the fleet; with ``shard``, the factories of that fleet
+        index shard), by pk: the index's entries, then the items themselves. Reads what it
+        returns, however much history the table holds."""
+        members = await self.index_members(
+            keys.FLEET_LATEST, shards=None if shard is None else [shard]
+        )
+        found = await self.batch_get(members)
         return sorted(found, key=lambda i: str(i["pk"]))
 
     async def fleet_ids(self) -> list[str]:
@@ -320,9 +324,11 @@ class ReadModel:
         items = [i for i in found if i.get("firing") is True and live(i, now)]
         return sorted(items, key=lambda i: (str(i["pk"]), str(i["sk"])))
 
-    async def index_members(self, kind: str) -> list[tuple[str, str]]:
+    async def index_members(
+        self, kind: str, *, shards: Sequence[int] | None = None
+    ) -> list[tuple[str, str]]:
         """The (pk, sk) of every item in the fleet index's ``kind`` partitions
-        (one of :data:`keys.FLEET_KINDS`), all shards queried at once."""
+        (one of :data:`keys.FLEET_KINDS`), all shards (or those of ``shards``) queried at once."""
 
         async def shard(partition: str) -> list[tuple[str, str]]:
             found: list[tuple[str, str]] = []
@@ -338,8 +344,13 @@ class ReadModel:
             return found
 
         with translated(f"query index {keys.FLEET_INDEX} of {self.table} for {kind}"):
-            shards = await all_of(*(shard(p) for p in keys.fleet_partitions(kind)))
-        return sorted({member for found in shards for member in found})
+            partitions = (
+                keys.fleet_partitions(kind)
+                if shards is None
+                else [keys.fleet_partition(kind, n) for n in shards]
+            )
+            found_per_shard = await all_of(*(shard(p) for p in partitions))
+        return sorted({member for found in found_per_shard for member in found})
 
     async def batch_get(
         self, item_keys: Sequence[tuple[str, str]], *, consistent: bool = False

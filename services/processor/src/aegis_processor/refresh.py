@@ -1,21 +1,27 @@
-"""The 1-minute refresh (DESIGN §2): pipeline_status and staleness risk of every factory.
+"""The 1-minute refresh: pipeline_status and staleness risk of every factory.
 
-Each window (``refresh_interval_s``, 60 s) is claimed with a conditional write, so N replicas run
-it once. After downtime the missed windows (at most ``catchup``) are claimed too; the refresh is
-a function of "now", so one run covers every window a replica won in a tick. The fleet comes
-from the read model's fleet index (what it reads is what it returns), and factories are
-refreshed ``concurrency`` at a time, so a tick of thousands of factories ends well inside its
-minute.
+The fleet is refreshed shard by shard (the fleet index's shards, ``keys.FLEET_SHARDS``): for each
+shard, each window (``refresh_interval_s``, 60 s) is claimed with a conditional write, so N
+replicas refresh each shard once per window, and the replicas share a tick: each claims a shard,
+starts refreshing it, and claims the next one still free once all of it has started, beginning
+at a shard of its own (a hash of its owner id). So a tick of thousands of factories spreads over
+the processor replicas instead of falling on one, and a replica's pipe stays full from shard to
+shard. After downtime the missed windows (at most ``catchup``) are claimed too; the refresh is a
+function of "now", so one run of a shard covers every window won for it. A shard's factories
+come from the fleet index (what it reads is what it returns) and are refreshed ``concurrency``
+at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import zlib
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
 
+from aegis_contracts import keys
 from aegis_contracts.times import Clock, floor_to, truncate_ms
 from aegis_contracts.ttl import expires_at
 from aegis_processor.handlers import Processor
@@ -56,35 +62,60 @@ class Refresher:
         return [start + i * self.interval for i in range(max(0, count))]
 
     async def tick(self) -> int:
-        """Claim the due windows; if this replica won any, refresh every factory once.
-        Returns how many factories were written (0 when another replica had the windows)."""
+        """Claim the due windows shard by shard, and refresh each shard won.
+        Returns how many factories were written (0 when other replicas had every shard)."""
         now = truncate_ms(self.clock())
         due = self.windows_due(now)
         if not due:
             return 0
-        readmodel = self.processor.readmodel
-        won = [
-            w
-            for w in due
-            if await readmodel.claim_window(
-                JOB, w, owner=self.owner, now=now, ttl=expires_at(now, CLAIM_TTL_S)
-            )
-        ]
         self._last = due[-1]
-        if not won:
-            return 0
         slots = asyncio.Semaphore(self.concurrency)
+        waiting = [0]  # factories listed but not started yet
+        all_started = asyncio.Event()
 
         async def refresh(item: dict[str, Any]) -> bool:
             async with slots:
+                waiting[0] -= 1
+                if waiting[0] == 0:
+                    all_started.set()
                 return await self.processor.refresh_factory(item, now, tick_after=self.interval)
 
-        fleet = await readmodel.factory_latest_items()
+        first = zlib.crc32(self.owner.encode()) % keys.FLEET_SHARDS
+        won_shards = 0
+        tasks: list[asyncio.Task[bool]] = []
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(refresh(item)) for item in fleet]
+            for n in range(keys.FLEET_SHARDS):
+                shard = (first + n) % keys.FLEET_SHARDS
+                if not await self._claim(shard, due, now):
+                    continue
+                won_shards += 1
+                factories = await self.processor.readmodel.factory_latest_items(shard=shard)
+                if not factories:
+                    continue
+                waiting[0] += len(factories)
+                all_started.clear()
+                tasks += [group.create_task(refresh(item)) for item in factories]
+                # the next shard is claimed once this one's factories have all started: the
+                # pipe stays full, and a replica holds no more shards than it is working on
+                await all_started.wait()
         written = sum(1 for t in tasks if t.result())
-        log.info("refresh_ran", windows=len(won), factories_written=written)
+        if won_shards:
+            log.info("refresh_ran", windows=len(due), shards=won_shards, factories_written=written)
         return written
+
+    async def _claim(self, shard: int, due: list[datetime], now: datetime) -> bool:
+        """Claim every due window of ``shard``; True when this replica won any of them."""
+        readmodel = self.processor.readmodel
+        won = False
+        for window in due:
+            won |= await readmodel.claim_window(
+                f"{JOB}-{shard}",
+                window,
+                owner=self.owner,
+                now=now,
+                ttl=expires_at(now, CLAIM_TTL_S),
+            )
+        return won
 
     async def run(self, stop: asyncio.Event) -> None:
         """Tick at every window start until ``stop``; a failing tick is logged and retried at
