@@ -50,6 +50,12 @@ DLQ_SPEC = next(s for s in STREAMS if s.name == "AEGIS_DLQ")
 FAST_RETRY = RetryPolicy(first_delay=0.02, max_delay=0.1)
 
 
+class NotYet(ConnectionError):
+    """A failure whose handler knows a retry succeeds once ``retry_after_s`` has passed."""
+
+    retry_after_s = 0.3
+
+
 class Reading(pydantic.BaseModel):
     device_id: str
     value: float
@@ -365,13 +371,13 @@ async def test_transient_error_is_nacked_and_redelivered(
     told: list[int] = []  # what delivery() says: the same, without a context parameter
     subjects: list[str] = []  # and current_subject()
 
-    @durable_pull(router, stream, "flaky", subject=subject, fetch_timeout=0.5, max_deliver=5)
+    @durable_pull(router, stream, "flaky", subject=subject, fetch_timeout=0.5, max_deliver=3)
     async def handle(body: bytes, msg: NatsMessage) -> None:
         deliveries.append(msg.raw_message.metadata.num_delivered or 0)
         told.append(delivery())
         subjects.append(current_subject())
         if len(deliveries) < 3:
-            raise ConnectionError("storage unavailable")
+            raise NotYet("storage unavailable")
 
     service.include_router(router)
     await service.start()
@@ -403,8 +409,10 @@ async def test_transient_error_is_nacked_and_redelivered(
         assert summary["subject"] == subject
         assert summary["duration_ms"] >= 0
     assert summaries[0]["level"] == "warning"
-    assert "ConnectionError: storage unavailable" in summaries[0]["error"]
+    assert "NotYet: storage unavailable" in summaries[0]["error"]
     assert summaries[0]["retry_in_s"] == FAST_RETRY.delay(1)
+    # the last delivery is held back until the handler said a retry succeeds, not spent sooner
+    assert summaries[1]["retry_in_s"] == NotYet.retry_after_s > FAST_RETRY.delay(2)
 
 
 async def test_poison_message_is_dead_lettered_then_acked(

@@ -7,7 +7,9 @@ Outcome of one JetStream message (``MessageOutcomes``, installed by :func:`creat
 - it raises :class:`Poison`, a ``ContractError`` or a validation error: dead-letter, then ack;
 - it raises anything else: nack with an exponential delay, until the consumer's ``max_deliver``-th
   delivery, which is dead-lettered (``retries_exhausted``) then acked. Never a silent drop, never an
-  endless loop.
+  endless loop. An exception with a ``retry_after_s`` (the handler knows a retry succeeds by then,
+  e.g. once another handler's lease is over) holds the last delivery back until then, so the
+  retries are not spent before it could succeed.
 
 Errors:
     BrokerError              base of this module's errors
@@ -686,6 +688,8 @@ class _MessageOutcome(BaseMiddleware):
         error = f"{type(exc).__name__}: {exc}"
         if reason is None and self.delivery < max_deliver:
             delay = retry.delay(self.delivery)
+            if self.delivery + 1 >= max_deliver:  # the next delivery is the last one
+                delay = max(delay, float(getattr(exc, "retry_after_s", 0.0)))
             await _settle(raw.nak(delay=delay))
             return "retried", logging.WARNING, {"error": error, "retry_in_s": delay}
         reason = reason or "retries_exhausted"

@@ -160,9 +160,18 @@ SystemEventFn = Callable[[dict[str, Any], str], Awaitable[None]]
 
 class AlertBusy(Exception):
     """The decision would change an alert whose message another handler is still sending: the
-    message is retried (nacked with a delay) once that one is confirmed or its lease is over."""
+    message is retried (nacked with a delay), and its last delivery is held back until
+    ``retry_after_s``, when that send's lease is over (it is confirmed by then, or the retry
+    takes it over), so a slow Slack never uses up the queue's redeliveries."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
+# a message held back by a send in progress is retried at least this long after, and that long
+# after the send's lease is over
+BUSY_MIN_RETRY_S = 1.0
 # the confirmation after a post: retried this often on DynamoDB errors (a redelivery would post
 # the message again, so it is worth a few seconds)
 CONFIRM_ATTEMPTS = 6
@@ -283,8 +292,11 @@ class Dispatcher:
             policy=self.policy,
         )
         if busy := [d for d in outcome.decisions if d.touches_pending]:
+            leases = [i.lease_until for i in intents if i.state == "sending"]
+            lease_left = (max(leases) - now).total_seconds() if leases else 0.0
             raise AlertBusy(
-                f"{snapshot.scope}: {', '.join(d.code for d in busy)} still sending elsewhere"
+                f"{snapshot.scope}: {', '.join(d.code for d in busy)} still sending elsewhere",
+                retry_after_s=max(BUSY_MIN_RETRY_S, lease_left + BUSY_MIN_RETRY_S),
             )
         await self._observe(snapshot, outcome.observed, outcome.reset, observations)
         sends = []
