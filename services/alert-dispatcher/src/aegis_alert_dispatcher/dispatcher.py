@@ -296,7 +296,7 @@ class Dispatcher:
             lease_left = (max(leases) - now).total_seconds() if leases else 0.0
             raise AlertBusy(
                 f"{snapshot.scope}: {', '.join(d.code for d in busy)} still sending elsewhere",
-                retry_after_s=max(BUSY_MIN_RETRY_S, lease_left + BUSY_MIN_RETRY_S),
+                retry_after_s=max(0.0, lease_left) + BUSY_MIN_RETRY_S,
             )
         await self._observe(snapshot, outcome.observed, outcome.reset, observations)
         sends = []

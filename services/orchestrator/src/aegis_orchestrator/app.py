@@ -226,8 +226,11 @@ class OrchestratorApp(ServiceApp):
             for fire in fires:
                 if now - fire > CLAIM_TTL:
                     continue  # its claim has expired: too old to run
+                # a claim won for a fire seen held, or older than a claim's lease, may be taken
+                # over from a replica that recorded it before dying
+                maybe_run = fire in watched or now - fire >= SCHEDULE_CLAIM_LEASE
                 try:
-                    ran = await self._fire(readmodel, job, fire, now)
+                    ran = await self._fire(readmodel, job, fire, now, maybe_run=maybe_run)
                 except StorageError as err:
                     log.warning(
                         "schedule_fire_failed", job_id=job.id, fire=str(fire), error=str(err)
@@ -240,11 +243,12 @@ class OrchestratorApp(ServiceApp):
         return started
 
     async def _fire(
-        self, readmodel: ReadModel, job: Job, fire: datetime, now: datetime
+        self, readmodel: ReadModel, job: Job, fire: datetime, now: datetime, *, maybe_run: bool
     ) -> bool | None:
         """Claim ``fire`` of ``job`` and start it. True: this replica had it (started, skipped for
         overlap, or found recorded by a replica that died before marking it done); False: done
-        by another replica; None: not done yet, to look at again."""
+        by another replica; None: not done yet, to look at again. ``maybe_run``: a claim won may
+        be a takeover, so the execution starts only if its trigger is not recorded yet."""
         claim = f"orch-{job.id}"
         claimed = await readmodel.claim_window(
             claim,
@@ -257,8 +261,7 @@ class OrchestratorApp(ServiceApp):
         if not claimed:
             held = await readmodel.get_item(keys.claim_pk(claim), keys.claim_sk(fire))
             return False if held is None or held.get("done_at") else None
-        # claimed afresh or taken over from a replica that may have recorded it before dying
-        await self.launch(job, schedule_trigger(job, fire), redelivered=True)
+        await self.launch(job, schedule_trigger(job, fire), redelivered=maybe_run)
         await readmodel.finish_window(claim, fire, owner=self.owner, now=now)
         return True
 

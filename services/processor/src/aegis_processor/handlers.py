@@ -301,8 +301,9 @@ class Processor:
         only when the assessment changed, or ``force``). None when there is nothing to commit."""
         pk = keys.factory_pk(factory_id)
         floor = truncate_ms(now)  # moves past a millisecond found taken in HISTORY
-        for attempt in range(COMMIT_ATTEMPTS):
-            old = await self._latest(factory_id, fresh=attempt > 0)
+        reread = False  # the cached LATEST may be stale: read it again
+        for _ in range(COMMIT_ATTEMPTS):
+            old = await self._latest(factory_id, fresh=reread)
             base = dict(old or {"pk": pk, "sk": keys.LATEST_SK, "factory_id": factory_id})
             if group is not None and fields is not None and at is not None:
                 guard = LATEST_GROUPS[group]
@@ -345,13 +346,15 @@ class Processor:
                 # answer was lost (then go on with it); else another's: read again, move on
                 if await self.readmodel.get_item(pk, history_sk) != history.plain:
                     floor = updated_at + timedelta(milliseconds=1)
+                    reread = True
                     continue
             if await self._replace_latest(factory_id, encoded, expected=seen):
                 self._remember(factory_id, image)
                 return Commit(old=old, new=image, at=updated_at)
-            # another writer replaced LATEST first: this state never was, so it is no history
+            # another writer replaced LATEST first: this state never was, so it is no history;
+            # the refusal's check has just read that writer's LATEST into the cache
             await self.readmodel.delete_item(pk, history_sk)
-            self._known.pop(factory_id, None)
+            reread = False
         raise Transient(f"LATEST of {factory_id} kept changing under {COMMIT_ATTEMPTS} attempts")
 
     async def _replace_latest(

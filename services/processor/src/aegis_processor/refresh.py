@@ -15,7 +15,6 @@ at a time.
 from __future__ import annotations
 
 import asyncio
-import zlib
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -80,7 +79,7 @@ class Refresher:
                     all_started.set()
                 return await self.processor.refresh_factory(item, now, tick_after=self.interval)
 
-        first = zlib.crc32(self.owner.encode()) % keys.FLEET_SHARDS
+        first = keys.fleet_shard(self.owner)  # a stable hash, the same on every host
         won_shards = 0
         tasks: list[asyncio.Task[bool]] = []
         async with asyncio.TaskGroup() as group:
