@@ -74,7 +74,9 @@ bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), backend ceiling,
 	$(VENV)/bin/python tests/bench/migrate.py --out bench-results/migrate.json
 	$(VENV)/bin/python tests/bench/dashboard.py --out bench-results/dashboard.json
 	$(VENV)/bin/python tests/bench/fleet.py --out bench-results/fleet.json
-	$(VENV)/bin/python tests/bench/faults.py --out bench-results/faults.json
+	$(VENV)/bin/python tests/bench/faults.py --out bench-results/faults.json \
+		$(if $(BENCH_MOSQUITTO),--mosquitto $(BENCH_MOSQUITTO)) \
+		$(if $(BENCH_MOSQUITTO_PERSIST_PLUGIN),--mosquitto-persist-plugin $(BENCH_MOSQUITTO_PERSIST_PLUGIN))
 
 fmt: $(STAMP) ## format and autofix
 	$(VENV)/bin/ruff format .

@@ -495,14 +495,26 @@ def main() -> None:
     parser.add_argument("--long-outage-s", type=float, default=300.0)
     parser.add_argument("--slack-down-s", type=float, default=600.0)
     parser.add_argument("--only", default="", help="run the faults whose name contains this")
+    parser.add_argument(
+        "--mosquitto", default=None, help="the broker binary (default: the machine's mosquitto)"
+    )
+    parser.add_argument(
+        "--mosquitto-persist-plugin",
+        default=None,
+        help="the broker's persist-sqlite plugin (Mosquitto 2.1; default: built-in persistence)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="aegis-bench-faults-"))
     started: list[ManagedServer] = []
     proxy: OutageProxy | None = None
     try:
-        mqtt, nats_server = start_private_mosquitto(), start_private_nats()
-        started += [mqtt, nats_server]
+        mqtt = start_private_mosquitto(
+            binary=args.mosquitto, persist_plugin=args.mosquitto_persist_plugin
+        )
+        started.append(mqtt)
+        nats_server = start_private_nats()
+        started.append(nats_server)
         emulator = start_moto_server("127.0.0.1", free_port(), log_file=scratch / "moto.log")
         started.append(emulator)
         proxy = OutageProxy(int(emulator.url.rsplit(":", 1)[1]))

@@ -388,3 +388,36 @@ def test_bad_compose_documents_are_refused_by_the_schema() -> None:
     assert "services/ingest" in errors and "restrat" in errors
     assert "services/processor/depends_on: " in errors
     assert not [line for line in errors.splitlines() if "services/aggregator" in line]
+
+
+BROKER_CONFIGS = [
+    ROOT / "deploy" / "mosquitto" / "mosquitto.conf",
+    ROOT / "deploy" / "mosquitto" / "mosquitto.prod.conf",
+    ROOT / "deploy" / "k8s" / "overlays" / "local" / "mosquitto.conf",
+]
+BROKER_IMAGE_FILES = [
+    COMPOSE_FILE,
+    ROOT / "deploy" / "k8s" / "overlays" / "local" / "mosquitto.yaml",
+]
+
+
+@pytest.mark.parametrize("config", BROKER_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_broker_keeps_shared_subscriptions_across_a_restart(config: Path) -> None:
+    # Mosquitto's built-in persistence file restores plain subscriptions only: a scaled-out
+    # ingest's $share subscription would be gone after a broker restart and what devices publish
+    # before ingest reconnects dropped. Mosquitto 2.1's persist-sqlite plugin restores it.
+    lines = [ln.split("#", 1)[0].split() for ln in config.read_text().splitlines()]
+    options = {words[0]: words[1:] for words in lines if words}
+    assert options.get("plugin") == ["/usr/lib/mosquitto_persist_sqlite.so"], config
+    assert options.get("persistence_location") == ["/mosquitto/data/"], config
+    # 2.1 refuses to start with both the plugin and the built-in file
+    assert "persistence" not in options and "autosave_interval" not in options, config
+
+
+@pytest.mark.parametrize("file", BROKER_IMAGE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_brokers_run_a_mosquitto_that_has_the_persistence_plugin(file: Path) -> None:
+    images = re.findall(r"image:\s*(eclipse-mosquitto:\S+)", file.read_text())
+    assert images, file
+    for image in images:
+        version = tuple(int(n) for n in image.split(":")[1].split("-")[0].split(".")[:2])
+        assert version >= (2, 1), f"{file}: {image} has no persist-sqlite plugin (2.1 and later)"

@@ -445,20 +445,34 @@ def start_private_nats(*, port: int | None = None, timeout: float = 15.0) -> Man
     )
 
 
-def start_private_mosquitto(*, port: int | None = None, timeout: float = 15.0) -> ManagedServer:
-    """A Mosquitto of this process's own (machine binary, free port, temp persistence)."""
-    binary = _which("mosquitto")
+def start_private_mosquitto(
+    *,
+    port: int | None = None,
+    timeout: float = 15.0,
+    binary: str | None = None,
+    persist_plugin: str | None = None,
+) -> ManagedServer:
+    """A Mosquitto of this process's own (free port, temp persistence): the machine's binary,
+    or ``binary`` (another release, for a measurement). Sessions persist with the broker's
+    built-in file, or with ``persist_plugin`` (Mosquitto 2.1's persist-sqlite plugin, as the
+    deployments run it)."""
+    binary = binary or _which("mosquitto")
     if binary is None:
         raise LocalServerError("mosquitto is not installed")
     port = port or free_port()
     folder = Path(tempfile.mkdtemp(prefix=f"aegis-mosquitto-{port}-"))
     config = folder / "mosquitto.conf"
+    persistence = (
+        f"plugin {persist_plugin}\nplugin_opt_flush_period 1\n"
+        if persist_plugin
+        else "persistence true\n"
+    )
     config.write_text(
         f"listener {port} 127.0.0.1\n"
         "allow_anonymous true\n"
         # keep root when run as root: the temp folder is ours, not the mosquitto user's
         "user root\n"
-        "persistence true\n"
+        f"{persistence}"
         f"persistence_location {folder}/\n"
         "max_packet_size 300000\n"
         "max_queued_messages 100000\n"

@@ -54,7 +54,7 @@ __all__ = [
 
 LOCALSTACK_IMAGE = "localstack/localstack:4.14.0"  # the last tag that runs without an auth token
 LOCALSTACK_SERVICES = ("s3", "dynamodb", "cloudwatch", "iam", "sts", "cloudformation")
-MOSQUITTO_IMAGE = "eclipse-mosquitto:2"
+MOSQUITTO_IMAGE = "eclipse-mosquitto:2.1"
 NATS_IMAGE = "nats:2.10"
 REGION = "ap-south-1"
 
