@@ -276,6 +276,7 @@ async def test_a_replayed_fire_is_processed_but_pages_nobody_and_starts_no_job(
             orchestrator_durable=f"o-{unique_id}",
             orchestrator_jobs_file="",
             orchestrator_schedule_tick_s=3600,
+            job_egress_allow=["127.0.0.1"],  # the webhook stand-in is local http
         ),
         clock=lambda: datetime.now(UTC),
         environment={},

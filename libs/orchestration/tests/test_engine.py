@@ -289,3 +289,88 @@ async def test_nested_loops_share_one_choice_counter_each() -> None:
     # 4 outer passes, each runs `work` once, plus 3 inner loop-backs in all: 7, not 4 * 4 = 16
     assert [n for n, _, _ in fake.calls].count("work") == 7
     assert len(set(fake.keys)) == len(fake.keys)  # every run of a step has its own key
+
+
+def two_calls() -> Job:
+    """A Slack message from device data and the author's own text, then a webhook whose URL
+    (with its token) comes from the environment."""
+    return Job.model_validate(
+        {
+            "id": "leaky",
+            "job_name": "leaky",
+            "trigger_type": "Automation",
+            "steps": [
+                {"id": "tell", "step_type": "TASK", "step_sub_type": "SLACK_NOTIFY",
+                 "is_start_point": True, "seq": 1},
+                {"id": "hook", "step_type": "TASK", "step_sub_type": "HTTP_WEBHOOK", "seq": 2,
+                 "retry": {"max_attempts": 1, "interval_s": 0}},
+            ],
+            "params": [
+                {"id": "t1", "step_id": "tell", "param_key": "text", "source_type": "TRIGGER_DATA",
+                 "ref_path": "afterData.note"},
+                {"id": "t2", "step_id": "tell", "param_key": "channel", "param_value": "<#C1|ops>"},
+                {"id": "h1", "step_id": "hook", "param_key": "url", "source_type": "ENVIRONMENT",
+                 "param_value": "${AEGIS_JOB_HOOK_URL}?x=1"},
+            ],
+        }
+    )  # fmt: skip
+
+
+class Echo(Fake):
+    """A webhook that fails once naming its URL, then answers with the URL it was called at."""
+
+    async def __call__(
+        self, step: JobStep, params: dict[str, Any], ctx: Mapping[str, Any], *, key: str
+    ) -> Any:
+        self.calls.append((step.id, params, time.monotonic()))
+        if step.id == "hook" and (len(self.calls) == 2 or "hook" in self.fail):
+            raise RuntimeError(f"connection to {params['url']} reset")
+        return {"echo": params}
+
+
+SECRET_URL = "https://hooks.example.com/services/T0KEN-abc123"
+
+
+def leaky(echo: Echo) -> Interpreter:
+    return Interpreter(
+        two_calls(),
+        dict.fromkeys(TaskKind, echo),
+        clock=echo.clock,
+        sleep=echo.sleep,
+        environment={"AEGIS_JOB_HOOK_URL": SECRET_URL},
+    )
+
+
+async def test_environment_values_reach_the_call_but_never_the_log_or_the_context() -> None:
+    echo = Echo()
+    interp = leaky(echo)
+    trigger = {"afterData": {"note": "<!channel> gas & smoke <https://evil.example|open me>"}}
+    result = await interp.run(trigger)
+    assert result.status == "SUCCEEDED"
+    calls = {step: params for step, params, _ in echo.calls}
+    assert calls["hook"]["url"] == f"{SECRET_URL}?x=1"  # the call itself has the real URL
+    hook = next(r for r in result.records if r.step_id == "hook")
+    assert hook.attempts == 2
+    assert hook.input == {"url": "**********?x=1"}
+    assert hook.output == {"echo": {"url": "**********?x=1"}}  # echoed back: scrubbed
+    assert "T0KEN" not in repr(result.records) and "T0KEN" not in repr(result.context)
+
+
+async def test_device_text_in_a_slack_step_is_escaped_and_the_authors_is_not() -> None:
+    echo = Echo()
+    interp = leaky(echo)
+    trigger = {"afterData": {"note": "<!channel> gas & smoke <https://evil.example|open me>"}}
+    await interp.run(trigger)
+    tell = next(params for step, params, _ in echo.calls if step == "tell")
+    assert tell["text"] == ("&lt;!channel&gt; gas &amp; smoke &lt;https://evil.example|open me&gt;")
+    assert tell["channel"] == "<#C1|ops>"  # the job's author wrote it: a link stays a link
+
+
+async def test_a_failure_naming_an_environment_value_is_logged_scrubbed() -> None:
+    echo = Echo(fail={"hook"})
+    interp = leaky(echo)
+    result = await interp.run({"afterData": {"note": "x"}})
+    assert result.status == "FAILED"
+    hook = next(r for r in result.records if r.step_id == "hook")
+    assert hook.error == {"Error": "RuntimeError", "Cause": "connection to **********?x=1 reset"}
+    assert "T0KEN" not in repr(result.records) and "T0KEN" not in repr(result.context)

@@ -55,7 +55,7 @@ def settings(
         orchestrator_jobs_file="",
         orchestrator_schedule_tick_s=3600,
         heartbeat_interval_s=60,
-        **extra,
+        **({"job_egress_allow": ["127.0.0.1"]} | extra),  # the webhook stand-in is local http
     )
 
 
@@ -486,6 +486,7 @@ async def drill(
         "AEGIS_SLACK_WEBHOOK_URL": webhook.url + "/slack",
         "AEGIS_JOB_MAINTENANCE_URL": webhook.url + "/maintenance",
         "AEGIS_JOB_HOOK_URL": webhook.url,
+        "AEGIS_JOB_EGRESS_ALLOW": "127.0.0.1",
     }
     shared = durable_settings(clock.path) | {
         "orchestrator_durable": f"orch-{unique_id}",  # what settings() gives the successor
@@ -817,3 +818,38 @@ async def test_a_redelivered_trigger_that_was_recorded_starts_nothing_new(
     assert len(runs) == 2
     assert sorted(r["input"]["beforeData"]["risk"]["level"] for r in runs) == ["NORMAL", "WARNING"]
     await assert_freed(foundation, "once-per-event")
+
+
+async def test_a_job_calling_the_metadata_endpoint_fails_with_the_refusal_in_its_log(
+    make_app: Callable[..., Any], nats_url: str, unique_id: str, webhook: FakeWebhook
+) -> None:
+    # a registered job tries to read instance credentials, then to post them to its own hook
+    steps = [
+        {
+            "id": "steal",
+            "step_type": "TASK",
+            "step_sub_type": "HTTP_WEBHOOK",
+            "is_start_point": True,
+            "seq": 1,
+            "retry": {"max_attempts": 0},
+        },
+        {"id": "post", "step_type": "TASK", "step_sub_type": "HTTP_WEBHOOK", "seq": 2},
+    ]
+    params = [
+        {"id": "p1", "step_id": "steal", "param_key": "url",
+         "param_value": "http://169.254.169.254/latest/meta-data/iam/security-credentials/"},
+        {"id": "p2", "step_id": "steal", "param_key": "method", "param_value": "GET"},
+        {"id": "p3", "step_id": "post", "param_key": "url", "param_value": webhook.url + "/out"},
+    ]  # fmt: skip
+    app = await make_app()
+    assert app.store is not None
+    await app.store.register(biz_job("steal", unique_id, steps=steps, params=params))
+    await app.refresh()
+    await publish_change(nats_url, unique_id, "WARNING", "CRITICAL")
+    await eventually(lambda: _count(app, "steal", 1), within=20, what="the run")
+    run = (await runs_of(app, "steal"))[0]
+    assert run["status"] == "FAILED", run
+    steal = next(s for s in run["steps"] if s["step_id"] == "steal")
+    assert steal["status"] == "FAILED"
+    assert "egress refused: http://169.254.169.254 is plain http" in json.dumps(steal["error"])
+    assert webhook.requests == []  # the next step never ran

@@ -47,7 +47,7 @@ from aegis_orchestration.limits import (
     check_steps,
 )
 from aegis_orchestration.model import FlowKind, Job, JobStep, StepType, TaskKind
-from aegis_orchestration.params import resolve_params
+from aegis_orchestration.params import environment_secrets, resolve_params, scrub, slack_escape
 
 
 class Executor(Protocol):
@@ -270,11 +270,20 @@ class Interpreter:
         assert isinstance(kind, TaskKind)
         executor = self.executors.get(kind)
         attempts = step.retry.max_attempts + 1
+        # values read from the environment reach the executor only: the log, the context and
+        # what later steps see carry them redacted (an echoing webhook cannot leak them either)
+        secrets = environment_secrets(self.job, step.id, self.environment)
         for attempt in range(1, attempts + 1):
             record.attempts = attempt
             try:
-                params = resolve_params(self.job, step.id, context, self.environment)
-                record.input = params
+                params = resolve_params(
+                    self.job,
+                    step.id,
+                    context,
+                    self.environment,
+                    escape=slack_escape if kind is TaskKind.SLACK_NOTIFY else None,
+                )
+                record.input = scrub(params, secrets)
                 if executor is None:
                     raise StepFailed(  # noqa: TRY301 - retried like any failure
                         step.id, "NoExecutor", f"no executor for {kind.value}"
@@ -282,12 +291,13 @@ class Interpreter:
                 async with asyncio.timeout(step.timeout_s):
                     output = await executor(step, params, context, key=key)
             except StepFailed as err:
-                failure = err
+                failure = StepFailed(err.step_id, err.error, scrub(err.cause, secrets))
             except TimeoutError:
                 failure = StepFailed(step.id, "States.Timeout", f"over {step.timeout_s}s")
             except Exception as err:
-                failure = StepFailed(step.id, type(err).__name__, str(err)[:1000])
+                failure = StepFailed(step.id, type(err).__name__, scrub(str(err), secrets)[:1000])
             else:
+                output = scrub(output, secrets)
                 context["steps"][step.id] = output
                 record.output = output
                 check_context(step.id, context, self.limits)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jsonpath_ng.exceptions import JsonPathLexerError, JsonPathParserError
@@ -23,6 +23,8 @@ from aegis_orchestration.dsl import parse
 from aegis_orchestration.model import DataType, Job, SourceType, StepParam
 
 ENV_PREFIX = "AEGIS_JOB_"
+# sources whose values come from devices and services, not from the job's author
+_DATA_SOURCES = frozenset({SourceType.TRIGGER_DATA, SourceType.PAYLOAD, SourceType.RETURN_DATA})
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _MISSING = object()
 
@@ -130,11 +132,33 @@ def resolve_params(
     step_id: str,
     context: Mapping[str, Any],
     environment: Mapping[str, str] | None = None,
+    *,
+    escape: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
-    """The input of one step: its top-level params by ``param_key`` (nested ones inside)."""
+    """The input of one step: its top-level params by ``param_key`` (nested ones inside).
+
+    ``escape``, when given, is applied to every string that comes from data (the trigger, the
+    payload, earlier steps' results), not to what the job's author wrote: device data put into a
+    Slack message cannot add mentions or links."""
     params = job.params_of(step_id)
     env = environment or {}
-    return _resolve_level(params, None, context, env)
+    return _resolve_level(params, None, context, env, escape)
+
+
+def slack_escape(text: str) -> str:
+    """Text Slack shows as written: ``&``, ``<`` and ``>`` escaped, so ``<!channel>`` or
+    ``<https://evil|click>`` in device data stays text (Slack's own escaping rule)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _escaped(value: Any, escape: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return escape(value)
+    if isinstance(value, Mapping):
+        return {k: _escaped(v, escape) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_escaped(v, escape) for v in value]
+    return value
 
 
 def _resolve_level(
@@ -142,6 +166,7 @@ def _resolve_level(
     parent: str | None,
     context: Mapping[str, Any],
     env: Mapping[str, str],
+    escape: Callable[[str], str] | None,
 ) -> dict[str, Any]:
     level = sorted(
         (p for p in params if p.parent_param_id == parent),
@@ -149,7 +174,7 @@ def _resolve_level(
     )
     resolved: dict[str, Any] = {}
     for param in level:
-        value = _resolve_one(param, params, context, env)
+        value = _resolve_one(param, params, context, env, escape)
         if value is not _MISSING:
             resolved[param.param_key] = value
     return resolved
@@ -160,16 +185,19 @@ def _resolve_one(
     params: list[StepParam],
     context: Mapping[str, Any],
     env: Mapping[str, str],
+    escape: Callable[[str], str] | None,
 ) -> Any:
     if param.condition_expr and not parse(param.condition_expr)(context):
         return _MISSING
     if param.data_type in (DataType.OBJECT, DataType.ARRAY) and any(
         p.parent_param_id == param.id for p in params
     ):
-        nested = _resolve_level(params, param.id, context, env)
+        nested = _resolve_level(params, param.id, context, env, escape)
         value: Any = nested if param.data_type is DataType.OBJECT else list(nested.values())
     else:
         value = source_value(param, context, env)
+        if escape is not None and param.source_type in _DATA_SOURCES and value is not _MISSING:
+            value = _escaped(value, escape)
     if value is _MISSING or value is None:
         if param.default_value is not None:
             value = param.default_value
@@ -178,3 +206,41 @@ def _resolve_one(
         else:
             return _MISSING
     return coerce(param, value)
+
+
+REDACTED = "**********"
+_SHORTEST_SECRET = 4  # shorter values (a flag, a digit) would blot out ordinary text
+
+
+def environment_secrets(
+    job: Job, step_id: str, environment: Mapping[str, str] | None = None
+) -> list[str]:
+    """The values of the ``AEGIS_JOB_*`` variables the step's ENVIRONMENT params read: webhook
+    URLs with their tokens, keys. They go into the call, never into the execution's log, its
+    context or its claim-check objects (:func:`scrub`)."""
+    env = environment or {}
+    found: set[str] = set()
+    for param in job.params_of(step_id):
+        if param.source_type is SourceType.ENVIRONMENT and param.param_value is not None:
+            for name in _PLACEHOLDER.findall(str(param.param_value)):
+                value = env.get(name, "")
+                if len(value) >= _SHORTEST_SECRET:
+                    found.add(value)
+    return sorted(found, key=len, reverse=True)  # a longer secret before one inside it
+
+
+def scrub(value: Any, secrets: list[str]) -> Any:
+    """``value`` with every occurrence of each secret replaced by ``**********`` (in strings,
+    keys and nested lists and mappings)."""
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        return value
+    if isinstance(value, Mapping):
+        return {scrub(k, secrets): scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub(v, secrets) for v in value]
+    return value

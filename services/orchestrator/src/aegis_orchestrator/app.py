@@ -14,7 +14,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import structlog
 from faststream.nats.subscriber.usecases import PullStreamSubscriber
 
@@ -35,6 +34,7 @@ from aegis_orchestration.triggers import (
     schedule_trigger,
 )
 from aegis_orchestration.yamlio import load_jobs
+from aegis_orchestrator.egress import EGRESS_ALLOW_VAR, EgressPolicy, guarded_session
 from aegis_orchestrator.runner import Runner
 from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.store import DuplicateJob, JobStore
@@ -71,8 +71,9 @@ class FileClock:
 
 
 def job_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """What ENVIRONMENT params may read: ``AEGIS_JOB_*`` only (never the service's secrets)."""
-    return {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
+    """What ENVIRONMENT params may read: ``AEGIS_JOB_*`` only (never the service's secrets),
+    less the egress allow-list, which is the orchestrator's own setting."""
+    return {k: v for k, v in env.items() if k.startswith(ENV_PREFIX) and k != EGRESS_ALLOW_VAR}
 
 
 def every(
@@ -305,7 +306,10 @@ class OrchestratorApp(ServiceApp):
 
     async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
         s = self.settings
-        session = await stack.enter_async_context(aiohttp.ClientSession())
+        egress = EgressPolicy.parse(
+            s.job_egress_allow, max_response_bytes=s.orchestrator_response_max_bytes
+        )
+        session = await stack.enter_async_context(guarded_session(egress))
         readmodel = ReadModel(clients.dynamodb, s.table)
         self.store = JobStore(readmodel, self.clock)
         self.runner = Runner(
@@ -322,6 +326,7 @@ class OrchestratorApp(ServiceApp):
                 ),
                 commands=s.orchestrator_commands,
                 command_timeout=s.orchestrator_command_timeout_s,
+                egress=egress,
             ),
             clock=self.clock,
             environment=self.environment,

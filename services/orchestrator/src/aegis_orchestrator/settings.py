@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
 
 from aegis_runtime.settings import AegisSettings
 
@@ -46,6 +48,12 @@ class OrchestratorSettings(AegisSettings):
         default_factory=lambda: ["aggregate", "report", "status"]
     )
     orchestrator_command_timeout_s: float = Field(default=600.0, gt=0)
+    # where HTTP_WEBHOOK and SLACK_NOTIFY steps may go besides public https addresses: host names
+    # and networks (comma separated) that may be called over plain http and at non-public
+    # addresses (aegis_orchestrator.egress)
+    job_egress_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # the most of an answer a job's HTTP step reads
+    orchestrator_response_max_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
     # tests and drills only: read the time from this file (an ISO-8601 instant) instead of the
     # system clock, so WAITs and leases pass when the file is rewritten
     orchestrator_clock_file: Path | None = None
@@ -53,3 +61,10 @@ class OrchestratorSettings(AegisSettings):
     fetch_timeout_s: float = Field(default=1.0, gt=0)
     ack_wait_s: float = Field(default=60.0, gt=0)
     max_deliver: int = Field(default=5, ge=1)
+
+    @field_validator("job_egress_allow", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value

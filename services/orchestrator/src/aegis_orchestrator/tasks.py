@@ -22,6 +22,8 @@ from aegis_contracts.subjects import system_subject
 from aegis_orchestration.engine import Executor
 from aegis_orchestration.model import Job, JobStep, TaskKind
 from aegis_orchestration.query import build_query
+from aegis_orchestrator.egress import EgressPolicy, EgressRefused
+from aegis_runtime.redact import redact_url
 from aegis_storage.readmodel import ReadModel
 
 
@@ -60,8 +62,10 @@ class Tasks:
         slack_webhook_url: str | None,
         commands: list[str],
         command_timeout: float,
+        egress: EgressPolicy,
     ) -> None:
         self.session = session
+        self.egress = egress
         self.readmodel = readmodel
         self.publish = publish
         self.clock = clock
@@ -82,11 +86,8 @@ class Tasks:
         async def webhook(
             step: JobStep, params: dict[str, Any], _: Mapping[str, Any], *, key: str
         ) -> Any:
-            url = str(params.get("url", ""))
-            if not url.startswith(("http://", "https://")):
-                raise TaskFailed(f"url {url!r:.80} is not http(s)")
             return await self._post(
-                url,
+                str(params.get("url", "")),
                 params.get("body", {}),
                 method=params.get("method", "POST"),
                 key=idempotency_key(execution_id, key),
@@ -134,17 +135,39 @@ class Tasks:
         }
 
     async def _post(self, url: str, body: Any, *, key: str, method: str = "POST") -> dict[str, Any]:
-        async with self.session.request(
-            str(method).upper(),
-            url,
-            json=body,
-            headers={IDEMPOTENCY_HEADER: key},
-            timeout=aiohttp.ClientTimeout(total=30),
-        ) as resp:
-            text = (await resp.text())[:2000]
-            if not 200 <= resp.status < 300:
-                raise TaskFailed(f"HTTP {resp.status}: {text[:200]}")
-            return {"status": resp.status, "body": text}
+        """One call under the egress policy: no redirects, at most ``max_response_bytes`` read."""
+        try:
+            target = self.egress.check_request(url, str(method))
+            async with self.session.request(
+                str(method).upper(),
+                target,
+                json=body,
+                headers={IDEMPOTENCY_HEADER: key},
+                timeout=aiohttp.ClientTimeout(total=30),
+                allow_redirects=False,
+            ) as resp:
+                cap = self.egress.max_response_bytes
+                raw = await resp.content.read(cap + 1)
+                truncated = len(raw) > cap
+                try:
+                    text = raw[:cap].decode(resp.charset or "utf-8", errors="replace")[:2000]
+                except LookupError:  # a charset Python does not know
+                    text = raw[:cap].decode("utf-8", errors="replace")[:2000]
+                if 300 <= resp.status < 400:
+                    where = redact_url(resp.headers.get("Location", "?"))
+                    raise TaskFailed(
+                        f"HTTP {resp.status} redirect to {where!r:.200} refused: job steps do "
+                        "not follow redirects (call the final URL)"
+                    )
+                if not 200 <= resp.status < 300:
+                    raise TaskFailed(f"HTTP {resp.status}: {text[:200]}")
+                return {"status": resp.status, "body": text, "truncated": truncated}
+        except EgressRefused as err:
+            raise TaskFailed(f"egress refused: {err}") from None
+        except aiohttp.ClientConnectorError as err:
+            if isinstance(err.os_error, EgressRefused):
+                raise TaskFailed(f"egress refused: {err.os_error}") from None
+            raise
 
     async def _command(self, params: dict[str, Any]) -> dict[str, Any]:
         name = str(params.get("command", ""))
