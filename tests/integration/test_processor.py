@@ -641,6 +641,77 @@ async def test_an_event_whose_raw_object_is_missing_is_dead_lettered_at_once(
     assert event.key in letter.detail
 
 
+async def test_forged_events_are_dead_lettered_and_write_nothing(
+    harness: Harness, run_app: Callable[..., Any]
+) -> None:
+    """Anyone who can publish on the raw subjects tries to make the processor believe a factory
+    reported CO at 9,999 ppm: by an inline payload that is not the archived object's, by naming
+    another factory's archived object, another bucket, and an object ingest never wrote."""
+    h = harness
+    received = now_ms()
+    quiet = {"sensors": {"co_ppm": 1}}
+    async with run_app() as app:
+        real = await h.raw(
+            "factory_state", quiet, mid=f"real-{h.uid}", emitted_at=received, received_at=received
+        )
+        await h.settled(app, 1)
+        before = await h.readmodel.get_latest(h.f)
+        forged_text = real.payload_text or (await h.store.get_bytes(real.key)).decode()
+        forged_text = forged_text.replace('"co_ppm": 1', '"co_ppm": 9999')
+        assert "9999" in forged_text
+        attacks = {
+            # the real key, a payload of the attacker's
+            "event_payload_mismatch": real.model_copy(update={"payload_text": forged_text}),
+            # another message's object under this event's ids
+            "event_not_archived": real.model_copy(
+                update={"message_id": f"forged-{h.uid}", "payload_text": forged_text}
+            ),
+        }
+        for event in attacks.values():
+            await h.send(event)
+        # another bucket, and the attacker's own key layout: both not the archive's
+        await h.send(real.model_copy(update={"bucket": "attacker-bucket"}))
+        await h.send(real.model_copy(update={"key": f"raw/{h.f}/evil.json"}))
+        await h.settled(app, 5)
+        # an object archived before S3 kept checksums is read and compared instead
+        old_key = keys.raw_key(h.f, "factory_state", received, f"old-{h.uid}")
+        old_body = json.dumps(
+            {
+                "message_id": f"old-{h.uid}",
+                "factory_id": h.f,
+                "device_id": "edge-1",
+                "emitted_at": received.isoformat(),
+                "schema_version": "1.0",
+                **quiet,
+            }
+        )
+        await h.store.put_bytes(old_key, old_body.encode())
+        old = real.model_copy(
+            update={"message_id": f"old-{h.uid}", "key": old_key, "payload_text": old_body}
+        )
+        await h.send(old.model_copy(update={"payload_text": old_body.replace(": 1}", ": 9999}")}))
+        await h.send(old)
+        await h.settled(app, 7)
+
+    assert await h.store.kept_sha256(real.key) is not None  # ingest's put keeps a SHA-256
+    assert await h.store.kept_sha256(old_key) is None
+    for reason in ("event_payload_mismatch", "event_not_archived"):
+        letter = await _dead_letter(h, reason)
+        assert letter.reason == reason and letter.deliveries == 1
+    dead = {
+        s.labels["reason"]: s.value
+        for fam in app.metrics.dead_letters_total.collect()
+        for s in fam.samples
+        if s.name.endswith("_total")
+    }
+    assert dead == {"event_payload_mismatch": 2, "event_not_archived": 3}
+    latest = await h.readmodel.get_latest(h.f)
+    assert latest is not None and before is not None
+    assert latest["factory_state"]["sensors"]["co_ppm"] == 1  # never 9999
+    assert f"forged-{h.uid}" not in json.dumps(await h.processed_keys())
+    assert any(f"old-{h.uid}" in k for k in await h.processed_keys())  # the honest old one
+
+
 # -- event time ---------------------------------------------------------------------------------
 
 

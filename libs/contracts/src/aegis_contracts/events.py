@@ -27,8 +27,9 @@ class RawArchived(_Event):
     received_at: Timestamp
     size_bytes: int = Field(ge=0)
     qos: int = Field(ge=0, le=2)
-    # the payload itself when it is small UTF-8 text, which saves the processor a GET per message;
-    # otherwise None and the processor reads ``key``
+    # the payload itself when it is small UTF-8 text: the processor then checks it against the
+    # SHA-256 S3 keeps for ``key`` (a HEAD, no body to download); otherwise None and the processor
+    # reads ``key``
     payload_text: str | None = None
     # re-queued by ``aegis replay`` (not a device's new message): what the processor makes of it
     # is marked replayed, so alerts and workflow triggers leave it alone (``--notify``: False)

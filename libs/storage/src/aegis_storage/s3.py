@@ -146,10 +146,16 @@ class ObjectStore:
         content_type: str = JSON,
         metadata: Mapping[str, str] | None = None,
     ) -> PutResult:
-        """Create ``key`` once. Same bytes again: ``duplicate``. Different bytes: :class:`Conflict`."""
+        """Create ``key`` once. Same bytes again: ``duplicate``. Different bytes: :class:`Conflict`.
+
+        S3 keeps the object's SHA-256, checked by S3 against the bytes it received
+        (:meth:`kept_sha256` reads it back): whoever holds an event naming the object can tell
+        whether the bytes it carries are the archived ones without downloading them."""
         try:
             with translated(f"put-once s3://{self.bucket}/{key}"):
-                return await self._put(key, body, content_type, metadata, IfNoneMatch="*")
+                return await self._put(
+                    key, body, content_type, metadata, IfNoneMatch="*", ChecksumAlgorithm="SHA256"
+                )
         except Conflict:  # 412: the key exists; same bytes is a duplicate, other bytes a conflict
             return await self._settle_existing(key, body)
 
@@ -298,6 +304,15 @@ class ObjectStore:
 
     async def exists(self, key: str) -> bool:
         return await self.head(key) is not None
+
+    async def kept_sha256(self, key: str) -> str | None:
+        """The SHA-256 S3 keeps for ``key`` (base64, as S3 gives it), or None when the object was
+        stored without one. :class:`NotFound` when there is no object."""
+        with translated(f"head s3://{self.bucket}/{key}"):
+            resp = await self._s3.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+        value = resp.get("ChecksumSHA256")
+        # a multipart object's checksum is of its parts ("...-3"), not of the bytes
+        return value if value and "-" not in value else None
 
     async def list_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
         """Every object under ``prefix``, in key order, page by page."""

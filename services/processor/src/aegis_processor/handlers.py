@@ -1,6 +1,9 @@
 """Glue of one RawArchived event: read, validate, normalize (domain), write S3 and the read model,
 publish what was written. Every step is idempotent, so a redelivery is harmless:
 
+0. The event must be what ingest archived: it names this bucket and the raw key its ids make, and
+   an inline payload has the SHA-256 S3 keeps for that object (else it is dead-lettered as
+   ``event_not_archived`` or ``event_payload_mismatch`` and nothing is written).
 1. payload (inline or S3 GET) -> ``parse_device_message``; a ``ContractError`` propagates and the
    broker middleware dead-letters the event with its code; nothing is written.
 2. event time (clock skew -> arrival time + flag; ``late`` when the day's report exists).
@@ -29,7 +32,9 @@ Storage and broker errors propagate: the middleware nacks and the broker redeliv
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import json
 import logging
 import time
@@ -42,6 +47,7 @@ from typing import Any, Protocol, cast
 import structlog
 
 from aegis_contracts import keys
+from aegis_contracts.errors import ContractError
 from aegis_contracts.events import ChangeEvent, RawArchived
 from aegis_contracts.items import FactoryLatest
 from aegis_contracts.keys import Dataset, ReportArtifact
@@ -73,6 +79,9 @@ log = structlog.get_logger(__name__)
 _stdlog = logging.getLogger(__name__)
 
 PRODUCER = "processor"
+# dead-letter reasons of events that are not what ingest archived (forged or corrupted)
+EVENT_NOT_ARCHIVED = "event_not_archived"
+EVENT_PAYLOAD_MISMATCH = "event_payload_mismatch"
 LATEST_ENTITY = "factory_latest"
 # commits lost to other writers of the same LATEST before the message is nacked for later
 COMMIT_ATTEMPTS = 8
@@ -183,15 +192,59 @@ class Processor:
                 "raw_object_missing", f"{event.key} is not in s3://{self.store.bucket}"
             ) from None
 
+    def _check_names_the_archive(self, event: RawArchived) -> None:
+        """The event must name an object of the raw archive that ingest would have written for
+        it: this bucket, a raw key of the event's factory, source type, arrival day and message
+        id. Anything else is not an archived message (a forged or corrupted event)."""
+        if event.bucket != self.store.bucket:
+            raise Poison(
+                EVENT_NOT_ARCHIVED,
+                f"the event names bucket {event.bucket!r}; the archive is {self.store.bucket!r}",
+            )
+        try:
+            expected = keys.raw_key(
+                event.factory_id, event.source_type, event.received_at, event.message_id
+            )
+        except ContractError as err:
+            raise Poison(EVENT_NOT_ARCHIVED, f"the event's ids make no raw key: {err}") from None
+        if event.key != expected:
+            raise Poison(
+                EVENT_NOT_ARCHIVED,
+                f"the event names {event.key!r:.200}; its factory, source, arrival day and "
+                f"message id make {expected!r:.200}",
+            )
+
+    async def _archived_payload(self, event: RawArchived) -> bytes:
+        """The message's bytes as the archive holds them. An inline payload is used only when its
+        SHA-256 equals the one S3 keeps for the raw object (a HEAD); an object stored without one
+        is read and compared."""
+        self._check_names_the_archive(event)
+        if event.payload_text is None:
+            return await self._raw_payload(event)
+        payload = event.payload_text.encode("utf-8")
+        try:
+            kept = await self.store.kept_sha256(event.key)
+        except NotFound:
+            raise Poison(
+                "raw_object_missing", f"{event.key} is not in s3://{self.store.bucket}"
+            ) from None
+        if kept is None:
+            same = await self._raw_payload(event) == payload
+        else:
+            same = base64.b64encode(hashlib.sha256(payload).digest()).decode() == kept
+        if not same:
+            raise Poison(
+                EVENT_PAYLOAD_MISMATCH,
+                f"the event's inline payload ({len(payload)} bytes) is not the archived "
+                f"object {event.key}",
+            )
+        return payload
+
     async def handle(self, event: RawArchived, *, redelivered: bool = False) -> Outcome:
         structlog.contextvars.bind_contextvars(
             factory_id=event.factory_id, message_id=event.message_id
         )
-        payload = (
-            event.payload_text.encode("utf-8")
-            if event.payload_text is not None
-            else await self._raw_payload(event)
-        )
+        payload = await self._archived_payload(event)
         message = parse_device_message(
             event.source_type, payload, topic_factory_id=event.factory_id
         )
