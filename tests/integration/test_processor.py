@@ -619,6 +619,46 @@ async def test_invalid_messages_are_dead_lettered_with_their_reason_and_write_no
     assert dead == {"malformed_json": 1, "schema_violation": 1, "factory_mismatch": 1}
 
 
+OVERFLOWING = {
+    # values that parse as JSON but overflow what comes after: Python's int reader, DynamoDB's
+    # number range, datetime's last year
+    "digits": ('{"co_ppm": %s}' % ("9" * 4301), "malformed_json", "4,300 digits"),
+    "huge": ('{"co_ppm": 1e300}', "schema_violation", "sensors.co_ppm"),
+    "tiny": ('{"co_ppm": 1e-200}', "schema_violation", "sensors.co_ppm"),
+    "year": (None, "schema_violation", "emitted_at"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVERFLOWING))
+async def test_values_that_overflow_downstream_are_refused_at_once_and_write_nothing(
+    harness: Harness, run_app: Callable[..., Any], case: str
+) -> None:
+    h = harness
+    received = now_ms()
+    sensors, reason, where = OVERFLOWING[case]
+    emitted = '"9999-12-31T23:59:59-05:00"' if case == "year" else f'"{received.isoformat()}"'
+    body = (
+        f'{{"message_id": "o-{h.uid}", "factory_id": "{h.f}", "device_id": "edge-1", '
+        f'"emitted_at": {emitted}, "schema_version": "1.0", '
+        f'"sensors": {sensors or "{}"}}}'
+    )
+    async with run_app() as app:
+        await h.raw(
+            "factory_state",
+            body.encode(),
+            mid=f"o-{h.uid}",
+            emitted_at=None,
+            received_at=received,
+            inline=True,
+        )
+        await h.settled(app, 1)
+    letter = await _dead_letter(h, reason)
+    assert letter.deliveries == 1  # refused, never retried as if transient
+    assert where in letter.detail
+    assert await h.processed_keys() == []
+    assert await h.readmodel.get_latest(h.f) is None
+
+
 async def test_an_event_whose_raw_object_is_missing_is_dead_lettered_at_once(
     harness: Harness, run_app: Callable[..., Any]
 ) -> None:

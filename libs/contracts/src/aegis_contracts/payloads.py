@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -54,14 +54,33 @@ KNOWN_SENSORS = (
 )
 
 
+# what the read model can store: DynamoDB numbers are 0 or 1e-130 <= |x| < 1e126
+SMALLEST_NUMBER = 1e-130
+LARGEST_NUMBER = 1e125
+# device clocks: a reset clock (1970) still files under arrival time; beyond year 2999 is no clock
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(3000, 1, 1, tzinfo=UTC)
+
+
 def _finite(value: float) -> float:
     if not math.isfinite(value):
         raise ValueError("must be a finite number")
+    if value != 0 and not SMALLEST_NUMBER <= abs(value) <= LARGEST_NUMBER:
+        raise ValueError(
+            f"must be 0 or between {SMALLEST_NUMBER:g} and {LARGEST_NUMBER:g} in magnitude "
+            "(what the read model can store)"
+        )
     return value
 
 
 def _utc(value: datetime) -> datetime:
-    return ensure_utc(value)
+    try:
+        utc = ensure_utc(value)
+    except OverflowError:  # 9999-12-31T23:00-05:00 is in year 10000
+        raise ValueError("is out of range (years 1970 to 2999 in UTC)") from None
+    if not EARLIEST <= utc < LATEST:
+        raise ValueError("is out of range (years 1970 to 2999 in UTC)")
+    return utc
 
 
 Finite = Annotated[float, Field(strict=False), AfterValidator(_finite)]
@@ -118,11 +137,11 @@ class HostStats(_Model):
     mem_pct: Pct | None = None
     disk_pct: Pct | None = None
     temperature_c: Finite | None = None
-    uptime_s: float | None = Field(default=None, ge=0)
+    uptime_s: Annotated[Finite, Field(ge=0)] | None = None
 
 
 class NetworkStats(_Model):
-    rtt_ms: float | None = Field(default=None, ge=0)
+    rtt_ms: Annotated[Finite, Field(ge=0)] | None = None
     loss_pct: Pct | None = None
 
 
@@ -197,6 +216,12 @@ def decode_json_object(payload: bytes) -> dict[str, Any]:
         ) from None
     except RecursionError:
         raise ContractError("malformed_json", "payload nests too deeply") from None
+    except ContractError:
+        raise
+    except ValueError:  # CPython reads integers of at most 4,300 digits
+        raise ContractError(
+            "malformed_json", "payload has an integer of more than 4,300 digits"
+        ) from None
     if not isinstance(value, dict):
         raise ContractError(
             "not_an_object", f"payload is a JSON {type(value).__name__}, not an object"
