@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
+import structlog
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+log = structlog.get_logger(__name__)
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def token_digest(token: str) -> str:
@@ -35,6 +41,64 @@ def allowed(token: str | None, digests: Sequence[str]) -> bool:
     for expected in digests:
         matched |= hmac.compare_digest(digest, expected.encode())
     return matched
+
+
+class TokenSet:
+    """The digests that are allowed now: those of ``AEGIS_DASHBOARD_TOKENS`` plus those listed in
+    ``AEGIS_DASHBOARD_TOKENS_FILE`` (one per line, ``#`` comments), which :meth:`reload` reads
+    again when it changed (a Kubernetes Secret mounted as a file is updated in place). Removing
+    a digest revokes its token: requests are refused and open live streams end."""
+
+    def __init__(self, fixed: Sequence[str], file: Path | None = None) -> None:
+        self.fixed = tuple(d.lower() for d in fixed)
+        self.file = file
+        self._seen: tuple[int, int] | None = None
+        self.digests: tuple[str, ...] = self.fixed
+        self.reload()
+
+    def allowed(self, token: str | None) -> bool:
+        return allowed(token, self.digests)
+
+    def reload(self) -> bool:
+        """Read the file again if it changed; True when the allowed digests changed."""
+        if self.file is None:
+            return False
+        try:
+            stat = self.file.stat()
+        except OSError as err:
+            seen: tuple[int, int] | None = (-1, -1)  # missing: said once, until it is back
+            error: str | None = str(err)
+        else:
+            seen, error = (stat.st_mtime_ns, stat.st_size), None
+        if seen == self._seen:
+            return False
+        self._seen = seen
+        if error is None:
+            try:
+                listed = parse_digests(self.file.read_text())
+            except (OSError, ValueError) as err:
+                error = str(err)
+        if error is not None:
+            # keep what was allowed: a half-written or missing file must not lock everyone out
+            # (nor let anyone in); the log says why, once per change of the file
+            log.warning("dashboard_tokens_file_unreadable", file=str(self.file), error=error)
+            return False
+        before, self.digests = self.digests, self.fixed + tuple(listed)
+        return set(before) != set(self.digests)
+
+
+def parse_digests(text: str) -> list[str]:
+    """Digests from a tokens file: one SHA-256 hex digest per line; blank lines and ``#``
+    comments ignored; anything else is an error naming its line."""
+    found = []
+    for n, line in enumerate(text.splitlines(), 1):
+        entry = line.split("#", 1)[0].strip().lower()
+        if not entry:
+            continue
+        if not _DIGEST.fullmatch(entry):
+            raise ValueError(f"line {n} is not a SHA-256 hex digest")
+        found.append(entry)
+    return found
 
 
 # -- the web page: a browser cannot send the header -------------------------------------------

@@ -5,6 +5,7 @@ fanned out to every browser), token access, CORS, and ``main()`` under uvicorn."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 
@@ -18,7 +19,7 @@ from sse_starlette import EventSourceResponse
 
 from aegis_contracts.times import Clock, utc_now
 from aegis_dashboard_api import pages
-from aegis_dashboard_api.access import QueryTokenMiddleware, allowed, request_token
+from aegis_dashboard_api.access import QueryTokenMiddleware, TokenSet, request_token
 from aegis_dashboard_api.feed import LiveFeed
 from aegis_dashboard_api.live import Hub, stream
 from aegis_dashboard_api.routes import ApiError, Reader, router
@@ -31,8 +32,8 @@ log = structlog.get_logger(__name__)
 
 
 async def require_token(request: Request) -> None:
-    settings: DashboardSettings = request.app.state.settings
-    if not allowed(request_token(request), settings.token_digests):
+    tokens: TokenSet = request.app.state.tokens
+    if not tokens.allowed(request_token(request)):
         raise ApiError(401, "unauthorized", "a valid read-only bearer token is required")
 
 
@@ -44,7 +45,11 @@ async def live(request: Request) -> EventSourceResponse:
     """Server-sent events: a snapshot, then every change (see aegis_dashboard_api.feed)."""
     hub: Hub = request.app.state.hub
     settings: DashboardSettings = request.app.state.settings
-    listener = hub.listen()  # first, so nothing published during the snapshot is missed
+    if len(hub.listeners) >= settings.dashboard_live_max_listeners:
+        # a bound on what clients can hold open in one process; the page's EventSource retries
+        raise ApiError(503, "too_many_streams", "this server has all the live streams it takes")
+    # first, so nothing published during the snapshot is missed
+    listener = hub.listen(request_token(request))
     try:
         snapshot = await request.app.state.feed.snapshot()
     except BaseException:
@@ -56,6 +61,16 @@ async def live(request: Request) -> EventSourceResponse:
         sep="\n",  # as the frames are encoded (once for all browsers)
         send_timeout=30,
     )
+
+
+async def _watch_tokens(tokens: TokenSet, hub: Hub, every_s: float, stop: asyncio.Event) -> None:
+    """Read the tokens file again every ``every_s``; end the live streams of revoked tokens."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
+        if tokens.reload():
+            log.info("dashboard_tokens_reloaded", tokens=len(tokens.digests))
+            hub.revoke(tokens.allowed)
 
 
 def _lifespan(
@@ -76,6 +91,9 @@ def _lifespan(
                 background.append(asyncio.create_task(reader.keep_fleet_warm(stop), name="fleet"))
             if s.dashboard_live:
                 background.append(asyncio.create_task(feed.run(stop), name="live-feed"))
+            if s.dashboard_tokens_file is not None:
+                watch = _watch_tokens(app.state.tokens, hub, s.dashboard_tokens_reload_s, stop)
+                background.append(asyncio.create_task(watch, name="tokens"))
             try:
                 yield
             finally:
@@ -108,6 +126,10 @@ def create_app(
     )
     app.state.settings = s
     app.state.hub = hub
+    app.state.tokens = TokenSet(s.token_digests, s.dashboard_tokens_file)
+    app.state.signin_limiter = pages.SignInLimiter(
+        s.dashboard_signin_attempts, s.dashboard_signin_window_s
+    )
     if clients is not None:  # reachable before the lifespan too (ASGITransport runs none)
         app.state.reader = Reader(clients, s, clock)
         app.state.feed = LiveFeed(app.state.reader, hub, s.nats_url)
@@ -161,12 +183,21 @@ def main() -> None:
         "dashboard_started",
         url=f"http://{settings.dashboard_host}:{settings.dashboard_port}",
         tokens=len(settings.token_digests),
+        tokens_file=str(settings.dashboard_tokens_file or ""),
     )
-    uvicorn.run(
-        create_app(settings),
+    uvicorn.Server(server_config(create_app(settings), settings)).run()
+
+
+def server_config(app: FastAPI, settings: DashboardSettings) -> uvicorn.Config:
+    """uvicorn for ``app``: forwarded headers (client address, https) believed only from
+    ``AEGIS_DASHBOARD_TRUSTED_PROXIES`` (uvicorn's own default trusts 127.0.0.1)."""
+    return uvicorn.Config(
+        app,
         host=settings.dashboard_host,
         port=settings.dashboard_port,
         log_config=None,
         access_log=False,
+        proxy_headers=True,
+        forwarded_allow_ips=settings.trusted_proxies,
         timeout_graceful_shutdown=5,  # open event streams end; browsers reconnect elsewhere
     )

@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import json
 import secrets
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -50,9 +50,10 @@ Queued = tuple[LiveEvent, bytes]
 class Listener:
     """One connected browser: a bounded queue; ``None`` in it ends the stream."""
 
-    def __init__(self, maxsize: int) -> None:
+    def __init__(self, maxsize: int, token: str | None = None) -> None:
         self.queue: asyncio.Queue[Queued | None] = asyncio.Queue(maxsize)
         self.dropped = False
+        self.token = token  # whose stream it is: it ends when this token is revoked
 
     def offer(self, item: Queued) -> bool:
         """Queue the event without waiting; False (and the stream ends) when the queue is full."""
@@ -92,8 +93,8 @@ class Hub:
     def next_id(self) -> str:
         return f"{self.boot}-{next(self._seq)}"
 
-    def listen(self) -> Listener:
-        listener = Listener(self.queue_size)
+    def listen(self, token: str | None = None) -> Listener:
+        listener = Listener(self.queue_size, token)
         if self.closed:
             listener.close()
         else:
@@ -112,6 +113,16 @@ class Hub:
                 self.listeners.discard(listener)
                 self.dropped += 1
                 log.warning("live_client_dropped", reason="queue_full", size=self.queue_size)
+
+    def revoke(self, still_allowed: Callable[[str | None], bool]) -> int:
+        """End the streams whose token is no longer allowed; how many ended."""
+        ended = [listener for listener in self.listeners if not still_allowed(listener.token)]
+        for listener in ended:
+            self.listeners.discard(listener)
+            listener.close()
+        if ended:
+            log.info("live_clients_revoked", streams=len(ended))
+        return len(ended)
 
     def close(self) -> None:
         """End every stream (shutdown): browsers reconnect to whichever replica answers."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import time
 from datetime import date, timedelta
 from functools import cache
 from pathlib import Path
@@ -21,6 +23,9 @@ import jinja2
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from limits import RateLimitItemPerSecond
+from limits.aio.storage import MemoryStorage
+from limits.aio.strategies import MovingWindowRateLimiter
 from markdown_it import MarkdownIt
 from markupsafe import Markup, escape
 
@@ -30,7 +35,7 @@ from aegis_contracts.times import kst_report_date, parse_ts
 from aegis_dashboard_api.access import (
     COOKIE,
     COOKIE_MAX_AGE_S,
-    allowed,
+    TokenSet,
     query_token,
     request_token,
 )
@@ -193,12 +198,12 @@ def render(
 
 
 async def authorize_page(request: Request) -> None:
-    settings: DashboardSettings = request.app.state.settings
+    tokens: TokenSet = request.app.state.tokens
     from_link = query_token(request.scope)
-    if from_link is not None and allowed(from_link, settings.token_digests):
+    if from_link is not None and tokens.allowed(from_link):
         raise SignedInByLink(from_link)
     token = request_token(request)
-    if not allowed(token, settings.token_digests):
+    if not tokens.allowed(token):
         raise LoginRequired(invalid=token is not None)
 
 
@@ -345,9 +350,45 @@ async def login_form(request: Request) -> Response:
     return response
 
 
+SIGN_IN_BODY_MAX = 8192  # a token and a path; the form's body is never read past this
+
+
+async def form_body(request: Request) -> bytes | None:
+    """The request body if it is at most ``SIGN_IN_BODY_MAX`` bytes, else None: a declared
+    Content-Length over it is refused unread, and a body without one is read no further than
+    the limit."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > SIGN_IN_BODY_MAX):
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > SIGN_IN_BODY_MAX:
+            return None
+    return bytes(body)
+
+
+class SignInLimiter:
+    """Failed sign-ins per client address in a moving window (the ``limits`` library, in
+    memory: per process). A client over the limit is refused before its token is looked at."""
+
+    def __init__(self, attempts: int, window_s: int) -> None:
+        self.item = RateLimitItemPerSecond(attempts, window_s)
+        self.limiter = MovingWindowRateLimiter(MemoryStorage())
+
+    async def wait_s(self, client: str) -> int:
+        """0 when ``client`` may try; else the seconds until it may."""
+        if await self.limiter.test(self.item, client):
+            return 0
+        stats = await self.limiter.get_window_stats(self.item, client)
+        return max(1, math.ceil(stats.reset_time - time.time()))
+
+    async def failed(self, client: str) -> None:
+        await self.limiter.hit(self.item, client)
+
+
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
-    settings: DashboardSettings = request.app.state.settings
     # another site's form posting here would sign this browser in with its token. (The page's
     # own form sends Origin "null" under Referrer-Policy no-referrer: the fetch metadata says
     # same-origin then.)
@@ -357,11 +398,29 @@ async def login(request: Request) -> Response:
     )
     if foreign or request.headers.get("sec-fetch-site") == "cross-site":
         return Response("cross-site sign-in refused", status_code=403, media_type="text/plain")
-    body = (await request.body())[:8192].decode("utf-8", "replace")
-    form = dict(parse_qsl(body, keep_blank_values=True))
+    limiter: SignInLimiter = request.app.state.signin_limiter
+    client = request.client.host if request.client else "unknown"
+    wait_s = await limiter.wait_s(client)
+    if wait_s:
+        return Response(
+            "too many sign-in attempts; try again later",
+            status_code=429,
+            media_type="text/plain",
+            headers={"Retry-After": str(wait_s)},
+        )
+    body = await form_body(request)
+    if body is None:
+        return Response(
+            f"a sign-in form is at most {SIGN_IN_BODY_MAX} bytes",
+            status_code=413,
+            media_type="text/plain",
+        )
+    form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
     token = form.get("token", "").strip()
     next_path = safe_next(form.get("next"))
-    if not allowed(token or None, settings.token_digests):
+    tokens: TokenSet = request.app.state.tokens
+    if not tokens.allowed(token or None):
+        await limiter.failed(client)
         return login_page(request, invalid=True, next_path=next_path)
     response = RedirectResponse(next_path, status_code=303)
     set_token_cookie(response, request, token)
