@@ -412,6 +412,8 @@ def test_every_broker_keeps_shared_subscriptions_across_a_restart(config: Path) 
     assert options.get("persistence_location") == ["/mosquitto/data/"], config
     # 2.1 refuses to start with both the plugin and the built-in file
     assert "persistence" not in options and "autosave_interval" not in options, config
+    # what a session may hold while its client is away is bounded in bytes too (0: unbounded)
+    assert 0 < int(options["max_queued_bytes"][0]) <= 4 * 1024**3, config
 
 
 @pytest.mark.parametrize("file", BROKER_IMAGE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
