@@ -30,7 +30,7 @@ from aegis_contracts.times import parse_ts
 from aegis_ingest.app import IngestApp, create_app
 from aegis_ingest.settings import IngestSettings
 from aegis_runtime.broker import MSG_ID_HEADER, DeadLetter
-from aegis_runtime.localservers import free_port
+from aegis_runtime.localservers import free_port, start_private_nats
 from aegis_runtime.testing.waiting import eventually
 
 if TYPE_CHECKING:
@@ -381,3 +381,52 @@ async def test_stop_mid_stream_loses_nothing_and_the_next_session_finishes(
         f"msg-stream-{i:05d}.json" for i in range(count)
     ]
     assert first_run < count, "the first run should have been stopped mid-stream"
+
+
+async def test_a_factory_flooding_the_queue_is_refused_at_its_bound_and_others_go_on(
+    settings: IngestSettings,
+    foundation: Foundation,
+    publisher: aiomqtt.Client,
+    factory: str,
+    unique_id: str,
+) -> None:
+    """A device (or a stolen identity) floods while nothing consumes: its factory's backlog in
+    the raw stream stops at its bound, the rest of its messages are archived and dead-lettered
+    (queue_full, with the event to requeue), and another factory's messages still queue."""
+    server = start_private_nats()  # the bound is per stream: not the machine's shared streams
+    try:
+        bounded = settings.model_copy(
+            update={"nats_url": server.url, "nats_raw_max_per_factory": 3}
+        )
+        other = f"{factory}-other"
+        async with running(create_app(bounded)) as app:
+            for n in range(5):
+                payload = device_payload(factory, f"flood-{n:04d}")
+                await publisher.publish(f"aegis/{factory}/factory_state", payload, qos=1)
+            calm = device_payload(other, "calm-0001")
+            await publisher.publish(f"aegis/{other}/factory_state", calm, qos=1)
+            nc = await nats.connect(server.url)
+            js = nc.jetstream()
+            try:
+
+                async def settled() -> bool:
+                    full = await dead_letters(js, bounded.service, "queue_full")
+                    queued = await messages_on(js, RAW_STREAM, raw_subject(other, "factory_state"))
+                    return len(full) == 2 and len(queued) == 1
+
+                await eventually(settled, within=30, what="3 queued, 2 dead-lettered, 1 other")
+                queued = await messages_on(js, RAW_STREAM, raw_subject(factory, "factory_state"))
+                letters = await dead_letters(js, bounded.service, "queue_full")
+            finally:
+                await nc.close()
+            assert len(queued) == 3
+            assert "maximum messages per subject exceeded" in letters[0].detail
+            events = [RawArchived.model_validate_json(d.payload_bytes()) for d in letters]
+            refused = {e.message_id for e in events}
+            assert refused <= {f"flood-{n:04d}" for n in range(5)} and len(refused) == 2
+            # nothing stored is lost: every message is in raw/, the refused ones requeueable
+            keys = await foundation.store.list_keys(raw_prefix(factory))
+            assert len(keys) == 5 and {e.key for e in events} <= set(keys)
+            assert sample(app, "dead_letters_total", reason="queue_full") == 2
+    finally:
+        server.close()

@@ -26,6 +26,8 @@ from aegis_runtime.broker import (
     Poison,
     PublishFailed,
     RetryPolicy,
+    StreamFull,
+    StreamLimits,
     create_broker,
     current_subject,
     dead_letter,
@@ -534,3 +536,43 @@ async def test_dead_letter_is_idempotent_per_message_and_reason(
     letter = await _last_dead_letter(js, dlq, "other_reason")
     assert (letter.reason, letter.detail, letter.headers) == ("other_reason", "bad", {"x": "1"})
     assert letter.received_at.tzinfo is not None
+
+
+async def test_a_start_keeps_what_an_operator_raised_and_applies_the_deployments_bounds(
+    broker: NatsBroker, js: JetStreamContext, spec: StreamSpec
+) -> None:
+    try:
+        limits = StreamLimits(max_bytes={spec.name: 1024 * 1024})
+        assert await ensure_streams(broker, [spec], limits=limits) == {spec.name: "created"}
+        assert (await js.stream_info(spec.name)).config.max_bytes == 1024 * 1024
+        # an operator raises the age and the bytes by hand (nats stream edit)
+        raised = (await js.stream_info(spec.name)).config
+        raised.max_age, raised.max_bytes = 3600.0, 8 * 1024 * 1024
+        await js.update_stream(raised)
+        # every later start, with the deployment's smaller values, leaves them
+        assert await ensure_streams(broker, [spec], limits=limits) == {spec.name: "unchanged"}
+        config = (await js.stream_info(spec.name)).config
+        assert (config.max_age, config.max_bytes) == (3600.0, 8 * 1024 * 1024)
+    finally:
+        await js.delete_stream(spec.name)
+
+
+async def test_a_full_subject_refuses_its_next_message_and_only_its_own(
+    broker: NatsBroker, js: JetStreamContext, spec: StreamSpec
+) -> None:
+    bounded = replace(spec, bounded_per_subject=True)
+    prefix = spec.subjects[0].removesuffix(".>")
+    try:
+        await ensure_streams(broker, [bounded], limits=StreamLimits(raw_max_per_factory=3))
+        config = (await js.stream_info(spec.name)).config
+        assert config.max_msgs_per_subject == 3 and config.discard == api.DiscardPolicy.NEW
+        noisy = [Outgoing(f"{prefix}.noisy", b"{}", msg_id=f"noisy-{n}") for n in range(3)]
+        await publish_many(broker, noisy, stream=spec.name)
+        with pytest.raises(StreamFull, match="maximum messages per subject exceeded"):
+            await publish(broker, f"{prefix}.noisy", b"{}", msg_id="noisy-3", stream=spec.name)
+        # another subject (another factory) is not held back by the full one
+        await publish(broker, f"{prefix}.quiet", b"{}", msg_id="quiet-0", stream=spec.name)
+        info = await js.stream_info(spec.name)
+        assert info.state.messages == 4  # nothing older was dropped to make room
+    finally:
+        await js.delete_stream(spec.name)

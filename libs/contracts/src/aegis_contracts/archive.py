@@ -33,6 +33,7 @@ from aegis_contracts.times import format_ts, parse_ts
 INVALID_TOPIC = "invalid_topic"
 PAYLOAD_TOO_LARGE = "payload_too_large"
 MESSAGE_ID_CONFLICT = "message_id_conflict"
+QUEUE_FULL = "queue_full"
 
 DEFAULT_INLINE_MAX_BYTES = 64 * 1024
 DEFAULT_DEAD_LETTER_PREFIX_BYTES = 4096
@@ -162,6 +163,19 @@ def conflict(archive: Archive, payload: bytes, detail: str) -> Reject:
         MESSAGE_ID_CONFLICT,
         detail,
         payload,
+        message_id=archive.message_id,
+        factory_id=archive.factory_id,
+    )
+
+
+def queue_full(archive: Archive, detail: str) -> Reject:
+    """The message is archived but the queue refused its event (its factory's backlog is at the
+    raw stream's bound): the dead letter carries the event itself, and the raw object stays, so
+    ``aegis replay`` (or republishing the event) queues it again once the backlog drains."""
+    return Reject(
+        QUEUE_FULL,
+        f"{detail}; the raw object {archive.key} is kept: `aegis replay` queues it again",
+        archive.event.model_dump_json().encode(),
         message_id=archive.message_id,
         factory_id=archive.factory_id,
     )

@@ -69,10 +69,13 @@ class StreamSpec:
     subjects: tuple[str, ...]
     max_age_seconds: int
     duplicate_window_seconds: int = 120
+    # each subject (for raw events: one factory and source) may hold at most the deployment's
+    # bound; the next message on a full subject is refused, not an older one dropped
+    bounded_per_subject: bool = False
 
 
 STREAMS: tuple[StreamSpec, ...] = (
-    StreamSpec("AEGIS_RAW", (f"{RAW}.>",), max_age_seconds=7 * 86_400),
+    StreamSpec("AEGIS_RAW", (f"{RAW}.>",), max_age_seconds=7 * 86_400, bounded_per_subject=True),
     StreamSpec(
         "AEGIS_EVENTS",
         (f"{OBJECT_CREATED}.>", f"{CHANGES}.>", f"{SYSTEM}.>", f"{HEARTBEAT}.>"),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import functools
 import hashlib
 import json
@@ -32,6 +33,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from contextvars import ContextVar
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -79,6 +81,12 @@ class BrokerError(Exception):
 
 class PublishFailed(BrokerError):
     """JetStream did not confirm the publish; the message may or may not be stored. Retry."""
+
+
+class StreamFull(PublishFailed):
+    """JetStream refused to store the message: its stream, or its subject, is at a limit whose
+    discard policy is "new" (the raw stream's per-factory bound). Retrying will not help until
+    the consumers catch up."""
 
 
 class StreamSetupFailed(BrokerError):
@@ -186,16 +194,67 @@ def jstream(spec: StreamSpec) -> JStream:
     )
 
 
-def _stream_config(spec: StreamSpec, replicas: int) -> api.StreamConfig:
+# JetStream's "store failed" (a discard-new limit of the stream or of the subject was reached)
+_STREAM_STORE_FAILED = 10077
+_UNLIMITED = -1
+# raw events one factory and source may have waiting (``AEGIS_NATS_RAW_MAX_PER_FACTORY``)
+RAW_MAX_PER_FACTORY = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """What the deployment adds to the streams' contract (``AEGIS_NATS_STREAM_*``)."""
+
+    replicas: int = 1
+    max_bytes: Mapping[str, int] = dataclass_field(default_factory=dict)
+    raw_max_per_factory: int = RAW_MAX_PER_FACTORY
+
+    @classmethod
+    def of(cls, settings: AegisSettings) -> StreamLimits:
+        return cls(
+            replicas=settings.nats_stream_replicas,
+            max_bytes=dict(settings.nats_stream_max_bytes),
+            raw_max_per_factory=settings.nats_raw_max_per_factory,
+        )
+
+
+def _stream_config(spec: StreamSpec, limits: StreamLimits) -> api.StreamConfig:
+    per_subject = limits.raw_max_per_factory if spec.bounded_per_subject else _UNLIMITED
+    bounded = per_subject != _UNLIMITED
     return api.StreamConfig(
         name=spec.name,
         subjects=list(spec.subjects),
         retention=api.RetentionPolicy.LIMITS,
-        discard=api.DiscardPolicy.OLD,
+        # the raw stream refuses a factory's next event when that factory's backlog is full (its
+        # message is dead-lettered, its raw object kept); the others drop their oldest
+        discard=api.DiscardPolicy.NEW if bounded else api.DiscardPolicy.OLD,
+        discard_new_per_subject=bounded,
+        max_msgs_per_subject=per_subject,
+        max_bytes=limits.max_bytes.get(spec.name, _UNLIMITED),
         max_age=float(spec.max_age_seconds),
         duplicate_window=float(spec.duplicate_window_seconds),
         storage=api.StorageType.FILE,
-        num_replicas=replicas,
+        num_replicas=limits.replicas,
+    )
+
+
+def _more(current: float | None, wanted: float | None, unlimited: float) -> float:
+    """The larger of two limits, where ``unlimited`` (0 for ages, -1 for counts) is largest."""
+    a = unlimited if current is None else current
+    b = unlimited if wanted is None else wanted
+    if unlimited in (a, b):
+        return unlimited
+    return max(a, b)
+
+
+def _kept_raised(current: api.StreamConfig, wanted: api.StreamConfig) -> api.StreamConfig:
+    """``wanted``, except where the running stream already holds more (replicas, max age, max
+    bytes): a service start never lowers what an operator raised by hand."""
+    return dataclasses.replace(
+        wanted,
+        num_replicas=max(current.num_replicas or 1, wanted.num_replicas or 1),
+        max_age=_more(current.max_age, wanted.max_age, 0),
+        max_bytes=int(_more(current.max_bytes, wanted.max_bytes, _UNLIMITED)),
     )
 
 
@@ -206,13 +265,22 @@ def _same_config(current: api.StreamConfig, wanted: api.StreamConfig) -> bool:
         and round(current.duplicate_window or 0) == round(wanted.duplicate_window or 0)
         and current.storage == wanted.storage
         and (current.num_replicas or 1) == (wanted.num_replicas or 1)
+        and (current.max_bytes or _UNLIMITED) == (wanted.max_bytes or _UNLIMITED)
+        and (current.max_msgs_per_subject or _UNLIMITED)
+        == (wanted.max_msgs_per_subject or _UNLIMITED)
+        and current.discard == wanted.discard
+        and bool(current.discard_new_per_subject) == bool(wanted.discard_new_per_subject)
     )
 
 
 async def ensure_streams(
-    broker: NatsBroker, specs: Iterable[StreamSpec] = STREAMS, *, replicas: int = 1
+    broker: NatsBroker,
+    specs: Iterable[StreamSpec] = STREAMS,
+    *,
+    limits: StreamLimits | None = None,
 ) -> dict[str, Literal["created", "updated", "unchanged"]]:
-    """Create or update each stream to its contract (file storage, max age, duplicate window).
+    """Create or update each stream to its contract (file storage, max age, duplicate window)
+    and the deployment's ``limits``; what an operator raised by hand is kept.
 
     Idempotent and safe from N replicas at once: creating an identical stream twice is a no-op on
     the server, and a replica that loses the creation race updates instead. Connects if needed.
@@ -221,7 +289,8 @@ async def ensure_streams(
     js = _jetstream(broker)
     outcome: dict[str, Literal["created", "updated", "unchanged"]] = {}
     for spec in specs:
-        outcome[spec.name] = await _ensure_stream(js, _stream_config(spec, replicas))
+        wanted = _stream_config(spec, limits or StreamLimits())
+        outcome[spec.name] = await _ensure_stream(js, wanted)
     log.info("streams_ensured", streams=outcome)
     return outcome
 
@@ -242,6 +311,7 @@ async def _ensure_stream(
                 current = (await js.stream_info(name)).config  # another replica won the race
             else:
                 return "created"
+        wanted = _kept_raised(current, wanted)
         if _same_config(current, wanted):
             return "unchanged"
         await js.update_stream(wanted)
@@ -354,17 +424,32 @@ async def publish(
     ``msg_id`` becomes the ``Nats-Msg-Id`` header: the stream stores one message per id within its
     duplicate window and answers later ones with ``duplicate=True``. A pydantic model is sent as
     JSON (content-type application/json). ``stream`` defaults to the AEGIS stream of ``subject``;
-    the server refuses the publish if the subject lands elsewhere. Raises :class:`PublishFailed`.
+    the server refuses the publish if the subject lands elsewhere. Raises :class:`PublishFailed`,
+    or :class:`StreamFull` when the stream refused the message at one of its limits.
+
+    One message is a request and its answer (nats-py's ``publish``): its asynchronous form never
+    resolves a publish the server answers with an error (its reply handler raises the error
+    instead of setting it on the future), so a refusal would look like a timeout.
     """
-    (duplicate,) = await publish_many(
-        broker,
-        [Outgoing(subject, payload, msg_id)],
-        headers=headers,
-        stream=stream,
-        correlation_id=correlation_id,
-        ack_timeout=ack_timeout,
-    )
-    return duplicate
+    js = _jetstream(broker)
+    data, sent_headers = _outgoing(Outgoing(subject, payload, msg_id), headers, correlation_id)
+    try:
+        ack = await js.publish(
+            subject,
+            data,
+            timeout=ack_timeout,
+            stream=stream or stream_for(subject).name,
+            headers=sent_headers,
+        )
+    except (nats.errors.Error, TimeoutError) as err:
+        raise _publish_failure(subject, err) from err
+    return bool(ack.duplicate)
+
+
+def _publish_failure(subject: str, err: Exception) -> PublishFailed:
+    if isinstance(err, nats.js.errors.APIError) and err.err_code == _STREAM_STORE_FAILED:
+        return StreamFull(f"{subject}: JetStream refused it: {err.description}")
+    return PublishFailed(f"publish to {subject} failed: {err!r}")
 
 
 async def publish_many(
@@ -378,7 +463,9 @@ async def publish_many(
 ) -> list[bool]:
     """:func:`publish` for several messages at once: all are sent, then all acks awaited
     (``ack_timeout`` for the lot); True for each that was a duplicate. Raises
-    :class:`PublishFailed` if any was not confirmed (the others may well be stored)."""
+    :class:`PublishFailed` if any was not confirmed (the others may well be stored); a message
+    the server refused shows as not confirmed in time (nats-py's asynchronous acks), so the
+    streams these go to drop their oldest messages rather than refuse new ones."""
     js = _jetstream(broker)
     pending: list[asyncio.Future[api.PubAck]] = []
     subject = ""
@@ -404,7 +491,7 @@ async def publish_many(
             if future.done() and not future.cancelled():
                 future.exception()  # seen: not "never retrieved"
             future.cancel()
-        raise PublishFailed(f"publish to {subject} failed: {err!r}") from err
+        raise _publish_failure(subject, err) from err
     return [bool(ack.duplicate) for ack in acks]
 
 

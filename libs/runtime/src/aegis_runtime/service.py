@@ -18,7 +18,14 @@ import pydantic
 import structlog
 
 from aegis_contracts.times import Clock, utc_now
-from aegis_runtime.broker import RetryPolicy, create_broker, ensure_streams, nats_ready, publish
+from aegis_runtime.broker import (
+    RetryPolicy,
+    StreamLimits,
+    create_broker,
+    ensure_streams,
+    nats_ready,
+    publish,
+)
 from aegis_runtime.health import HealthServer
 from aegis_runtime.heartbeat import HeartbeatPublisher
 from aegis_runtime.lifecycle import start_background
@@ -89,7 +96,7 @@ class ServiceApp:
             await self.health.start()
             stack.push_async_callback(self.health.stop)
             self.clients = await stack.enter_async_context(open_clients(self.settings.aws()))
-            await ensure_streams(self.broker)
+            await ensure_streams(self.broker, limits=StreamLimits.of(self.settings))
             stack.push_async_callback(self.broker.stop)
             await self.setup(stack, self.clients)
             await self.broker.start()  # the consumers registered in __init__ start pulling

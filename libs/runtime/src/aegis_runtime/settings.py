@@ -42,6 +42,14 @@ class AegisSettings(BaseSettings):
     # (unset: the system's trust store)
     mqtt_ca_file: Path | None = None
     nats_url: str = "nats://127.0.0.1:4222"
+    # JetStream streams (created or brought up to these at every start; a start never lowers
+    # replicas, max age or max bytes an operator raised): replicas (3 on a 3-node cluster),
+    # bytes per stream by name (e.g. {"AEGIS_RAW": 10737418240}; absent: unbounded), and the
+    # raw events one factory and source may have waiting (beyond: ingest dead-letters the
+    # message as queue_full; the raw object is kept and `aegis replay` requeues it)
+    nats_stream_replicas: int = Field(default=1, ge=1, le=5)
+    nats_stream_max_bytes: dict[str, int] = Field(default_factory=dict)
+    nats_raw_max_per_factory: int = Field(default=100_000, ge=1)
     slack_webhook_url: SecretStr | None = None
     dashboard_url: str = "http://127.0.0.1:8080"
 

@@ -8,11 +8,13 @@ from aegis_contracts.archive import (
     INVALID_TOPIC,
     MESSAGE_ID_CONFLICT,
     PAYLOAD_TOO_LARGE,
+    QUEUE_FULL,
     Archive,
     Decision,
     Reject,
     admit,
     conflict,
+    queue_full,
 )
 
 __all__ = [
@@ -21,9 +23,11 @@ __all__ = [
     "INVALID_TOPIC",
     "MESSAGE_ID_CONFLICT",
     "PAYLOAD_TOO_LARGE",
+    "QUEUE_FULL",
     "Archive",
     "Decision",
     "Reject",
     "admit",
     "conflict",
+    "queue_full",
 ]

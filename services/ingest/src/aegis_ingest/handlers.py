@@ -20,9 +20,9 @@ from enum import StrEnum
 import structlog
 from faststream.nats import NatsBroker
 
-from aegis_ingest.domain import Archive, Reject, admit, conflict
+from aegis_ingest.domain import Archive, Reject, admit, conflict, queue_full
 from aegis_ingest.settings import IngestSettings
-from aegis_runtime.broker import BrokerError, dead_letter, publish_raw_archived
+from aegis_runtime.broker import BrokerError, StreamFull, dead_letter, publish_raw_archived
 from aegis_runtime.logging import bind_message
 from aegis_runtime.metrics import Metrics
 from aegis_storage.errors import Conflict, StorageError
@@ -150,12 +150,20 @@ class IngestHandler:
             else:
                 # also after DUPLICATE: the first delivery may have died between the put and here;
                 # JetStream drops the second event by its msg_id inside the duplicate window.
-                await publish_raw_archived(
-                    self.broker, decision.event, ack_timeout=self.settings.nats_ack_timeout_seconds
-                )
-                if put.outcome is PutOutcome.DUPLICATE:
-                    return Outcome.DUPLICATE, None
-                return Outcome.ARCHIVED, None
+                try:
+                    await publish_raw_archived(
+                        self.broker,
+                        decision.event,
+                        ack_timeout=self.settings.nats_ack_timeout_seconds,
+                    )
+                except StreamFull as err:
+                    # this factory's backlog is at its bound: waiting would hold an MQTT slot
+                    # (and with enough of them every factory) for as long as it lasts
+                    decision = queue_full(decision, str(err))
+                else:
+                    if put.outcome is PutOutcome.DUPLICATE:
+                        return Outcome.DUPLICATE, None
+                    return Outcome.ARCHIVED, None
         await dead_letter(
             self.broker,
             service=self.settings.service,
