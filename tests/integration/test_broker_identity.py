@@ -92,19 +92,20 @@ def make_ca_and_server_cert(folder: Path) -> None:
     )
 
 
-PERSIST_PLUGIN = "plugin /usr/lib/mosquitto_persist_sqlite.so\nplugin_opt_flush_period 1\n"
+PERSIST_PLUGIN = "global_plugin /usr/lib/mosquitto_persist_sqlite.so\nplugin_opt_flush_period 1\n"
 
 
-def test_config(folder: Path, port: int) -> str:
-    """The production config, moved into ``folder`` and onto ``port``. The one other change: a
-    machine whose Mosquitto is 2.0 has no persist-sqlite plugin, so the sessions use the built-in
-    persistence file there (identity and ACL, what these tests check, are the same)."""
+def test_config(folder: Path, device_port: int, service_port: int) -> str:
+    """The production config, moved into ``folder`` and onto the two ports. The one other change:
+    a machine whose Mosquitto is 2.0 has no persist-sqlite plugin, so the sessions use the
+    built-in persistence file there (identity and ACL, what these tests check, are the same)."""
     text = PROD_CONF.read_text()
     for original, moved in (
         ("/mosquitto/config/", f"{folder}/"),
         ("/mosquitto/certs/", f"{folder}/"),
         ("/mosquitto/data/", f"{folder}/data/"),
-        ("\nlistener 8883\n", f"\nlistener {port} 127.0.0.1\n"),
+        ("\nlistener 8883\n", f"\nlistener {device_port} 127.0.0.1\n"),
+        ("\nlistener 8884\n", f"\nlistener {service_port} 127.0.0.1\n"),
     ):
         assert original in text, original
         text = text.replace(original, moved)
@@ -121,7 +122,8 @@ test_config.__test__ = False  # type: ignore[attr-defined]
 @dataclass
 class Broker:
     server: ManagedServer
-    port: int
+    port: int  # the devices' listener
+    service_port: int  # the services' listener
     registry: DeviceRegistry
     ca_file: Path
     passwords: dict[str, str]
@@ -129,15 +131,25 @@ class Broker:
     def tls(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca_file))
 
-    def client(self, name: str | None, password: str | None = None, **kw: object) -> aiomqtt.Client:
+    def client(
+        self,
+        name: str | None,
+        password: str | None = None,
+        *,
+        port: int | None = None,
+        identifier: str | None = None,
+        **kw: object,
+    ) -> aiomqtt.Client:
+        """A client on the listener its kind uses (services: theirs; devices: theirs)."""
         if name is not None and password is None:
             password = self.passwords[name]
+        service = name is not None and name.startswith("aegis-")
         return aiomqtt.Client(
             "127.0.0.1",
-            self.port,
+            port or (self.service_port if service else self.port),
             username=name,
             password=password,
-            identifier=f"{name or 'anon'}-{os.urandom(3).hex()}",
+            identifier=identifier or f"{name or 'anon'}-{os.urandom(3).hex()}",
             protocol=aiomqtt.ProtocolVersion.V5,
             timeout=5,
             tls_context=kw.pop("tls_context", self.tls()),  # type: ignore[arg-type]
@@ -159,17 +171,17 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
         "factory-b": registry.add("factory-b", Role.FACTORY),
         "aegis-ingest": registry.add("aegis-ingest", Role.INGEST),
     }
-    port = free_port()
+    port, service_port = free_port(), free_port()
     conf = folder / "mosquitto.conf"
-    conf.write_text(test_config(folder, port))
+    conf.write_text(test_config(folder, port, service_port))
     server = start_managed_server(
         f"mqtts://127.0.0.1:{port}",
         [MOSQUITTO, "-c", str(conf)],
         folder / "mosquitto.log",
-        ready=lambda _url: port_open("127.0.0.1", port),
+        ready=lambda _url: port_open("127.0.0.1", port) and port_open("127.0.0.1", service_port),
     )
     try:
-        yield Broker(server, port, registry, folder / "ca.crt", passwords)
+        yield Broker(server, port, service_port, registry, folder / "ca.crt", passwords)
     finally:
         server.stop()
 
@@ -178,7 +190,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 async def ingest(broker: Broker) -> AsyncIterator[aiomqtt.Client]:
     """ingest's own MQTT client, configured the way a deployment configures it."""
     settings = IngestSettings(
-        mqtt_url=f"mqtts://127.0.0.1:{broker.port}",
+        mqtt_url=f"mqtts://127.0.0.1:{broker.service_port}",
         mqtt_username="aegis-ingest",
         mqtt_password=broker.passwords["aegis-ingest"],
         mqtt_ca_file=broker.ca_file,
@@ -187,7 +199,7 @@ async def ingest(broker: Broker) -> AsyncIterator[aiomqtt.Client]:
         mqtt_share_group=f"ingest-{os.urandom(3).hex()}",
         mqtt_session_expiry_seconds=1,
     )
-    assert settings.mqtt_endpoint()[1] == broker.port
+    assert settings.mqtt_endpoint()[1] == broker.service_port
     async with AsyncExitStack() as stack:
         client = await stack.enter_async_context(create_client(settings))
         await client.subscribe(settings.subscription, qos=1)
@@ -320,3 +332,26 @@ async def _until_login(broker: Broker, name: str, *, succeeds: bool) -> None:
             f"login of {name} still {'fails' if succeeds else 'works'}"
         )
         await asyncio.sleep(0.1)
+
+
+async def test_a_device_cannot_take_over_the_ingest_session_by_its_client_id(broker):
+    """A compromised gateway connects with ingest's client id, again and again: on the devices'
+    listener its id is its own name, so ingest's connection is never kicked."""
+    victim_id = f"aegis-ingest-{os.urandom(3).hex()}"
+    async with broker.client("aegis-ingest", identifier=victim_id) as ingest:
+        await ingest.subscribe("aegis/+/+", qos=1)
+        for _ in range(3):
+            async with broker.client("factory-a", identifier=victim_id) as attacker:
+                await attacker.publish("aegis/factory-a/factory_state", b"takeover", qos=1)
+        # ingest is still connected and still receives (a kicked client would raise here)
+        await publish(broker, "factory-b", "aegis/factory-b/factory_state", b"after-takeover")
+        got = await received_until(ingest, b"after-takeover")
+        assert got[-1] == ("aegis/factory-b/factory_state", b"after-takeover")
+
+
+async def test_each_kind_of_identity_logs_in_only_on_its_own_listener(broker):
+    # a device's credentials do not open the services' listener, nor a service's the devices'
+    assert not await connects(broker.client("factory-a", port=broker.service_port))
+    assert not await connects(broker.client("aegis-ingest", port=broker.port))
+    assert await connects(broker.client("factory-a"))
+    assert await connects(broker.client("aegis-ingest"))

@@ -408,7 +408,9 @@ def test_every_broker_keeps_shared_subscriptions_across_a_restart(config: Path) 
     # before ingest reconnects dropped. Mosquitto 2.1's persist-sqlite plugin restores it.
     lines = [ln.split("#", 1)[0].split() for ln in config.read_text().splitlines()]
     options = {words[0]: words[1:] for words in lines if words}
-    assert options.get("plugin") == ["/usr/lib/mosquitto_persist_sqlite.so"], config
+    # a whole-broker plugin is a global_plugin where listeners have their own settings
+    plugin = options.get("global_plugin") or options.get("plugin")
+    assert plugin == ["/usr/lib/mosquitto_persist_sqlite.so"], config
     assert options.get("persistence_location") == ["/mosquitto/data/"], config
     # 2.1 refuses to start with both the plugin and the built-in file
     assert "persistence" not in options and "autosave_interval" not in options, config

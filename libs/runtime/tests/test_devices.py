@@ -73,9 +73,12 @@ def test_hostile_names_are_refused(tmp_path: Path, name: str) -> None:
     assert not (tmp_path / "passwd").exists()
 
 
-def test_cloud_infra_is_reserved_for_factories(tmp_path: Path) -> None:
-    with pytest.raises(DeviceError, match="reserved"):
-        DeviceRegistry(tmp_path / "p", tmp_path / "a").add("cloud-infra", Role.FACTORY)
+def test_cloud_infra_and_the_services_prefix_are_reserved_for_factories(tmp_path: Path) -> None:
+    registry = DeviceRegistry(tmp_path / "p", tmp_path / "a")
+    for name in ("cloud-infra", "aegis-ingest-ingest-0"):  # the second is a service's client id
+        with pytest.raises(DeviceError, match="reserved"):
+            registry.add(name, Role.FACTORY)
+    assert registry.add("aegis-ingest", Role.INGEST)  # a service account may be so named
 
 
 def test_add_list_revoke_and_the_files(tmp_path: Path) -> None:
@@ -99,6 +102,13 @@ def test_add_list_revoke_and_the_files(tmp_path: Path) -> None:
     hashes = dict(line.split(":", 1) for line in (tmp_path / "passwd").read_text().splitlines())
     assert verify_password(pa, hashes["factory-a"]) and pa not in (tmp_path / "passwd").read_text()
     assert (tmp_path / "passwd").stat().st_mode & 0o777 == 0o640
+    # devices and services are in separate files (the broker's two listeners)
+    assert set(hashes) == {"factory-a", "factory-b"}
+    services = (tmp_path / "passwd-services").read_text()
+    assert {line.split(":", 1)[0] for line in services.splitlines()} == {
+        "aegis-collector",
+        "aegis-ingest",
+    }
 
     assert registry.revoke("factory-a").role is Role.FACTORY
     assert "factory-a" not in (tmp_path / "passwd").read_text()

@@ -13,7 +13,7 @@ takes the password as a command-line argument that every local user can read in 
 The passwords are 192 random bits, so the iteration count (mosquitto_passwd's 101) is not what
 protects them; it keeps each broker login cheap.
 
-Both files are replaced atomically under a lock; the broker reads them again on SIGHUP.
+The files are replaced atomically under a lock; the broker reads them again on SIGHUP.
 """
 
 from __future__ import annotations
@@ -70,15 +70,26 @@ class Device:
         return [f"user {self.name}", f"# role {self.role.value}", *topics]
 
 
+# the client ids of AEGIS's own services start with this (aegis-ingest-{host}, ...): no device
+# may be named so, since a device's client id is its name
+SERVICE_PREFIX = "aegis-"
+
+
 def validate_name(name: str, role: Role) -> str:
     """A client name is a factory id (the same allow-list as topics and keys: no ``/``, ``+``,
-    ``#``, ``:``, spaces, unicode look-alikes); ``cloud-infra`` is reserved."""
+    ``#``, ``:``, spaces, unicode look-alikes); ``cloud-infra`` and, for devices, names that
+    start with ``aegis-`` (the services' client ids) are reserved."""
     try:
         validate_factory_id(name)
     except ContractError as err:
         raise DeviceError(str(err)) from None
     if role is Role.FACTORY and name == CLOUD_INFRA_TARGET:
         raise DeviceError(f"{name!r} is reserved (the cloud report target and alert scope)")
+    if role is Role.FACTORY and name.startswith(SERVICE_PREFIX):
+        raise DeviceError(
+            f"{name!r} is reserved: device names may not start with {SERVICE_PREFIX!r} "
+            "(the client ids of AEGIS's services)"
+        )
     return name
 
 
@@ -103,10 +114,17 @@ def verify_password(password: str, encoded: str) -> bool:
 
 
 class DeviceRegistry:
-    """The password file and the ACL file of one broker."""
+    """The password files and the ACL file of one broker.
+
+    Devices (role ``factory``) are in ``password_file``, which the broker's device listener
+    reads, where each client's id is its user name (``use_username_as_clientid``): a device can
+    never take another client's id. AEGIS's services (``ingest``, ``monitor``) are in
+    ``{password_file}-services``, read only by the services' listener, where they keep their own
+    client ids (one per replica). Neither kind can log in on the other's listener."""
 
     def __init__(self, password_file: Path, acl_file: Path) -> None:
         self.password_file = password_file
+        self.services_password_file = password_file.with_name(password_file.name + "-services")
         self.acl_file = acl_file
 
     def devices(self) -> list[Device]:
@@ -144,13 +162,14 @@ class DeviceRegistry:
     # -- files -----------------------------------------------------------------------------------
 
     def _hashes(self) -> dict[str, str]:
-        if not self.password_file.exists():
-            return {}
         found: dict[str, str] = {}
-        for line in self.password_file.read_text().splitlines():
-            name, sep, encoded = line.partition(":")
-            if sep and name and not line.startswith("#"):
-                found[name] = encoded
+        for file in (self.password_file, self.services_password_file):
+            if not file.exists():
+                continue
+            for line in file.read_text().splitlines():
+                name, sep, encoded = line.partition(":")
+                if sep and name and not line.startswith("#"):
+                    found[name] = encoded
         return found
 
     def _acl_devices(self) -> list[Device]:
@@ -173,7 +192,12 @@ class DeviceRegistry:
         ordered = sorted(devices, key=lambda d: d.name)
         blocks = ["\n".join(d.acl()) for d in ordered]
         _replace(self.acl_file, ACL_HEADER + "".join(f"\n{b}\n" for b in blocks), 0o644)
-        _replace(self.password_file, "".join(f"{n}:{hashes[n]}\n" for n in sorted(hashes)), 0o640)
+        services = {d.name for d in devices if d.role is not Role.FACTORY}
+        for file, names in (
+            (self.password_file, sorted(set(hashes) - services)),
+            (self.services_password_file, sorted(set(hashes) & services)),
+        ):
+            _replace(file, "".join(f"{n}:{hashes[n]}\n" for n in names), 0o640)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

@@ -33,7 +33,7 @@ PasswordFile = Annotated[
     typer.Option(
         "--password-file",
         envvar="AEGIS_BROKER_PASSWORD_FILE",
-        help="The broker's password_file.",
+        help="The devices' password_file; services go to the same path + '-services'.",
     ),
 ]
 AclFile = Annotated[
@@ -46,7 +46,9 @@ DEFAULT_ACL_FILE = Path("deploy/mosquitto/acl")
 
 @app.command()
 def add(
-    name: Annotated[str, typer.Argument(help="Factory id (or service account name).")],
+    name: Annotated[
+        str, typer.Argument(help="Factory id, or a service account name (aegis-ingest, ...).")
+    ],
     role: Annotated[
         Role, typer.Option(help="factory: publish under aegis/NAME/; ingest; monitor ($SYS).")
     ] = Role.FACTORY,
