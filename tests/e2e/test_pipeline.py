@@ -23,7 +23,7 @@ from .conftest import Pipeline, publish_all, stream_of
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 FACTORIES = 10
-PER_FACTORY = 60  # 600 messages
+PER_FACTORY = 40  # 400 messages
 
 
 async def processed_count(p: Pipeline) -> int:
@@ -87,7 +87,7 @@ async def run_with_fault(
     fault: Callable[[], Awaitable[None]],
     recover: Callable[[], Awaitable[None]],
     *,
-    after_processed: int = 180,
+    after_processed: int = 120,
     per_factory: int = PER_FACTORY,
 ) -> None:
     """Half the stream, then ``fault`` once ``after_processed`` messages are through; the other
@@ -196,7 +196,7 @@ async def test_storage_down_for_10_s_mid_stream_loses_and_repeats_nothing(
     try:
         # a shorter stream than the other faults' (the outage itself takes 10 s)
         await run_with_fault(
-            pipeline, now, storage_down, storage_up, after_processed=100, per_factory=40
+            pipeline, now, storage_down, storage_up, after_processed=75, per_factory=30
         )
     finally:
         proxy.close()
