@@ -135,10 +135,13 @@ def create_broker(
     lines ("Received", "Processed") go to the stdlib logger ``faststream.aegis`` at DEBUG; the
     :class:`MessageOutcomes` middleware writes one INFO summary line per message instead.
     """
-    servers = [s.strip() for s in settings.nats_url.split(",") if s.strip()]
+    servers = settings.nats_servers()
     broker = NatsBroker(
         servers,
         name=f"aegis-{name}",  # shown by NATS monitoring (connz)
+        # replies (JetStream acks, API answers) under an inbox of this identity only: another
+        # identity cannot subscribe to them (aegis_runtime.natsauth)
+        inbox_prefix=inbox_prefix(settings.nats_user),
         allow_reconnect=True,
         max_reconnect_attempts=-1,  # forever: a service without its queue is not ready, not dead
         reconnect_time_wait=1,  # spacing of the initial connection attempts
@@ -278,21 +281,51 @@ async def ensure_streams(
     specs: Iterable[StreamSpec] = STREAMS,
     *,
     limits: StreamLimits | None = None,
-) -> dict[str, Literal["created", "updated", "unchanged"]]:
+    manage: bool = True,
+) -> dict[str, Literal["created", "updated", "unchanged", "differs"]]:
     """Create or update each stream to its contract (file storage, max age, duplicate window)
     and the deployment's ``limits``; what an operator raised by hand is kept.
 
     Idempotent and safe from N replicas at once: creating an identical stream twice is a no-op on
     the server, and a replica that loses the creation race updates instead. Connects if needed.
+    ``manage=False`` (an identity that may not manage streams): only check that each stream
+    exists (:class:`StreamSetupFailed` if not) and say when one differs from the contract.
     """
     await broker.connect()
     js = _jetstream(broker)
-    outcome: dict[str, Literal["created", "updated", "unchanged"]] = {}
+    outcome: dict[str, Literal["created", "updated", "unchanged", "differs"]] = {}
     for spec in specs:
         wanted = _stream_config(spec, limits or StreamLimits())
-        outcome[spec.name] = await _ensure_stream(js, wanted)
-    log.info("streams_ensured", streams=outcome)
+        if manage:
+            outcome[spec.name] = await _ensure_stream(js, wanted)
+        else:
+            outcome[spec.name] = await _check_stream(js, wanted)
+    log.info("streams_ensured", streams=outcome, managed=manage)
     return outcome
+
+
+async def _check_stream(
+    js: JetStreamContext, wanted: api.StreamConfig
+) -> Literal["unchanged", "differs"]:
+    name = wanted.name or ""
+    try:
+        current = (await js.stream_info(name)).config
+    except nats.js.errors.NotFoundError:
+        raise StreamSetupFailed(
+            f"stream {name} is missing; `aegis bootstrap` (the admin identity) creates it"
+        ) from None
+    except nats.errors.Error as err:
+        raise StreamSetupFailed(f"stream {name}: {err}") from err
+    if _same_config(current, _kept_raised(current, wanted)):
+        return "unchanged"
+    log.warning("stream_differs", stream=name, hint="`aegis bootstrap` brings it to the contract")
+    return "differs"
+
+
+def inbox_prefix(user: str | None) -> str:
+    """``_INBOX`` without an identity; ``_INBOX_{user}`` with one (aegis_runtime.natsauth lets
+    each identity subscribe to its own inbox only)."""
+    return "_INBOX" if user is None else f"_INBOX_{user}"
 
 
 async def _ensure_stream(
@@ -331,8 +364,10 @@ def durable_pull(
     ack_wait: float = 30.0,
     max_deliver: int = 5,
     max_ack_pending: int | None = None,
+    user: str | None = None,
 ) -> PullStreamSubscriber:
     """Register a JetStream durable pull consumer on ``router`` (a NatsBroker or NatsRouter).
+    ``user``: the process's NATS identity, whose inbox the fetches are answered in.
 
     Every replica that registers the same ``durable`` shares one consumer, so each message goes to
     one replica. Explicit ack: a message not settled within ``ack_wait`` seconds is redelivered, at
@@ -360,6 +395,8 @@ def durable_pull(
         durable=durable,
         config=config,
         pull_sub=PullSub(batch_size=batch_size, timeout=fetch_timeout),
+        # FastStream passes nats-py its own default ("_INBOX."), not the connection's prefix
+        inbox_prefix=f"{inbox_prefix(user)}.".encode(),
         # Fallback only: MessageOutcomes settles failures itself; without it an error still nacks.
         ack_policy=AckPolicy.NACK_ON_ERROR,
     )

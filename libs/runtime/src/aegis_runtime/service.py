@@ -96,7 +96,11 @@ class ServiceApp:
             await self.health.start()
             stack.push_async_callback(self.health.stop)
             self.clients = await stack.enter_async_context(open_clients(self.settings.aws()))
-            await ensure_streams(self.broker, limits=StreamLimits.of(self.settings))
+            await ensure_streams(
+                self.broker,
+                limits=StreamLimits.of(self.settings),
+                manage=self.settings.nats_manage_streams,
+            )
             stack.push_async_callback(self.broker.stop)
             await self.setup(stack, self.clients)
             await self.broker.start()  # the consumers registered in __init__ start pulling

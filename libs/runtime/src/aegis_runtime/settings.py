@@ -9,7 +9,7 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 from typing import Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -42,6 +42,13 @@ class AegisSettings(BaseSettings):
     # (unset: the system's trust store)
     mqtt_ca_file: Path | None = None
     nats_url: str = "nats://127.0.0.1:4222"
+    # this process's NATS identity (aegis_runtime.natsauth: what each service may publish and
+    # consume); unset: connect without one (a local server that asks for none)
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    # create and update the streams at start (a server without identities, `make run`); with
+    # identities only the admin (`aegis bootstrap`) manages streams and services check them
+    nats_manage_streams: bool = True
     # JetStream streams (created or brought up to these at every start; a start never lowers
     # replicas, max age or max bytes an operator raised): replicas (3 on a 3-node cluster),
     # bytes per stream by name (e.g. {"AEGIS_RAW": 10737418240}; absent: unbounded), and the
@@ -74,6 +81,21 @@ class AegisSettings(BaseSettings):
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
     # on stop, in-flight messages get this long to finish before their handlers are cancelled
     graceful_timeout_s: float = Field(default=20.0, gt=0)
+
+    def nats_servers(self) -> list[str]:
+        """The servers of ``nats_url`` (comma-separated), with this process's identity in each
+        URL's user info, which is how nats-py takes a user and password."""
+        servers = [u.strip() for u in self.nats_url.split(",") if u.strip()]
+        if self.nats_user is None:
+            return servers
+        password = self.nats_password.get_secret_value() if self.nats_password else ""
+        userinfo = f"{quote(self.nats_user, safe='')}:{quote(password, safe='')}@"
+        with_identity = []
+        for server in servers:
+            scheme, sep, rest = server.rpartition("://")
+            host = rest.rsplit("@", 1)[-1]
+            with_identity.append(f"{scheme}{sep}{userinfo}{host}")
+        return with_identity
 
     @property
     def ttl(self) -> TtlSettings:

@@ -74,7 +74,7 @@ async def _run(
 
     try:
         if broker is not None:
-            await ensure_streams(broker, limits=StreamLimits.of(s))
+            await ensure_streams(broker, limits=StreamLimits.of(s), manage=s.nats_manage_streams)
         async with open_clients(s.aws()) as clients:
             readmodel = ReadModel(clients.dynamodb, s.table)
             agg = Aggregator(

@@ -65,6 +65,7 @@ class DispatcherApp(ServiceApp):
             fetch_timeout=settings.fetch_timeout_s,
             ack_wait=settings.ack_wait_s,
             max_deliver=settings.max_deliver,
+            user=settings.nats_user,
         )
         async def on_object_created(event: ObjectCreated) -> None:
             await self.handle(event)

@@ -84,7 +84,7 @@ def _lifespan(
             else:
                 opened = clients
             reader = app.state.reader = Reader(opened, s, clock)
-            feed = app.state.feed = LiveFeed(reader, hub, s.nats_url)
+            feed = app.state.feed = LiveFeed(reader, hub, s.nats_servers())
             stop = asyncio.Event()
             background = []
             if clients is None:  # tests that bring their clients count the fleet reads
@@ -132,7 +132,7 @@ def create_app(
     )
     if clients is not None:  # reachable before the lifespan too (ASGITransport runs none)
         app.state.reader = Reader(clients, s, clock)
-        app.state.feed = LiveFeed(app.state.reader, hub, s.nats_url)
+        app.state.feed = LiveFeed(app.state.reader, hub, s.nats_servers())
     if s.cors_origins:
         app.add_middleware(
             CORSMiddleware,

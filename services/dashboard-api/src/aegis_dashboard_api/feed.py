@@ -52,9 +52,12 @@ class LiveFeed:
     """Connects in the background (the read API serves while NATS is away), subscribes once,
     and keeps the latest cloud and alert views for the snapshot a browser gets on connect."""
 
-    def __init__(self, reader: Reader, hub: Hub, nats_url: str) -> None:
+    def __init__(self, reader: Reader, hub: Hub, nats_url: str | list[str]) -> None:
+        """``nats_url``: comma-separated URLs, or the servers with this process's identity
+        (``AegisSettings.nats_servers``)."""
         self.reader, self.hub = reader, hub
-        self.servers = [s.strip() for s in nats_url.split(",") if s.strip()]
+        servers = nats_url if isinstance(nats_url, list) else nats_url.split(",")
+        self.servers = [s.strip() for s in servers if s.strip()]
         self.nc: Client | None = None
         self.cloud: dict[str, Any] | None = None
         self.alerts: list[dict[str, Any]] | None = None

@@ -83,7 +83,9 @@ class IngestApp:
         async with AsyncExitStack() as stack:
             clients = await stack.enter_async_context(open_clients(s.aws()))
             stack.push_async_callback(self.broker.stop)
-            await ensure_streams(self.broker, _STREAMS, limits=StreamLimits.of(s))
+            await ensure_streams(
+                self.broker, _STREAMS, limits=StreamLimits.of(s), manage=s.nats_manage_streams
+            )
             await self.health.start()
             stack.push_async_callback(self.health.stop)
             start_background(stack, self.heartbeat.run, "ingest-heartbeat")

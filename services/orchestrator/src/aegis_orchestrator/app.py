@@ -131,6 +131,7 @@ class OrchestratorApp(ServiceApp):
                 fetch_timeout=settings.fetch_timeout_s,
                 ack_wait=settings.ack_wait_s,
                 max_deliver=settings.max_deliver,
+                user=settings.nats_user,
             )
 
         @consumer(EVENTS_STREAM, "changes", f"{CHANGES}.>")

@@ -83,6 +83,7 @@ class ProcessorApp(ServiceApp):
             fetch_timeout=settings.fetch_timeout_s,
             ack_wait=settings.ack_wait_s,
             max_deliver=settings.max_deliver,
+            user=settings.nats_user,
         )
         async def on_raw_archived(event: RawArchived) -> None:
             await self.handle(event, redelivered=delivery() > 1)

@@ -81,7 +81,7 @@ async def _run(s: ReporterSettings, day: date, targets: list[str], no_events: bo
 
     try:
         if broker is not None:
-            await ensure_streams(broker, limits=StreamLimits.of(s))
+            await ensure_streams(broker, limits=StreamLimits.of(s), manage=s.nats_manage_streams)
         async with open_clients(s.aws()) as clients:
             reporter = build_reporter(s, clients, announce, utc_now)
             chosen = targets or await reporter.targets()

@@ -207,7 +207,9 @@ def replay(  # noqa: PLR0917 - typer options are parameters
             publish = None
             if broker is not None:
                 await broker.connect()
-                await ensure_streams(broker, limits=StreamLimits.of(settings))
+                await ensure_streams(
+                    broker, limits=StreamLimits.of(settings), manage=settings.nats_manage_streams
+                )
                 connected = broker
 
                 async def publish_one(event: RawArchived) -> bool:

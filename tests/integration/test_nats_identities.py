@@ -1,0 +1,206 @@
+"""The internal bus with identities, on a real nats-server configured by
+``aegis_runtime.natsauth``: the data path runs under its own identities (ingest publishes a raw
+event, the processor consumes it and commits LATEST), and the attacks a pod on the network would
+try are refused: a forged change event, a forged raw event from the processor's identity, purging
+a stream, managing streams from a service."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+from faststream.nats import NatsBroker
+
+from aegis_contracts import keys
+from aegis_contracts.events import RawArchived
+from aegis_contracts.ids import SourceType
+from aegis_contracts.subjects import STREAMS, change_subject
+from aegis_contracts.times import utc_now
+from aegis_processor.app import create_app
+from aegis_processor.settings import ProcessorSettings
+from aegis_runtime.broker import (
+    PublishFailed,
+    StreamSetupFailed,
+    create_broker,
+    ensure_streams,
+    publish,
+    publish_raw_archived,
+)
+from aegis_runtime.localservers import ManagedServer, free_port, port_open, start_managed_server
+from aegis_runtime.natsauth import server_authorization
+from aegis_runtime.settings import AegisSettings
+from aegis_runtime.testing.storage import Foundation
+from aegis_runtime.testing.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
+PASSWORDS = {"admin": "admin-pw", "ingest": "ingest-pw", "processor": "processor-pw"}
+
+
+@dataclass
+class Bus:
+    server: ManagedServer
+    url: str
+
+    def settings(self, user: str, **extra: Any) -> AegisSettings:
+        return AegisSettings(
+            nats_url=self.url,
+            nats_user=user,
+            nats_password=PASSWORDS[user],
+            nats_manage_streams=user == "admin",
+            **extra,
+        )
+
+
+@pytest.fixture(scope="module")
+def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
+    folder = tmp_path_factory.mktemp("nats")
+    port = free_port()
+    config = folder / "nats.conf"
+    config.write_text(
+        f"listen: 127.0.0.1:{port}\n"
+        f"jetstream {{ store_dir: {json.dumps(str(folder / 'js'))} }}\n"
+        + server_authorization(PASSWORDS)
+    )
+    server = start_managed_server(
+        f"nats://127.0.0.1:{port}",
+        [NATS_SERVER, "-c", str(config)],
+        folder / "nats.log",
+        ready=lambda _url: port_open("127.0.0.1", port),
+    )
+    try:
+        yield Bus(server, f"nats://127.0.0.1:{port}")
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def connect(bus: Bus) -> AsyncIterator[Any]:
+    brokers: list[NatsBroker] = []
+
+    async def as_identity(user: str) -> NatsBroker:
+        broker = create_broker(bus.settings(user), name=f"test-{user}")
+        await broker.connect()
+        brokers.append(broker)
+        return broker
+
+    admin = await as_identity("admin")
+    await ensure_streams(admin, manage=True)  # `aegis bootstrap`: only the admin manages streams
+    yield as_identity
+    for broker in brokers:
+        await broker.stop()
+
+
+async def archive(foundation: Foundation, factory: str, mid: str, co_ppm: float) -> RawArchived:
+    now = utc_now()
+    payload = json.dumps(
+        {
+            "message_id": mid,
+            "factory_id": factory,
+            "device_id": "edge-1",
+            "emitted_at": now.isoformat(),
+            "schema_version": "1.0",
+            "sensors": {"co_ppm": co_ppm},
+        }
+    ).encode()
+    key = keys.raw_key(factory, "factory_state", now, mid)
+    await foundation.store.put_immutable(key, payload)
+    return RawArchived(
+        message_id=mid,
+        factory_id=factory,
+        source_type=SourceType.FACTORY_STATE,
+        topic=f"aegis/{factory}/factory_state",
+        bucket=foundation.store.bucket,
+        key=key,
+        received_at=now,
+        size_bytes=len(payload),
+        qos=1,
+        payload_text=payload.decode(),
+    )
+
+
+async def stored(admin: NatsBroker, stream: str) -> int:
+    js = admin.config.connection_state.stream
+    return int((await js.stream_info(stream)).state.messages)
+
+
+async def test_the_data_path_runs_under_its_own_identities(
+    bus: Bus, connect: Any, foundation: Foundation, aws_endpoint: str, unique_id: str
+) -> None:
+    factory = f"f-{unique_id}"
+    ingest = await connect("ingest")
+    # a service checks the streams it needs and may not create them
+    assert set((await ensure_streams(ingest, manage=False)).values()) == {"unchanged"}
+    event = await archive(foundation, factory, f"m-{unique_id}", 12.0)
+    assert await publish_raw_archived(ingest, event) is False
+    settings = ProcessorSettings(
+        **bus.settings("processor").model_dump(include={"nats_url", "nats_user", "nats_password"}),
+        nats_manage_streams=False,
+        aws_endpoint_url=aws_endpoint,
+        bucket=foundation.bucket,
+        table=foundation.table,
+        durable=f"processor-{unique_id}",
+        subject=f"aegis.raw.{factory}.>",
+        refresh_enabled=False,
+        fetch_timeout_s=0.3,
+    )
+    app = create_app(settings)
+    await app.start()
+    try:
+
+        async def committed() -> bool:
+            latest = await foundation.readmodel.get_latest(factory)
+            return latest is not None
+
+        await eventually(committed, within=20, what="LATEST from the processor's identity")
+    finally:
+        await app.stop()
+    latest = await foundation.readmodel.get_latest(factory)
+    assert latest is not None and latest["factory_state"]["sensors"]["co_ppm"] == 12.0
+
+
+async def test_forged_events_and_stream_management_are_refused(connect: Any) -> None:
+    admin, ingest, processor = (
+        await connect("admin"),
+        await connect("ingest"),
+        await connect("processor"),
+    )
+    changes_before = await stored(admin, "AEGIS_EVENTS")
+    raw_before = await stored(admin, "AEGIS_RAW")
+    # ingest may publish raw events, not a change of LATEST (a forged CRITICAL for the dashboard)
+    with pytest.raises(PublishFailed):
+        await publish(
+            ingest, change_subject("factory_latest"), b"{}", msg_id="forged", ack_timeout=1
+        )
+    # the processor may publish changes, not raw events (a forged device message)
+    with pytest.raises(PublishFailed):
+        await publish(
+            processor, "aegis.raw.factory-b.factory_state", b"{}", msg_id="forged", ack_timeout=1
+        )
+    # nobody but the admin manages streams: neither a purge nor a re-configuration
+    js = ingest.config.connection_state.stream
+    with pytest.raises(Exception, match=r"[Tt]imeout|[Pp]ermission"):
+        await js.purge_stream("AEGIS_RAW", timeout=1)
+    # a service that tries to change a stream (here: keep dead letters a day longer) is refused
+    (dlq,) = [spec for spec in STREAMS if spec.name == "AEGIS_DLQ"]
+    longer = replace(dlq, max_age_seconds=dlq.max_age_seconds + 86_400)
+    with pytest.raises(StreamSetupFailed):
+        await ensure_streams(processor, [longer])
+    assert await stored(admin, "AEGIS_EVENTS") == changes_before
+    assert await stored(admin, "AEGIS_RAW") == raw_before
+    dlq_config = (await admin.config.connection_state.stream.stream_info("AEGIS_DLQ")).config
+    assert dlq_config.max_age == dlq.max_age_seconds  # unchanged
+
+
+def test_every_identity_reads_replies_only_under_its_own_inbox() -> None:
+    config = server_authorization({"ingest": "pw-ingest-9f3a", "processor": "pw-proc-71c2"})
+    assert '"_INBOX_ingest.>"' in config and '"_INBOX_processor.>"' in config
+    assert "_INBOX.>" not in config
+    assert "pw-ingest-9f3a" not in config and "$2b$" in config  # bcrypt hashes only
+    with pytest.raises(KeyError, match="no NATS identity"):
+        server_authorization({"intruder": "z"})
