@@ -367,3 +367,106 @@ def test_the_orchestrator_reads_optional_jobs_from_a_config_map() -> None:
     assert mount["readOnly"] is True
     (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
     assert volume["configMap"]["optional"] is True
+
+
+# -- network policies ----------------------------------------------------------------------------
+
+
+def _selects(selector: Doc, labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels and In/NotIn/Exists expressions) against pod labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        present = key in labels
+        ok = {
+            "In": present and labels[key] in values,
+            "NotIn": not present or labels[key] not in values,
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def _peer_ok(peers: list[Doc] | None, labels: dict[str, str] | None) -> bool:
+    """``from``/``to`` of a rule: absent = anyone; a pod peer (labels None: outside the
+    namespace's pods, e.g. S3 or the broker) matches only ipBlock/namespace-wide peers."""
+    if not peers:
+        return True
+    for peer in peers:
+        same_namespace = "podSelector" in peer and "namespaceSelector" not in peer
+        if same_namespace and labels is not None and _selects(peer["podSelector"], labels):
+            return True
+        if "ipBlock" in peer and labels is None:
+            return True
+    return False
+
+
+def _port_ok(ports: list[Doc] | None, port: int) -> bool:
+    return not ports or any(p.get("port") == port for p in ports)
+
+
+def allowed(
+    policies: list[Doc], src: dict[str, str] | None, dst: dict[str, str] | None, port: int
+) -> bool:
+    """Whether a TCP connection from pod ``src`` to pod ``dst`` on ``port`` is allowed (None: a
+    party outside the namespace's pods): it must pass the source's egress and the destination's
+    ingress, each allowed when no policy of that type selects the pod, or some rule matches."""
+
+    def side(pod: dict[str, str] | None, kind: str, peer: dict[str, str] | None) -> bool:
+        if pod is None:
+            return True  # not ours to restrict
+        chosen = [
+            p["spec"]
+            for p in policies
+            if kind in p["spec"].get("policyTypes", []) and _selects(p["spec"]["podSelector"], pod)
+        ]
+        if not chosen:
+            return True
+        key, peers_key = ("egress", "to") if kind == "Egress" else ("ingress", "from")
+        return any(
+            _peer_ok(rule.get(peers_key), peer) and _port_ok(rule.get("ports"), port)
+            for spec in chosen
+            for rule in spec.get(key, [])
+        )
+
+    return side(src, "Egress", dst) and side(dst, "Ingress", src)
+
+
+def pod_labels(docs: tuple[Doc, ...]) -> dict[str, dict[str, str]]:
+    return {
+        name: cast("dict[str, str]", w["spec"]["template"]["metadata"]["labels"])
+        for name, w in of_kind(docs, *WORKLOAD_KINDS, "Job").items()
+    }
+
+
+@pytest.mark.parametrize("target", ["local", "aws"])
+def test_network_policies_let_each_service_reach_only_what_it_uses(target: str) -> None:
+    docs = rendered(target)
+    policies = list(of_kind(docs, "NetworkPolicy").values())
+    pods = pod_labels(docs)
+    aegis = {n: labels for n, labels in pods.items() if n in aegis_workloads(docs)}
+    nats = pods.get("nats", {"app.kubernetes.io/name": "nats"})  # aws: the chart's pods
+    outside: dict[str, str] | None = None
+    # everything refused unless allowed: a default deny of both directions for every pod
+    assert any(
+        p["spec"]["podSelector"] == {} and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+        for p in policies
+    )
+    for name, labels in aegis.items():
+        assert allowed(policies, labels, nats, 4222), f"{name} -> NATS"
+        assert allowed(policies, labels, outside, 443), f"{name} -> AWS APIs over HTTPS"
+        assert allowed(policies, labels, outside, 53), f"{name} -> DNS"
+        assert not allowed(policies, labels, outside, 22), f"{name} -> ssh out"
+        assert not allowed(policies, labels, outside, 6379), f"{name} -> anything else out"
+        # nobody outside reaches a service, but its health port and the dashboard's page
+        assert allowed(policies, outside, labels, 8081), f"probes and metrics -> {name}"
+        assert allowed(policies, outside, labels, 8080) == (name == "dashboard-api"), name
+        # the broker's services' listener: only the services that read MQTT
+        mqtt = allowed(policies, labels, outside, 8884)
+        assert mqtt == (name in {"ingest", "cloud-collector", "simulator"}), f"{name} -> MQTT"
+    # NATS takes clients from the AEGIS pods only, never from outside the namespace's pods
+    assert not allowed(policies, outside, nats, 4222)
+    assert not allowed(policies, {"app.kubernetes.io/name": "stranger"}, nats, 4222)
