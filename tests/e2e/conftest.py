@@ -46,6 +46,15 @@ class Pipeline:
     # per-test additions to every service's environment (e.g. a webhook URL)
     extra_env: dict[str, str] = field(default_factory=dict)
 
+    def log_tails(self, lines: int = 40) -> str:
+        """The last lines of every service's log: what a failed wait shows, so a failure in CI
+        says what the services were doing (the logs go away with the test's temp folder)."""
+        parts = []
+        for log in sorted(self.logs.glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {log.name} (last {len(tail)} lines)\n" + "\n".join(tail))
+        return "\n".join(parts)
+
     def env(self, service: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")}
         return (

@@ -63,7 +63,10 @@ async def test_a_fire_reaches_slack_once_within_2_s_and_recovery_sends_one_resol
     await publish_all(
         pipeline.mqtt.url, [(topic, state(factory, 1, now + timedelta(seconds=1), fire=True))]
     )
-    await eventually(lambda: len(webhook.delivered) >= 1, within=10, what="the fire alert")
+    try:
+        await eventually(lambda: len(webhook.delivered) >= 1, within=10, what="the fire alert")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{pipeline.log_tails()}") from None
     latency = webhook.requests[0].at - published
     assert latency < 2.0, f"the fire alert took {latency:.2f} s from the MQTT publish"
     first = webhook.delivered[0]
@@ -92,7 +95,12 @@ async def test_a_fire_reaches_slack_once_within_2_s_and_recovery_sends_one_resol
     await publish_all(
         pipeline.mqtt.url, [(topic, state(factory, 30, now + timedelta(seconds=30), fire=False))]
     )
-    await eventually(lambda: len(webhook.delivered) >= 2, within=15, what="the RESOLVED message")
+    try:
+        await eventually(
+            lambda: len(webhook.delivered) >= 2, within=15, what="the RESOLVED message"
+        )
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{pipeline.log_tails()}") from None
     texts = [body["text"] for body in webhook.delivered]
     assert len(texts) == 2 and "RESOLVED" in texts[1], texts
     assert all(r.status == 200 for r in webhook.requests)
