@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 from faststream.nats import NatsBroker
 
+from aegis_alert_dispatcher.app import DispatcherApp
+from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_contracts import keys
-from aegis_contracts.events import RawArchived
+from aegis_contracts.events import ObjectCreated, RawArchived
 from aegis_contracts.ids import SourceType
-from aegis_contracts.subjects import STREAMS, change_subject
-from aegis_contracts.times import utc_now
+from aegis_contracts.subjects import STREAMS, change_subject, object_created_subject
+from aegis_contracts.times import format_ts, utc_now
 from aegis_processor.app import create_app
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime.broker import (
@@ -35,11 +37,17 @@ from aegis_runtime.natsauth import server_authorization
 from aegis_runtime.settings import AegisSettings
 from aegis_runtime.testing.storage import Foundation
 from aegis_runtime.testing.waiting import eventually
+from aegis_runtime.testing.webhook import FakeWebhook
 
 pytestmark = pytest.mark.integration
 
 NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
-PASSWORDS = {"admin": "admin-pw", "ingest": "ingest-pw", "processor": "processor-pw"}
+PASSWORDS = {
+    "admin": "admin-pw",
+    "ingest": "ingest-pw",
+    "processor": "processor-pw",
+    "alert-dispatcher": "dispatcher-pw",
+}
 
 
 @dataclass
@@ -204,3 +212,56 @@ def test_every_identity_reads_replies_only_under_its_own_inbox() -> None:
     assert "pw-ingest-9f3a" not in config and "$2b$" in config  # bcrypt hashes only
     with pytest.raises(KeyError, match="no NATS identity"):
         server_authorization({"intruder": "z"})
+
+
+async def test_the_alert_path_runs_under_its_own_identities(
+    bus: Bus, connect: Any, foundation: Foundation, aws_endpoint: str, webhook: FakeWebhook
+) -> None:
+    """The processor announces a fire snapshot; the dispatcher, under its identity, reads it
+    and posts to Slack; the dispatcher may not publish a change event."""
+    now = utc_now()
+    factory = f"f-fire-{now.microsecond}"
+    key = keys.state_snapshot_key(factory, now)
+    body = {
+        "pk": keys.factory_pk(factory),
+        "sk": "LATEST",
+        "factory_id": factory,
+        "updated_at": format_ts(now),
+        "risk": {
+            "score": 95,
+            "level": "CRITICAL",
+            "reasons": [{"code": "FIRE_DETECTED", "severity": "CRITICAL", "detail": "fire"}],
+        },
+    }
+    put = await foundation.store.put_json(key, body)
+    processor = await connect("processor")
+    settings = DispatcherSettings(
+        **bus.settings("alert-dispatcher").model_dump(
+            include={"nats_url", "nats_user", "nats_password", "nats_manage_streams"}
+        ),
+        aws_endpoint_url=aws_endpoint,
+        bucket=foundation.bucket,
+        table=foundation.table,
+        slack_webhook_url=webhook.url,
+        alert_durable=f"alerts-{now.microsecond}",
+        fetch_timeout_s=0.5,
+    )
+    app = DispatcherApp(settings)
+    await app.start()
+    try:
+        event = ObjectCreated(
+            bucket=foundation.bucket,
+            key=key,
+            size_bytes=put.size_bytes,
+            producer="processor",
+            created_at=now,
+        )
+        await publish(processor, object_created_subject("state_snapshot"), event, msg_id=key)
+        await eventually(lambda: len(webhook.delivered) >= 1, within=20, what="the fire alert")
+        assert factory in webhook.delivered[0]["text"]
+        with pytest.raises(PublishFailed):
+            await publish(
+                app.broker, change_subject("factory_latest"), b"{}", msg_id="x", ack_timeout=1
+            )
+    finally:
+        await app.stop()

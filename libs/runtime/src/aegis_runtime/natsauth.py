@@ -26,7 +26,14 @@ from dataclasses import dataclass
 
 import bcrypt
 
-from aegis_contracts.subjects import CHANGES, DEAD_LETTER, HEARTBEAT, OBJECT_CREATED, RAW
+from aegis_contracts.subjects import (
+    CHANGES,
+    DEAD_LETTER,
+    HEARTBEAT,
+    OBJECT_CREATED,
+    RAW,
+    SYSTEM,
+)
 
 ADMIN = "admin"
 BCRYPT_COST = 11
@@ -83,6 +90,17 @@ IDENTITIES: dict[str, Identity] = {
     ),
     # `aegis replay`: raw events again, from the archive
     "replay": Identity("replay", (f"{RAW}.>", *_own("replay"))),
+    # reads object events (snapshots, cloud runs), says what it sent; `aegis alerts resend`
+    # reads its dead letters back
+    "alert-dispatcher": Identity(
+        "alert-dispatcher",
+        (
+            f"{SYSTEM}.alert_sent",
+            *_own("alert-dispatcher"),
+            *_consumes("AEGIS_EVENTS"),
+            *_consumes("AEGIS_DLQ"),
+        ),
+    ),
 }
 
 
