@@ -18,8 +18,8 @@ from faststream.nats import NatsBroker
 from aegis_alert_dispatcher.app import DispatcherApp
 from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_contracts import keys
+from aegis_contracts.archive import Archive, admit
 from aegis_contracts.events import ObjectCreated, RawArchived
-from aegis_contracts.ids import SourceType
 from aegis_contracts.subjects import STREAMS, change_subject, object_created_subject
 from aegis_contracts.times import format_ts, utc_now
 from aegis_processor.app import create_app
@@ -105,6 +105,8 @@ async def connect(bus: Bus) -> AsyncIterator[Any]:
 
 
 async def archive(foundation: Foundation, factory: str, mid: str, co_ppm: float) -> RawArchived:
+    """Archive a device message as ingest does (its own decision, ``admit``) and return the
+    event ingest would publish."""
     now = utc_now()
     payload = json.dumps(
         {
@@ -116,20 +118,12 @@ async def archive(foundation: Foundation, factory: str, mid: str, co_ppm: float)
             "sensors": {"co_ppm": co_ppm},
         }
     ).encode()
-    key = keys.raw_key(factory, "factory_state", now, mid)
-    await foundation.store.put_immutable(key, payload)
-    return RawArchived(
-        message_id=mid,
-        factory_id=factory,
-        source_type=SourceType.FACTORY_STATE,
-        topic=f"aegis/{factory}/factory_state",
-        bucket=foundation.store.bucket,
-        key=key,
-        received_at=now,
-        size_bytes=len(payload),
-        qos=1,
-        payload_text=payload.decode(),
+    decision = admit(
+        f"aegis/{factory}/factory_state", payload, now, 1, bucket=foundation.store.bucket
     )
+    assert isinstance(decision, Archive)
+    await foundation.store.put_immutable(decision.key, payload, metadata=decision.metadata)
+    return decision.event
 
 
 async def stored(admin: NatsBroker, stream: str) -> int:

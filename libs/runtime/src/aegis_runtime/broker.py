@@ -56,7 +56,7 @@ from aegis_contracts.subjects import STREAMS, StreamSpec, dead_letter_subject, r
 from aegis_contracts.times import utc_now
 from aegis_runtime.logging import bind_message
 from aegis_runtime.metrics import Metrics
-from aegis_runtime.settings import AegisSettings
+from aegis_runtime.settings import RAW_MAX_PER_FACTORY, AegisSettings
 
 if TYPE_CHECKING:
     from faststream import ContextRepo
@@ -200,8 +200,6 @@ def jstream(spec: StreamSpec) -> JStream:
 # JetStream's "store failed" (a discard-new limit of the stream or of the subject was reached)
 _STREAM_STORE_FAILED = 10077
 _UNLIMITED = -1
-# raw events one factory and source may have waiting (``AEGIS_NATS_RAW_MAX_PER_FACTORY``)
-RAW_MAX_PER_FACTORY = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +300,16 @@ async def ensure_streams(
             outcome[spec.name] = await _check_stream(js, wanted)
     log.info("streams_ensured", streams=outcome, managed=manage)
     return outcome
+
+
+async def ensure_deployed_streams(
+    broker: NatsBroker, settings: AegisSettings, specs: Iterable[StreamSpec] = STREAMS
+) -> dict[str, Literal["created", "updated", "unchanged", "differs"]]:
+    """:func:`ensure_streams` as the deployment's settings say: their limits, and managed or only
+    checked (``AEGIS_NATS_MANAGE_STREAMS``). What every service and CLI calls at start."""
+    return await ensure_streams(
+        broker, specs, limits=StreamLimits.of(settings), manage=settings.nats_manage_streams
+    )
 
 
 async def _check_stream(

@@ -20,9 +20,8 @@ import structlog
 from aegis_contracts.times import Clock, utc_now
 from aegis_runtime.broker import (
     RetryPolicy,
-    StreamLimits,
     create_broker,
-    ensure_streams,
+    ensure_deployed_streams,
     nats_ready,
     publish,
 )
@@ -96,11 +95,7 @@ class ServiceApp:
             await self.health.start()
             stack.push_async_callback(self.health.stop)
             self.clients = await stack.enter_async_context(open_clients(self.settings.aws()))
-            await ensure_streams(
-                self.broker,
-                limits=StreamLimits.of(self.settings),
-                manage=self.settings.nats_manage_streams,
-            )
+            await ensure_deployed_streams(self.broker, self.settings)
             stack.push_async_callback(self.broker.stop)
             await self.setup(stack, self.clients)
             await self.broker.start()  # the consumers registered in __init__ start pulling

@@ -17,6 +17,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from aegis_contracts.ttl import TtlSettings
 from aegis_storage.clients import AwsConfig
 
+# raw events one factory and source may have waiting (AEGIS_NATS_RAW_MAX_PER_FACTORY)
+RAW_MAX_PER_FACTORY = 100_000
+
 
 class AegisSettings(BaseSettings):
     """The settings of DESIGN §9. Unknown ``AEGIS_*`` variables are ignored, not fatal."""
@@ -56,7 +59,7 @@ class AegisSettings(BaseSettings):
     # message as queue_full; the raw object is kept and `aegis replay` requeues it)
     nats_stream_replicas: int = Field(default=1, ge=1, le=5)
     nats_stream_max_bytes: dict[str, int] = Field(default_factory=dict)
-    nats_raw_max_per_factory: int = Field(default=100_000, ge=1)
+    nats_raw_max_per_factory: int = Field(default=RAW_MAX_PER_FACTORY, ge=1)
     slack_webhook_url: SecretStr | None = None
     dashboard_url: str = "http://127.0.0.1:8080"
 

@@ -21,7 +21,7 @@ from aegis_contracts.errors import ContractError
 from aegis_contracts.events import ObjectCreated
 from aegis_contracts.ids import validate_factory_id
 from aegis_contracts.times import floor_to, format_ts, parse_iso, utc_now
-from aegis_runtime.broker import StreamLimits, create_broker, ensure_streams, publish
+from aegis_runtime.broker import create_broker, ensure_deployed_streams, publish
 from aegis_storage.clients import open_clients
 from aegis_storage.errors import StorageError
 from aegis_storage.readmodel import ReadModel
@@ -74,7 +74,7 @@ async def _run(
 
     try:
         if broker is not None:
-            await ensure_streams(broker, limits=StreamLimits.of(s), manage=s.nats_manage_streams)
+            await ensure_deployed_streams(broker, s)
         async with open_clients(s.aws()) as clients:
             readmodel = ReadModel(clients.dynamodb, s.table)
             agg = Aggregator(

@@ -19,6 +19,11 @@ log = structlog.get_logger(__name__)
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
+def is_digest(value: str) -> bool:
+    """A SHA-256 hex digest, lower case: what token settings and files hold."""
+    return _DIGEST.fullmatch(value) is not None
+
+
 def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -95,7 +100,7 @@ def parse_digests(text: str) -> list[str]:
         entry = line.split("#", 1)[0].strip().lower()
         if not entry:
             continue
-        if not _DIGEST.fullmatch(entry):
+        if not is_digest(entry):
             raise ValueError(f"line {n} is not a SHA-256 hex digest")
         found.append(entry)
     return found

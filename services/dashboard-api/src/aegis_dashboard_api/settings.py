@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
-import re
 from pathlib import Path
 
 from pydantic import Field, field_validator
 
+from aegis_dashboard_api.access import is_digest
 from aegis_runtime.settings import AegisSettings
-
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def _items(value: str) -> list[str]:
@@ -58,7 +56,7 @@ class DashboardSettings(AegisSettings):
     @classmethod
     def _digests(cls, value: str) -> str:
         for digest in _items(value):
-            if not _DIGEST.fullmatch(digest.lower()):
+            if not is_digest(digest.lower()):
                 raise ValueError(
                     "AEGIS_DASHBOARD_TOKENS holds SHA-256 hex digests (64 hex characters), "
                     "comma-separated, not the tokens themselves"

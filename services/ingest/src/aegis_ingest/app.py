@@ -23,7 +23,7 @@ from aegis_contracts.times import utc_now
 from aegis_ingest.handlers import Inbound, IngestHandler
 from aegis_ingest.mqtt import Acker, create_client
 from aegis_ingest.settings import IngestSettings
-from aegis_runtime.broker import StreamLimits, create_broker, ensure_streams, nats_ready
+from aegis_runtime.broker import create_broker, ensure_deployed_streams, nats_ready
 from aegis_runtime.health import HealthServer
 from aegis_runtime.heartbeat import HeartbeatPublisher
 from aegis_runtime.lifecycle import run_service, settle_heap, start_background
@@ -83,9 +83,7 @@ class IngestApp:
         async with AsyncExitStack() as stack:
             clients = await stack.enter_async_context(open_clients(s.aws()))
             stack.push_async_callback(self.broker.stop)
-            await ensure_streams(
-                self.broker, _STREAMS, limits=StreamLimits.of(s), manage=s.nats_manage_streams
-            )
+            await ensure_deployed_streams(self.broker, s, _STREAMS)
             await self.health.start()
             stack.push_async_callback(self.health.stop)
             start_background(stack, self.heartbeat.run, "ingest-heartbeat")

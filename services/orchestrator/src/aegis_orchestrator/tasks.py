@@ -136,10 +136,11 @@ class Tasks:
 
     async def _post(self, url: str, body: Any, *, key: str, method: str = "POST") -> dict[str, Any]:
         """One call under the egress policy: no redirects, at most ``max_response_bytes`` read."""
+        method = str(method).upper()
         try:
-            target = self.egress.check_request(url, str(method))
+            target = self.egress.check_request(url, method)
             async with self.session.request(
-                str(method).upper(),
+                method,
                 target,
                 json=body,
                 headers={IDEMPOTENCY_HEADER: key},

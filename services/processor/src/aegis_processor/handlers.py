@@ -182,15 +182,16 @@ class Processor:
 
     # -- one raw event ---------------------------------------------------------------------
 
+    def _missing(self, event: RawArchived) -> Poison:
+        # S3 reads are strongly consistent: an event whose object is absent never succeeds
+        # (wrong bucket, deleted by hand); retrying would only delay the dead letter
+        return Poison("raw_object_missing", f"{event.key} is not in s3://{self.store.bucket}")
+
     async def _raw_payload(self, event: RawArchived) -> bytes:
         try:
             return await self.store.get_bytes(event.key)
         except NotFound:
-            # S3 reads are strongly consistent: an event whose object is absent never succeeds
-            # (wrong bucket, deleted by hand); retrying would only delay the dead letter
-            raise Poison(
-                "raw_object_missing", f"{event.key} is not in s3://{self.store.bucket}"
-            ) from None
+            raise self._missing(event) from None
 
     def _check_names_the_archive(self, event: RawArchived) -> None:
         """The event must name an object of the raw archive that ingest would have written for
@@ -225,9 +226,7 @@ class Processor:
         try:
             kept = await self.store.kept_sha256(event.key)
         except NotFound:
-            raise Poison(
-                "raw_object_missing", f"{event.key} is not in s3://{self.store.bucket}"
-            ) from None
+            raise self._missing(event) from None
         if kept is None:
             same = await self._raw_payload(event) == payload
         else:

@@ -21,7 +21,7 @@ from aegis_contracts.keys import report_target
 from aegis_contracts.times import kst_report_date, utc_now
 from aegis_reporter.app import build_reporter
 from aegis_reporter.settings import ReporterSettings
-from aegis_runtime.broker import StreamLimits, create_broker, ensure_streams, publish
+from aegis_runtime.broker import create_broker, ensure_deployed_streams, publish
 from aegis_storage.clients import open_clients
 from aegis_storage.errors import StorageError
 
@@ -81,7 +81,7 @@ async def _run(s: ReporterSettings, day: date, targets: list[str], no_events: bo
 
     try:
         if broker is not None:
-            await ensure_streams(broker, limits=StreamLimits.of(s), manage=s.nats_manage_streams)
+            await ensure_deployed_streams(broker, s)
         async with open_clients(s.aws()) as clients:
             reporter = build_reporter(s, clients, announce, utc_now)
             chosen = targets or await reporter.targets()

@@ -18,7 +18,7 @@ from aegis_contracts.errors import ContractError
 from aegis_contracts.events import RawArchived
 from aegis_contracts.ids import SourceType, validate_factory_id
 from aegis_contracts.times import parse_iso
-from aegis_runtime.broker import StreamLimits, create_broker, ensure_streams, publish_raw_archived
+from aegis_runtime.broker import create_broker, ensure_deployed_streams, publish_raw_archived
 from aegis_storage.clients import open_clients
 from aegis_storage.errors import StorageError
 from aegis_storage.s3 import ObjectStore
@@ -207,9 +207,7 @@ def replay(  # noqa: PLR0917 - typer options are parameters
             publish = None
             if broker is not None:
                 await broker.connect()
-                await ensure_streams(
-                    broker, limits=StreamLimits.of(settings), manage=settings.nats_manage_streams
-                )
+                await ensure_deployed_streams(broker, settings)
                 connected = broker
 
                 async def publish_one(event: RawArchived) -> bool:
