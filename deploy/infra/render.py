@@ -34,6 +34,8 @@ from aegis_storage.bootstrap import (
 
 HERE = Path(__file__).resolve().parent
 POLICIES = HERE / "policies"
+BUCKET_POLICY = HERE / "bucket-policy.json"
+BREAK_GLASS = HERE / "break-glass.json"
 TEMPLATE = HERE / "foundation.yaml"
 DEFAULT_BUCKET = "aegis-bucket-data"
 DEFAULT_TABLE = "AEGIS-DynamoDB-FactoryStatus"
@@ -52,6 +54,11 @@ def policy_names() -> list[str]:
 
 def load_policy(name: str) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads((POLICIES / f"{name}.json").read_text())
+    return doc
+
+
+def load_document(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(path.read_text())
     return doc
 
 
@@ -118,6 +125,33 @@ def _trust_policy() -> dict[str, Any]:
     }
 
 
+def _break_glass_trust() -> dict[str, Any]:
+    """Who may take the break-glass role: one named principal (the account by default), and
+    only with MFA."""
+    principal = {
+        "Fn::If": [
+            "BreakGlassPrincipalGiven",
+            {"Ref": "BreakGlassPrincipal"},
+            {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"},
+        ]
+    }
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"AWS": principal},
+                "Action": "sts:AssumeRole",
+                "Condition": {"Bool": {"aws:MultiFactorAuthPresent": "true"}},
+            }
+        ],
+    }
+
+
+def _if_locked(value: Any) -> dict[str, Any]:
+    return {"Fn::If": ["ObjectLockOn", value, {"Ref": "AWS::NoValue"}]}
+
+
 def render() -> dict[str, Any]:
     resources: dict[str, Any] = {
         "DataBucket": {
@@ -129,6 +163,42 @@ def render() -> dict[str, Any]:
                 "VersioningConfiguration": {"Status": "Enabled"},
                 "LifecycleConfiguration": {"Rules": [_lifecycle_rule(r) for r in LIFECYCLE_RULES]},
                 "PublicAccessBlockConfiguration": dict(PUBLIC_ACCESS_BLOCK),
+                "ObjectLockEnabled": _if_locked(True),
+                "ObjectLockConfiguration": _if_locked(
+                    {
+                        "ObjectLockEnabled": "Enabled",
+                        "Rule": {
+                            "DefaultRetention": {
+                                "Mode": {"Ref": "ObjectLockMode"},
+                                "Days": {"Ref": "ObjectLockDays"},
+                            }
+                        },
+                    }
+                ),
+            },
+        },
+        # below every role: raw/ is written only where nothing is, and deleted by nobody but
+        # the break-glass role (deploy/infra/bucket-policy.json)
+        "DataBucketPolicy": {
+            "Type": "AWS::S3::BucketPolicy",
+            "Properties": {
+                "Bucket": {"Ref": "DataBucket"},
+                "PolicyDocument": _sub(load_document(BUCKET_POLICY)),
+            },
+        },
+        "RawBreakGlassRole": {
+            "Type": "AWS::IAM::Role",
+            "Properties": {
+                "RoleName": {"Fn::Sub": "${NamePrefix}-raw-break-glass"},
+                "Description": "AEGIS: the one role that may delete or rewrite raw/ objects",
+                "MaxSessionDuration": 3600,
+                "AssumeRolePolicyDocument": _break_glass_trust(),
+                "Policies": [
+                    {
+                        "PolicyName": "raw-break-glass",
+                        "PolicyDocument": _sub(load_document(BREAK_GLASS)),
+                    }
+                ],
             },
         },
         "ReadModelTable": {
@@ -151,6 +221,7 @@ def render() -> dict[str, Any]:
         "BucketName": {"Value": {"Ref": "DataBucket"}},
         "TableArn": {"Value": {"Fn::GetAtt": ["ReadModelTable", "Arn"]}},
         "TableStreamArn": {"Value": {"Fn::GetAtt": ["ReadModelTable", "StreamArn"]}},
+        "RawBreakGlassRoleArn": {"Value": {"Fn::GetAtt": ["RawBreakGlassRole", "Arn"]}},
     }
     for service in policy_names():
         logical = _logical(service)
@@ -183,8 +254,28 @@ def render() -> dict[str, Any]:
                 "Default": "aegis",
                 "AllowedPattern": "^[a-zA-Z0-9+=,.@_-]{1,32}$",
                 "Description": "IAM names: policy {NamePrefix}-{service}, "
-                "ECS task role {NamePrefix}-{service}-task",
+                "ECS task role {NamePrefix}-{service}-task, {NamePrefix}-raw-break-glass",
             },
+            "BreakGlassPrincipal": {
+                "Type": "String",
+                "Default": "",
+                "Description": "ARN that may assume the raw break-glass role (with MFA); "
+                "empty: the account",
+            },
+            "ObjectLockMode": {
+                "Type": "String",
+                "Default": "NONE",
+                "AllowedValues": ["NONE", "GOVERNANCE", "COMPLIANCE"],
+                "Description": "S3 Object Lock default retention for every object of the bucket "
+                "(only at creation; COMPLIANCE binds administrators too)",
+            },
+            "ObjectLockDays": {"Type": "Number", "Default": 365, "MinValue": 1},
+        },
+        "Conditions": {
+            "BreakGlassPrincipalGiven": {
+                "Fn::Not": [{"Fn::Equals": [{"Ref": "BreakGlassPrincipal"}, ""]}]
+            },
+            "ObjectLockOn": {"Fn::Not": [{"Fn::Equals": [{"Ref": "ObjectLockMode"}, "NONE"]}]},
         },
         "Resources": resources,
         "Outputs": outputs,

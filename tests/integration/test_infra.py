@@ -25,6 +25,7 @@ import pytest
 import yaml
 from aiobotocore.session import get_session
 
+from aegis_aggregator.aggregate import JOB as AGGREGATE_JOB
 from aegis_aggregator.aggregate import Aggregator, Source
 from aegis_contracts.ttl import TtlSettings
 from aegis_runtime.localservers import free_port, start_moto_server
@@ -193,9 +194,11 @@ async def test_the_template_deploys_and_equals_what_bootstrap_creates(aws_endpoi
         described = (await cfn.describe_stacks(StackName=stack))["Stacks"][0]
         assert described["StackStatus"] == "CREATE_COMPLETE", described
         resources = await cfn.list_stack_resources(StackName=stack)
-        created = {r["LogicalResourceId"] for r in resources["StackResourceSummaries"]}
+        created = [r["LogicalResourceId"] for r in resources["StackResourceSummaries"]]
     template = yaml.safe_load(text)
-    assert created == set(template["Resources"])
+    # the emulator's CloudFormation has no AWS::S3::BucketPolicy (it lists one resource without
+    # a name or type and applies nothing): the bucket policy is put on a bucket and attacked below
+    assert sorted(created) == sorted(["", *(set(template["Resources"]) - {"DataBucketPolicy"})])
 
     # bootstrap on the same emulator, fresh names
     boot_bucket, boot_table = f"aegis-boot-{unique_id}", f"AEGIS-boot-{unique_id}"
@@ -284,10 +287,84 @@ async def credentials(iam_endpoint: str) -> dict[str, tuple[str, str]]:
             await iam.attach_user_policy(UserName=user, PolicyArn=arn)
             key = (await iam.create_access_key(UserName=user))["AccessKey"]
             keys[service] = (key["AccessKeyId"], key["SecretAccessKey"])
+        keys[OPERATOR] = await _operator_and_break_glass(iam)
+        # below every identity: the template's bucket policy
+        await admin.s3.put_bucket_policy(Bucket=BUCKET, Policy=json.dumps(bucket_policy()))
     async with httpx.AsyncClient() as http:
         enforce = await http.post(f"{iam_endpoint}/moto-api/reset-auth", content=b"0")
         enforce.raise_for_status()
     return keys
+
+
+OPERATOR = "operator"  # an account administrator: s3:* and dynamodb:* on everything
+PREFIX = "aegis"  # the template's NamePrefix
+BREAK_GLASS_ROLE = f"arn:aws:iam::{ACCOUNT}:role/{PREFIX}-raw-break-glass"
+
+
+def bucket_policy() -> dict[str, Any]:
+    values = {"AWS::Partition": "aws", "AWS::AccountId": ACCOUNT, "BucketName": BUCKET}
+    doc: dict[str, Any] = render.substitute(
+        render.load_document(render.BUCKET_POLICY), {**values, "NamePrefix": PREFIX}
+    )
+    return doc
+
+
+def resolve(value: Any, parameters: dict[str, str], conditions: dict[str, bool]) -> Any:
+    """The template's intrinsic functions used by the break-glass role, resolved as
+    CloudFormation would for these parameters."""
+    if isinstance(value, dict) and len(value) == 1:
+        [(fn, arg)] = value.items()
+        if fn == "Ref":
+            return parameters[arg]
+        if fn == "Fn::Sub":
+            return render.substitute(arg, parameters)
+        if fn == "Fn::If":
+            chosen = arg[1] if conditions[arg[0]] else arg[2]
+            return resolve(chosen, parameters, conditions)
+    if isinstance(value, dict):
+        return {k: resolve(v, parameters, conditions) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve(v, parameters, conditions) for v in value]
+    return value
+
+
+async def _operator_and_break_glass(iam: Any) -> tuple[str, str]:
+    """An operator whose own policy allows everything, and the template's break-glass role
+    that it may assume (the template's trust policy, this operator as BreakGlassPrincipal)."""
+    await iam.create_user(UserName=f"aegis-{OPERATOR}")
+    everything = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Action": ["s3:*", "dynamodb:*", "sts:*"], "Resource": "*"}
+        ],
+    }
+    await iam.put_user_policy(
+        UserName=f"aegis-{OPERATOR}", PolicyName="all", PolicyDocument=json.dumps(everything)
+    )
+    operator_arn = f"arn:aws:iam::{ACCOUNT}:user/aegis-{OPERATOR}"
+    template = render.render()
+    role = template["Resources"]["RawBreakGlassRole"]["Properties"]
+    parameters = {
+        "AWS::Partition": "aws",
+        "AWS::AccountId": ACCOUNT,
+        "AWS::Region": REGION,
+        "BucketName": BUCKET,
+        "NamePrefix": PREFIX,
+        "BreakGlassPrincipal": operator_arn,
+    }
+    resolved = resolve(role, parameters, {"BreakGlassPrincipalGiven": True})
+    await iam.create_role(
+        RoleName=resolved["RoleName"],
+        AssumeRolePolicyDocument=json.dumps(resolved["AssumeRolePolicyDocument"]),
+    )
+    for policy in resolved["Policies"]:
+        await iam.put_role_policy(
+            RoleName=resolved["RoleName"],
+            PolicyName=policy["PolicyName"],
+            PolicyDocument=json.dumps(policy["PolicyDocument"]),
+        )
+    key = (await iam.create_access_key(UserName=f"aegis-{OPERATOR}"))["AccessKey"]
+    return (key["AccessKeyId"], key["SecretAccessKey"])
 
 
 async def _clients(stack: AsyncExitStack, cfg: AwsConfig, key: tuple[str, str]) -> AwsClients:
@@ -399,8 +476,8 @@ async def test_processor_writes_processed_and_the_read_model_not_raw(as_service)
 async def test_aggregator(as_service):
     me = await as_service("aggregator")
     await me.store.put_bytes(WINDOW_OBJECT, b"{}")
-    assert await me.readmodel.claim_window("aggregate", NOW, owner="t", now=NOW, ttl=1)
-    assert await me.readmodel.first_window("aggregate", NOW, now=NOW) == NOW
+    assert await me.readmodel.claim_window(AGGREGATE_JOB, NOW, owner="t", now=NOW, ttl=1)
+    assert await me.readmodel.first_window(AGGREGATE_JOB, NOW, now=NOW) == NOW
     assert await me.readmodel.fleet_ids() == [F]
     assert await me.readmodel.history_states(F, NOW, NOW, now=NOW) == []
     # the window folds: the processed/ records and the windows already written
@@ -521,8 +598,11 @@ async def test_bootstrap_role_checks_the_foundation_and_reads_no_data(as_service
     assert not report.changed  # the backfill's scan of keys found nothing to add
     await denied(me.store.get_bytes(RAW))
     await denied(me.readmodel.get_latest(F))
-    # its scan (the index backfill) is allowed on keys only; AWS enforces the condition, the
-    # emulator does not evaluate dynamodb:Attributes, so the policy itself is checked here
+    # its scan (the index backfill) is allowed on keys only: asking for data is refused
+    keys_only = {"ProjectionExpression": "pk, sk, firing", "Select": "SPECIFIC_ATTRIBUTES"}
+    assert "Items" in await scan_table(me, **keys_only)
+    await denied(scan_table(me, ProjectionExpression="pk, sk, payload"))
+    await denied(scan_table(me, **{**keys_only, "Select": "ALL_ATTRIBUTES"}))
     [backfill] = [
         st
         for st in render.load_policy("bootstrap")["Statement"]
@@ -543,3 +623,109 @@ async def test_bootstrap_role_checks_the_foundation_and_reads_no_data(as_service
         for st in render.load_policy(service)["Statement"]
         if st["Effect"] == "Allow" and "dynamodb:Scan" in st["Action"]
     ]
+
+
+# -- key families: each role writes only the partitions that are its own -----------------------
+
+
+@pytest.mark.parametrize(
+    ("service", "own", "foreign"),
+    [
+        ("processor", f"FACTORY#{F}", f"ALERT#{F}"),
+        ("processor", "CLAIM#refresh-3", "CLAIM#report-daily"),
+        ("aggregator", f"FACTORY#{F}", "JOB#registry"),
+        ("aggregator", f"CLAIM#{AGGREGATE_JOB}", "CLAIM#refresh-0"),
+        ("alert-dispatcher", f"ALERT#{F}", f"FACTORY#{F}"),
+        ("cloud-collector", "CLOUD#infra", f"FACTORY#{F}"),
+        ("cloud-collector", "CLAIM#cloud-fast", f"ALERT#{F}"),
+        ("reporter", "CLAIM#report-daily", "CLAIM#graph-5m"),
+        ("orchestrator", "EXEC#j", f"FACTORY#{F}"),
+        ("orchestrator", "CLAIM#orch-j", "CLOUD#infra"),
+    ],
+)
+async def test_a_role_cannot_write_another_roles_key_family(as_service, service, own, foreign):
+    """A compromised service forging LATEST, an alert state or another job's claim: its own
+    family is written (so the policy is not simply closed), the other refused, by put, delete
+    and inside a transaction with one of its own."""
+    me = await as_service(service)
+    await me.readmodel.put_item(item(own, "SK#leading-keys"))
+    await denied(me.readmodel.put_item(item(foreign, "SK#leading-keys")))
+    await denied(me.readmodel.delete_item(foreign, "LATEST"))
+    await denied(me.readmodel.put_items([Put(item(own, "SK#tx")), Put(item(foreign, "SK#tx"))]))
+
+
+# -- the bucket policy: below every role, administrators included ------------------------------
+
+
+async def test_the_bucket_policy_refuses_raw_overwrites_and_deletes_to_an_administrator(
+    as_service,
+):
+    """An operator whose own policy allows s3:* (or a role that a mistake gave too much):
+    the bucket policy still refuses to overwrite or delete raw/, in every form."""
+    me = await as_service(OPERATOR)
+    s3 = me.clients.s3
+    fresh = RAW.replace("m-00000001", "m-operator01")
+    # a plain PUT (no If-None-Match) under raw/: refused, for a new key and for an existing one
+    with pytest.raises(Exception, match="AccessDenied"):
+        await s3.put_object(Bucket=BUCKET, Key=fresh, Body=b"{}")
+    with pytest.raises(Exception, match="AccessDenied"):
+        await s3.put_object(Bucket=BUCKET, Key=RAW, Body=b'{"co_ppm": 9999}')
+    # the write ingest makes (only where nothing is) is allowed, and cannot overwrite either
+    await s3.put_object(Bucket=BUCKET, Key=fresh, Body=b"{}", IfNoneMatch="*")
+    with pytest.raises(Exception, match="PreconditionFailed"):
+        await s3.put_object(Bucket=BUCKET, Key=RAW, Body=b'{"co_ppm": 9999}', IfNoneMatch="*")
+    assert await me.store.get_bytes(RAW) == b'{"seed": true}'
+    # deletes: the object, a version of it, and a batch
+    with pytest.raises(Exception, match="AccessDenied"):
+        await s3.delete_object(Bucket=BUCKET, Key=RAW)
+    [version] = (await s3.list_object_versions(Bucket=BUCKET, Prefix=RAW))["Versions"]
+    with pytest.raises(Exception, match="AccessDenied"):
+        await s3.delete_object(Bucket=BUCKET, Key=RAW, VersionId=version["VersionId"])
+    assert await delete_refused(me, [RAW])
+    assert await me.store.get_bytes(RAW) == b'{"seed": true}'
+    # the same administrator outside raw/: overwrite and delete work (the policy is not closed)
+    scratch = PROCESSED.replace("m-00000001", "m-operator01")
+    await s3.put_object(Bucket=BUCKET, Key=scratch, Body=b"{}")
+    await s3.put_object(Bucket=BUCKET, Key=scratch, Body=b"{}")
+    await s3.delete_object(Bucket=BUCKET, Key=scratch)
+
+
+async def test_only_the_break_glass_role_deletes_raw_and_only_with_mfa(iam_endpoint, credentials):
+    async with AsyncExitStack() as stack:
+        sts = await stack.enter_async_context(
+            get_session().create_client(
+                "sts",
+                region_name=REGION,
+                endpoint_url=iam_endpoint,
+                aws_access_key_id=credentials[OPERATOR][0],
+                aws_secret_access_key=credentials[OPERATOR][1],
+            )
+        )
+        with pytest.raises(Exception, match="AccessDenied"):  # no MFA: not trusted
+            await sts.assume_role(RoleArn=BREAK_GLASS_ROLE, RoleSessionName="no-mfa")
+        session = (
+            await sts.assume_role(
+                RoleArn=BREAK_GLASS_ROLE,
+                RoleSessionName="incident-42",
+                SerialNumber=f"arn:aws:iam::{ACCOUNT}:mfa/operator",
+                TokenCode="123456",
+            )
+        )["Credentials"]
+        glass = await stack.enter_async_context(
+            get_session().create_client(
+                "s3",
+                region_name=REGION,
+                endpoint_url=iam_endpoint,
+                aws_access_key_id=session["AccessKeyId"],
+                aws_secret_access_key=session["SecretAccessKey"],
+                aws_session_token=session["SessionToken"],
+            )
+        )
+        doomed = RAW.replace("m-00000001", "m-glass0001")
+        await glass.put_object(Bucket=BUCKET, Key=doomed, Body=b"{}")  # a repair: no header
+        [version] = (await glass.list_object_versions(Bucket=BUCKET, Prefix=doomed))["Versions"]
+        await glass.delete_object(Bucket=BUCKET, Key=doomed, VersionId=version["VersionId"])
+        assert not (await glass.list_object_versions(Bucket=BUCKET, Prefix=doomed)).get("Versions")
+        # and nothing else: the role is for raw/ only
+        with pytest.raises(Exception, match="AccessDenied"):
+            await glass.delete_object(Bucket=BUCKET, Key=PROCESSED)

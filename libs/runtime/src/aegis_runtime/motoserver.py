@@ -26,7 +26,10 @@ checked against the table's ARN, an index's ARN for a Query or Scan of an index,
 named by a batch call (moto checks them against ``*``, so no table-scoped policy could allow
 anything), each item of a TransactWriteItems by its own action (PutItem, UpdateItem, ...: IAM has
 no action for the transaction itself), and DeleteObjects is checked per key (moto checks the
-bucket's ARN). Without enforcement these checks never run. Everything else is moto_server's own ``main``.
+bucket's ARN), DeleteObject of a version as s3:DeleteObjectVersion. Conditions are evaluated and
+the bucket policy's denials applied as AWS does (:mod:`aegis_runtime.motopolicy`: moto knows one
+condition operator and reads no bucket policy). Without enforcement these checks never run.
+Everything else is moto_server's own ``main``.
 
 Every AWS request is counted, under the same lock, so that tests and benchmarks can prove at the
 emulator which requests the platform sends (no DynamoDB Scan on a recurring path, items DynamoDB
@@ -55,6 +58,8 @@ from html import unescape
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl
 
+from aegis_runtime import motopolicy
+
 LATENCY_ENV = "AEGIS_MOTO_LATENCY_MS"
 COUNTS_PATH = "/_aegis/requests"
 RESET_PATH = "/_aegis/requests/reset"
@@ -67,6 +72,7 @@ _IAM_ACTIONS = {
     "s3:DeletePublicAccessBlock": "s3:PutBucketPublicAccessBlock",
 }
 _DELETE_KEY = re.compile(rb"<Key>([^<]*)</Key>")
+_VERSION_ID = re.compile(r"[?&]versionId=")
 # TransactWriteItems is no IAM action: AWS authorizes each item's own action on its table
 _TRANSACT_ACTIONS = {
     "Put": "dynamodb:PutItem",
@@ -380,40 +386,136 @@ def honour_copy_if_none_match() -> None:
 
 
 def authorize_like_aws() -> None:
-    from moto.iam.access_control import IAMRequestBase  # noqa: PLC0415
+    from moto.iam.access_control import IAMPolicyStatement, IAMRequestBase  # noqa: PLC0415
+    from moto.s3.models import FakeBucket  # noqa: PLC0415
 
     check = IAMRequestBase.check_action_permitted
 
     def checked(self: Any, resource: str) -> None:
-        self._action = _IAM_ACTIONS.get(self._action, self._action)
-        if self._action.startswith("dynamodb:") and resource == "*":
-            body = json.loads(self._body or b"{}")
-            table_arn = f"arn:aws:dynamodb:{self._region}:{self.account_id}:table/"
-            if body.get("RequestItems"):
-                # BatchGetItem / BatchWriteItem: AWS authorizes the action on every table named
-                for name in body["RequestItems"]:
-                    check(self, table_arn + name)
-                return
-            if self._action == "dynamodb:TransactWriteItems":
-                for entry in body.get("TransactItems", []):
-                    for kind, request in entry.items():
-                        self._action = _TRANSACT_ACTIONS[kind]
-                        check(self, table_arn + request["TableName"])
-                return
-            if body.get("ResourceArn"):  # tags: authorized on the tagged table
-                resource = str(body["ResourceArn"])
-            elif body.get("TableName"):
-                resource = table_arn + body["TableName"]
-                if body.get("IndexName"):  # a Query or Scan of an index is authorized on it
-                    resource += f"/index/{body['IndexName']}"
-        if self._action == "s3:DeleteObject" and "/" not in resource.split(":::", 1)[-1]:
-            # DeleteObjects: AWS authorizes s3:DeleteObject on each key, not on the bucket
-            for key in _DELETE_KEY.findall(self._body or b""):
-                check(self, f"{resource}/{unescape(key.decode())}")
-            return
-        check(self, resource)
+        _authorize(self, resource, check)
 
     IAMRequestBase.check_action_permitted = checked  # type: ignore[method-assign]
+    IAMPolicyStatement.is_action_permitted = _statement_permits  # type: ignore[method-assign]
+    # moto's own look at a bucket policy runs before authentication, without the request's
+    # context and for DeleteObject of a version too; the bucket policy is applied with the IAM
+    # check instead (see _check_in)
+    FakeBucket.get_permission = _neutral  # type: ignore[method-assign]
+
+
+_Check = Callable[[Any, str], None]
+
+
+def _authorize(request: Any, resource: str, check: _Check) -> None:
+    """moto's check of one request, as AWS would make it (see the module's docstring)."""
+    request._action = _IAM_ACTIONS.get(request._action, request._action)
+    arn = motopolicy.principal_arn(request._access_key.arn)
+    request._aegis_context = {"aws:PrincipalArn": [arn]}
+    if request._action == "sts:AssumeRole" and request._data.get("TokenCode"):
+        # a one-time code with the call: what a trust policy's MFA condition asks for
+        request._aegis_context["aws:MultiFactorAuthPresent"] = ["true"]
+    if request._action.startswith("dynamodb:"):
+        _authorize_dynamodb(request, resource, check)
+        return
+    if request._action.startswith("s3:"):
+        request._aegis_context.update(motopolicy.s3_context(request._headers))
+        if request._action == "s3:DeleteObject" and _VERSION_ID.search(request._path):
+            request._action = "s3:DeleteObjectVersion"
+    if request._action == "s3:DeleteObject" and "/" not in resource.split(":::", 1)[-1]:
+        # DeleteObjects: AWS authorizes s3:DeleteObject on each key, not on the bucket
+        for key in _DELETE_KEY.findall(request._body or b""):
+            _check_in(request, f"{resource}/{unescape(key.decode())}", {}, check)
+        return
+    _check_in(request, resource, {}, check)
+
+
+def _authorize_dynamodb(request: Any, resource: str, check: _Check) -> None:
+    body = json.loads(request._body or b"{}")
+    table_arn = f"arn:aws:dynamodb:{request._region}:{request.account_id}:table/"
+
+    def hash_key(table: str) -> str | None:
+        return _hash_key(request.account_id, request._region, table)
+
+    if body.get("RequestItems"):
+        # BatchGetItem / BatchWriteItem: AWS authorizes the action on every table named
+        for name in body["RequestItems"]:
+            context = motopolicy.dynamodb_context(body, hash_key(name), name)
+            _check_in(request, table_arn + name, context, check)
+        return
+    if request._action == "dynamodb:TransactWriteItems":
+        for entry in body.get("TransactItems", []):
+            for kind, item in entry.items():
+                request._action = _TRANSACT_ACTIONS[kind]
+                context = motopolicy.dynamodb_context(item, hash_key(item["TableName"]))
+                _check_in(request, table_arn + item["TableName"], context, check)
+        return
+    context: dict[str, list[str]] = {}
+    if body.get("ResourceArn"):  # tags: authorized on the tagged table
+        resource = str(body["ResourceArn"])
+    elif body.get("TableName"):
+        resource = table_arn + body["TableName"]
+        context = motopolicy.dynamodb_context(body, hash_key(body["TableName"]))
+        if body.get("IndexName"):  # a Query or Scan of an index is authorized on it
+            resource += f"/index/{body['IndexName']}"
+    _check_in(request, resource, context, check)
+
+
+def _hash_key(account: str, region: str, table: str) -> str | None:
+    from moto.dynamodb.models import dynamodb_backends  # noqa: PLC0415
+
+    try:
+        return str(dynamodb_backends[account][region].get_table(table).hash_key_attr)
+    except Exception:  # no such table: the call itself will say so
+        return None
+
+
+def _check_in(request: Any, resource: str, context: dict[str, list[str]], check: _Check) -> None:
+    """moto's identity check, then the bucket policy's denials, with the request's context."""
+    from moto.s3.models import s3_backends  # noqa: PLC0415
+
+    token = motopolicy.CURRENT.set({**request._aegis_context, **context})
+    try:
+        check(request, resource)
+        if request._action.startswith("s3:"):
+            name = resource.split(":::", 1)[-1].split("/", 1)[0]
+            bucket = s3_backends[request.account_id]["aws"].buckets.get(name)
+            policy = bucket.policy if bucket is not None else None
+            if motopolicy.bucket_policy_denies(policy, request._action, resource):
+                request._raise_access_denied()
+    finally:
+        motopolicy.CURRENT.reset(token)
+
+
+def _statement_permits(
+    self: Any,
+    action: str,
+    resource: str = "*",
+    principal: str | None = None,
+    incoming_condition_values: dict[str, str] | None = None,
+) -> Any:
+    """A statement as AWS applies it: one whose action, resource or condition does not match
+    does not apply (in moto a failed condition is an explicit deny, even in an Allow)."""
+    from moto.iam.access_control import PermissionResult  # noqa: PLC0415
+
+    statement = self._statement
+    if self.is_unknown_principal(statement.get("Principal")):
+        return PermissionResult.NEUTRAL
+    if principal and not self._check_principal(principal):
+        return PermissionResult.NEUTRAL
+    extra = {k: [v] for k, v in (incoming_condition_values or {}).items()}
+    token = motopolicy.CURRENT.set({**motopolicy.CURRENT.get(), **extra})
+    try:
+        if not motopolicy.statement_applies(statement, action, resource):
+            return PermissionResult.NEUTRAL
+    finally:
+        motopolicy.CURRENT.reset(token)
+    allow = statement["Effect"] == "Allow"
+    return PermissionResult.PERMITTED if allow else PermissionResult.DENIED
+
+
+def _neutral(self: Any, action: str, resource: str) -> Any:
+    from moto.iam.access_control import PermissionResult  # noqa: PLC0415
+
+    return PermissionResult.NEUTRAL
 
 
 def main(argv: list[str] | None = None) -> None:
