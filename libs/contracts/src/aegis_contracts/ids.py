@@ -12,7 +12,7 @@ import re
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, WithJsonSchema
 
 from aegis_contracts.errors import ContractError
 
@@ -79,10 +79,16 @@ def validate_source_type(value: object) -> SourceType:
     )
 
 
-FactoryId = Annotated[str, AfterValidator(validate_factory_id)]
-MessageId = Annotated[str, AfterValidator(validate_message_id)]
-DeviceId = Annotated[str, AfterValidator(validate_device_id)]
-Filename = Annotated[str, AfterValidator(validate_filename)]
+def _schema(pattern: re.Pattern[str]) -> WithJsonSchema:
+    """The JSON Schema of an id: the pattern its validator checks (validation stays the
+    validator's, with its clearer message)."""
+    return WithJsonSchema({"type": "string", "pattern": f"^{pattern.pattern}$"})
+
+
+FactoryId = Annotated[str, AfterValidator(validate_factory_id), _schema(FACTORY_ID_PATTERN)]
+MessageId = Annotated[str, AfterValidator(validate_message_id), _schema(MESSAGE_ID_PATTERN)]
+DeviceId = Annotated[str, AfterValidator(validate_device_id), _schema(DEVICE_ID_PATTERN)]
+Filename = Annotated[str, AfterValidator(validate_filename), _schema(FILENAME_PATTERN)]
 
 
 def parse_topic(topic: str) -> tuple[str, SourceType]:

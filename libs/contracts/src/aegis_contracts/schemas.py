@@ -1,0 +1,83 @@
+"""JSON Schemas of the device payloads, generated from the models that validate them.
+
+``python -m aegis_contracts.schemas DIR`` writes ``DIR/{source_type}.schema.json`` for every
+source type; the committed copies (docs/schemas/) are checked against a fresh generation by the
+test suite, so a device integrator's schema never drifts from what the processor accepts.
+
+A JSON Schema cannot say everything the models check; each schema's description lists what
+only the platform checks (the topic's factory, the image key, number ranges that JSON Schema
+could express but pydantic's validators hold).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from aegis_contracts.ids import TOPIC_ROOT, SourceType
+from aegis_contracts.payloads import (
+    LARGEST_NUMBER,
+    MAX_PAYLOAD_BYTES,
+    MODEL_FOR,
+    SMALLEST_NUMBER,
+)
+
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+
+_BEYOND_THE_SCHEMA = {
+    SourceType.FACTORY_STATE: "",
+    SourceType.INFRA_STATE: "",
+    SourceType.IMAGE_SNAPSHOT: (
+        " s3_key must be the image_snapshot/ contract key built from factory_id, captured_at and "
+        "filename."
+    ),
+}
+
+
+def json_schema(source_type: SourceType) -> dict[str, Any]:
+    """The schema of the payload published on ``aegis/{factory_id}/{source_type}``."""
+    schema = MODEL_FOR[source_type].model_json_schema(mode="validation")
+    topic = f"{TOPIC_ROOT}/{{factory_id}}/{source_type.value}"
+    return {
+        "$schema": DRAFT,
+        "$id": f"https://aegis.example/schemas/{source_type.value}.schema.json",
+        **schema,
+        "title": f"AEGIS {source_type.value} payload",
+        "description": (
+            f"The JSON object a device publishes on MQTT topic {topic} (QoS 1). UTF-8, at most "
+            f"{MAX_PAYLOAD_BYTES} bytes, no duplicate keys, no NaN or Infinity. Checked by the "
+            "platform beyond this schema: factory_id equals the topic's; every number is 0 or "
+            f"between {SMALLEST_NUMBER:g} and {LARGEST_NUMBER:g} in magnitude; timestamps carry "
+            "an offset and fall in the years 1970 to 2999 (UTC)." + _BEYOND_THE_SCHEMA[source_type]
+        ),
+    }
+
+
+def rendered(source_type: SourceType) -> str:
+    return json.dumps(json_schema(source_type), indent=2, sort_keys=False) + "\n"
+
+
+def write(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for source_type in SourceType:
+        path = directory / f"{source_type.value}.schema.json"
+        path.write_text(rendered(source_type))
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m aegis_contracts.schemas DIR", file=sys.stderr)
+        return 2
+    for path in write(Path(args[0])):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
