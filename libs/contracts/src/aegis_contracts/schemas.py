@@ -16,13 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aegis_contracts.ids import TOPIC_ROOT, SourceType
-from aegis_contracts.payloads import (
-    LARGEST_NUMBER,
-    MAX_PAYLOAD_BYTES,
-    MODEL_FOR,
-    SMALLEST_NUMBER,
-)
+from aegis_contracts.ids import MAX_PAYLOAD_BYTES, TOPIC_ROOT, SourceType
+from aegis_contracts.payloads import LARGEST_NUMBER, MODEL_FOR, SMALLEST_NUMBER
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 

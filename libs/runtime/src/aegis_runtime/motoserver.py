@@ -438,15 +438,15 @@ def _authorize_dynamodb(request: Any, resource: str, check: _Check) -> None:
     if body.get("RequestItems"):
         # BatchGetItem / BatchWriteItem: AWS authorizes the action on every table named
         for name in body["RequestItems"]:
-            context = motopolicy.dynamodb_context(body, hash_key(name), name)
-            _check_in(request, table_arn + name, context, check)
+            batch = motopolicy.dynamodb_context(body, hash_key(name), name)
+            _check_in(request, table_arn + name, batch, check)
         return
     if request._action == "dynamodb:TransactWriteItems":
         for entry in body.get("TransactItems", []):
             for kind, item in entry.items():
                 request._action = _TRANSACT_ACTIONS[kind]
-                context = motopolicy.dynamodb_context(item, hash_key(item["TableName"]))
-                _check_in(request, table_arn + item["TableName"], context, check)
+                one = motopolicy.dynamodb_context(item, hash_key(item["TableName"]))
+                _check_in(request, table_arn + item["TableName"], one, check)
         return
     context: dict[str, list[str]] = {}
     if body.get("ResourceArn"):  # tags: authorized on the tagged table
