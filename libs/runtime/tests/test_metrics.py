@@ -61,3 +61,13 @@ def test_service_metrics_get_the_prefix_once() -> None:
     assert samples[("aegis_window_lag_seconds", ())] == 42
     assert samples[("aegis_report_bytes_bucket", (("le", "100000.0"),))] == 1
     assert samples[("aegis_report_bytes_bucket", (("le", "1000.0"),))] == 0
+
+
+def test_process_gc_and_python_collectors_are_in_every_registry() -> None:
+    """What an operator's dashboards expect of any Prometheus target (process_* on Linux)."""
+    names = {name for name, _ in _samples(Metrics("aggregator"))}
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= names
+    assert "python_gc_collections_total" in names
+    assert "python_info" in names
+    # own metrics keep the prefix; the standard collectors keep their standard names
+    assert not {n for n in names if n.startswith("aegis_process")}

@@ -1,5 +1,6 @@
 """Prometheus metrics of one service, in a registry of its own (no global state, so tests can build
-many apps in one process). Every metric name starts with ``aegis_``.
+many apps in one process). Every metric of AEGIS's own starts with ``aegis_``; the standard
+process (``process_*``), GC and Python (``python_*``) collectors keep their standard names.
 """
 
 from __future__ import annotations
@@ -8,6 +9,9 @@ from collections.abc import Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -47,6 +51,10 @@ class Metrics:
     def __init__(self, service: str) -> None:
         self.service = service
         self.registry = CollectorRegistry()
+        # the process's CPU, memory, open files and start time, Python's GC and version: what an
+        # operator looks at first (the default registry has them; a registry of its own does not)
+        for collector in (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR):
+            self.registry.register(collector)
         self.messages_total = self.counter(
             "messages_total", "Messages handled, by outcome.", ("outcome",)
         )
