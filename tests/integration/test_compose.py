@@ -339,6 +339,17 @@ def test_aegis_containers_run_locked_down() -> None:
         assert "no-new-privileges:true" in service.get("security_opt", []), name
 
 
+def test_ingest_keeps_one_mqtt_session_across_recreates() -> None:
+    """Without a fixed client id each `docker compose up` after a change opens a new persistent
+    session (the default id is the container's random hostname), and the broker keeps queueing
+    for the old one until it expires."""
+    ingest = services()["ingest"]
+    client_id = ingest.get("environment", {}).get("AEGIS_MQTT_CLIENT_ID")
+    assert client_id and client_id.startswith("aegis-ingest"), "set AEGIS_MQTT_CLIENT_ID"
+    assert ingest.get("hostname"), "a stable hostname (logs, metrics) as well"
+    assert "deploy" not in ingest or ingest["deploy"].get("replicas", 1) == 1, "one id, one replica"
+
+
 def test_commands_exist_in_the_image_that_runs_them() -> None:
     # What the image installs is PACKAGE's closure of workspace members, so a console script or
     # an `aegis` subcommand of another member is absent from it even if the dev venv has it.
