@@ -313,22 +313,30 @@ class OrchestratorApp(ServiceApp):
         session = await stack.enter_async_context(guarded_session(egress))
         readmodel = ReadModel(clients.dynamodb, s.table)
         self.store = JobStore(readmodel, self.clock)
+        tasks = Tasks(
+            session=session,
+            readmodel=readmodel,
+            publish=self.publish,
+            clock=self.clock,
+            slack_webhook_url=(
+                s.slack_webhook_url.get_secret_value() if s.slack_webhook_url else None
+            ),
+            commands=s.orchestrator_commands,
+            command_timeout=s.orchestrator_command_timeout_s,
+            egress=egress,
+        )
+        if tasks.absent:
+            log.warning(
+                "run_command_not_installed",
+                commands=sorted(tasks.absent),
+                detail="allowed by AEGIS_ORCHESTRATOR_COMMANDS but absent from this image: "
+                "RUN_COMMAND steps naming them fail",
+            )
         self.runner = Runner(
             store=self.store,
             readmodel=readmodel,
             objects=ObjectStore(clients.s3, s.bucket),
-            tasks=Tasks(
-                session=session,
-                readmodel=readmodel,
-                publish=self.publish,
-                clock=self.clock,
-                slack_webhook_url=(
-                    s.slack_webhook_url.get_secret_value() if s.slack_webhook_url else None
-                ),
-                commands=s.orchestrator_commands,
-                command_timeout=s.orchestrator_command_timeout_s,
-                egress=egress,
-            ),
+            tasks=tasks,
             clock=self.clock,
             environment=self.environment,
             owner=self.owner,

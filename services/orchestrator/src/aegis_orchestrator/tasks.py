@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 import aiohttp
+import typer
 
 from aegis_contracts.events import SystemEvent
 from aegis_contracts.subjects import system_subject
@@ -51,6 +52,15 @@ class TaskFailed(Exception):
     pass
 
 
+def installed_commands() -> set[str]:
+    """The ``aegis`` subcommands this installation has (built in, and those the installed
+    packages add through the ``aegis.commands`` entry points)."""
+    from aegis_runtime.cli import app  # noqa: PLC0415 - the CLI, only when a job may use it
+
+    group = typer.main.get_command(app)
+    return set(getattr(group, "commands", {}))
+
+
 class Tasks:
     def __init__(
         self,
@@ -63,6 +73,7 @@ class Tasks:
         commands: list[str],
         command_timeout: float,
         egress: EgressPolicy,
+        installed: Callable[[], set[str]] | None = None,
     ) -> None:
         self.session = session
         self.egress = egress
@@ -70,7 +81,11 @@ class Tasks:
         self.publish = publish
         self.clock = clock
         self.slack_webhook_url = slack_webhook_url
-        self.commands = set(commands)
+        # allowed and present in this image: an allowed command that is not installed (its
+        # service's package is absent) is refused with that reason, not run to fail
+        present = (installed or installed_commands)()
+        self.commands = set(commands) & present
+        self.absent = set(commands) - present
         self.command_timeout = command_timeout
 
     def executors(self, job: Job, execution_id: str) -> dict[TaskKind, Executor]:
@@ -171,7 +186,13 @@ class Tasks:
             raise
 
     async def _command(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``aegis {command} {args}`` in a child process, output captured, time bounded."""
         name = str(params.get("command", ""))
+        if name in self.absent:
+            raise TaskFailed(
+                f"command {name!r} is allowed but not installed where the orchestrator runs: "
+                "run it from an image that has it (and the role its storage calls need)"
+            )
         if name not in self.commands:
             raise TaskFailed(
                 f"command {name!r} is not allowed ({', '.join(sorted(self.commands))})"
