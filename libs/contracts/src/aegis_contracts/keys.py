@@ -536,7 +536,7 @@ JOB_REGISTRY_PK = "JOB#registry"
 JOB_SK_PREFIX = "JOB#"
 RUNNING_SK_PREFIX = "RUNNING#"
 EXEC_PK_PREFIX = "EXEC#"
-# claim-checked execution inputs (over the inline limit); see README "Orchestration storage"
+# claim-checked execution inputs (over the inline limit); see docs/orchestration.md, "Storage"
 ORCHESTRATION_PREFIX = "orchestration/"
 _JOB_ID = re.compile(r"[a-z][a-z0-9_-]{0,47}")
 _EXECUTION_ID = re.compile(r"[A-Za-z0-9-]{8,64}")
