@@ -1,5 +1,5 @@
-"""``make bench``: the dashboard's fleet endpoint with 500 factories in the read model (issue 9:
-target p99 < 50 ms). Seeds 500 full FACTORY LATEST items in a private emulator, starts the
+"""``make bench``: the dashboard's fleet endpoint with 500 factories in the read model (target:
+p99 < 50 ms). Seeds 500 full FACTORY LATEST items in a private emulator, starts the
 dashboard API as its own process (its console script, a real HTTP server), then times sequential
 ``GET /api/fleet`` requests with a bearer token from this process.
 

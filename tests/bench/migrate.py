@@ -1,5 +1,5 @@
 """Benchmark of `aegis migrate run` against `aws s3 mv --recursive` (the AWS CLI from PyPI) on one
-moto_server: the same 10,000 small objects (datasets/ -> raw/, seed 004's move) in two buckets,
+moto_server: the same 10,000 small objects (datasets/ -> raw/, the two-tier move) in two buckets,
 each tool moves one bucket. Reports objects/s for both and the ratio (target >= 3x); writes JSON.
 
 The AWS CLI is installed by this script into a venv of its own (.bench-awscli/): it pins botocore
@@ -180,7 +180,7 @@ def main() -> int:
                 "migrate",
                 "run",
                 "--preset",
-                "seed-004",
+                "datasets-processing",
                 "--no-progress",
                 "--journal",
                 str(journal),

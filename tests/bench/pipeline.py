@@ -1,8 +1,8 @@
-"""``make bench``: the data path measured on this machine's servers (DESIGN §2-§5, issue 3).
+"""``make bench``: the data path measured on this machine's servers.
 
 (a) the backend ceiling: the S3/DynamoDB write rate aiobotocore reaches with high concurrency,
     divided by the calls one message needs, and the client CPU those calls cost in bulk (the floor);
-(b) the baseline: the same calls one message at a time (the seed's Lambda-per-message design);
+(b) the baseline: the same calls one message at a time (the Lambda-per-message design);
 (c) AEGIS end to end, MQTT publish to LATEST visible: sustained messages/s, then latency
     p50/p95/p99 at half that rate, and the RSS of each service;
 (d) CPU time per message of ingest and processor, from the processes' own accounting.

@@ -1,5 +1,5 @@
-"""``make bench``: trigger evaluation cost per event with 1,000 registered jobs (issue 7; the
-seed measured about 1 s added per write). Jobs spread over 50 entities x 4 sub types (20 jobs per entity; an event evaluates the 10 conditions of its (entity, Update) and (entity, *) jobs), each with
+"""``make bench``: trigger evaluation cost per event with 1,000 registered jobs (the
+earlier engine added about 1 s per write). Jobs spread over 50 entities x 4 sub types (20 jobs per entity; an event evaluates the 10 conditions of its (entity, Update) and (entity, *) jobs), each with
 a condition on beforeData/afterData; events are FACTORY LATEST updates. Prints p50/p99 per event."""
 
 from __future__ import annotations

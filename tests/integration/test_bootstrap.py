@@ -1,5 +1,5 @@
 """``aegis bootstrap`` against the emulator: what it leaves, read back with describe/get calls,
-matches DESIGN §4-§5 exactly; a second run changes nothing; drift is found and repaired."""
+matches the S3 and DynamoDB contract exactly; a second run changes nothing; drift is found and repaired."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def run_cli(endpoint: str, *args: str, **settings: str) -> subprocess.CompletedP
 
 
 async def test_bootstrap_command_leaves_the_contract_and_is_idempotent(aws_endpoint, aws):
-    # the defaults of DESIGN §9: exactly what `make run` creates
+    # the default settings: exactly what `make run` creates
     first = run_cli(aws_endpoint)
     assert first.returncode == 0, first.stderr
     second = run_cli(aws_endpoint)

@@ -1,4 +1,4 @@
-"""Every key builder against the exact layouts of DESIGN §4/§5, partition edges included."""
+"""Every key builder against the contract's exact S3 and DynamoDB layouts, partition edges included."""
 
 from __future__ import annotations
 

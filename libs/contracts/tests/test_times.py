@@ -1,4 +1,4 @@
-"""Fixed-width timestamps, the KST report date and the clock-skew policy of DESIGN §4."""
+"""Fixed-width timestamps, the KST report date and the clock-skew policy."""
 
 from __future__ import annotations
 

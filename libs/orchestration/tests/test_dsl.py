@@ -1,4 +1,4 @@
-"""The condition DSL: the seed's examples, comparisons with "any" semantics, missing data is false,
+"""The condition DSL: the three reference examples, comparisons with "any" semantics, missing data is false,
 30 malformed expressions refused with their positions, and no input crashes it (hypothesis)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The job model: the seed's four entities as one document, tree validation, duplicate keys,
+"""The job model: its four entities as one document, tree validation, duplicate keys,
 parameter resolution with coercion/defaults/required/max_length, YAML round trip, task queries."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 def test_unique_id_fits_factory_ids_buckets_and_streams(unique_id: str) -> None:
     assert re.fullmatch(r"t-[0-9a-f]{8}", unique_id)
-    assert re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", unique_id)  # DESIGN §3 factory_id
+    assert re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", unique_id)  # the MQTT contract's factory_id
 
 
 async def test_aws_endpoint_serves_s3_and_dynamodb(aws_endpoint: str, unique_id: str) -> None:

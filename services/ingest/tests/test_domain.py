@@ -1,4 +1,4 @@
-"""admit(): the pure decision of ingest for one MQTT message (DESIGN §3, §4)."""
+"""admit(): the pure decision of ingest for one MQTT message (topic, payload and time checks)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``aegis migrate`` against the S3 emulator: seed 004's legacy layout moved onto raw/ + prod/.
+"""``aegis migrate`` against the S3 emulator: the legacy datasets/ + processing/ layout moved
+onto raw/ + prod/.
 
 Each test has its own bucket (``foundation``); tens of objects, one 6 MiB object for the
 multipart path (the threshold lowered to 5 MiB, moto's smallest part)."""
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 from aegis_runtime.cli import app
 from aegis_storage.s3 import ObjectInfo, ObjectStore
 from aegis_storage_tools.migrate import CopyOptions, Journal, Migrator, plan
-from aegis_storage_tools.rules import seed_004
+from aegis_storage_tools.rules import datasets_processing
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +49,7 @@ def legacy_objects() -> dict[str, tuple[bytes, str, dict[str, str]]]:
 
 
 def expected_after(objs: dict[str, tuple[bytes, str, dict[str, str]]]) -> dict[str, Any]:
-    rules = seed_004()
+    rules = datasets_processing()
     out = {}
     for key, value in objs.items():
         from aegis_storage_tools.rules import Move, map_key  # noqa: PLC0415
@@ -96,7 +97,8 @@ def test_a_dry_run_changes_nothing(
     monkeypatch.setenv("AEGIS_BUCKET", legacy.bucket)
     out = tmp_path / "plan.json"
     result = CliRunner().invoke(
-        app, ["migrate", "plan", "--preset", "seed-004", "--json", str(out), "--no-progress"]
+        app,
+        ["migrate", "plan", "--preset", "datasets-processing", "--json", str(out), "--no-progress"],
     )
     assert result.exit_code == 0, result.output
     planned = json.loads(out.read_text())
@@ -117,9 +119,9 @@ async def _versions_via_new_client(endpoint: str, bucket: str) -> list[tuple[str
 
 async def test_copy_only_leaves_sources(legacy: ObjectStore, tmp_path: Path) -> None:
     objs = legacy_objects()
-    summary = await Migrator(legacy, seed_004(), journal=Journal(tmp_path / "j.json")).run(
-        delete=False
-    )
+    summary = await Migrator(
+        legacy, datasets_processing(), journal=Journal(tmp_path / "j.json")
+    ).run(delete=False)
     assert (summary.copied, summary.verified, summary.deleted, summary.failed) == (26, 26, 0, 0)
     after = await state(legacy)
     for key, value in objs.items():
@@ -132,13 +134,13 @@ async def test_a_full_run_leaves_each_object_once_at_its_destination(
     legacy: ObjectStore, tmp_path: Path
 ) -> None:
     journal = tmp_path / "journal.json"
-    summary = await Migrator(legacy, seed_004(), journal=Journal(journal)).run()
+    summary = await Migrator(legacy, datasets_processing(), journal=Journal(journal)).run()
     assert (summary.copied, summary.verified, summary.deleted, summary.conflicts) == (26, 26, 26, 0)
     assert await state(legacy) == expected_after(legacy_objects())  # bytes, type, metadata
     doc = json.loads(journal.read_text())
     assert {e["state"] for e in doc["objects"].values() if e.get("dest")} == {"deleted"}
     assert doc["runs"][0]["summary"]["deleted"] == 26
-    again = await Migrator(legacy, seed_004(), journal=Journal(journal)).run()
+    again = await Migrator(legacy, datasets_processing(), journal=Journal(journal)).run()
     assert (again.planned, again.copied, again.deleted) == (0, 0, 0)  # nothing twice
     assert len(json.loads(journal.read_text())["runs"]) == 2
 
@@ -152,7 +154,7 @@ async def test_an_interrupted_run_then_a_re_run_ends_as_a_clean_run(
         Bucket=clean.bucket, CreateBucketConfiguration={"LocationConstraint": "ap-south-1"}
     )
     await seed(clean, legacy_objects())
-    await Migrator(clean, seed_004()).run()
+    await Migrator(clean, datasets_processing()).run()
 
     calls = 0
     real_copy = legacy.copy
@@ -168,14 +170,17 @@ async def test_an_interrupted_run_then_a_re_run_ends_as_a_clean_run(
     legacy.copy = crashing_copy  # type: ignore[method-assign]
     with pytest.raises(ExceptionGroup):
         await Migrator(
-            legacy, seed_004(), journal=Journal(journal), options=CopyOptions(concurrency=4)
+            legacy,
+            datasets_processing(),
+            journal=Journal(journal),
+            options=CopyOptions(concurrency=4),
         ).run()
     legacy.copy = real_copy  # type: ignore[method-assign]
     interrupted = json.loads(journal.read_text())
     assert 0 < sum(e.get("state") == "copied" for e in interrupted["objects"].values()) < 26
     assert not any(e.get("state") == "deleted" for e in interrupted["objects"].values())
 
-    rerun = await Migrator(legacy, seed_004(), journal=Journal(journal)).run()
+    rerun = await Migrator(legacy, datasets_processing(), journal=Journal(journal)).run()
     assert rerun.present >= 1 and rerun.copied + rerun.present == 26 and rerun.failed == 0
     assert await state(legacy) == await state(clean)
 
@@ -186,11 +191,13 @@ async def test_a_conflicting_destination_under_raw_is_reported_and_left_untouche
     taken = f"raw/{D}/raw_0003.json"
     await legacy.put_bytes(taken, b'{"someone":"else"}', metadata={"owner": "other"})
     before = await legacy.get_object(taken)
-    the_plan = await plan(legacy, seed_004())
+    the_plan = await plan(legacy, datasets_processing())
     assert [(c.move.source, c.move.dest) for c in the_plan.conflicts] == [
         (f"datasets/{D}/raw_0003.json", taken)
     ]
-    summary = await Migrator(legacy, seed_004(), journal=Journal(tmp_path / "j.json")).run()
+    summary = await Migrator(
+        legacy, datasets_processing(), journal=Journal(tmp_path / "j.json")
+    ).run()
     assert summary.conflicts == 1 and summary.deleted == 25
     after = await legacy.get_object(taken)
     assert (after.body, after.metadata, after.etag) == (before.body, before.metadata, before.etag)
@@ -212,7 +219,7 @@ async def test_a_destination_that_appears_during_the_run_is_not_overwritten(
         return await real_copy(source, dest, **options)
 
     legacy.copy = copy_after_a_rival  # type: ignore[method-assign]
-    summary = await Migrator(legacy, seed_004()).run()
+    summary = await Migrator(legacy, datasets_processing()).run()
     assert summary.conflicts == 1
     assert await legacy.get_bytes(taken) == b"rival"
     assert await legacy.exists(f"datasets/{D}/raw_0005.json")
@@ -227,7 +234,7 @@ async def test_multipart_copy_above_the_threshold_keeps_bytes_type_and_metadata(
         f"datasets/{D}/big.bin", body, content_type="application/x-big", metadata={"k": "v"}
     )
     options = CopyOptions(multipart_threshold=5 * MIB, part_bytes=5 * MIB)
-    summary = await Migrator(store, seed_004(), options=options).run()
+    summary = await Migrator(store, datasets_processing(), options=options).run()
     assert (summary.copied, summary.verified, summary.deleted) == (1, 1, 1)
     got = await store.get_object(f"raw/{D}/big.bin")
     assert got.body == body

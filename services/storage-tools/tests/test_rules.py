@@ -1,4 +1,4 @@
-"""The mapping rules without I/O: seed 004's path table row by row, the AEGIS legacy preset, and
+"""The mapping rules without I/O: the two-tier path table row by row, the AEGIS legacy preset, and
 rule files."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from aegis_storage_tools.rules import (
     Skip,
     TargetClass,
     aegis_legacy,
+    datasets_processing,
     load_rules,
     map_key,
-    seed_004,
 )
 
 D = "country=us/category=news/date=2026-01-28"
 RAW, DERIVED = TargetClass.RAW, TargetClass.DERIVED
 
-# seed 004, "기존 경로 (3단계) | 변경 후 (2단계)": every row, with both .success policies
-SEED_TABLE = [
+# the path table, old (three tiers) -> new (two tiers): every row, with both .success policies
+PATH_TABLE = [
     # row 1: datasets/ -> raw/ (immutable)
     ("prod/", f"datasets/{D}/raw_0001.json", f"raw/{D}/raw_0001.json", RAW),
     ("prod/", f"datasets/{D}/raw_metadata.json", f"raw/{D}/raw_metadata.json", RAW),
@@ -53,17 +53,19 @@ SEED_TABLE = [
 ]
 
 
-@pytest.mark.parametrize(("sidecars", "source", "dest", "cls"), SEED_TABLE)
-def test_seed_004_path_table(sidecars: str, source: str, dest: str, cls: TargetClass) -> None:
-    mapped = map_key(source, seed_004(sidecars=sidecars))
+@pytest.mark.parametrize(("sidecars", "source", "dest", "cls"), PATH_TABLE)
+def test_datasets_processing_path_table(
+    sidecars: str, source: str, dest: str, cls: TargetClass
+) -> None:
+    mapped = map_key(source, datasets_processing(sidecars=sidecars))
     assert isinstance(mapped, Move)
     assert (mapped.dest, mapped.target_class) == (dest, cls)
 
 
 @pytest.mark.parametrize("sidecars", ["prod/", "beside"])
-def test_seed_004_prod_stays_where_it_is(sidecars: str) -> None:
+def test_datasets_processing_prod_stays_where_it_is(sidecars: str) -> None:
     # row 5: final outputs under prod/ stay under prod/ (no rule moves them)
-    mapped = map_key(f"prod/{D}/final/summary.json", seed_004(sidecars=sidecars))
+    mapped = map_key(f"prod/{D}/final/summary.json", datasets_processing(sidecars=sidecars))
     assert mapped == Skip(f"prod/{D}/final/summary.json", None, "no_rule")
 
 

@@ -5,7 +5,7 @@ It lives in the contracts because two writers must agree on it byte for byte: in
 ``aegis replay``, which feeds raw/ objects back as the very RawArchived event (and Nats-Msg-Id)
 ingest published, from the bytes and the object metadata ingest stored.
 
-DESIGN §3: the topic and the size are checked before anything is written; on a valid topic the
+The topic and the size are checked before anything is written; on a valid topic the
 payload is archived as received, even when it is not JSON (the processor dead-letters it later).
 """
 

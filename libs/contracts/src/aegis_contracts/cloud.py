@@ -1,4 +1,4 @@
-"""The platform's view of itself (DESIGN §2, §5): cloud-infrastructure checks and snapshots.
+"""The platform's view of itself: cloud-infrastructure checks and snapshots.
 
 A collector runs checks; each yields a status (NORMAL = ok, WARNING, CRITICAL), a stable reason
 code and the value it measured. A :class:`CloudSnapshot` is one collector run: the body of

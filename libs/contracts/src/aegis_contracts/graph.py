@@ -1,4 +1,4 @@
-"""5-minute window statistics (DESIGN §2, §5): the body of GRAPH#5M items and processed_agg/ objects.
+"""5-minute window statistics: the body of GRAPH#5M items and processed_agg/ objects.
 
 The aggregator computes them from the HISTORY#STATE snapshots of one window; the dashboard's
 6/12/24 h charts and the reporter read them. Definitions (``aegis_aggregator.stats`` computes them):

@@ -1,4 +1,4 @@
-"""DynamoDB item families of the read model (DESIGN §5), one model each.
+"""DynamoDB item families of the read model, one model each.
 
 Items are dumped with ``model_dump(mode="json")``: datetimes become fixed-width UTC strings, so a
 condition such as "only if newer" compares strings and sort keys sort by time. ``ttl`` is epoch

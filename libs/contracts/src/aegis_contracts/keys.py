@@ -1,4 +1,4 @@
-"""The one module of key builders: every S3 prefix of DESIGN §4 and every pk/sk of §5.
+"""The one module of key builders: every S3 prefix and every DynamoDB pk/sk of the contract.
 
 Every service builds keys here and nowhere else. Each builder validates the ids it is given
 before it puts them in a key, so a hostile id cannot escape its prefix or collide with a
@@ -25,7 +25,7 @@ from aegis_contracts.ids import (
 from aegis_contracts.times import Partition, day_path, ensure_utc, format_ts, parse_ts
 
 # ---------------------------------------------------------------------------------------------
-# S3 (DESIGN §4)
+# S3
 
 RAW_PREFIX = "raw/"
 PROCESSED_PREFIX = "processed/"
@@ -98,7 +98,7 @@ def raw_day_prefix(factory_id: str, source_type: SourceType | str, day: date) ->
 
 
 def raw_metadata_key(factory_id: str, source_type: SourceType | str, day: date) -> str:
-    """The sealer's manifest at the root of one raw partition (DESIGN §8, seed 004)."""
+    """The sealer's manifest at the root of one raw partition."""
     return f"{raw_day_prefix(factory_id, source_type, day)}{RAW_METADATA_NAME}"
 
 
@@ -364,7 +364,7 @@ def _rebuild(info: KeyInfo) -> str:  # noqa: PLR0911 - one return per family rea
 
 
 # ---------------------------------------------------------------------------------------------
-# DynamoDB (DESIGN §5)
+# DynamoDB
 
 LATEST_SK = "LATEST"
 CLOUD_PK = "CLOUD#infra"
@@ -529,7 +529,7 @@ def _word(pattern: re.Pattern[str], value: str, what: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Orchestration (DESIGN §7, seed 003)
+# Orchestration
 
 # every job in one partition: a replica loads them all with one query; sk JOB#{job_id}
 JOB_REGISTRY_PK = "JOB#registry"

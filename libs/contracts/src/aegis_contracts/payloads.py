@@ -1,4 +1,4 @@
-"""MQTT payloads (DESIGN §3): the envelope and the three bodies, and strict parsing of raw bytes.
+"""MQTT payloads: the envelope and the three bodies, and strict parsing of raw bytes.
 
 :func:`parse_device_message` is what the processor calls on an archived payload: it refuses
 oversize payloads, malformed JSON (including NaN, Infinity and duplicate keys), payloads that are

@@ -142,7 +142,7 @@ def resolve_event_time(
     report_exists_for: Callable[[date], bool] | None = None,
     tolerance: timedelta = CLOCK_SKEW_TOLERANCE,
 ) -> EventTime:
-    """DESIGN §4: more than ``tolerance`` ahead of arrival is clock skew (arrival time is used);
+    """The clock-skew policy: more than ``tolerance`` ahead of arrival is clock skew (arrival time is used);
     older event times are kept, flagged ``late`` when that day's report already exists."""
     emitted = ensure_utc(emitted_at, "emitted_at")
     received = ensure_utc(received_at, "received_at")

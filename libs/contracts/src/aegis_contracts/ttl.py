@@ -1,4 +1,4 @@
-"""Read-model TTLs with the seed's names and defaults (infra/data-pipeline/variables.tf)."""
+"""Read-model TTLs, with the names and defaults of the legacy data pipeline's Terraform variables."""
 
 from __future__ import annotations
 

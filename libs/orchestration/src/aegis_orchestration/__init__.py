@@ -1,1 +1,1 @@
-"""AEGIS orchestration (seed 003), pure: job models, condition DSL, parameters, planning, ASL."""
+"""AEGIS orchestration, pure: job models, condition DSL, parameters, planning, ASL."""

@@ -1,4 +1,4 @@
-"""The trigger condition DSL of seed 003: a grammar, a compiler to typed nodes, an evaluator.
+"""The trigger condition DSL: a grammar, a compiler to typed nodes, an evaluator.
 
     AND(StringMatches(Array([$.beforeData], [@.Q_NAME]), "*S10*"))
     AND(StringEQ([$.busobjectid], "target_object_id"))
@@ -389,7 +389,7 @@ def _unquote(literal: str) -> str:
 
 
 def evaluate(expression: str | Expression | None, event: Mapping[str, Any]) -> bool:
-    """The seed's ``evaluateConditionExpr``: no expression means "always"."""
+    """Evaluate a condition against an event: no expression means "always"."""
     if expression is None or (isinstance(expression, str) and not expression.strip()):
         return True
     compiled = parse(expression) if isinstance(expression, str) else expression

@@ -1,7 +1,7 @@
-"""The seed-003 job model mapped onto AEGIS: a Job (trigger + workflow) with its JobSteps (nested
+"""The orchestration job model: a Job (trigger + workflow) with its JobSteps (nested
 FLOW steps via ``flow_step_id``), StepParams (nested via ``parent_param_id``) and TaskConditions.
 
-The four tables of the seed are kept as four flat lists inside one Job document (that is how they
+The four entities are kept as four flat lists inside one Job document (that is how they
 are stored, exported and imported), and :func:`validate_job` checks that they form a well-formed
 tree: one start point, every reference resolves, no cycles in nesting, CHOICE branch conditions
 and trigger conditions parse (:mod:`aegis_orchestration.dsl`).
@@ -131,7 +131,7 @@ class StepParam(_Model):
 
 
 class TaskCondition(_Model):
-    """A READ_MODEL_QUERY's search or sort spec (the seed's WHERE / ORDER BY rows)."""
+    """A READ_MODEL_QUERY's search or sort spec (its WHERE / ORDER BY rows)."""
 
     id: str = Field(pattern=STEP_ID_PATTERN)
     step_id: str

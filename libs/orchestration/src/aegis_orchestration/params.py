@@ -1,4 +1,4 @@
-"""Step parameter resolution (the seed's ``resolveStepParams``), with type coercion, defaults,
+"""Step parameter resolution, with type coercion, defaults,
 ``is_required``, ``max_length`` and conditional params, over one execution context:
 
     {"trigger": {...}, "payload": {...}, "steps": {step_id: output}, "globals": {...},

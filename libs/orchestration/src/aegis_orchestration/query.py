@@ -1,4 +1,4 @@
-"""READ_MODEL_QUERY from task conditions (the seed's search and sort specs): a pure
+"""READ_MODEL_QUERY from task conditions (search and sort specs): a pure
 :class:`QuerySpec` built from a step's conditions and resolved params, applied to the items of one
 read-model partition (the service reads ``pk``, this module filters and sorts)."""
 

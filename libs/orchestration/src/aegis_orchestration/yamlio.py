@@ -1,6 +1,6 @@
-"""YAML import/export of jobs, for promoting them between environments (the seed's deploy
-variant tables): a document ``{jobs: [...]}`` whose entries are :class:`Job` documents. Export
-leaves out bookkeeping (version, timestamps) so a file diffs cleanly between environments."""
+"""YAML import/export of jobs, for promoting them between environments: a document
+``{jobs: [...]}`` whose entries are :class:`Job` documents. Export leaves out bookkeeping
+(version, timestamps) so a file diffs cleanly between environments."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """MQTT device identity: the broker's password file and ACL file, managed by ``aegis devices``.
 
 Every client of the production broker has a user name and a random password. Its role decides what
-the ACL lets it do, and the ACL is what makes the topic's factory id trustworthy (DESIGN §3):
+the ACL lets it do, and the ACL is what makes the topic's factory id trustworthy:
 
 * ``factory``: publish only to ``aegis/{its own id}/+``;
 * ``ingest``: subscribe to ``aegis/+/+`` (shared subscriptions included), publish nothing;

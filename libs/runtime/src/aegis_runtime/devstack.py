@@ -1,4 +1,4 @@
-"""``aegis up``: the whole platform on one machine, on the local defaults of DESIGN §9.
+"""``aegis up``: the whole platform on one machine, on the local defaults of the ``AEGIS_*`` settings.
 
 Makes sure Mosquitto and NATS JetStream answer (starting the machine's own when they do not), uses
 the S3/DynamoDB emulator on 127.0.0.1:4566 (LocalStack if one listens there, else a moto_server it

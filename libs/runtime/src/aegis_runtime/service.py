@@ -1,4 +1,4 @@
-"""The shell every AEGIS service process shares (DESIGN §2: health, metrics, heartbeats, graceful
+"""The shell every AEGIS service process shares (health, metrics, heartbeats, graceful
 shutdown): metrics, a broker, ``/healthz`` ``/readyz`` ``/metrics`` with NATS and storage
 readiness, a heartbeat, AWS clients opened in :meth:`ServiceApp.start` and everything closed in
 reverse order by :meth:`ServiceApp.stop`.

@@ -1,4 +1,4 @@
-"""The foundation resources (DESIGN §4-§5): what the bucket and table must look like, creating them
+"""The foundation resources: what the bucket and table must look like, creating them
 idempotently, and reading back what exists so drift can be reported.
 
 ``FOUNDATION`` is the single description used by ``aegis bootstrap``, by the slow cloud collector's
@@ -475,7 +475,7 @@ async def describe_foundation(clients: AwsClients, *, bucket: str, table: str) -
 
 
 def expected_foundation(*, bucket: str, table: str, region: str) -> dict[str, Any]:
-    """The contract of DESIGN §4-§5 in the shape :func:`describe_foundation` returns."""
+    """The S3 and DynamoDB contract in the shape :func:`describe_foundation` returns."""
     return {
         "bucket": {
             "name": bucket,

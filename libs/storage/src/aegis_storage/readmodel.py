@@ -1,4 +1,4 @@
-"""The DynamoDB read model (DESIGN §5): LATEST partial updates, HISTORY puts, range queries, claims.
+"""The DynamoDB read model: LATEST partial updates, HISTORY puts, range queries, claims.
 
 Rules this repository keeps for every caller:
 - a LATEST field group is applied only when its event time is newer than the stored one, so a

@@ -1,4 +1,4 @@
-"""GraphAggregator5m (DESIGN §2): every completed 5-minute window, for every factory, the
+"""GraphAggregator5m: every completed 5-minute window, for every factory, the
 statistics of its state snapshots as GRAPH#5M#{bucket_start} and a processed_agg/ object.
 
 Windows and replicas:

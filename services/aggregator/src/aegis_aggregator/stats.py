@@ -19,7 +19,7 @@ from aegis_contracts.state import FactoryState, InfraState, Level
 
 R = TypeVar("R", FactoryState, InfraState)
 
-# the edge host and network figures the window keeps (DESIGN §3 infra_state)
+# the edge host and network figures the window keeps (from infra_state)
 INFRA_SERIES = ("cpu_pct", "mem_pct", "disk_pct", "temperature_c", "rtt_ms", "loss_pct")
 
 

@@ -1,7 +1,7 @@
 """What to do with one snapshot's reasons, given the scope's alert state (pure, no I/O).
 
 An alert is one ``(severity, reason code)`` of one stream of a scope (``STATE`` for a factory's
-state snapshots, ``FAST``/``SLOW`` for the cloud collectors' runs). Rules (DESIGN §6):
+state snapshots, ``FAST``/``SLOW`` for the cloud collectors' runs). Rules:
 
 - every WARNING/CRITICAL reason fires, at most once per cooldown (CRITICAL 5 min, WARNING 15 min,
   measured in snapshot time, so a backlog is judged as it happened);

@@ -1,1 +1,1 @@
-"""AEGIS cloud collectors: CLOUD#infra LATEST/HISTORY and processed/cloud_infra/ (DESIGN §2, §5)."""
+"""AEGIS cloud collectors: CLOUD#infra LATEST/HISTORY and processed/cloud_infra/."""

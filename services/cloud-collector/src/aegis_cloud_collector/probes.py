@@ -1,6 +1,6 @@
 """The probes of each tier: gather facts from the broker, the queue, storage and AWS, and hand them
 to :mod:`aegis_cloud_collector.domain` for the decision. Read-only everywhere: a collector writes
-nothing but its own snapshot (DESIGN §4-§5)."""
+nothing but its own snapshot."""
 
 from __future__ import annotations
 

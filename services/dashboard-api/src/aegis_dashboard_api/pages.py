@@ -50,7 +50,7 @@ KST = ZoneInfo("Asia/Seoul")
 WINDOWS = ("1h", "6h", "12h", "24h")
 LEVEL_ORDER = {"CRITICAL": 0, "WARNING": 1, "NORMAL": 2}
 # when the page calls a factory's data stale / offline (the processor's STALE_DATA and
-# FACTORY_OFFLINE thresholds, DESIGN §6)
+# FACTORY_OFFLINE thresholds)
 STALE_AFTER_S, OFFLINE_AFTER_S = 60, 300
 
 templates = Jinja2Templates(

@@ -8,7 +8,7 @@ the private attribute ``Client._client``; :func:`enable_manual_ack` is the one p
 into it, checks that it is what we expect (else start-up fails loudly rather than acking early), and
 is covered by a unit test and by the redelivery test in tests/integration/test_ingest.py.
 
-Ordering: MQTT (3.1.1 and v5 §4.6) asks a client to send PUBACKs in the order the PUBLISHes came;
+Ordering: MQTT (3.1.1 and v5) asks a client to send PUBACKs in the order the PUBLISHes came;
 paho's manual ``ack`` does not enforce it and Mosquitto matches PUBACKs by packet id in any order.
 Ingest acknowledges as messages finish, so one slow message never holds back the others' acks.
 """

@@ -1,1 +1,1 @@
-"""AEGIS orchestrator: operator-defined triggers and workflows (seed 003)."""
+"""AEGIS orchestrator: operator-defined triggers and workflows."""

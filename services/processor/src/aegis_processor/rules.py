@@ -1,4 +1,4 @@
-"""The risk rules (DESIGN §6): a TOML file validated into frozen pydantic models at start-up.
+"""The risk rules: a TOML file validated into frozen pydantic models at start-up.
 
 ``load_rules(None)`` reads the packaged ``rules.toml``; an invalid file fails start-up with a
 :class:`RulesError` that names the offending field. No network, no clock: the domain reads these.

@@ -1,1 +1,1 @@
-"""AEGIS reporter: daily reports per factory and for the cloud infrastructure (DESIGN §6)."""
+"""AEGIS reporter: daily reports per factory and for the cloud infrastructure."""

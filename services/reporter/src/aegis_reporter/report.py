@@ -1,4 +1,4 @@
-"""The daily report of one KST day (DESIGN §6): hourly folds, then the day's artifacts.
+"""The daily report of one KST day: hourly folds, then the day's artifacts.
 
 For each target (every factory of the fleet with processed/ data that day, and ``cloud-infra``) and each of
 the 24 UTC hour partitions of the KST day: list the hour's objects, and unless the stored

@@ -1,7 +1,7 @@
 """The simulator as a service (``make run`` / ``aegis up``): the demo fleet at the default rates, a
 recurring scenario now and then, health endpoints, reconnects, graceful stop on SIGTERM.
 
-Settings beyond DESIGN §9: ``AEGIS_SIMULATOR_FACTORIES`` (comma list), ``AEGIS_SIMULATOR_SCENARIOS``
+Settings beyond the common ones: ``AEGIS_SIMULATOR_FACTORIES`` (comma list), ``AEGIS_SIMULATOR_SCENARIOS``
 (``NAME[@FACTORY][+DELAY_S][:DURATION_S][/EVERY_S]``, comma-separated; ``off`` for none; default a gas
 leak on factory-b for 4 minutes every 10 minutes), ``AEGIS_SIMULATOR_SEED``, ``AEGIS_SIMULATOR_QOS``,
 ``AEGIS_SIMULATOR_IMAGES``.

@@ -1,5 +1,5 @@
 """``aegis simulate``: the device simulator and load generator (plugged into ``aegis`` through the
-``aegis.commands`` entry point). Connection settings come from ``AEGIS_*`` (DESIGN §9).
+``aegis.commands`` entry point). Connection settings come from ``AEGIS_*``.
 
 Exit codes: 0 a clean run, 1 a run with publish or upload errors, 2 bad options or an unreachable
 broker (the message names the URL).

@@ -34,7 +34,7 @@ CAMERAS_PER_FACTORY = 4
 PIPELINE_STAGES = ("capture", "inference", "uplink", "snapshot")
 DEFAULT_FACTORIES = ("factory-a", "factory-b", "factory-c")
 
-# what an edge gateway publishes by default, in seconds between messages (DESIGN §3 sources)
+# what an edge gateway publishes by default, in seconds between messages (per source type)
 DEFAULT_INTERVALS: Mapping[SourceType, float] = {
     SourceType.FACTORY_STATE: 5.0,
     SourceType.INFRA_STATE: 15.0,
@@ -42,7 +42,7 @@ DEFAULT_INTERVALS: Mapping[SourceType, float] = {
 }
 DEFAULT_JITTER = 0.1  # each interval varies by up to ±10 %
 START_SPREAD_S = 1.0  # first messages of every source within the first second
-CLOCK_SKEW = timedelta(minutes=10)  # DESIGN §4 flags anything over 5 minutes ahead
+CLOCK_SKEW = timedelta(minutes=10)  # ingest flags anything over 5 minutes ahead
 
 _SOURCE_CODE = {
     SourceType.FACTORY_STATE: "fs",

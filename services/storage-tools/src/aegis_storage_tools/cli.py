@@ -34,7 +34,7 @@ EXIT_CONFLICTS = 3
 
 migrate_app = typer.Typer(
     name="migrate",
-    help="Move legacy prefixes onto the storage contract (seed 004): plan, then run.",
+    help="Move legacy prefixes onto the storage contract: plan, then run.",
     no_args_is_help=True,
 )
 
@@ -44,14 +44,18 @@ RulesOpt = Annotated[
 PresetOpt = Annotated[
     str | None,
     typer.Option(
-        "--preset", help="seed-004 (datasets/->raw/, processing/->prod/) or aegis-legacy."
+        "--preset",
+        help="datasets-processing (datasets/->raw/, processing/->prod/) or aegis-legacy.",
     ),
 ]
 SidecarsOpt = Annotated[
     str,
     typer.Option(
         "--sidecars",
-        help="seed-004: where *.success checkpoints go: 'prod/' (default) or 'beside' the object.",
+        help=(
+            "datasets-processing: where *.success checkpoints go: 'prod/' (default) or 'beside' "
+            "the object."
+        ),
     ),
 ]
 ProgressOpt = Annotated[

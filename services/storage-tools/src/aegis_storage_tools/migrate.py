@@ -1,4 +1,4 @@
-"""``aegis migrate``: plan and run a prefix migration inside one bucket (DESIGN §8, seed 004).
+"""``aegis migrate``: plan and run a prefix migration inside one bucket.
 
 Plan: list every source prefix and every target prefix once, map each key (:mod:`rules`) and sort
 it into ``copy`` (destination absent), ``present`` (destination has the same body: an earlier run

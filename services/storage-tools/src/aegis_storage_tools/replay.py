@@ -1,5 +1,5 @@
 """``aegis replay``: feed a factory's raw/ objects of a time range back to the processor, exactly as
-ingest fed them (seed 000: raw/ is what the reprocessing script reads).
+ingest fed them (raw/ is what reprocessing reads).
 
 The range is by arrival time, like raw/'s partitions: the day partitions that overlap
 ``[start, end)`` are listed and each object's ``received_at`` (ingest's metadata) decides. The

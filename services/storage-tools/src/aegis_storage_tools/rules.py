@@ -4,8 +4,8 @@ A rule takes the keys under a source prefix to a target prefix (the relative pat
 ``rewrite = "aegis-raw-dated"``, a flat ``{factory_id}/{source_type}/{message_id}.json`` into the
 contract's dated raw layout using the object's arrival time. ``class`` says what the target is:
 ``raw`` (immutable: never overwritten) or ``derived``. Sidecars (``*.success`` checkpoints) follow
-the seed-004 policy: ``beside`` the object, or under another prefix (``prod/``), since raw/ holds
-originals only. Rules come from a TOML file or a preset (``seed-004``, ``aegis-legacy``).
+the two-tier policy: ``beside`` the object, or under another prefix (``prod/``), since raw/ holds
+originals only. Rules come from a TOML file or a preset (``datasets-processing``, ``aegis-legacy``).
 """
 
 from __future__ import annotations
@@ -129,15 +129,15 @@ def _dated(key: str, rel: str, rule: Rule, at: datetime | None) -> Move | Skip:
 # -- presets and rule files -------------------------------------------------------------------
 
 
-def seed_004(*, sidecars: str = "prod/") -> RuleSet:
-    """Seed 004's two-tier move: datasets/ -> raw/ (immutable), processing/ -> prod/; prod/ stays.
+def datasets_processing(*, sidecars: str = "prod/") -> RuleSet:
+    """The two-tier move: datasets/ -> raw/ (immutable), processing/ -> prod/; prod/ stays.
     ``.success`` checkpoints go to prod/ by default (raw/ keeps originals only) or ``beside``."""
     return RuleSet(
         (
             Rule("datasets", "datasets/", "raw/", TargetClass.RAW, sidecars=sidecars),
             Rule("processing", "processing/", "prod/", TargetClass.DERIVED),
         ),
-        name="seed-004",
+        name="datasets-processing",
     )
 
 
@@ -160,12 +160,12 @@ def aegis_legacy() -> RuleSet:
     )
 
 
-PRESETS = {"seed-004": seed_004, "aegis-legacy": aegis_legacy}
+PRESETS = {"datasets-processing": datasets_processing, "aegis-legacy": aegis_legacy}
 
 
 def preset(name: str, *, sidecars: str | None = None) -> RuleSet:
-    if name == "seed-004":
-        return seed_004(sidecars=sidecars or "prod/")
+    if name == "datasets-processing":
+        return datasets_processing(sidecars=sidecars or "prod/")
     if name == "aegis-legacy":
         return aegis_legacy()
     raise RuleError(f"no preset {name!r}; presets: {', '.join(PRESETS)}")
