@@ -34,6 +34,7 @@ from .conftest import publish_all
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 AEGIS = str(Path(sys.executable).parent / "aegis")
+SMOKE = Path(__file__).resolve().parents[1] / "tools" / "smoke.py"
 DATASETS = ("factory_state", "risk_score")
 
 
@@ -184,6 +185,21 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
         await eventually(cloud_visible, within=30, interval=1, what="cloud infra in aegis status")
         page = await dashboard_page(dashboard_port)
         assert all(f'data-factory="{f}"' in page for f in ("factory-a", "factory-b", "factory-c"))
+        # the smoke test the Docker workflow runs against `docker compose up`, here against this
+        smoke = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(SMOKE),
+            "--mqtt-url", private_mosquitto.url,
+            "--aws-endpoint", aws_endpoint,
+            "--table", env["AEGIS_TABLE"],
+            "--dashboard-url", f"http://127.0.0.1:{dashboard_port}",
+            "--timeout", "30",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        said = (await asyncio.wait_for(smoke.communicate(), 90))[0].decode()
+        assert smoke.returncode == 0, said
+        assert "LATEST of smoke-" in said and "dashboard at" in said, said
         counts = await arequest_counts(aws_endpoint)
 
         # a device publishes while the processor, then ingest, are killed
