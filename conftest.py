@@ -2,6 +2,7 @@
 
 pytest_plugins = [
     "aegis_runtime.testing.fixtures",
+    "aegis_runtime.testing.natsbus",
     "aegis_runtime.testing.storage",
     "aegis_runtime.testing.webhook",
 ]

@@ -34,6 +34,7 @@ from aegis_storage.bootstrap import (
 
 HERE = Path(__file__).resolve().parent
 POLICIES = HERE / "policies"
+ECS = HERE.parent / "ecs"
 BUCKET_POLICY = HERE / "bucket-policy.json"
 BREAK_GLASS = HERE / "break-glass.json"
 TEMPLATE = HERE / "foundation.yaml"
@@ -148,6 +149,61 @@ def _break_glass_trust() -> dict[str, Any]:
     }
 
 
+def ecs_services() -> list[str]:
+    return sorted(p.stem for p in ECS.glob("*.json"))
+
+
+def _ecs_placeholders(text: str) -> str:
+    """A task definition's envsubst placeholders as CloudFormation's pseudo parameters."""
+    return text.replace("${AWS_REGION}", "${AWS::Region}").replace(
+        "${AWS_ACCOUNT_ID}", "${AWS::AccountId}"
+    )
+
+
+def secret_resources(service: str) -> list[str]:
+    """What the task of ``service`` reads at start (its ``secrets``), as IAM resources: a
+    Secrets Manager secret by name (its ARN ends in a random suffix, and a JSON key may follow),
+    an SSM parameter as is."""
+    task = json.loads((ECS / f"{service}.json").read_text())
+    found = []
+    for container in task["containerDefinitions"]:
+        for secret in container.get("secrets", []):
+            arn = secret["valueFrom"]
+            if ":secretsmanager:" in arn:  # arn:aws:secretsmanager:region:account:secret:name
+                arn = ":".join(arn.split(":")[:7]) + "-*"
+            found.append(_ecs_placeholders(arn).replace("arn:aws:", "arn:${AWS::Partition}:", 1))
+    return sorted(set(found))
+
+
+def _execution_role(service: str) -> dict[str, Any]:
+    """The role ECS itself uses to start the task: pull the image, write its log group, read
+    exactly the secrets its definition names."""
+    statements: list[dict[str, Any]] = []
+    resources = secret_resources(service)
+    if secrets := [r for r in resources if ":secretsmanager:" in r]:
+        statements.append(
+            {"Effect": "Allow", "Action": "secretsmanager:GetSecretValue", "Resource": secrets}
+        )
+    if parameters := [r for r in resources if ":ssm:" in r]:
+        statements.append(
+            {"Effect": "Allow", "Action": "ssm:GetParameters", "Resource": parameters}
+        )
+    role: dict[str, Any] = {
+        "RoleName": {"Fn::Sub": f"${{NamePrefix}}-{service}-execution"},
+        "AssumeRolePolicyDocument": _trust_policy(),
+        "ManagedPolicyArns": [
+            {
+                "Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/service-role/"
+                "AmazonECSTaskExecutionRolePolicy"
+            }
+        ],
+    }
+    if statements:
+        document = {"Version": "2012-10-17", "Statement": statements}
+        role["Policies"] = [{"PolicyName": "read-its-secrets", "PolicyDocument": _sub(document)}]
+    return {"Type": "AWS::IAM::Role", "Properties": role}
+
+
 def _if_locked(value: Any) -> dict[str, Any]:
     return {"Fn::If": ["ObjectLockOn", value, {"Ref": "AWS::NoValue"}]}
 
@@ -243,6 +299,15 @@ def render() -> dict[str, Any]:
         }
         outputs[f"{logical}PolicyArn"] = {"Value": {"Ref": f"{logical}Policy"}}
         outputs[f"{logical}RoleArn"] = {"Value": {"Fn::GetAtt": [f"{logical}Role", "Arn"]}}
+    for service in ecs_services():
+        logical = _logical(service)
+        resources[f"{logical}ExecutionRole"] = _execution_role(service)
+        resources[f"{logical}LogGroup"] = {
+            "Type": "AWS::Logs::LogGroup",
+            "DeletionPolicy": "Retain",
+            "UpdateReplacePolicy": "Retain",
+            "Properties": {"LogGroupName": f"/aegis/{service}", "RetentionInDays": 30},
+        }
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
         "Description": "AEGIS foundation: data bucket, read-model table, IAM role per service",

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import ipaddress
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import nats
 import nats.js.errors
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from aegis_contracts import keys
 from aegis_contracts.items import AlertState
@@ -17,6 +24,67 @@ from aegis_processor.settings import ProcessorSettings
 
 RunProcessor = Callable[..., AbstractAsyncContextManager[ProcessorApp]]
 FireAlert = Callable[..., AlertState]
+MakeCerts = Callable[[Path], None]
+
+
+def make_ca_and_server_cert(folder: Path) -> None:
+    """ca.crt, and server.crt/server.key for 127.0.0.1 and localhost, signed by that CA."""
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "aegis test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                key_encipherment=False, data_encipherment=False, key_agreement=False,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    (folder / "ca.crt").write_bytes(ca.public_bytes(pem))
+    (folder / "server.crt").write_bytes(cert.public_bytes(pem))
+    (folder / "server.key").write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+
+
+@pytest.fixture(scope="session")
+def make_certs() -> MakeCerts:
+    """``make_certs(folder)``: a throwaway CA (ca.crt) and a server certificate it signed for
+    127.0.0.1 and localhost (server.crt, server.key), written into ``folder``."""
+    return make_ca_and_server_cert
 
 
 @pytest.fixture

@@ -7,25 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import gc
-import ipaddress
 import os
 import shutil
 import signal
 import ssl
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiomqtt
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from aegis_ingest.mqtt import create_client
 from aegis_ingest.settings import IngestSettings
@@ -37,59 +31,6 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 PROD_CONF = ROOT / "deploy" / "mosquitto" / "mosquitto.prod.conf"
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-
-
-def make_ca_and_server_cert(folder: Path) -> None:
-    """ca.crt, and server.crt/server.key for 127.0.0.1 and localhost, signed by that CA."""
-    now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "aegis test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False,
-                encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    (folder / "ca.crt").write_bytes(ca.public_bytes(pem))
-    (folder / "server.crt").write_bytes(cert.public_bytes(pem))
-    (folder / "server.key").write_bytes(
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
 
 
 PERSIST_PLUGIN = "global_plugin /usr/lib/mosquitto_persist_sqlite.so\nplugin_opt_flush_period 1\n"
@@ -161,10 +102,12 @@ class Broker:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, make_certs: Callable[[Path], None]
+) -> Iterator[Broker]:
     folder = tmp_path_factory.mktemp("broker")
     (folder / "data").mkdir()
-    make_ca_and_server_cert(folder)
+    make_certs(folder)
     registry = DeviceRegistry(folder / "passwd", folder / "acl")
     passwords = {
         "factory-a": registry.add("factory-a", Role.FACTORY),

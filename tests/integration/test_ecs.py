@@ -14,12 +14,14 @@ import re
 from pathlib import Path
 from string import Template
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 from botocore.session import get_session
 from botocore.validate import ParamValidator
 
+from aegis_runtime.natsauth import IDENTITIES
 from aegis_runtime.settings import AegisSettings
 from aegis_runtime.testing.workspace import Workspace
 
@@ -32,7 +34,7 @@ PLACEHOLDERS = {
     "AWS_REGION": "ap-south-1",
     "IMAGE_TAG": "0.1.0",
     "AEGIS_MQTT_URL": "mqtt://mqtt.aegis.example.com:1883",
-    "AEGIS_NATS_URL": "nats://nats.aegis.internal:4222",
+    "AEGIS_NATS_HOST": "nats.aegis.internal",
 }
 # Fargate task sizes: cpu units -> the memory (MiB) allowed with it
 FARGATE_MEMORY = {
@@ -146,12 +148,14 @@ def test_task_runs_its_image_and_command_locked_down_with_logs_and_a_health_chec
     assert logs["options"]["awslogs-group"] == f"/aegis/{name}"
     assert logs["options"]["awslogs-region"] == PLACEHOLDERS["AWS_REGION"]
     assert logs["options"]["awslogs-stream-prefix"]
-    # the health check asks /readyz on the port the container opens
+    # the health check asks /healthz (is the process alive) on the port the container opens:
+    # ECS replaces a task whose check fails, and /readyz fails during a NATS or S3 blip, when
+    # restarting every task would only make things worse (readiness is for load balancers)
     check = container["healthCheck"]["command"]
     assert check[0] == "CMD"
     (url,) = re.findall(r"http://127\.0\.0\.1:(\d+)(/\w+)", " ".join(check))
     ports = {m["containerPort"] for m in container["portMappings"]}
-    assert url == (str(deployable.health_port), "/readyz") and deployable.health_port in ports
+    assert url == (str(deployable.health_port), "/healthz") and deployable.health_port in ports
 
 
 def test_each_service_has_its_own_task_and_execution_roles() -> None:
@@ -189,8 +193,9 @@ def test_settings_are_the_platform_settings_and_secrets_come_from_secret_stores(
 
 
 def test_only_the_services_that_need_a_secret_get_it() -> None:
+    nats = {"AEGIS_NATS_PASSWORD", "AEGIS_NATS_TLS_CA_PEM"}  # every service's (its identity)
     granted = {
-        name: {secret["name"] for secret in container_of(name, task).get("secrets", [])}
+        name: {secret["name"] for secret in container_of(name, task).get("secrets", [])} - nats
         for name, task in tasks().items()
     }
     assert granted["ingest"] == {"AEGIS_MQTT_USERNAME", "AEGIS_MQTT_PASSWORD"}
@@ -211,9 +216,95 @@ def test_each_task_role_is_made_by_the_infrastructure_template_with_its_services
     for resource in template["Resources"].values():
         if resource["Type"] == "AWS::IAM::Role":
             role = resource["Properties"]["RoleName"]["Fn::Sub"].replace("${NamePrefix}", "aegis")
+            if not role.endswith("-task"):
+                continue  # execution roles, the raw break-glass role
             (policy,) = resource["Properties"]["ManagedPolicyArns"]
             made[role] = policies[policy["Ref"]].replace("${NamePrefix}", "aegis")
     for name, task in tasks().items():
         role = task["taskRoleArn"].rsplit("/", 1)[1]
         assert made.get(role) == f"aegis-{name}", (name, role)
         assert (ROOT / "deploy" / "infra" / "policies" / f"{name}.json").is_file()
+
+
+def test_every_task_is_its_own_nats_identity_over_tls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The identity of aegis_runtime.natsauth named after the service, its own password from
+    Secrets Manager, the CA from an SSM parameter, a tls:// URL, and no stream management."""
+    account = PLACEHOLDERS["AWS_ACCOUNT_ID"]
+    for name, task in tasks().items():
+        container = container_of(name, task)
+        environment = {item["name"]: item["value"] for item in container["environment"]}
+        secrets = {item["name"]: item["valueFrom"] for item in container["secrets"]}
+        assert environment["AEGIS_NATS_USER"] == name and name in IDENTITIES, name
+        assert secrets["AEGIS_NATS_PASSWORD"] == (
+            f"arn:aws:secretsmanager:ap-south-1:{account}:secret:aegis/nats/{name}:password::"
+        )
+        assert secrets["AEGIS_NATS_TLS_CA_PEM"] == (
+            f"arn:aws:ssm:ap-south-1:{account}:parameter/aegis/nats/ca"
+        )
+        for key in [key for key in os.environ if key.startswith("AEGIS_")]:
+            monkeypatch.delenv(key)
+        for key, value in environment.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("AEGIS_NATS_TLS_CA_PEM", "-----BEGIN CERTIFICATE-----")
+        settings = AegisSettings()
+        assert settings.nats_user == name and settings.nats_manage_streams is False
+        assert [urlsplit(u).scheme for u in settings.nats_servers()] == ["tls"], name
+        assert settings.nats_tls
+
+
+def template_resources() -> dict[str, Any]:
+    template = yaml.safe_load((ROOT / "deploy" / "infra" / "foundation.yaml").read_text())
+    return cast("dict[str, Any]", template["Resources"])
+
+
+def _arn_matches(pattern: str, arn: str) -> bool:
+    return re.fullmatch(re.escape(pattern).replace(r"\*", ".*"), arn) is not None
+
+
+def test_what_a_task_definition_names_the_template_creates() -> None:
+    """Every role, secret and log group a task names exists once the template is deployed (or is
+    an operator's documented step): ECS could not start a task whose execution role is missing,
+    or that may not read its secrets, or whose log group does not exist."""
+    resources = template_resources()
+    roles = {
+        r["Properties"]["RoleName"]["Fn::Sub"].replace("${NamePrefix}", "aegis"): r["Properties"]
+        for r in resources.values()
+        if r["Type"] == "AWS::IAM::Role"
+    }
+    groups = {
+        r["Properties"]["LogGroupName"]
+        for r in resources.values()
+        if r["Type"] == "AWS::Logs::LogGroup"
+    }
+    pseudo = {
+        "AWS::Partition": "aws",
+        "AWS::Region": "ap-south-1",
+        "AWS::AccountId": "210987654321",
+    }
+    for name, task in tasks().items():
+        for field in ("taskRoleArn", "executionRoleArn"):
+            assert task[field].rsplit("/", 1)[1] in roles, f"{name}: {field} not in the template"
+        execution = roles[task["executionRoleArn"].rsplit("/", 1)[1]]
+        managed = json.dumps(execution["ManagedPolicyArns"])
+        assert "AmazonECSTaskExecutionRolePolicy" in managed, f"{name}: image pull and logs"
+        granted: dict[str, list[str]] = {}
+        for policy in execution.get("Policies", []):
+            for statement in policy["PolicyDocument"]["Statement"]:
+                for resource in statement["Resource"]:
+                    arn = resource["Fn::Sub"] if isinstance(resource, dict) else resource
+                    for key, value in pseudo.items():
+                        arn = arn.replace("${" + key + "}", value)
+                    granted.setdefault(statement["Action"], []).append(arn)
+        container = container_of(name, task)
+        for secret in container.get("secrets", []):
+            arn = secret["valueFrom"]
+            action = "ssm:GetParameters" if ":ssm:" in arn else "secretsmanager:GetSecretValue"
+            # the stored secret's ARN: its name, a random suffix; a JSON key is not part of it
+            stored = ":".join(arn.split(":")[:7]) + ("-AbCdEf" if ":secretsmanager:" in arn else "")
+            assert any(_arn_matches(p, stored) for p in granted.get(action, [])), (name, arn)
+        group = container["logConfiguration"]["options"]["awslogs-group"]
+        assert group in groups, f"{name}: log group {group} is not made by the template"
+        # and nothing more: exactly the secrets its own task names (two JSON keys of one secret
+        # are one grant)
+        named = {":".join(x["valueFrom"].split(":")[:7]) for x in container.get("secrets", [])}
+        assert sum(len(v) for v in granted.values()) == len(named), name

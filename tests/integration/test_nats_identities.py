@@ -7,10 +7,7 @@ a stream, managing streams from a service."""
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 import pytest
 from faststream.nats import NatsBroker
@@ -27,81 +24,17 @@ from aegis_processor.settings import ProcessorSettings
 from aegis_runtime.broker import (
     PublishFailed,
     StreamSetupFailed,
-    create_broker,
     ensure_streams,
     publish,
     publish_raw_archived,
 )
-from aegis_runtime.localservers import ManagedServer, free_port, port_open, start_managed_server
 from aegis_runtime.natsauth import server_authorization
-from aegis_runtime.settings import AegisSettings
+from aegis_runtime.testing.natsbus import Bus, Connect
 from aegis_runtime.testing.storage import Foundation
 from aegis_runtime.testing.waiting import eventually
 from aegis_runtime.testing.webhook import FakeWebhook
 
 pytestmark = pytest.mark.integration
-
-NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
-PASSWORDS = {
-    "admin": "admin-pw",
-    "ingest": "ingest-pw",
-    "processor": "processor-pw",
-    "alert-dispatcher": "dispatcher-pw",
-}
-
-
-@dataclass
-class Bus:
-    server: ManagedServer
-    url: str
-
-    def settings(self, user: str, **extra: Any) -> AegisSettings:
-        return AegisSettings(
-            nats_url=self.url,
-            nats_user=user,
-            nats_password=PASSWORDS[user],
-            nats_manage_streams=user == "admin",
-            **extra,
-        )
-
-
-@pytest.fixture(scope="module")
-def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
-    folder = tmp_path_factory.mktemp("nats")
-    port = free_port()
-    config = folder / "nats.conf"
-    config.write_text(
-        f"listen: 127.0.0.1:{port}\n"
-        f"jetstream {{ store_dir: {json.dumps(str(folder / 'js'))} }}\n"
-        + server_authorization(PASSWORDS)
-    )
-    server = start_managed_server(
-        f"nats://127.0.0.1:{port}",
-        [NATS_SERVER, "-c", str(config)],
-        folder / "nats.log",
-        ready=lambda _url: port_open("127.0.0.1", port),
-    )
-    try:
-        yield Bus(server, f"nats://127.0.0.1:{port}")
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-async def connect(bus: Bus) -> AsyncIterator[Any]:
-    brokers: list[NatsBroker] = []
-
-    async def as_identity(user: str) -> NatsBroker:
-        broker = create_broker(bus.settings(user), name=f"test-{user}")
-        await broker.connect()
-        brokers.append(broker)
-        return broker
-
-    admin = await as_identity("admin")
-    await ensure_streams(admin, manage=True)  # `aegis bootstrap`: only the admin manages streams
-    yield as_identity
-    for broker in brokers:
-        await broker.stop()
 
 
 async def archive(foundation: Foundation, factory: str, mid: str, co_ppm: float) -> RawArchived:
@@ -132,7 +65,7 @@ async def stored(admin: NatsBroker, stream: str) -> int:
 
 
 async def test_the_data_path_runs_under_its_own_identities(
-    bus: Bus, connect: Any, foundation: Foundation, aws_endpoint: str, unique_id: str
+    bus: Bus, connect: Connect, foundation: Foundation, aws_endpoint: str, unique_id: str
 ) -> None:
     factory = f"f-{unique_id}"
     ingest = await connect("ingest")
@@ -166,7 +99,7 @@ async def test_the_data_path_runs_under_its_own_identities(
     assert latest is not None and latest["factory_state"]["sensors"]["co_ppm"] == 12.0
 
 
-async def test_forged_events_and_stream_management_are_refused(connect: Any) -> None:
+async def test_forged_events_and_stream_management_are_refused(connect: Connect) -> None:
     admin, ingest, processor = (
         await connect("admin"),
         await connect("ingest"),
@@ -209,7 +142,7 @@ def test_every_identity_reads_replies_only_under_its_own_inbox() -> None:
 
 
 async def test_the_alert_path_runs_under_its_own_identities(
-    bus: Bus, connect: Any, foundation: Foundation, aws_endpoint: str, webhook: FakeWebhook
+    bus: Bus, connect: Connect, foundation: Foundation, aws_endpoint: str, webhook: FakeWebhook
 ) -> None:
     """The processor announces a fire snapshot; the dispatcher, under its identity, reads it
     and posts to Slack; the dispatcher may not publish a change event."""

@@ -408,8 +408,8 @@ async def test_kept_warm_the_fleet_never_waits_for_a_scan_nor_loses_a_newer_even
         return items
 
     reader.readmodel.factory_latest_items = held_scan
-    try:
-        async with kept_warm(app) as c:
+    async with kept_warm(app) as c:
+        try:  # the gate opens on any failure too: the warming task must end with the test
             # a screen asks (the first read; warming starts), then the next scan hangs
             (before,) = (await c.get("/api/fleet", headers=AUTH)).json()["factories"]
             await asyncio.wait_for(scanning.wait(), 10)
@@ -426,8 +426,8 @@ async def test_kept_warm_the_fleet_never_waits_for_a_scan_nor_loses_a_newer_even
             await asyncio.sleep(0.5)  # the scan lands, and the next ones
             (after,) = (await c.get("/api/fleet", headers=AUTH)).json()["factories"]
             assert before["score"] != 99.5 and after["score"] == 99.5
-    finally:
-        gate.set()
+        finally:
+            gate.set()
 
 
 async def test_nobody_looking_the_fleet_is_not_read(foundation: Foundation, unique_id: str) -> None:

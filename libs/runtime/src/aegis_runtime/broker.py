@@ -46,6 +46,7 @@ from fast_depends.exceptions import ValidationError as DependsValidationError
 from faststream import AckPolicy, BaseMiddleware
 from faststream.exceptions import AckMessage, HandlerException, NackMessage, RejectMessage
 from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats.security import NatsSecurity
 from nats.aio.msg import Msg
 from nats.js import api
 
@@ -135,13 +136,12 @@ def create_broker(
     lines ("Received", "Processed") go to the stdlib logger ``faststream.aegis`` at DEBUG; the
     :class:`MessageOutcomes` middleware writes one INFO summary line per message instead.
     """
-    servers = settings.nats_servers()
+    options = connect_options(settings)
+    tls = options.pop("tls", None)
     broker = NatsBroker(
-        servers,
         name=f"aegis-{name}",  # shown by NATS monitoring (connz)
-        # replies (JetStream acks, API answers) under an inbox of this identity only: another
-        # identity cannot subscribe to them (aegis_runtime.natsauth)
-        inbox_prefix=inbox_prefix(settings.nats_user),
+        security=None if tls is None else NatsSecurity(ssl_context=tls),
+        **options,
         allow_reconnect=True,
         max_reconnect_attempts=-1,  # forever: a service without its queue is not ready, not dead
         reconnect_time_wait=1,  # spacing of the initial connection attempts
@@ -154,6 +154,35 @@ def create_broker(
         MessageOutcomes(service=name, broker=broker, metrics=metrics, retry=retry or RetryPolicy())
     )
     return broker
+
+
+def connect_options(settings: AegisSettings) -> dict[str, Any]:
+    """What every NATS connection of a process takes from its settings (FastStream's broker and
+    plain nats-py clients alike): the servers with this process's identity; replies (JetStream
+    acks, API answers) under an inbox of that identity only, which no other identity may
+    subscribe to (aegis_runtime.natsauth); and TLS when the settings ask for it."""
+    options: dict[str, Any] = {
+        "servers": settings.nats_servers(),
+        "inbox_prefix": inbox_prefix(settings.nats_user),
+    }
+    tls = settings.nats_tls_context()
+    if tls is not None:
+        options["tls"] = tls
+    return options
+
+
+def log_bus_identity(settings: AegisSettings) -> None:
+    """Say once at start which identity this process has on NATS, and when it has none: a
+    server without identities (``make run``, compose) lets anything that reaches it publish any
+    event and purge any stream."""
+    if settings.nats_user is None:
+        log.warning(
+            "nats_without_identity",
+            hint="the bus is open to anything that reaches it: for local development only; "
+            "deployments set AEGIS_NATS_USER and AEGIS_NATS_PASSWORD (aegis_runtime.natsauth)",
+        )
+    else:
+        log.info("nats_identity", user=settings.nats_user, tls=settings.nats_tls)
 
 
 def _reconnect_with_backoff(
@@ -307,6 +336,7 @@ async def ensure_deployed_streams(
 ) -> dict[str, Literal["created", "updated", "unchanged", "differs"]]:
     """:func:`ensure_streams` as the deployment's settings say: their limits, and managed or only
     checked (``AEGIS_NATS_MANAGE_STREAMS``). What every service and CLI calls at start."""
+    log_bus_identity(settings)
     return await ensure_streams(
         broker, specs, limits=StreamLimits.of(settings), manage=settings.nats_manage_streams
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -123,6 +124,74 @@ def status(
     raise typer.Exit(
         run_status(AegisSettings(), json_output=json_output, watch=watch, interval=interval)
     )
+
+
+@app.command()
+def streams() -> None:
+    """Create or update the NATS JetStream streams to the contract, once per deployment.
+
+    Run it as the admin identity (AEGIS_NATS_USER=admin): services with identities run with
+    AEGIS_NATS_MANAGE_STREAMS=false and only check that the streams exist.
+    """
+    from aegis_runtime.broker import (  # noqa: PLC0415 - only this command needs a broker
+        BrokerError,
+        StreamLimits,
+        create_broker,
+        ensure_streams,
+    )
+
+    settings = AegisSettings()
+
+    async def run() -> dict[str, str]:
+        broker = create_broker(settings, name="streams")
+        try:
+            return dict(await ensure_streams(broker, limits=StreamLimits.of(settings)))
+        finally:
+            await broker.stop()
+
+    try:
+        outcome = asyncio.run(run())
+    except BrokerError as err:
+        typer.echo(f"streams failed: {err}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    for name, what in outcome.items():
+        typer.echo(f"  {what:<9} {name}")
+
+
+@app.command(name="nats-auth")
+def nats_auth(
+    passwords: Annotated[
+        Path,
+        typer.Argument(
+            dir_okay=False,
+            help="name=password lines, one per NATS identity; created, and completed, as needed.",
+        ),
+    ],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write the block here instead of stdout.")
+    ] = None,
+) -> None:
+    """Write nats-server's authorization block: every NATS identity with its permissions
+    (aegis_runtime.natsauth) and bcrypt hashes of the passwords file's passwords.
+
+    Identities missing from the passwords file get a new random password there first (mode
+    0600). Mount the file as the services' secret and the block as the server's.
+    """
+    from aegis_runtime.natsauth import (  # noqa: PLC0415 - only this command needs bcrypt
+        ensure_passwords,
+        server_authorization,
+    )
+
+    try:
+        block = server_authorization(ensure_passwords(passwords))
+    except ValueError as err:
+        typer.echo(f"nats-auth: {err}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    if out is None:
+        typer.echo(block, nl=False)
+    else:
+        out.write_text(block)
+        typer.echo(f"nats-auth: wrote {out}", err=True)
 
 
 app.add_typer(devices_app, name="devices")

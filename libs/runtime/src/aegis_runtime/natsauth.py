@@ -7,13 +7,17 @@ JetStream API (``$JS.API.STREAM.PURGE.*``). With them:
 
 * ``ingest`` and ``replay`` publish raw events (``aegis.raw.>``); nobody else may;
 * ``processor`` reads the raw stream and publishes changes and object events; nobody else may
-  publish a change;
+  publish a change of the read model (the orchestrator announces its own jobs' changes);
+* every other service publishes exactly its own events (the aggregator its windows, the reporter
+  its reports, the cloud collector its snapshots, the alert dispatcher ``alert_sent``, the
+  orchestrator's jobs system events of other kinds); the dashboard publishes nothing;
 * every service publishes its own heartbeat and dead letters, and checks the streams exist
   (``$JS.API.STREAM.INFO``), but only ``admin`` (``aegis bootstrap``, operators) creates, updates,
   purges or deletes streams: services run with ``AEGIS_NATS_MANAGE_STREAMS=false``;
 * each identity reads JetStream's answers under an inbox of its own (``_INBOX_{name}``), so none
   can subscribe to another's replies.
 
+:func:`ensure_passwords` keeps one password per identity in a file (``aegis nats-auth``);
 :func:`server_authorization` writes the ``authorization`` block of a nats-server config for given
 passwords (bcrypt hashes, never the passwords); :data:`IDENTITIES` is the table it comes from.
 """
@@ -21,8 +25,11 @@ passwords (bcrypt hashes, never the passwords); :data:`IDENTITIES` is the table 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import bcrypt
 
@@ -37,20 +44,27 @@ from aegis_contracts.subjects import (
 
 ADMIN = "admin"
 BCRYPT_COST = 11
+PASSWORD_BYTES = 24  # 192 bits, 32 URL-safe characters
 
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """One service's rights: subjects it may publish to and subscribe to (NATS wildcards)."""
+    """One service's rights: subjects it may publish to and subscribe to (NATS wildcards), and
+    subjects refused although an allowed wildcard covers them."""
 
     name: str
     publish: tuple[str, ...]
     subscribe: tuple[str, ...] = ()
+    deny_publish: tuple[str, ...] = ()
 
     def permissions(self) -> dict[str, dict[str, list[str]]]:
         inbox = f"_INBOX_{self.name}.>"
+        # an empty allow list is no list at all to nats-server: "publish nothing" is a deny
+        publish = {"allow": list(self.publish)} if self.publish else {"deny": [">"]}
+        if self.deny_publish:
+            publish["deny"] = list(self.deny_publish)
         return {
-            "publish": {"allow": list(self.publish)},
+            "publish": publish,
             "subscribe": {"allow": [inbox, *self.subscribe]},
         }
 
@@ -77,6 +91,19 @@ def _consumes(stream: str) -> tuple[str, ...]:
     )
 
 
+# system events that one service announces and no other may forge: the orchestrator's jobs
+# publish system events of any other kind
+ALERT_SENT = f"{SYSTEM}.alert_sent"
+REPORT_GENERATED = f"{SYSTEM}.report_generated"
+# what the dashboard's live feed hears (aegis_dashboard_api.feed)
+LIVE_FEED = (
+    f"{CHANGES}.factory_latest",
+    f"{OBJECT_CREATED}.cloud_infra",
+    f"{OBJECT_CREATED}.metrics_5m",
+    f"{OBJECT_CREATED}.reports",
+    ALERT_SENT,
+)
+
 IDENTITIES: dict[str, Identity] = {
     "ingest": Identity("ingest", (f"{RAW}.>", *_own("ingest"))),
     "processor": Identity(
@@ -95,12 +122,47 @@ IDENTITIES: dict[str, Identity] = {
     "alert-dispatcher": Identity(
         "alert-dispatcher",
         (
-            f"{SYSTEM}.alert_sent",
+            ALERT_SENT,
             *_own("alert-dispatcher"),
             *_consumes("AEGIS_EVENTS"),
             *_consumes("AEGIS_DLQ"),
         ),
     ),
+    # triggers from changes, system events and raw events; its jobs publish system events (not
+    # another service's); `aegis jobs` announces a changed job, and every replica hears that
+    # announcement on a plain subscription
+    "orchestrator": Identity(
+        "orchestrator",
+        (
+            f"{SYSTEM}.>",
+            f"{CHANGES}.orch_job",
+            *_own("orchestrator"),
+            *_consumes("AEGIS_EVENTS"),
+            *_consumes("AEGIS_RAW"),
+        ),
+        subscribe=(f"{CHANGES}.orch_job",),
+        deny_publish=(ALERT_SENT, REPORT_GENERATED),
+    ),
+    # announces its 5-minute windows (the service and `aegis aggregate`)
+    "aggregator": Identity("aggregator", (f"{OBJECT_CREATED}.metrics_5m", *_own("aggregator"))),
+    # announces its daily reports (the service and `aegis report`)
+    "reporter": Identity(
+        "reporter", (f"{OBJECT_CREATED}.reports", REPORT_GENERATED, *_own("reporter"))
+    ),
+    # announces its snapshots; reads the queue's state: the consumers of the watched streams,
+    # the last heartbeat of every replica (a message of the events stream)
+    "cloud-collector": Identity(
+        "cloud-collector",
+        (
+            f"{OBJECT_CREATED}.cloud_infra",
+            *_own("cloud-collector"),
+            "$JS.API.CONSUMER.LIST.AEGIS_RAW",
+            "$JS.API.CONSUMER.LIST.AEGIS_EVENTS",
+            "$JS.API.STREAM.MSG.GET.AEGIS_EVENTS",
+        ),
+    ),
+    # the live feed: plain subscriptions, nothing published
+    "dashboard-api": Identity("dashboard-api", (), subscribe=LIVE_FEED),
 }
 
 
@@ -125,3 +187,31 @@ def server_authorization(passwords: Mapping[str, str]) -> str:
         users.append(user)
     body = ",\n    ".join(json.dumps(u) for u in users)
     return f"authorization {{\n  users: [\n    {body}\n  ]\n}}\n"
+
+
+def ensure_passwords(path: Path) -> dict[str, str]:
+    """The passwords of ``path``: ``name=password`` lines (an env file, which
+    ``kubectl create secret generic --from-env-file`` makes one key per identity of). Those of
+    ``admin`` and of every identity the file lacks are made up and added; the file is written
+    mode 0600 when it changes. An unknown name is refused (a typo would lock a service out)."""
+    passwords: dict[str, str] = {}
+    if path.exists():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            name, sep, password = line.partition("=")
+            name = name.strip()
+            if not sep or not password or (name != ADMIN and name not in IDENTITIES):
+                raise ValueError(f"{path}:{number}: not a NATS identity's name=password line")
+            passwords[name] = password
+    missing = [n for n in (ADMIN, *IDENTITIES) if n not in passwords]
+    if missing:
+        for name in missing:
+            passwords[name] = secrets.token_urlsafe(PASSWORD_BYTES)
+        text = "".join(f"{name}={password}\n" for name, password in passwords.items())
+        fresh = path.with_name(f".{path.name}.new")
+        fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+        fresh.replace(path)
+    return passwords

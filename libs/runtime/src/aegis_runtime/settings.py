@@ -52,6 +52,13 @@ class AegisSettings(BaseSettings):
     # create and update the streams at start (a server without identities, `make run`); with
     # identities only the admin (`aegis bootstrap`) manages streams and services check them
     nats_manage_streams: bool = True
+    # TLS to NATS: on with tls:// URLs or a CA file; the CA that signed the servers' certificates
+    # (unset: the system's trust store), and a client certificate for servers that ask for one
+    nats_tls_ca_file: Path | None = None
+    # the same CA as PEM text, where no file can be mounted (ECS on Fargate: an SSM parameter)
+    nats_tls_ca_pem: str | None = None
+    nats_tls_cert_file: Path | None = None
+    nats_tls_key_file: Path | None = None
     # JetStream streams (created or brought up to these at every start; a start never lowers
     # replicas, max age or max bytes an operator raised): replicas (3 on a 3-node cluster),
     # bytes per stream by name (e.g. {"AEGIS_RAW": 10737418240}; absent: unbounded), and the
@@ -99,6 +106,26 @@ class AegisSettings(BaseSettings):
             host = rest.rsplit("@", 1)[-1]
             with_identity.append(f"{scheme}{sep}{userinfo}{host}")
         return with_identity
+
+    @property
+    def nats_tls(self) -> bool:
+        servers = self.nats_url.split(",")
+        return (
+            self.nats_tls_ca_file is not None
+            or self.nats_tls_ca_pem is not None
+            or any(urlsplit(u.strip()).scheme == "tls" for u in servers)
+        )
+
+    def nats_tls_context(self) -> ssl.SSLContext | None:
+        """The client TLS context for NATS (hostname checked), or None for plain connections."""
+        if not self.nats_tls:
+            return None
+        cafile = str(self.nats_tls_ca_file) if self.nats_tls_ca_file is not None else None
+        context = ssl.create_default_context(cafile=cafile, cadata=self.nats_tls_ca_pem)
+        if self.nats_tls_cert_file is not None:
+            key = str(self.nats_tls_key_file) if self.nats_tls_key_file is not None else None
+            context.load_cert_chain(str(self.nats_tls_cert_file), key)
+        return context
 
     @property
     def ttl(self) -> TtlSettings:

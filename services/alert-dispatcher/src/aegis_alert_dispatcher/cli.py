@@ -28,7 +28,7 @@ from aegis_alert_dispatcher.slack import SlackWebhook, Undeliverable
 from aegis_contracts import keys
 from aegis_contracts.subjects import dead_letter_subject
 from aegis_contracts.times import format_ts
-from aegis_runtime.broker import DeadLetter, inbox_prefix
+from aegis_runtime.broker import DeadLetter, connect_options
 from aegis_storage.clients import open_clients
 from aegis_storage.readmodel import ReadModel
 
@@ -77,7 +77,7 @@ def resend(
 
 async def _resend(s: DispatcherSettings, *, dry_run: bool, limit: int, attempts: int) -> Summary:
     summary = Summary()
-    nc = await nats.connect(servers=s.nats_servers(), inbox_prefix=inbox_prefix(s.nats_user))
+    nc = await nats.connect(**connect_options(s))
     held: list[Msg] = []
     try:
         js = nc.jetstream()

@@ -25,6 +25,7 @@ from aegis_dashboard_api.live import Hub, stream
 from aegis_dashboard_api.routes import ApiError, Reader, router
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_runtime import logging as aegis_logging
+from aegis_runtime.broker import log_bus_identity
 from aegis_storage.clients import AwsClients, open_clients
 from aegis_storage.errors import StorageError
 
@@ -84,12 +85,13 @@ def _lifespan(
             else:
                 opened = clients
             reader = app.state.reader = Reader(opened, s, clock)
-            feed = app.state.feed = LiveFeed(reader, hub, s.nats_servers())
+            feed = app.state.feed = LiveFeed(reader, hub)
             stop = asyncio.Event()
             background = []
             if clients is None:  # tests that bring their clients count the fleet reads
                 background.append(asyncio.create_task(reader.keep_fleet_warm(stop), name="fleet"))
             if s.dashboard_live:
+                log_bus_identity(s)
                 background.append(asyncio.create_task(feed.run(stop), name="live-feed"))
             if s.dashboard_tokens_file is not None:
                 watch = _watch_tokens(app.state.tokens, hub, s.dashboard_tokens_reload_s, stop)
@@ -132,7 +134,7 @@ def create_app(
     )
     if clients is not None:  # reachable before the lifespan too (ASGITransport runs none)
         app.state.reader = Reader(clients, s, clock)
-        app.state.feed = LiveFeed(app.state.reader, hub, s.nats_servers())
+        app.state.feed = LiveFeed(app.state.reader, hub)
     if s.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -29,6 +29,7 @@ from aegis_contracts.events import ChangeEvent, ObjectCreated
 from aegis_contracts.subjects import change_subject, object_created_subject, system_subject
 from aegis_dashboard_api.live import Hub, LiveEvent, factory_event, family_of
 from aegis_dashboard_api.routes import Reader, fleet_entry
+from aegis_runtime.broker import connect_options
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -52,12 +53,10 @@ class LiveFeed:
     """Connects in the background (the read API serves while NATS is away), subscribes once,
     and keeps the latest cloud and alert views for the snapshot a browser gets on connect."""
 
-    def __init__(self, reader: Reader, hub: Hub, nats_url: str | list[str]) -> None:
-        """``nats_url``: comma-separated URLs, or the servers with this process's identity
-        (``AegisSettings.nats_servers``)."""
+    def __init__(self, reader: Reader, hub: Hub) -> None:
+        """Connects as the reader's settings say: their NATS identity (``dashboard-api``, which
+        may read these subjects and publish nothing), its inbox, TLS."""
         self.reader, self.hub = reader, hub
-        servers = nats_url if isinstance(nats_url, list) else nats_url.split(",")
-        self.servers = [s.strip() for s in servers if s.strip()]
         self.nc: Client | None = None
         self.cloud: dict[str, Any] | None = None
         self.alerts: list[dict[str, Any]] | None = None
@@ -93,7 +92,7 @@ class LiveFeed:
 
     async def _connect(self) -> Client:
         return await nats.connect(
-            self.servers,
+            **connect_options(self.reader.settings),
             name="aegis-dashboard-api",
             allow_reconnect=True,
             max_reconnect_attempts=-1,  # forever: live updates resume when NATS is back

@@ -70,11 +70,13 @@ class Reader:
     async def fleet_items(self) -> list[Item]:
         """Every FACTORY LATEST. Kept warm (:meth:`keep_fleet_warm`), the cached fleet is always
         served, the listing running beside the requests; otherwise read again when older than the
-        cache period (one read at a time: concurrent requests wait for it, not each listing)."""
+        cache period (one read at a time: the first request without a fleet waits for it; once
+        there is one, a request during a listing gets it, kept current by :meth:`note_latest`)."""
         self._asked_at = time.monotonic()
         fleet = self._fleet
         if fleet is not None and (
             self._kept_warm
+            or self._fleet_lock.locked()  # a listing is under way (warming resumes with one)
             or time.monotonic() - self._fleet_read_at < self.settings.dashboard_fleet_cache_s
         ):
             return fleet

@@ -24,7 +24,7 @@ from aegis_orchestration.model import Job
 from aegis_orchestration.yamlio import JobFileError, dump_jobs, load_jobs
 from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.store import DuplicateJob, JobNotFound, JobStore
-from aegis_runtime.broker import inbox_prefix
+from aegis_runtime.broker import connect_options
 from aegis_storage.clients import open_clients
 from aegis_storage.errors import Conflict, StorageError
 from aegis_storage.readmodel import ReadModel
@@ -63,8 +63,7 @@ def announce(job_ids: list[str], settings: OrchestratorSettings | None = None) -
 
     async def go() -> None:
         nc = await nats.connect(
-            servers=s.nats_servers(),
-            inbox_prefix=inbox_prefix(s.nats_user),
+            **connect_options(s),
             connect_timeout=2,
             max_reconnect_attempts=0,
         )

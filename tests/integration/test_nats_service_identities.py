@@ -1,0 +1,345 @@
+"""The rest of the services on the internal bus with identities (``aegis_runtime.natsauth``), on
+a real nats-server: each does its work under its own identity (the orchestrator runs a job from a
+change event, the cloud collector reads the queue's state and files a snapshot, the aggregator
+and the reporter announce their objects, the dashboard's live feed hears them all), and what
+each may not do is refused: another service's events, raw events, stream management."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from datetime import UTC, date, datetime
+
+import nats
+import nats.errors
+import pytest
+from faststream.nats import NatsBroker
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from aegis_aggregator.app import AggregatorApp
+from aegis_aggregator.settings import AggregatorSettings
+from aegis_cloud_collector.app import create_app as create_collector
+from aegis_cloud_collector.settings import CollectorSettings
+from aegis_contracts import keys
+from aegis_contracts.events import ChangeEvent, ObjectCreated, SystemEvent
+from aegis_contracts.state import Level
+from aegis_contracts.subjects import (
+    STREAMS,
+    change_subject,
+    object_created_subject,
+    raw_subject,
+    system_subject,
+)
+from aegis_contracts.times import utc_now
+from aegis_dashboard_api.feed import SUBJECTS, LiveFeed
+from aegis_dashboard_api.live import Hub, Listener, LiveEvent
+from aegis_dashboard_api.routes import Reader
+from aegis_dashboard_api.settings import DashboardSettings
+from aegis_orchestration.model import Job
+from aegis_orchestrator.app import OrchestratorApp
+from aegis_orchestrator.cli import announce
+from aegis_orchestrator.settings import OrchestratorSettings
+from aegis_reporter.app import ReporterApp
+from aegis_reporter.settings import ReporterSettings
+from aegis_runtime.broker import PublishFailed, StreamSetupFailed, ensure_streams, publish
+from aegis_runtime.natsauth import IDENTITIES
+from aegis_runtime.service import ServiceApp
+from aegis_runtime.testing.natsbus import Bus, Connect
+from aegis_runtime.testing.storage import Foundation
+from aegis_runtime.testing.waiting import eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def latest_change(table: str, factory: str, level: str) -> ChangeEvent:
+    """The processor's change event of a factory's LATEST."""
+    return ChangeEvent(
+        table=table,
+        pk=keys.factory_pk(factory),
+        sk="LATEST",
+        event_name="MODIFY",
+        old_image={"factory_id": factory, "risk": {"level": "NORMAL"}},
+        new_image={"factory_id": factory, "risk": {"level": level, "score": 90, "reasons": []}},
+        producer="processor",
+        at=utc_now(),
+    )
+
+
+async def refused(broker: NatsBroker, subject: str) -> None:
+    """A publish the server must refuse (the stream never stores it)."""
+    with pytest.raises(PublishFailed):
+        await publish(broker, subject, b"{}", msg_id=f"forged:{subject}", ack_timeout=1)
+
+
+async def stored(admin: NatsBroker, stream: str) -> int:
+    js = admin.config.connection_state.stream
+    return int((await js.stream_info(stream)).state.messages)
+
+
+@pytest.fixture
+async def started() -> AsyncIterator[list[ServiceApp]]:
+    """Services a test appends after starting them; stopped at its end."""
+    apps: list[ServiceApp] = []
+    yield apps
+    for app in reversed(apps):
+        await app.stop()
+
+
+async def test_the_orchestrator_runs_a_job_from_a_change_under_its_identity(
+    bus: Bus,
+    connect: Connect,
+    foundation: Foundation,
+    aws_endpoint: str,
+    unique_id: str,
+    started: list[ServiceApp],
+) -> None:
+    factory = f"f-{unique_id}"
+    settings = OrchestratorSettings(
+        **bus.identity("orchestrator"),
+        aws_endpoint_url=aws_endpoint,
+        bucket=foundation.bucket,
+        table=foundation.table,
+        orchestrator_durable=f"orch-{unique_id}",
+        orchestrator_jobs_file="",
+        orchestrator_schedule_tick_s=3600,
+        heartbeat_interval_s=60,
+    )
+    app = OrchestratorApp(settings, environment={})
+    await app.start()
+    started.append(app)
+    job = Job.model_validate(
+        {
+            "id": f"job-{unique_id}",
+            "job_name": "critical",
+            "trigger_type": "BizObject",
+            "object_id": "factory_latest",
+            "trigger_sub_type": "Update",
+            "trigger_condition_expr": f'StringEQ([$.afterData.factory_id], "{factory}")',
+            "steps": [{"id": "mark", "step_type": "DUMMY", "is_start_point": True}],
+        }
+    )
+    assert app.store is not None
+    await app.store.register(job)
+    # `aegis jobs` announces the new job under the orchestrator's identity; the running
+    # orchestrator hears it on its plain subscription (its periodic refresh is a minute away)
+    assert await asyncio.to_thread(announce, [job.id], settings)
+    await eventually(
+        lambda: any(j.id == job.id for j in app.index.jobs()), within=10, what="the job heard"
+    )
+    processor = await connect("processor")
+    change = latest_change(foundation.table, factory, "CRITICAL")
+    await publish(processor, change_subject("factory_latest"), change, msg_id=f"c-{unique_id}")
+
+    async def recorded() -> bool:
+        assert app.store is not None
+        return len(await app.store.executions(job.id, limit=10)) == 1
+
+    await eventually(recorded, within=20, what="the execution of the job, from the change")
+
+    # its jobs may announce system events of their own (a PUBLISH_EVENT step)...
+    done = SystemEvent(kind="job_done", producer="orchestrator", at=utc_now())
+    assert await publish(app.broker, system_subject("job_done"), done, msg_id=unique_id) is False
+    # ...but not a change of a factory, an alert sent, a report, or a device message
+    await refused(app.broker, change_subject("factory_latest"))
+    await refused(app.broker, system_subject("alert_sent"))
+    await refused(app.broker, system_subject("report_generated"))
+    await refused(app.broker, raw_subject(factory, "factory_state"))
+
+
+def heard(listener: Listener) -> list[LiveEvent]:
+    """The page events queued for one browser so far (taken off its queue)."""
+    events = []
+    while not listener.queue.empty():
+        item = listener.queue.get_nowait()
+        if item is not None:
+            events.append(item[0])
+    return events
+
+
+async def test_the_live_feed_hears_every_publisher_each_under_its_identity(
+    bus: Bus,
+    connect: Connect,
+    foundation: Foundation,
+    aws_endpoint: str,
+    unique_id: str,
+    started: list[ServiceApp],
+) -> None:
+    storage = {
+        "aws_endpoint_url": aws_endpoint,
+        "bucket": foundation.bucket,
+        "table": foundation.table,
+    }
+    hub = Hub()
+    listener = hub.listen()
+    dashboard = DashboardSettings(**bus.identity("dashboard-api"), **storage)
+    feed = LiveFeed(Reader(foundation.clients, dashboard, utc_now), hub)
+    stop = asyncio.Event()
+    running = asyncio.create_task(feed.run(stop))
+    events: list[LiveEvent] = []
+    try:
+        await eventually(lambda: feed.connected, within=10, what="the feed's connection")
+        aggregator = AggregatorApp(AggregatorSettings(**bus.identity("aggregator"), **storage))
+        reporter = ReporterApp(ReporterSettings(**bus.identity("reporter"), **storage))
+        for app in (aggregator, reporter):
+            await app.start()  # checks the streams, says it is alive (a heartbeat)
+            started.append(app)
+        collector = create_collector(
+            CollectorSettings(
+                **bus.identity("cloud-collector"),
+                **storage,
+                collector_tiers=["fast"],
+                expected_services=["aggregator", "reporter"],
+                expected_consumers=[],
+            ),
+            background=False,
+        )
+        await collector.start()
+        started.append(collector)
+        processor = await connect("processor")
+        factory = f"f-{unique_id}"
+        window = datetime(2025, 1, 2, 3, 5, tzinfo=UTC)
+        graph_key = keys.processed_agg_key(factory, window)
+        report_key = keys.report_key(date(2025, 1, 2), factory, keys.ReportArtifact.REPORT)
+
+        def created(key: str, producer: str) -> ObjectCreated:
+            return ObjectCreated(
+                bucket=foundation.bucket,
+                key=key,
+                size_bytes=1,
+                producer=producer,
+                created_at=utc_now(),
+            )
+
+        # the collector reads the queue (streams, consumers, every replica's last heartbeat)
+        # and announces its snapshot
+        snapshot = await collector.collectors["fast"].tick()
+        assert snapshot is not None
+        checks = {c.name: c for c in snapshot.checks}
+        # a refused listing of the consumers would fail the probe that checks the streams
+        assert checks["stream:AEGIS_RAW"].status is Level.NORMAL, checks
+        assert checks["service:aggregator"].status is Level.NORMAL, checks
+        assert checks["service:reporter"].status is Level.NORMAL, checks
+        # each announces what it made through its own publishing (the domain's Publish)
+        await aggregator.publish(
+            object_created_subject("metrics_5m"),
+            created(graph_key, "aggregator"),
+            msg_id=f"oc:{graph_key}",
+        )
+        await reporter.publish(
+            object_created_subject("reports"),
+            created(report_key, "reporter"),
+            msg_id=f"oc:{report_key}",
+        )
+        await reporter.publish(
+            system_subject("report_generated"),
+            SystemEvent(kind="report_generated", producer="reporter", at=utc_now()),
+            msg_id=f"rg:{report_key}",
+        )
+        change = latest_change(foundation.table, factory, "WARNING")
+        await publish(processor, change_subject("factory_latest"), change, msg_id=unique_id)
+
+        def all_heard() -> bool:
+            events.extend(heard(listener))
+            return {"cloud", "graph", "reports", "factory"} <= {e.name for e in events}
+
+        await eventually(all_heard, within=20, what="every publisher's event on the page")
+    finally:
+        stop.set()
+        await running
+    by_name = {e.name: e.data for e in events}
+    assert by_name["graph"] == {"target": factory, "key": graph_key}
+    assert by_name["reports"] == {"target": factory, "key": report_key}
+    assert by_name["factory"]["entry"]["level"] == "WARNING"
+
+
+async def test_what_each_service_may_not_do_is_refused(
+    bus: Bus,
+    connect: Connect,
+    foundation: Foundation,
+    aws_endpoint: str,
+    unique_id: str,
+) -> None:
+    admin = await connect("admin")
+    before = {s: await stored(admin, s) for s in ("AEGIS_RAW", "AEGIS_EVENTS", "AEGIS_DLQ")}
+    aggregator, reporter, collector = (
+        await connect("aggregator"),
+        await connect("reporter"),
+        await connect("cloud-collector"),
+    )
+    factory = f"f-{unique_id}"
+    # another service's announcements, a change of LATEST, a device message
+    await refused(aggregator, object_created_subject("reports"))
+    await refused(aggregator, change_subject("factory_latest"))
+    await refused(reporter, object_created_subject("metrics_5m"))
+    await refused(reporter, system_subject("alert_sent"))
+    await refused(collector, object_created_subject("state_snapshot"))  # would page the on-call
+    await refused(collector, raw_subject(factory, "factory_state"))
+    # nobody's dead letters but its own
+    await refused(reporter, "aegis.dlq.processor.forged")
+    # the collector looks at the queue; it cannot purge it, drop a service's consumer, or
+    # re-configure a stream
+    js = collector.config.connection_state.stream
+    with pytest.raises(Exception, match=r"[Tt]imeout|[Pp]ermission"):
+        await js.purge_stream("AEGIS_RAW", timeout=1)
+    with pytest.raises(Exception, match=r"[Tt]imeout|[Pp]ermission"):
+        await js.delete_consumer("AEGIS_EVENTS", "alerts", timeout=1)
+    (dlq,) = [spec for spec in STREAMS if spec.name == "AEGIS_DLQ"]
+    with pytest.raises(StreamSetupFailed):
+        await ensure_streams(reporter, [replace(dlq, max_age_seconds=dlq.max_age_seconds * 2)])
+    # the dashboard publishes nothing, and hears only its own subjects: not raw device data
+    errors: list[Exception] = []
+
+    async def on_error(err: Exception) -> None:
+        errors.append(err)
+
+    dashboard = await nats.connect(
+        servers=[bus.url],
+        user="dashboard-api",
+        password="dashboard-api-pw",
+        inbox_prefix="_INBOX_dashboard-api",
+        error_cb=on_error,
+    )
+    try:
+        raw: list[Msg] = []
+
+        async def on_raw(msg: Msg) -> None:
+            raw.append(msg)
+
+        await dashboard.subscribe(f"aegis.raw.{factory}.>", cb=on_raw)
+        await dashboard.publish(change_subject("factory_latest"), b"{}")
+        await dashboard.flush()
+        ingest = await connect("ingest")
+        await publish(ingest, raw_subject(factory, "factory_state"), b"{}", msg_id=unique_id)
+        await eventually(lambda: len(errors) >= 2, within=5, what="both permission errors")
+        await asyncio.sleep(0.2)  # the raw event would have arrived by now
+        assert raw == []
+        assert all("permissions violation" in str(e).lower() for e in errors), errors
+    finally:
+        await dashboard.close()
+    after = {s: await stored(admin, s) for s in before}
+    assert after == {**before, "AEGIS_RAW": before["AEGIS_RAW"] + 1}  # ingest's, only
+
+
+def test_the_dashboard_identity_hears_every_subject_of_its_live_feed() -> None:
+    """The feed subscribes to exactly what its identity allows: a subject added to the feed and
+    not to the identity would be refused on a deployment, and the page would miss it."""
+    allowed = IDENTITIES["dashboard-api"].permissions()["subscribe"]["allow"]
+    assert set(SUBJECTS) == set(allowed) - {"_INBOX_dashboard-api.>"}
+
+
+async def test_an_unknown_user_or_a_wrong_password_cannot_connect(bus: Bus) -> None:
+    for user, password in (("intruder", "x"), ("processor", "ingest-pw"), ("admin", "")):
+        client = NATS()
+        try:
+            with pytest.raises(nats.errors.Error, match=r"[Aa]uthorization"):
+                await client.connect(
+                    servers=[bus.url],
+                    user=user,
+                    password=password,
+                    allow_reconnect=False,
+                    connect_timeout=2,
+                )
+        finally:
+            await client.close()  # nats-py leaves a refused connection's socket open
