@@ -14,7 +14,7 @@ import importlib.util
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,6 +27,7 @@ from aiobotocore.session import get_session
 
 from aegis_aggregator.aggregate import JOB as AGGREGATE_JOB
 from aegis_aggregator.aggregate import Aggregator, Source
+from aegis_contracts.keys import raw_metadata_key
 from aegis_contracts.ttl import TtlSettings
 from aegis_runtime.localservers import free_port, start_moto_server
 from aegis_storage.bootstrap import (
@@ -39,6 +40,8 @@ from aegis_storage.clients import AwsClients, AwsConfig, aio_config, open_client
 from aegis_storage.errors import StorageError
 from aegis_storage.readmodel import Put, ReadModel
 from aegis_storage.s3 import ObjectStore
+from aegis_storage_tools.audit import Auditor, AuditStatus
+from aegis_storage_tools.seal import Outcome, Sealer
 
 pytestmark = pytest.mark.integration
 
@@ -590,6 +593,23 @@ async def test_storage_tools_migrates_onto_raw_and_deletes_only_legacy(as_servic
     assert await me.store.delete_many([LEGACY]) == []
     assert await delete_refused(me, [dest])
     await denied(me.readmodel.get_latest(F))
+
+
+async def test_storage_tools_seals_and_audits_raw_with_what_its_role_allows(as_service):
+    """`aegis seal raw` and `aegis audit raw --deep`: delimited listings, reads, and a seal put
+    with If-None-Match (what the bucket policy asks of raw/ puts); the seal is never deleted."""
+    me = await as_service("storage-tools")
+    day = date(2026, 11, 27)
+    await me.store.put_immutable(
+        f"raw/{F}/factory_state/yyyy=2026/mm=11/dd=27/m-sealed001.json",
+        b'{"schema_version":"1.0"}',
+        metadata={"received_at": "2026-11-27T10:00:00.000Z"},
+    )
+    results = await Sealer(me.store, clock=lambda: NOW).seal([day], [F])
+    assert [r.outcome for r in results if r.outcome is not Outcome.EMPTY] == [Outcome.SEALED]
+    [audit] = await Auditor(me.store, deep=True).audit(F, day)
+    assert (audit.status, audit.documents, audit.objects) == (AuditStatus.INTACT, 1, 1)
+    assert await delete_refused(me, [raw_metadata_key(F, "factory_state", day)])
 
 
 async def test_bootstrap_role_checks_the_foundation_and_reads_no_data(as_service):

@@ -27,6 +27,7 @@ import kubernetes_validate  # type: ignore[import-untyped]  # no stubs
 import pytest
 import yaml
 
+from aegis_runtime.natsauth import ADMIN, IDENTITIES
 from aegis_runtime.settings import AegisSettings
 from aegis_runtime.testing.workspace import Workspace
 
@@ -317,7 +318,10 @@ def test_aws_overlay_uses_real_aws_through_irsa() -> None:
     settings = settings_of(docs)
     assert "AEGIS_AWS_ENDPOINT_URL" not in settings, "real S3/DynamoDB: no endpoint override"
     assert not [k for k in settings if k.startswith("AWS_")], "credentials come from IRSA"
-    assert not of_kind(docs, "Job"), "the foundation comes from deploy/infra"
+    # the foundation comes from deploy/infra: the one Job makes the NATS streams, not storage
+    jobs = of_kind(docs, "Job")
+    assert set(jobs) == {"nats-streams"}
+    assert pod_spec(jobs["nats-streams"])["containers"][0]["command"] == ["aegis", "streams"]
     accounts = of_kind(docs, "ServiceAccount")
     roles = {}
     for name in aegis_workloads(docs):
@@ -350,6 +354,45 @@ def test_nats_comes_from_its_official_helm_chart() -> None:
         path = (K8S / "base") if target == "base" else (K8S / "overlays" / target)
         text = (path / "kustomization.yaml").read_text(encoding="utf-8")
         assert "helmCharts" not in yaml.safe_load(text)
+
+
+def _env(container: Doc) -> dict[str, Doc]:
+    return {variable["name"]: variable for variable in container.get("env", [])}
+
+
+def test_every_aws_pod_is_its_own_nats_identity_over_tls() -> None:
+    """Every service connects as the identity of aegis_runtime.natsauth named after it, its
+    password from a Secret, over tls:// with the CA mounted, and may not manage streams; the one
+    that may (the admin) is the nats-streams Job. The servers take TLS and those identities."""
+    docs = rendered("aws")
+    settings = settings_of(docs)
+    assert urlsplit(settings["AEGIS_NATS_URL"]).scheme == "tls"
+    assert settings["AEGIS_NATS_MANAGE_STREAMS"] == "false"
+    pods = {name: pod_spec(w) for name, (w, _) in aegis_workloads(docs).items()}
+    pods["nats-streams"] = pod_spec(of_kind(docs, "Job")["nats-streams"])
+    for name, pod in pods.items():
+        (container,) = pod["containers"]
+        env = _env(container)
+        user = env["AEGIS_NATS_USER"]["value"]
+        assert user == (ADMIN if name == "nats-streams" else name), name
+        assert user == ADMIN or user in IDENTITIES, f"{name}: no NATS identity {user}"
+        secret = env["AEGIS_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert secret == {"name": "aegis-nats-passwords", "key": user}, name
+        ca = Path(env["AEGIS_NATS_TLS_CA_FILE"]["value"])
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(ca.parent)]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["secret"]["secretName"] == "aegis-nats-ca", name
+        manage = env.get("AEGIS_NATS_MANAGE_STREAMS", {}).get("value", "false")
+        assert manage == ("true" if user == ADMIN else "false"), name
+    values = aws_kustomization()["helmCharts"][0]["valuesInline"]
+    assert values["config"]["nats"]["tls"] == {"enabled": True, "secretName": "aegis-nats-tls"}
+    include = values["config"]["merge"]["$include"]
+    (mount,) = [
+        p["value"] for p in values["container"]["patch"] if p["value"]["name"] == "nats-auth"
+    ]
+    (volume,) = [p["value"] for p in values["podTemplate"]["patch"]]
+    assert include == f"..{mount['mountPath'].removeprefix('/etc')}/auth.conf"
+    assert volume == {"name": "nats-auth", "secret": {"secretName": "aegis-nats-auth"}}
 
 
 def test_ingest_keeps_one_mqtt_session_per_stable_pod_name() -> None:
@@ -470,3 +513,36 @@ def test_network_policies_let_each_service_reach_only_what_it_uses(target: str) 
     # NATS takes clients from the AEGIS pods only, never from outside the namespace's pods
     assert not allowed(policies, outside, nats, 4222)
     assert not allowed(policies, {"app.kubernetes.io/name": "stranger"}, nats, 4222)
+
+
+def cron_pod(cron_job: Doc) -> Doc:
+    return cast("Doc", cron_job["spec"]["jobTemplate"]["spec"]["template"]["spec"])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_scheduled_jobs_run_alone_locked_down_as_their_own_account(target: str) -> None:
+    """The daily raw seal: never two runs at once, its own ServiceAccount (on AWS with the
+    storage-tools IRSA role, its image from the registry), the same lock-down as the services."""
+    docs = rendered(target)
+    cron_jobs = of_kind(docs, "CronJob")
+    assert set(cron_jobs) == {"seal-raw"}
+    accounts = of_kind(docs, "ServiceAccount")
+    for name, cron_job in cron_jobs.items():
+        assert cron_job["spec"]["concurrencyPolicy"] == "Forbid", name
+        pod = cron_pod(cron_job)
+        assert pod["serviceAccountName"] == name and name in accounts, name
+        assert pod["automountServiceAccountToken"] is False, name
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        (container,) = pod["containers"]
+        assert container["command"] == ["aegis", "seal", "raw"], name
+        own = container["securityContext"]
+        assert own["readOnlyRootFilesystem"] is True and own["capabilities"] == {"drop": ["ALL"]}
+        assert set(container["resources"]["limits"]) >= {"cpu", "memory"}, name
+        assert "seal" in WORKSPACE.aegis_commands("aegis-storage-tools"), "not in its image"
+        annotations = accounts[name]["metadata"].get("annotations", {})
+        if target == "aws":
+            assert "/" in container["image"], f"{name}: a registry"
+            role = annotations.get("eks.amazonaws.com/role-arn", "")
+            assert role.endswith(":role/aegis-storage-tools"), f"{name}: IRSA role {role}"
+        else:
+            assert not annotations, name

@@ -97,6 +97,14 @@ S3_CASES = [
         lambda: keys.raw_metadata_key("factory-a", "factory_state", date(2026, 11, 30)),
         "raw/factory-a/factory_state/yyyy=2026/mm=11/dd=30/raw_metadata.json",
     ),
+    (
+        lambda: keys.raw_metadata_late_key("factory-a", "infra_state", date(2026, 12, 31), 1),
+        "raw/factory-a/infra_state/yyyy=2026/mm=12/dd=31/raw_metadata.late-0001.json",
+    ),
+    (
+        lambda: keys.raw_metadata_late_key("f1", SourceType.IMAGE_SNAPSHOT, date(2027, 1, 1), 9999),
+        "raw/f1/image_snapshot/yyyy=2027/mm=01/dd=01/raw_metadata.late-9999.json",
+    ),
 ]
 
 
@@ -216,6 +224,7 @@ HOSTILE_MESSAGE_IDS = [
     "",
     "short",  # under 8 characters
     "raw_metadata",  # '_' is outside the alphabet, so no reserved name can be built
+    "raw_metadata.late-0001",  # nor a seal's supplement ('.' is outside it too)
     "../../../../x",
     "abc/defgh",
     "abcdefgh.json",
@@ -284,6 +293,55 @@ def test_parse_key_round_trip():
         SourceType.FACTORY_STATE,
         MID,
     )
+
+
+def test_a_raw_partition_seal_and_its_supplements_parse_as_their_own_families():
+    day = "raw/factory-a/factory_state/yyyy=2026/mm=11/dd=30/"
+    seal = keys.parse_key(f"{day}raw_metadata.json")
+    assert (seal.family, seal.supplement, seal.message_id) == (KeyFamily.RAW_METADATA, None, None)
+    late = keys.parse_key(f"{day}raw_metadata.late-0012.json")
+    assert (late.family, late.factory_id, late.source_type, late.day, late.supplement) == (
+        KeyFamily.RAW_METADATA_LATE,
+        "factory-a",
+        SourceType.FACTORY_STATE,
+        date(2026, 11, 30),
+        12,
+    )
+    # they sort after nothing a message could be named, and the seal before its supplements
+    assert sorted([f"{day}raw_metadata.late-0002.json", f"{day}raw_metadata.json"]) == [
+        f"{day}raw_metadata.json",
+        f"{day}raw_metadata.late-0002.json",
+    ]
+
+
+@pytest.mark.parametrize("n", [0, -1, 10_000, True, "1", 1.0])
+def test_a_supplement_number_outside_1_to_9999_is_refused(n):
+    with pytest.raises(ContractError) as info:
+        keys.raw_metadata_late_key("factory-a", "factory_state", date(2026, 11, 30), n)
+    assert info.value.code == "invalid_supplement"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "raw_metadata.late-0000.json",  # supplements count from 1
+        "raw_metadata.late-1.json",  # fixed width
+        "raw_metadata.late-10000.json",
+        "raw_metadata.LATE-0001.json",
+        "raw_metadata.late-0001.json.tmp",
+        "raw_metadata.json.late-0001",
+    ],
+)
+def test_parse_key_refuses_what_is_no_seal_supplement(bad):
+    with pytest.raises(ContractError):
+        keys.parse_key(f"raw/factory-a/factory_state/yyyy=2026/mm=11/dd=30/{bad}")
+
+
+@given(mid=st.from_regex(r"[A-Za-z0-9-]{8,64}", fullmatch=True))
+def test_no_message_id_names_a_seal_or_a_supplement(mid):
+    info = keys.parse_key(keys.raw_key("factory-a", "factory_state", utc(2026, 11, 30), mid))
+    assert info.family is KeyFamily.RAW
+    assert not mid.startswith(keys.RAW_METADATA_STEM)
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,11 @@ LEGACY_LATEST_PREFIX = "latest/"
 CLOUD_INFRA = "cloud_infra"
 # the report target and alert scope of the cloud infrastructure; refused as a factory id
 CLOUD_INFRA_TARGET = "cloud-infra"
+# the seal of a raw partition and its late-arrival supplements (raw_metadata.late-0001.json, …):
+# message ids have no '_' or '.', so no message can ever be named like them
 RAW_METADATA_NAME = "raw_metadata.json"
+RAW_METADATA_STEM = "raw_metadata"
+RAW_METADATA_LATE_MAX = 9999
 GRAPH_BUCKET = timedelta(minutes=5)
 
 
@@ -100,6 +104,21 @@ def raw_day_prefix(factory_id: str, source_type: SourceType | str, day: date) ->
 def raw_metadata_key(factory_id: str, source_type: SourceType | str, day: date) -> str:
     """The sealer's manifest at the root of one raw partition."""
     return f"{raw_day_prefix(factory_id, source_type, day)}{RAW_METADATA_NAME}"
+
+
+def raw_metadata_late_name(n: int) -> str:
+    """``raw_metadata.late-NNNN.json``: the ``n``-th supplement (1..9999) of a sealed partition."""
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= RAW_METADATA_LATE_MAX:
+        raise ContractError(
+            "invalid_supplement", f"supplement {n!r} is not 1..{RAW_METADATA_LATE_MAX}"
+        )
+    return f"{RAW_METADATA_STEM}.late-{n:04d}.json"
+
+
+def raw_metadata_late_key(factory_id: str, source_type: SourceType | str, day: date, n: int) -> str:
+    """A sealed partition's ``n``-th supplement: the objects that arrived after the seal (and
+    after the earlier supplements), recorded beside it, never by rewriting it."""
+    return f"{raw_day_prefix(factory_id, source_type, day)}{raw_metadata_late_name(n)}"
 
 
 def processed_key(
@@ -228,6 +247,7 @@ def _tier(value: CloudTier | str) -> CloudTier:
 class KeyFamily(StrEnum):
     RAW = "raw"
     RAW_METADATA = "raw_metadata"
+    RAW_METADATA_LATE = "raw_metadata_late"
     PROCESSED = "processed"
     STATE_SNAPSHOT = "state_snapshot"
     CLOUD_INFRA = "cloud_infra"
@@ -251,6 +271,7 @@ class KeyInfo:
     filename: str | None = None
     target: str | None = None
     artifact: str | None = None
+    supplement: int | None = None
 
 
 _DAY = r"yyyy=(?P<y>\d{4})/mm=(?P<m>\d{2})/dd=(?P<d>\d{2})"
@@ -261,6 +282,10 @@ _MID = r"(?P<mid>[A-Za-z0-9-]{8,64})"
 _PATTERNS: tuple[tuple[KeyFamily, re.Pattern[str]], ...] = (
     (KeyFamily.RAW, re.compile(rf"raw/{_F}/(?P<st>[a-z_]+)/{_DAY}/{_MID}\.json")),
     (KeyFamily.RAW_METADATA, re.compile(rf"raw/{_F}/(?P<st>[a-z_]+)/{_DAY}/raw_metadata\.json")),
+    (
+        KeyFamily.RAW_METADATA_LATE,
+        re.compile(rf"raw/{_F}/(?P<st>[a-z_]+)/{_DAY}/raw_metadata\.late-(?P<n>\d{{4}})\.json"),
+    ),
     (
         KeyFamily.CLOUD_INFRA,
         re.compile(rf"processed/cloud_infra/(?P<tier>fast|slow)/{_HOUR}/{_TS}\.json"),
@@ -325,6 +350,7 @@ def _info(family: KeyFamily, m: re.Match[str]) -> KeyInfo:
         filename=g.get("fn"),
         target=g.get("target"),
         artifact=g.get("art"),
+        supplement=int(g["n"]) if g.get("n") else None,
     )
 
 
@@ -337,6 +363,11 @@ def _rebuild(info: KeyInfo) -> str:  # noqa: PLR0911 - one return per family rea
         case KeyFamily.RAW_METADATA:
             assert info.factory_id and info.source_type
             return raw_metadata_key(info.factory_id, info.source_type, info.day)
+        case KeyFamily.RAW_METADATA_LATE:
+            assert info.factory_id and info.source_type and info.supplement is not None
+            return raw_metadata_late_key(
+                info.factory_id, info.source_type, info.day, info.supplement
+            )
         case KeyFamily.CLOUD_INFRA:
             assert info.tier
             return cloud_infra_key(info.tier, info.at)

@@ -89,6 +89,10 @@ Pct = Annotated[float, Field(ge=0, le=100)]
 CameraId = DeviceId
 
 
+# ``1``, ``1.0``, ``1.2.3``: what a device message's schema_version may be
+SCHEMA_VERSION_PATTERN = r"^\d{1,3}(\.\d{1,3}){0,2}$"
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_max_length=4096)
 
@@ -102,7 +106,7 @@ class Envelope(_Model):
     factory_id: FactoryId
     device_id: DeviceId
     emitted_at: UtcDatetime
-    schema_version: str = Field(pattern=r"^\d{1,3}(\.\d{1,3}){0,2}$")
+    schema_version: str = Field(pattern=SCHEMA_VERSION_PATTERN)
 
 
 class Detection(_Model):

@@ -24,17 +24,22 @@ LogFormat = Literal["auto", "json", "console"]
 class _AegisHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The one handler ``configure`` owns on the root logger (recognised by type, so never doubled).
 
-    Without a fixed stream it writes to whatever ``sys.stdout`` is at emit time, so a handler set up
-    before pytest swaps stdout for capture still writes where the test can read it.
+    Without a fixed stream it writes to whatever ``sys.stdout`` (or ``sys.stderr``) is at emit
+    time, so a handler set up before pytest swaps them for capture still writes where the test can
+    read it.
     """
 
-    def __init__(self, stream: TextIO | None) -> None:
-        super().__init__(stream if stream is not None else sys.stdout)
+    def __init__(self, stream: TextIO | None, *, stderr: bool = False) -> None:
+        self._stderr = stderr
+        super().__init__(stream if stream is not None else self._current())
         self._fixed = stream is not None
+
+    def _current(self) -> TextIO:
+        return sys.stderr if self._stderr else sys.stdout
 
     def emit(self, record: logging.LogRecord) -> None:
         if not self._fixed:
-            self.stream = sys.stdout
+            self.stream = self._current()
         super().emit(record)
 
 
@@ -49,18 +54,20 @@ def configure(
     level: str = "INFO",
     *,
     stream: TextIO | None = None,
+    stderr: bool = False,
 ) -> None:
     """Set up structlog and the stdlib root logger; calling it again replaces the previous set-up.
 
     ``format``: ``json``, ``console`` or ``auto`` (console on a terminal, JSON otherwise).
-    ``stream``: where lines go (default: ``sys.stdout`` at the time of each write).
+    ``stream``: where lines go (default: ``sys.stdout`` at the time of each write, or
+    ``sys.stderr`` with ``stderr=True``: a command whose stdout is its result, e.g. JSON).
     """
     if format not in ("auto", "json", "console"):
         raise ValueError(f"log format must be auto, json or console, not {format!r}")
     level_no = logging.getLevelNamesMapping().get(level.upper())
     if level_no is None:
         raise ValueError(f"unknown log level {level!r}")
-    out = stream if stream is not None else sys.stdout
+    out = stream if stream is not None else (sys.stderr if stderr else sys.stdout)
     use_json = format == "json" or (format == "auto" and not _isatty(out))
 
     shared: list[Processor] = [
@@ -95,7 +102,7 @@ def configure(
         foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder(), _drop_color_message],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *final],
     )
-    handler = _AegisHandler(stream)
+    handler = _AegisHandler(stream, stderr=stderr)
     handler.setFormatter(formatter)
 
     root = logging.getLogger()

@@ -5,10 +5,11 @@ ExceptionGroup, so the usual translation and classification of storage errors ap
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
+_I = TypeVar("_I")
 
 
 async def all_of(*coros: Coroutine[Any, Any, _T]) -> list[_T]:
@@ -23,3 +24,21 @@ async def all_of(*coros: Coroutine[Any, Any, _T]) -> list[_T]:
             first = first.exceptions[0]
         raise first from None
     return [t.result() for t in tasks]
+
+
+async def map_bounded(
+    fn: Callable[[_I], Awaitable[_T]], items: Iterable[_I], limit: int
+) -> list[_T]:
+    """``fn`` over ``items``, at most ``limit`` calls at a time, results in order. ``limit``
+    workers take the items one after the other, so a million items never make a million tasks;
+    as with :func:`all_of`, the first failure cancels the rest and is raised."""
+    work = list(enumerate(items))
+    results: dict[int, _T] = {}
+    pending = iter(work)
+
+    async def worker() -> None:
+        for index, item in pending:  # one iterator shared by the workers: each item taken once
+            results[index] = await fn(item)
+
+    await all_of(*(worker() for _ in range(min(max(limit, 1), len(work)))))
+    return [results[index] for index in range(len(work))]

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import signal
-import sys
 from collections.abc import Awaitable, Callable
-from typing import Annotated, TextIO, TypeVar, cast
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
@@ -100,7 +98,7 @@ def simulate(  # noqa: PLR0917 - a Typer command: one parameter per option
     """
     settings = AegisSettings()
     # logs on stderr, so stdout carries only the summary
-    configure(settings.log_format, settings.log_level, stream=cast(TextIO, _Stderr()))
+    configure(settings.log_format, settings.log_level, stderr=True)
     try:
         fleet = factory_ids(factories, count)
         scenarios = parse_scenarios(scenario or [])
@@ -135,19 +133,6 @@ def simulate(  # noqa: PLR0917 - a Typer command: one parameter per option
     if errors:
         typer.echo(f"simulate: {errors} errors (see the log above)", err=True)
         raise typer.Exit(EXIT_ERRORS)
-
-
-class _Stderr(io.TextIOBase):
-    """Whatever ``sys.stderr`` is at write time (a test runner swaps it and closes its copy)."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-    def isatty(self) -> bool:
-        return sys.stderr.isatty()
 
 
 def _run_with_signals(main: Callable[[asyncio.Event], Awaitable[T]]) -> T:

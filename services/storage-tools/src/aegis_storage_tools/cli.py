@@ -1,14 +1,17 @@
-"""``aegis migrate plan|run`` and ``aegis replay``.
+"""``aegis migrate plan|run``, ``aegis replay``, ``aegis seal raw`` and ``aegis audit raw``.
 
 Exit codes: 0 done; 1 something failed (see the summary and the journal); 2 bad options;
-3 conflicts (destinations with another body, left untouched, their sources kept).
+3 conflicts (destinations with another body, left untouched, their sources kept). ``aegis audit
+raw`` has its own: 0 intact, 3 not sealed, 4 differs, 1 error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from dataclasses import asdict
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -17,16 +20,21 @@ import typer
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import RawArchived
 from aegis_contracts.ids import SourceType, validate_factory_id
-from aegis_contracts.times import parse_iso
+from aegis_contracts.keys import factory as key_factory
+from aegis_contracts.seal import days_to_seal, seal_due
+from aegis_contracts.times import parse_iso, utc_now
 from aegis_runtime.broker import create_broker, ensure_deployed_streams, publish_raw_archived
+from aegis_runtime.logging import configure
 from aegis_storage.clients import open_clients
 from aegis_storage.errors import StorageError
 from aegis_storage.s3 import ObjectStore
+from aegis_storage_tools.audit import Auditor, PartitionAudit, exit_code
 from aegis_storage_tools.migrate import CopyOptions, Journal, Migrator, Plan, Summary, plan
 from aegis_storage_tools.progress import progress_bar
 from aegis_storage_tools.replay import ReplaySummary
 from aegis_storage_tools.replay import replay as run_replay
 from aegis_storage_tools.rules import BESIDE, RuleError, RuleSet, describe, load_rules, preset
+from aegis_storage_tools.seal import Outcome, Sealer, SealResult
 from aegis_storage_tools.settings import StorageToolsSettings
 
 EXIT_FAILED = 1
@@ -246,3 +254,199 @@ def replay(  # noqa: PLR0917 - typer options are parameters
         raise typer.Exit(EXIT_FAILED) from None
     typer.echo(json.dumps(asdict(summary) | {"dry_run": dry_run, "notify": notify}))
     raise typer.Exit(EXIT_FAILED if summary.failed else 0)
+
+
+seal_app = typer.Typer(
+    name="seal",
+    help="Seal raw/ partitions: a manifest per factory, source type and UTC day, written once.",
+    no_args_is_help=True,
+)
+audit_app = typer.Typer(
+    name="audit",
+    help="Check raw/ partitions against their seals.",
+    no_args_is_help=True,
+)
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts).")]
+
+
+def _day(text: str) -> date:
+    try:
+        return datetime.strptime(text, "%Y-%m-%d").date()
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} is not a date YYYY-MM-DD", param_hint="--date"
+        ) from None
+
+
+def _factory(name: str) -> str:
+    try:
+        return key_factory(name)
+    except ContractError as err:
+        raise typer.BadParameter(str(err), param_hint="--factory") from None
+
+
+@seal_app.command("raw")
+def seal_raw(
+    day: Annotated[
+        str | None,
+        typer.Option("--date", help="Seal this UTC day (YYYY-MM-DD); it must be over plus grace."),
+    ] = None,
+    factory: Annotated[
+        list[str] | None,
+        typer.Option("--factory", help="Only this factory (repeatable). Default: all under raw/."),
+    ] = None,
+    grace_hours: Annotated[
+        float | None,
+        typer.Option(
+            "--grace-hours",
+            min=0,
+            help="Hours after a day ends before it is sealed (AEGIS_SEAL_GRACE_HOURS, 2).",
+        ),
+    ] = None,
+    days: Annotated[
+        int | None,
+        typer.Option(
+            "--days",
+            min=1,
+            max=366,
+            help="Without --date: the newest due days to look at (AEGIS_SEAL_LOOKBACK_DAYS, 7).",
+        ),
+    ] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Seal raw/ partitions whose UTC day is over plus grace.
+
+    Writes raw_metadata.json at the root of each partition (factory,
+    source type, day): counts, bytes, first and last arrival, schema
+    versions, and every message's size, ETag and SHA-256 (one GET per
+    object). Without --date: every partition of the newest --days due
+    days. A sealed partition gets a supplement, raw_metadata.late-NNNN.json,
+    for the objects that arrived after its seal, if any. Nothing is
+    rewritten (If-None-Match): running it again, or from two places at
+    once, is safe. One summary line per partition.
+
+    Exit codes: 0 done, 1 a partition failed, 2 bad options.
+    """
+    settings = StorageToolsSettings()
+    configure(settings.log_format, settings.log_level, stderr=True)  # stdout: the summary
+    now = utc_now()
+    grace = timedelta(hours=settings.seal_grace_hours if grace_hours is None else grace_hours)
+    if day is not None and days is not None:
+        raise typer.BadParameter("give --date or --days, not both")
+    if day is not None:
+        chosen = [_day(day)]
+        if not seal_due(chosen[0], now, grace):
+            raise typer.BadParameter(
+                f"{day} is not over plus {grace} yet (UTC): its objects may still arrive",
+                param_hint="--date",
+            )
+    else:
+        chosen = days_to_seal(now, grace, days or settings.seal_lookback_days)
+    factories = [_factory(name) for name in factory] if factory else None
+
+    async def go() -> list[SealResult]:
+        async with open_clients(settings.aws()) as clients:
+            store = ObjectStore(clients.s3, settings.bucket)
+            return await Sealer(store, concurrency=settings.seal_concurrency).seal(
+                chosen, factories
+            )
+
+    try:
+        results = asyncio.run(go())
+    except StorageError as err:
+        typer.echo(f"seal raw failed: {err}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    shown = [r for r in results if r.outcome is not Outcome.EMPTY]
+    counts = Counter(r.outcome.value for r in results)
+    if json_output:
+        typer.echo(
+            json.dumps(
+                {
+                    "days": [d.isoformat() for d in chosen],
+                    "partitions": [r.as_dict() for r in shown],
+                    "totals": {o.value: counts.get(o.value, 0) for o in Outcome},
+                }
+            )
+        )
+    else:
+        for r in shown:
+            detail = [f"objects={r.objects} bytes={r.bytes}"] if r.key else []
+            if r.ignored:
+                detail.append(f"ignored={r.ignored} (no message; see aegis audit raw)")
+            typer.echo(" ".join([f"{r.outcome.value:<18}", r.partition.prefix, *detail]))
+            if r.error:
+                typer.echo(f"  {r.error}", err=True)
+        summary = " ".join(f"{o.value.replace(' ', '_')}={counts.get(o.value, 0)}" for o in Outcome)
+        typer.echo(f"seal raw: {len(shown)} partitions of {len(chosen)} days: {summary}")
+    raise typer.Exit(EXIT_FAILED if counts.get(Outcome.FAILED.value) else 0)
+
+
+@audit_app.command("raw")
+def audit_raw(
+    factory: Annotated[str, typer.Option("--factory", help="The factory id.")],
+    day: Annotated[str, typer.Option("--date", help="The UTC day (YYYY-MM-DD).")],
+    source_type: Annotated[
+        SourceType | None,
+        typer.Option("--source-type", help="Only this source type. Default: every one found."),
+    ] = None,
+    deep: Annotated[
+        bool,
+        typer.Option(
+            "--deep", help="Also read every object again and check its SHA-256 (a GET each)."
+        ),
+    ] = False,
+    json_output: JsonOpt = False,
+) -> None:
+    """Check a factory's raw/ partitions of one day against their seals.
+
+    A listing gives each object's size and ETag; every object missing,
+    added (in no manifest, e.g. a late arrival not sealed yet) or
+    changed is named. --deep also reads every object again and checks
+    the SHA-256 of its bytes.
+
+    Exit codes (the worst partition decides): 0 intact, 3 not sealed
+    (or nothing there), 4 differs (listed), 1 error (could not
+    verify), 2 bad options.
+    """
+    factory_id = _factory(factory)
+    the_day = _day(day)
+    settings = StorageToolsSettings()
+    configure(settings.log_format, settings.log_level, stderr=True)  # stdout: the result
+
+    async def go() -> list[PartitionAudit]:
+        async with open_clients(settings.aws()) as clients:
+            store = ObjectStore(clients.s3, settings.bucket)
+            auditor = Auditor(store, deep=deep, concurrency=settings.seal_concurrency)
+            return await auditor.audit(
+                factory_id, the_day, None if source_type is None else [source_type]
+            )
+
+    try:
+        audits = asyncio.run(go())
+    except StorageError as err:
+        typer.echo(f"audit raw failed: {err}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    code = exit_code(audits)
+    if json_output:
+        typer.echo(json.dumps({"partitions": [a.as_dict() for a in audits], "exit_code": code}))
+        raise typer.Exit(code)
+    if not audits:
+        typer.echo(f"not sealed: no raw/ partition of {factory_id} on {the_day.isoformat()}")
+    for a in audits:
+        _print_audit(a)
+    raise typer.Exit(code)
+
+
+def _print_audit(audit: PartitionAudit) -> None:
+    what = f"objects={audit.objects} documents={audit.documents}" + (" deep" if audit.deep else "")
+    typer.echo(f"{audit.status.value:<11} {audit.partition.prefix} {what}")
+    if audit.error:
+        typer.echo(f"  {audit.error}", err=True)
+    if audit.diff is None:
+        return
+    for key in audit.diff.missing:
+        typer.echo(f"  missing {key}")
+    for key in audit.diff.added:
+        typer.echo(f"  added   {key}")
+    for change in audit.diff.changed:
+        typer.echo(f"  changed {change.key} ({', '.join(change.what)})")

@@ -1,4 +1,5 @@
-"""Settings of ``aegis migrate`` and ``aegis replay`` (environment, ``AEGIS_`` prefix)."""
+"""Settings of ``aegis migrate``, ``aegis replay``, ``aegis seal`` and ``aegis audit`` (environment,
+``AEGIS_`` prefix)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,10 @@ class StorageToolsSettings(AegisSettings):
     # must match ingest's, or the rebuilt RawArchived differs from the one ingest sent
     payload_inline_max_bytes: int = Field(default=64 * 1024, ge=0, le=256 * 1024)
     nats_ack_timeout_seconds: float = Field(default=5.0, gt=0)
+    # a raw day is sealed once it is over plus this long (objects still arriving for it)
+    seal_grace_hours: float = Field(default=2.0, ge=0, le=168)
+    # `aegis seal raw` without --date: the newest due days it looks at (unsealed days are sealed,
+    # sealed ones get a supplement for late arrivals)
+    seal_lookback_days: int = Field(default=7, ge=1, le=366)
+    # objects read at once by `aegis seal raw` and `aegis audit raw --deep`
+    seal_concurrency: int = Field(default=32, ge=1, le=512)

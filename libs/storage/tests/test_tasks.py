@@ -1,0 +1,41 @@
+"""``map_bounded``: results in order, never more than ``limit`` calls at once, the first failure
+raised and the other calls cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aegis_storage.tasks import map_bounded
+
+
+async def test_results_come_in_order_with_at_most_limit_calls_at_once() -> None:
+    running, most = 0, 0
+
+    async def double(n: int) -> int:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.001 * (n % 3))
+        running -= 1
+        return 2 * n
+
+    assert await map_bounded(double, range(50), 4) == [2 * n for n in range(50)]
+    assert most == 4
+    assert await map_bounded(double, [], 4) == []
+
+
+async def test_the_first_failure_is_raised_and_the_rest_cancelled() -> None:
+    started: list[int] = []
+
+    async def call(n: int) -> int:
+        started.append(n)
+        if n == 2:
+            raise ValueError("two")
+        await asyncio.sleep(1)
+        return n
+
+    with pytest.raises(ValueError, match="two"):
+        await map_bounded(call, range(100), 3)
+    assert started == [0, 1, 2]  # nothing was started after the failure
