@@ -46,7 +46,7 @@ from fast_depends.exceptions import ValidationError as DependsValidationError
 from faststream import AckPolicy, BaseMiddleware
 from faststream.exceptions import AckMessage, HandlerException, NackMessage, RejectMessage
 from faststream.nats import JStream, NatsBroker, PullSub
-from faststream.nats.security import NatsSecurity
+from faststream.nats.security import NatsSecurity, NatsUserPassword
 from nats.aio.msg import Msg
 from nats.js import api
 
@@ -138,9 +138,15 @@ def create_broker(
     """
     options = connect_options(settings)
     tls = options.pop("tls", None)
+    user, password = options.pop("user", None), options.pop("password", None)
+    security: NatsSecurity | None = None
+    if user is not None:
+        security = NatsUserPassword(username=user, password=password or "", ssl_context=tls)
+    elif tls is not None:
+        security = NatsSecurity(ssl_context=tls)
     broker = NatsBroker(
         name=f"aegis-{name}",  # shown by NATS monitoring (connz)
-        security=None if tls is None else NatsSecurity(ssl_context=tls),
+        security=security,
         **options,
         allow_reconnect=True,
         max_reconnect_attempts=-1,  # forever: a service without its queue is not ready, not dead
@@ -165,6 +171,13 @@ def connect_options(settings: AegisSettings) -> dict[str, Any]:
         "servers": settings.nats_servers(),
         "inbox_prefix": inbox_prefix(settings.nats_user),
     }
+    if settings.nats_user is not None:
+        # an option, not user info in the URLs: nats-py sends it to every server it reconnects
+        # to, those a cluster advertised included (a URL's user info stays with that URL)
+        options["user"] = settings.nats_user
+        options["password"] = (
+            settings.nats_password.get_secret_value() if settings.nats_password else ""
+        )
     tls = settings.nats_tls_context()
     if tls is not None:
         options["tls"] = tls

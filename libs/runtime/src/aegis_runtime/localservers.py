@@ -344,6 +344,15 @@ class ManagedServer:
             self.process.kill()
             self.process.wait(timeout)
 
+    def kill(self, timeout: float = 5.0) -> None:
+        """End it with SIGKILL, as a crash would (no shutdown, no flush); ``restart()`` brings it
+        back with what its store kept."""
+        if self.process is None or self._stopped:
+            return
+        self._stopped = True
+        self.process.kill()
+        self.process.wait(timeout)
+
     def close(self, timeout: float = 5.0) -> None:
         """Stop it and remove its scratch folder (a no-op for a server not started here)."""
         self.stop(timeout)

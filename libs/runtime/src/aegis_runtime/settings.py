@@ -9,7 +9,7 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 from typing import Literal
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -93,19 +93,10 @@ class AegisSettings(BaseSettings):
     graceful_timeout_s: float = Field(default=20.0, gt=0)
 
     def nats_servers(self) -> list[str]:
-        """The servers of ``nats_url`` (comma-separated), with this process's identity in each
-        URL's user info, which is how nats-py takes a user and password."""
-        servers = [u.strip() for u in self.nats_url.split(",") if u.strip()]
-        if self.nats_user is None:
-            return servers
-        password = self.nats_password.get_secret_value() if self.nats_password else ""
-        userinfo = f"{quote(self.nats_user, safe='')}:{quote(password, safe='')}@"
-        with_identity = []
-        for server in servers:
-            scheme, sep, rest = server.rpartition("://")
-            host = rest.rsplit("@", 1)[-1]
-            with_identity.append(f"{scheme}{sep}{userinfo}{host}")
-        return with_identity
+        """The servers of ``nats_url`` (comma-separated). The identity is not in them: it goes
+        with every connection as its own option, so that servers a cluster advertises (which
+        nats-py adds to its list, without user info) get it too."""
+        return [u.strip() for u in self.nats_url.split(",") if u.strip()]
 
     @property
     def nats_tls(self) -> bool:
