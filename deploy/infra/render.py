@@ -301,6 +301,18 @@ def render() -> dict[str, Any]:
         outputs[f"{logical}RoleArn"] = {"Value": {"Fn::GetAtt": [f"{logical}Role", "Arn"]}}
     for service in ecs_services():
         logical = _logical(service)
+        # where its image is pushed: tags never move (a task definition names one build), and
+        # every push is scanned
+        resources[f"{logical}Repository"] = {
+            "Type": "AWS::ECR::Repository",
+            "DeletionPolicy": "Retain",
+            "UpdateReplacePolicy": "Retain",
+            "Properties": {
+                "RepositoryName": f"aegis-{service}",
+                "ImageTagMutability": "IMMUTABLE",
+                "ImageScanningConfiguration": {"ScanOnPush": True},
+            },
+        }
         resources[f"{logical}ExecutionRole"] = _execution_role(service)
         resources[f"{logical}LogGroup"] = {
             "Type": "AWS::Logs::LogGroup",

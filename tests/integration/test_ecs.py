@@ -262,9 +262,10 @@ def _arn_matches(pattern: str, arn: str) -> bool:
 
 
 def test_what_a_task_definition_names_the_template_creates() -> None:
-    """Every role, secret and log group a task names exists once the template is deployed (or is
-    an operator's documented step): ECS could not start a task whose execution role is missing,
-    or that may not read its secrets, or whose log group does not exist."""
+    """Every role, secret, log group and image repository a task names exists once the template
+    is deployed (the secrets' values are an operator's documented step): ECS could not start a
+    task whose execution role is missing, that may not read its secrets, whose log group does
+    not exist, or whose image has nowhere to be pushed."""
     resources = template_resources()
     roles = {
         r["Properties"]["RoleName"]["Fn::Sub"].replace("${NamePrefix}", "aegis"): r["Properties"]
@@ -275,6 +276,11 @@ def test_what_a_task_definition_names_the_template_creates() -> None:
         r["Properties"]["LogGroupName"]
         for r in resources.values()
         if r["Type"] == "AWS::Logs::LogGroup"
+    }
+    repositories = {
+        r["Properties"]["RepositoryName"]
+        for r in resources.values()
+        if r["Type"] == "AWS::ECR::Repository"
     }
     pseudo = {
         "AWS::Partition": "aws",
@@ -304,6 +310,12 @@ def test_what_a_task_definition_names_the_template_creates() -> None:
             assert any(_arn_matches(p, stored) for p in granted.get(action, [])), (name, arn)
         group = container["logConfiguration"]["options"]["awslogs-group"]
         assert group in groups, f"{name}: log group {group} is not made by the template"
+        # the image: a repository of the template, the tag the operator's IMAGE_TAG
+        registry, _, image = container["image"].partition("/")
+        repository, _, tag = image.partition(":")
+        region, account = pseudo["AWS::Region"], pseudo["AWS::AccountId"]
+        assert registry == f"{account}.dkr.ecr.{region}.amazonaws.com", name
+        assert repository in repositories and tag == PLACEHOLDERS["IMAGE_TAG"], name
         # and nothing more: exactly the secrets its own task names (two JSON keys of one secret
         # are one grant)
         named = {":".join(x["valueFrom"].split(":")[:7]) for x in container.get("secrets", [])}

@@ -6,6 +6,7 @@ builds one and passes it down, so nothing reads the environment twice and tests 
 
 from __future__ import annotations
 
+import os
 import ssl
 from pathlib import Path
 from typing import Literal
@@ -22,7 +23,8 @@ RAW_MAX_PER_FACTORY = 100_000
 
 
 class AegisSettings(BaseSettings):
-    """The settings of DESIGN §9. Unknown ``AEGIS_*`` variables are ignored, not fatal."""
+    """Every process's ``AEGIS_*`` settings. Unknown ``AEGIS_*`` variables are ignored, not
+    fatal."""
 
     model_config = SettingsConfigDict(
         env_prefix="AEGIS_",
@@ -33,6 +35,9 @@ class AegisSettings(BaseSettings):
     )
 
     service: str = "aegis"
+    # where a process keeps files of its own (a migration's journal); unset: $XDG_STATE_HOME/aegis
+    # or ~/.local/state/aegis. Images set /var/lib/aegis (a volume): their /app is read-only
+    state_dir: Path | None = None
     aws_endpoint_url: str | None = None
     region: str = "ap-south-1"
     bucket: str = "aegis-bucket-data"
@@ -50,7 +55,7 @@ class AegisSettings(BaseSettings):
     nats_user: str | None = None
     nats_password: SecretStr | None = None
     # create and update the streams at start (a server without identities, `make run`); with
-    # identities only the admin (`aegis bootstrap`) manages streams and services check them
+    # identities only the admin (`aegis streams`) manages streams and services check them
     nats_manage_streams: bool = True
     # TLS to NATS: on with tls:// URLs or a CA file; the CA that signed the servers' certificates
     # (unset: the system's trust store), and a client certificate for servers that ask for one
@@ -91,6 +96,16 @@ class AegisSettings(BaseSettings):
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
     # on stop, in-flight messages get this long to finish before their handlers are cancelled
     graceful_timeout_s: float = Field(default=20.0, gt=0)
+
+    def state_path(self, name: str) -> Path:
+        """``name`` in the state directory, which is made when missing (never the working
+        directory: it may be read-only, as an image's /app is)."""
+        folder = self.state_dir
+        if folder is None:
+            xdg = os.environ.get("XDG_STATE_HOME")
+            folder = (Path(xdg) if xdg else Path.home() / ".local" / "state") / "aegis"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / name
 
     def nats_servers(self) -> list[str]:
         """The servers of ``nats_url`` (comma-separated). The identity is not in them: it goes

@@ -132,8 +132,13 @@ def migrate_run(  # noqa: PLR0917 - typer options are parameters
         bool, typer.Option("--no-delete", help="Copy and verify only; keep every source.")
     ] = False,
     journal: Annotated[
-        Path, typer.Option("--journal", help="The journal/summary JSON (added to on re-runs).")
-    ] = Path("aegis-migrate-journal.json"),
+        Path | None,
+        typer.Option(
+            "--journal",
+            help="The journal/summary JSON (added to on re-runs); default: migrate-journal.json "
+            "in the state directory (AEGIS_STATE_DIR).",
+        ),
+    ] = None,
     concurrency: Annotated[
         int | None, typer.Option(min=1, max=512, help="Parallel copies.")
     ] = None,
@@ -144,6 +149,7 @@ def migrate_run(  # noqa: PLR0917 - typer options are parameters
     Safe to interrupt: running it again finishes the job and does nothing twice."""
     ruleset = _rules(rules, preset_name, sidecars)
     settings = StorageToolsSettings()
+    journal = journal or settings.state_path("migrate-journal.json")
     options = CopyOptions(
         concurrency=concurrency or settings.migrate_concurrency,
         multipart_threshold=settings.migrate_multipart_threshold_bytes,
