@@ -23,7 +23,7 @@ from .conftest import Pipeline, publish_all, stream_of
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 FACTORIES = 10
-PER_FACTORY = 40  # 400 messages
+PER_FACTORY = 30  # 300 messages
 
 
 async def processed_count(p: Pipeline) -> int:
@@ -87,7 +87,7 @@ async def run_with_fault(
     fault: Callable[[], Awaitable[None]],
     recover: Callable[[], Awaitable[None]],
     *,
-    after_processed: int = 120,
+    after_processed: int = 90,
     per_factory: int = PER_FACTORY,
 ) -> None:
     """Half the stream, then ``fault`` once ``after_processed`` messages are through; the other
