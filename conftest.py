@@ -1,8 +1,8 @@
-"""Root conftest: every test gets the real-infrastructure fixtures of aegis_runtime.testing."""
+"""Root conftest: every test gets the real-infrastructure fixtures of aegis_devstack.testing."""
 
 pytest_plugins = [
-    "aegis_runtime.testing.fixtures",
-    "aegis_runtime.testing.natsbus",
-    "aegis_runtime.testing.storage",
-    "aegis_runtime.testing.webhook",
+    "aegis_devstack.testing.fixtures",
+    "aegis_devstack.testing.natsbus",
+    "aegis_devstack.testing.storage",
+    "aegis_devstack.testing.webhook",
 ]

@@ -36,7 +36,7 @@ from procstat import sample
 from aegis_contracts import keys
 from aegis_contracts.events import ChangeEvent
 from aegis_contracts.times import format_ts
-from aegis_runtime.localservers import free_port, start_private_nats
+from aegis_devstack.localservers import free_port, start_private_nats
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.readmodel import ReadModel

@@ -2,7 +2,7 @@
 
 For every fault, a fresh bucket and table and fresh ingest and processor processes (their console
 scripts) on private Mosquitto and NATS JetStream servers and the platform's S3/DynamoDB emulator,
-reached through an outage proxy (:mod:`aegis_runtime.testing.outage`: it can refuse every
+reached through an outage proxy (:mod:`aegis_devstack.testing.outage`: it can refuse every
 connection while the emulator keeps its data). Load: ``--factories`` devices each publishing one
 factory_state a second (QoS 1, reconnecting and re-sending like a real device when the broker is
 gone), plus a burst of ``--burst`` messages when the fault starts. The fault is held for its
@@ -59,15 +59,15 @@ from pipeline import SCRIPTS, Services, payload
 from procstat import sample
 
 from aegis_contracts.ids import topic_for
-from aegis_runtime.localservers import (
+from aegis_devstack.localservers import (
     ManagedServer,
     free_port,
     start_moto_server,
     start_private_mosquitto,
     start_private_nats,
 )
-from aegis_runtime.testing.devices import factory_state_message
-from aegis_runtime.testing.outage import OutageProxy
+from aegis_devstack.testing.devices import factory_state_message
+from aegis_devstack.testing.outage import OutageProxy
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
 from aegis_storage.readmodel import ReadModel

@@ -1,5 +1,5 @@
 """``make bench``: the fleet at 1,000 factories, what it costs in storage requests: every figure
-from the requests counted at the emulator (:mod:`aegis_runtime.testing.emulator`), never assumed.
+from the requests counted at the emulator (:mod:`aegis_devstack.testing.emulator`), never assumed.
 One run, one private emulator, one private NATS; the platform's own code does the work (the read
 model, the processor and its refresh, the aggregator, the cloud collectors, the dashboard API as
 its own process):
@@ -29,7 +29,7 @@ its own process):
 Events the platform would publish are counted by a stand-in, not sent. Read and write units are
 computed from the items in the requests and answers (AWS's item-size rules) by hooks on this
 process's clients. The emulator is moto_server with the platform's patches
-(``aegis_runtime.motoserver``: one request at a time, every request counted) and bench-only fast
+(``aegis_devstack.motoserver``: one request at a time, every request counted) and bench-only fast
 paths (``accelerate_moto``) that change no answer and no count, only moto's time per request,
 which otherwise grows with the whole table. The seed goes as signed HTTP requests with plain
 JSON bodies (the SDK's serializer would be the bottleneck, not the emulator). Seconds are this
@@ -95,19 +95,19 @@ from aegis_contracts.keys import Dataset
 from aegis_contracts.state import FactoryState, RecordMeta, RiskRecord
 from aegis_contracts.times import floor_to, format_ts, parse_ts, truncate_ms
 from aegis_contracts.ttl import TtlSettings, expires_at
+from aegis_devstack.localservers import (
+    ManagedServer,
+    free_port,
+    start_managed_server,
+    start_private_nats,
+)
+from aegis_devstack.testing.emulator import RequestCounts, request_counts
 from aegis_processor import domain
 from aegis_processor.handlers import Processor
 from aegis_processor.refresh import Refresher
 from aegis_processor.rules import RiskRules, load_rules
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime import logging as aegis_logging
-from aegis_runtime.localservers import (
-    ManagedServer,
-    free_port,
-    start_managed_server,
-    start_private_nats,
-)
-from aegis_runtime.testing.emulator import RequestCounts, request_counts
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
 from aegis_storage.readmodel import ReadModel, encode, indexed, to_attributes, to_plain
@@ -163,7 +163,7 @@ def progress(text: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The emulator: aegis_runtime.motoserver, with fast paths for moto's Query and Scan
+# The emulator: aegis_devstack.motoserver, with fast paths for moto's Query and Scan
 
 
 def accelerate_moto() -> None:
@@ -473,8 +473,8 @@ class _NoCopy:
 
 
 def serve_emulator(port: int) -> None:
-    """The emulator process: the platform's moto_server (aegis_runtime.motoserver), faster."""
-    from aegis_runtime import motoserver  # noqa: PLC0415
+    """The emulator process: the platform's moto_server (aegis_devstack.motoserver), faster."""
+    from aegis_devstack import motoserver  # noqa: PLC0415
 
     accelerate_moto()
     motoserver.main(["-H", "127.0.0.1", "-p", str(port)])
@@ -2145,7 +2145,7 @@ def report(args: argparse.Namespace, got: dict[str, Any]) -> dict[str, Any]:
         "notes": notes,
         "factories": factories,
         "depths": [d1, d2],
-        "emulator": "moto_server with aegis_runtime.motoserver's patches (serialized, counted) "
+        "emulator": "moto_server with aegis_devstack.motoserver's patches (serialized, counted) "
         "and bench-only fast paths (same answers and counts)",
         "events": "counted by a stand-in, not sent",
         "seed": {

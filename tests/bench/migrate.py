@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from procstat import sample
 
-from aegis_runtime.localservers import MotoServer, free_port, start_moto_server
+from aegis_devstack.localservers import MotoServer, free_port, start_moto_server
 from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.s3 import ObjectStore
 

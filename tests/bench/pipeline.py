@@ -46,7 +46,7 @@ from procstat import sample
 from aegis_contracts.ids import topic_for
 from aegis_contracts.keys import history_state_sk, state_snapshot_key
 from aegis_contracts.times import format_ts, parse_ts
-from aegis_runtime.localservers import (
+from aegis_devstack.localservers import (
     ManagedServer,
     free_port,
     start_managed_server,

@@ -32,8 +32,8 @@ from procstat import sample
 from aegis_contracts import keys
 from aegis_contracts.keys import Dataset
 from aegis_contracts.times import format_ts, kst_day_bounds
-from aegis_runtime.localservers import free_port, start_moto_server
-from aegis_runtime.testing.emulator import request_counts, reset_request_counts
+from aegis_devstack.localservers import free_port, start_moto_server
+from aegis_devstack.testing.emulator import request_counts, reset_request_counts
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.s3 import ObjectStore

@@ -20,8 +20,8 @@ import pytest
 
 from aegis_contracts.ids import topic_for
 from aegis_contracts.times import format_ts
-from aegis_runtime.localservers import ManagedServer, free_port
-from aegis_runtime.testing.waiting import eventually
+from aegis_devstack.localservers import ManagedServer, free_port
+from aegis_devstack.testing.waiting import eventually
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients
 from aegis_storage.readmodel import ReadModel

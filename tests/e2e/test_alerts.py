@@ -11,8 +11,8 @@ import pytest
 
 from aegis_contracts.ids import topic_for
 from aegis_contracts.times import format_ts
-from aegis_runtime.testing.waiting import eventually
-from aegis_runtime.testing.webhook import FakeWebhook
+from aegis_devstack.testing.waiting import eventually
+from aegis_devstack.testing.webhook import FakeWebhook
 
 from .conftest import Pipeline, publish_all
 

@@ -23,10 +23,10 @@ import httpx
 import pytest
 
 from aegis_contracts.ids import topic_for
-from aegis_runtime.devstack import DASHBOARD_TOKEN_FILE, local_dashboard_token
-from aegis_runtime.localservers import ManagedServer, free_port, start_moto_server
-from aegis_runtime.testing.emulator import arequest_counts
-from aegis_runtime.testing.waiting import eventually
+from aegis_devstack.localservers import ManagedServer, free_port, start_moto_server
+from aegis_devstack.stack import DASHBOARD_TOKEN_FILE, local_dashboard_token
+from aegis_devstack.testing.emulator import arequest_counts
+from aegis_devstack.testing.waiting import eventually
 from aegis_storage.clients import AwsConfig, open_clients
 
 from .conftest import publish_all
@@ -49,7 +49,7 @@ async def dashboard_page(port: int) -> str:
 
 
 def child_pid(parent: int, service: str) -> int | None:
-    """The pid of aegis up's child that runs ``service`` (``python -m aegis_runtime.devstack
+    """The pid of aegis up's child that runs ``service`` (``python -m aegis_devstack.stack
     {service}``), or None."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

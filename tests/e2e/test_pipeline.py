@@ -15,8 +15,8 @@ import pytest
 from aegis_contracts import keys
 from aegis_contracts.keys import parse_key
 from aegis_contracts.times import format_ts
-from aegis_runtime.testing.outage import OutageProxy
-from aegis_runtime.testing.waiting import eventually
+from aegis_devstack.testing.outage import OutageProxy
+from aegis_devstack.testing.waiting import eventually
 
 from .conftest import Pipeline, publish_all, stream_of
 

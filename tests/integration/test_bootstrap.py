@@ -30,7 +30,7 @@ def run_cli(endpoint: str, *args: str, **settings: str) -> subprocess.CompletedP
     env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")}
     env |= {"AEGIS_AWS_ENDPOINT_URL": endpoint, "AEGIS_LOG_FORMAT": "console", **settings}
     return subprocess.run(
-        [sys.executable, "-m", "aegis_runtime.cli", "bootstrap", *args],
+        [sys.executable, "-m", "aegis_cli.app", "bootstrap", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -21,10 +21,10 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
+from aegis_cli.devices import DeviceRegistry, Role
+from aegis_devstack.localservers import ManagedServer, free_port, port_open, start_managed_server
 from aegis_ingest.mqtt import create_client
 from aegis_ingest.settings import IngestSettings
-from aegis_runtime.devices import DeviceRegistry, Role
-from aegis_runtime.localservers import ManagedServer, free_port, port_open, start_managed_server
 
 pytestmark = pytest.mark.integration
 

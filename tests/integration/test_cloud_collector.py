@@ -25,11 +25,11 @@ from aegis_contracts.events import ObjectCreated
 from aegis_contracts.state import Level
 from aegis_contracts.subjects import object_created_subject, raw_subject
 from aegis_contracts.times import floor_to, format_ts
+from aegis_devstack.localservers import ManagedServer
+from aegis_devstack.testing.storage import Foundation
+from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.heartbeat import HeartbeatPublisher
-from aegis_runtime.localservers import ManagedServer
 from aegis_runtime.metrics import Metrics
-from aegis_runtime.testing.storage import Foundation
-from aegis_runtime.testing.waiting import eventually
 from aegis_storage.bootstrap import LIFECYCLE_RULES, bootstrap
 from aegis_storage.clients import AwsConfig, open_client
 
@@ -366,7 +366,7 @@ async def test_coverage_reads_the_buckets_and_one_history_item_whatever_the_hist
     """GRAPH_BEHIND when the newest graded window had HISTORY but has no bucket; the HISTORY
     read is one small page, however many snapshots the window holds (a busy factory)."""
     from aegis_cloud_collector import domain  # noqa: PLC0415
-    from aegis_runtime.testing.emulator import arequest_counts  # noqa: PLC0415
+    from aegis_devstack.testing.emulator import arequest_counts  # noqa: PLC0415
 
     now = datetime(2026, 11, 30, 10, 12, tzinfo=UTC)
     newest = domain.newest_graded_window(now)

@@ -14,7 +14,7 @@ from aegis_contracts import keys
 from aegis_contracts.cloud import CloudCheck, CloudSnapshot
 from aegis_contracts.state import Level
 from aegis_contracts.times import format_ts
-from aegis_runtime.testing.storage import Foundation
+from aegis_devstack.testing.storage import Foundation
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ import pytest
 import typer
 import yaml
 
+from aegis_devstack.testing.workspace import Workspace
 from aegis_runtime.settings import AegisSettings
-from aegis_runtime.testing.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
@@ -224,8 +224,8 @@ def test_aegis_commands_name_existing_subcommands() -> None:
     }
     assert invocations, "no service runs the aegis CLI"
     # Imported by name: the CLI is another member's module; its absence fails this test only.
-    app = importlib.import_module("aegis_runtime.cli").app
-    assert isinstance(app, typer.Typer), "aegis_runtime.cli.app is not a typer.Typer"
+    app = importlib.import_module("aegis_cli.app").app
+    assert isinstance(app, typer.Typer), "aegis_cli.app.app is not a typer.Typer"
     root = typer.main.get_command(app)
     assert subcommands(root) is not None, "the aegis CLI has no subcommands"
     for name, words in invocations.items():

@@ -40,11 +40,11 @@ from aegis_contracts.times import format_ts, kst_report_date, truncate_ms
 from aegis_dashboard_api.access import COOKIE, token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
+from aegis_devstack.localservers import ManagedServer, free_port
+from aegis_devstack.testing.storage import Foundation
+from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.broker import create_broker, ensure_streams, publish
-from aegis_runtime.localservers import ManagedServer, free_port
 from aegis_runtime.settings import AegisSettings
-from aegis_runtime.testing.storage import Foundation
-from aegis_runtime.testing.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

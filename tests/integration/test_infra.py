@@ -1,6 +1,6 @@
 """deploy/infra: the CloudFormation template creates what ``aegis bootstrap`` creates, and the IAM
 policy of each service allows what its code calls and nothing else, proven on moto_server with IAM
-enforcement on (the emulator authorizes like AWS: see aegis_runtime.motoserver).
+enforcement on (the emulator authorizes like AWS: see aegis_devstack.motoserver).
 
 The policies under test are the committed JSON files (deploy/infra/policies), the calls are the
 project's own storage library (ObjectStore, ReadModel, bootstrap), so a policy that stops matching
@@ -29,7 +29,7 @@ from aegis_aggregator.aggregate import JOB as AGGREGATE_JOB
 from aegis_aggregator.aggregate import Aggregator, Source
 from aegis_contracts.keys import raw_metadata_key
 from aegis_contracts.ttl import TtlSettings
-from aegis_runtime.localservers import free_port, start_moto_server
+from aegis_devstack.localservers import free_port, start_moto_server
 from aegis_storage.bootstrap import (
     bootstrap,
     describe_foundation,

@@ -27,14 +27,14 @@ from aegis_contracts.ids import MAX_PAYLOAD_BYTES, derive_message_id
 from aegis_contracts.keys import raw_key, raw_prefix
 from aegis_contracts.subjects import DEAD_LETTER, dead_letter_subject, raw_subject
 from aegis_contracts.times import parse_ts
+from aegis_devstack.localservers import free_port, start_private_nats
+from aegis_devstack.testing.waiting import eventually
 from aegis_ingest.app import IngestApp, create_app
 from aegis_ingest.settings import IngestSettings
 from aegis_runtime.broker import MSG_ID_HEADER, DeadLetter
-from aegis_runtime.localservers import free_port, start_private_nats
-from aegis_runtime.testing.waiting import eventually
 
 if TYPE_CHECKING:
-    from aegis_runtime.testing.storage import Foundation
+    from aegis_devstack.testing.storage import Foundation
 
 pytestmark = pytest.mark.integration
 

@@ -27,9 +27,9 @@ import kubernetes_validate  # type: ignore[import-untyped]  # no stubs
 import pytest
 import yaml
 
-from aegis_runtime.natsauth import ADMIN, IDENTITIES
+from aegis_cli.natsauth import ADMIN, IDENTITIES
+from aegis_devstack.testing.workspace import Workspace
 from aegis_runtime.settings import AegisSettings
-from aegis_runtime.testing.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -361,7 +361,7 @@ def _env(container: Doc) -> dict[str, Doc]:
 
 
 def test_every_aws_pod_is_its_own_nats_identity_over_tls() -> None:
-    """Every service connects as the identity of aegis_runtime.natsauth named after it, its
+    """Every service connects as the identity of aegis_cli.natsauth named after it, its
     password from a Secret, over tls:// with the CA mounted, and may not manage streams; the one
     that may (the admin) is the nats-streams Job. The servers take TLS and those identities."""
     docs = rendered("aws")

@@ -25,10 +25,13 @@ from faststream.nats import NatsBroker
 from nats.aio.client import Client
 from nats.js import JetStreamManager, api
 
+from aegis_cli.natsauth import ADMIN
 from aegis_contracts.archive import Archive, admit, raw_event_msg_id
 from aegis_contracts.events import RawArchived
 from aegis_contracts.subjects import STREAMS, StreamSpec
 from aegis_contracts.times import utc_now
+from aegis_devstack.testing.natscluster import NatsCluster, nats_server_binary, start_cluster
+from aegis_devstack.testing.waiting import eventually
 from aegis_ingest.settings import IngestSettings
 from aegis_runtime.broker import (
     MSG_ID_HEADER,
@@ -40,9 +43,6 @@ from aegis_runtime.broker import (
     publish,
     publish_raw_archived,
 )
-from aegis_runtime.natsauth import ADMIN
-from aegis_runtime.testing.natscluster import NatsCluster, nats_server_binary, start_cluster
-from aegis_runtime.testing.waiting import eventually
 
 pytestmark = [
     pytest.mark.integration,

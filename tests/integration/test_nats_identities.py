@@ -1,5 +1,5 @@
 """The internal bus with identities, on a real nats-server configured by
-``aegis_runtime.natsauth``: the data path runs under its own identities (ingest publishes a raw
+``aegis_cli.natsauth``: the data path runs under its own identities (ingest publishes a raw
 event, the processor consumes it and commits LATEST), and the attacks a pod on the network would
 try are refused: a forged change event, a forged raw event from the processor's identity, purging
 a stream, managing streams from a service."""
@@ -14,11 +14,16 @@ from faststream.nats import NatsBroker
 
 from aegis_alert_dispatcher.app import DispatcherApp
 from aegis_alert_dispatcher.settings import DispatcherSettings
+from aegis_cli.natsauth import server_authorization
 from aegis_contracts import keys
 from aegis_contracts.archive import Archive, admit
 from aegis_contracts.events import ObjectCreated, RawArchived
 from aegis_contracts.subjects import STREAMS, change_subject, object_created_subject
 from aegis_contracts.times import format_ts, utc_now
+from aegis_devstack.testing.natsbus import Bus, Connect
+from aegis_devstack.testing.storage import Foundation
+from aegis_devstack.testing.waiting import eventually
+from aegis_devstack.testing.webhook import FakeWebhook
 from aegis_processor.app import create_app
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime.broker import (
@@ -28,11 +33,6 @@ from aegis_runtime.broker import (
     publish,
     publish_raw_archived,
 )
-from aegis_runtime.natsauth import server_authorization
-from aegis_runtime.testing.natsbus import Bus, Connect
-from aegis_runtime.testing.storage import Foundation
-from aegis_runtime.testing.waiting import eventually
-from aegis_runtime.testing.webhook import FakeWebhook
 
 pytestmark = pytest.mark.integration
 

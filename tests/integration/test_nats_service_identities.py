@@ -1,4 +1,4 @@
-"""The rest of the services on the internal bus with identities (``aegis_runtime.natsauth``), on
+"""The rest of the services on the internal bus with identities (``aegis_cli.natsauth``), on
 a real nats-server: each does its work under its own identity (the orchestrator runs a job from a
 change event, the cloud collector reads the queue's state and files a snapshot, the aggregator
 and the reporter announce their objects, the dashboard's live feed hears them all), and what
@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 
 from aegis_aggregator.app import AggregatorApp
 from aegis_aggregator.settings import AggregatorSettings
+from aegis_cli.natsauth import IDENTITIES
 from aegis_cloud_collector.app import create_app as create_collector
 from aegis_cloud_collector.settings import CollectorSettings
 from aegis_contracts import keys
@@ -37,6 +38,9 @@ from aegis_dashboard_api.feed import SUBJECTS, LiveFeed
 from aegis_dashboard_api.live import Hub, Listener, LiveEvent
 from aegis_dashboard_api.routes import Reader
 from aegis_dashboard_api.settings import DashboardSettings
+from aegis_devstack.testing.natsbus import Bus, Connect
+from aegis_devstack.testing.storage import Foundation
+from aegis_devstack.testing.waiting import eventually
 from aegis_orchestration.model import Job
 from aegis_orchestrator.app import OrchestratorApp
 from aegis_orchestrator.cli import announce
@@ -44,11 +48,7 @@ from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_reporter.app import ReporterApp
 from aegis_reporter.settings import ReporterSettings
 from aegis_runtime.broker import PublishFailed, StreamSetupFailed, ensure_streams, publish
-from aegis_runtime.natsauth import IDENTITIES
 from aegis_runtime.service import ServiceApp
-from aegis_runtime.testing.natsbus import Bus, Connect
-from aegis_runtime.testing.storage import Foundation
-from aegis_runtime.testing.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -1,5 +1,5 @@
 """TLS between the services and NATS, on a real nats-server that requires it (a CA and a server
-certificate made here, the identities of ``aegis_runtime.natsauth``): a service with the CA
+certificate made here, the identities of ``aegis_cli.natsauth``): a service with the CA
 (``AEGIS_NATS_TLS_CA_FILE``, a ``tls://`` URL) connects and publishes; a client that does not
 trust the server's CA, and a plaintext client, are refused."""
 
@@ -17,8 +17,8 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from aegis_contracts.subjects import raw_subject
+from aegis_devstack.testing.natsbus import PASSWORDS, Bus, start_bus
 from aegis_runtime.broker import connect_options, create_broker, ensure_streams, publish
-from aegis_runtime.testing.natsbus import PASSWORDS, Bus, start_bus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -23,12 +23,12 @@ from aegis_contracts.items import FactoryLatest, HistoryState
 from aegis_contracts.keys import Dataset, ReportArtifact
 from aegis_contracts.subjects import DEAD_LETTER, dead_letter_subject, raw_subject
 from aegis_contracts.times import format_ts, kst_report_date, parse_ts, truncate_ms
+from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.waiting import eventually
 from aegis_processor.app import ProcessorApp, create_app
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime.broker import DeadLetter, create_broker, ensure_streams, publish
 from aegis_runtime.settings import AegisSettings
-from aegis_runtime.testing.clock import FakeClock
-from aegis_runtime.testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
 

@@ -25,6 +25,9 @@ from aegis_contracts.ids import SourceType
 from aegis_contracts.keys import KeyFamily, parse_key
 from aegis_contracts.subjects import raw_subject
 from aegis_contracts.times import truncate_ms
+from aegis_devstack.testing.devices import factory_state_message
+from aegis_devstack.testing.waiting import eventually
+from aegis_devstack.testing.webhook import FakeWebhook
 from aegis_orchestration.model import Job
 from aegis_orchestrator.app import OrchestratorApp
 from aegis_orchestrator.settings import OrchestratorSettings
@@ -33,9 +36,6 @@ from aegis_processor.app import create_app as create_processor
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime.broker import create_broker, ensure_streams, publish, publish_raw_archived
 from aegis_runtime.settings import AegisSettings
-from aegis_runtime.testing.devices import factory_state_message
-from aegis_runtime.testing.waiting import eventually
-from aegis_runtime.testing.webhook import FakeWebhook
 from aegis_storage.s3 import ObjectStore
 from aegis_storage_tools.replay import replay
 

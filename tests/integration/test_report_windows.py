@@ -19,13 +19,13 @@ from aegis_contracts.keys import Dataset, ReportArtifact
 from aegis_contracts.state import Level
 from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
+from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.emulator import RequestCounts, arequest_counts
+from aegis_devstack.testing.storage import Foundation
 from aegis_folds.folds import FoldParams, Hour, InputListing, fold_factory_hour
 from aegis_folds.windows import MODELS
 from aegis_reporter.day import DayWindow
 from aegis_reporter.report import Reporter, TargetRun
-from aegis_runtime.testing.clock import FakeClock
-from aegis_runtime.testing.emulator import RequestCounts, arequest_counts
-from aegis_runtime.testing.storage import Foundation
 from aegis_storage.s3 import ObjectInfo
 
 pytestmark = pytest.mark.integration

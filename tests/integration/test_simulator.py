@@ -17,8 +17,8 @@ import pytest
 
 from aegis_contracts.ids import SourceType, parse_topic
 from aegis_contracts.payloads import ImageSnapshotMessage, parse_device_message
-from aegis_runtime.localservers import free_port
-from aegis_runtime.testing.storage import Foundation
+from aegis_devstack.localservers import free_port
+from aegis_devstack.testing.storage import Foundation
 from aegis_simulator.app import SimulatorSettings, serve
 from aegis_simulator.domain import PNG_SIGNATURE
 
@@ -57,7 +57,7 @@ async def _simulate_and_collect(
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "aegis_runtime.cli",
+            "aegis_cli.app",
             "simulate",
             "--factories",
             factory,
@@ -148,7 +148,7 @@ async def test_simulate_against_an_unreachable_broker_exits_2(
     url = f"mqtt://127.0.0.1:{free_port()}"
     env = _env(url, aws_endpoint, foundation)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aegis_runtime.cli", "simulate", "--duration", "2",
+        sys.executable, "-m", "aegis_cli.app", "simulate", "--duration", "2",
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     _, err = await asyncio.wait_for(proc.communicate(), timeout=30)

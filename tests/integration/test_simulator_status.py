@@ -12,14 +12,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from aegis_contracts.times import format_ts
-from aegis_runtime.testing.storage import Foundation
+from aegis_devstack.testing.storage import Foundation
 
 pytestmark = pytest.mark.integration
 
 
 async def _status(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aegis_runtime.cli", "status", *args,
+        sys.executable, "-m", "aegis_cli.app", "status", *args,
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
@@ -106,7 +106,7 @@ async def test_status_watch_refreshes_until_interrupted(
         updated_at=now,
     )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aegis_runtime.cli", "status", "--watch", "--json",
+        sys.executable, "-m", "aegis_cli.app", "status", "--watch", "--json",
         "--interval", "0.3",
         env=_env(aws_endpoint, foundation.table), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

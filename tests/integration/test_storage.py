@@ -403,7 +403,7 @@ async def test_window_claim_has_exactly_one_winner(foundation):
     rm = foundation.readmodel
     ttl = int((T0 + timedelta(days=1)).timestamp())
     # many rounds of many racing replicas: the emulator must keep conditional writes atomic
-    # (moto_server alone does not under load; aegis_runtime.motoserver serializes its requests)
+    # (moto_server alone does not under load; aegis_devstack.motoserver serializes its requests)
     for minute in range(20):
         window = T0 + timedelta(minutes=minute)
         wins = await asyncio.gather(

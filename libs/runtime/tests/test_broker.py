@@ -20,6 +20,7 @@ from nats.js import JetStreamContext, api
 
 from aegis_contracts.errors import ContractError
 from aegis_contracts.subjects import DEAD_LETTER, STREAMS, StreamSpec, dead_letter_subject
+from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.broker import (
     DeadLetter,
     Outgoing,
@@ -44,7 +45,6 @@ from aegis_runtime.broker import (
 from aegis_runtime.logging import _AegisHandler, configure
 from aegis_runtime.metrics import Metrics
 from aegis_runtime.settings import AegisSettings
-from aegis_runtime.testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
 

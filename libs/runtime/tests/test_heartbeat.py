@@ -11,6 +11,7 @@ import pytest
 from faststream.nats import NatsBroker
 
 from aegis_contracts.events import Heartbeat
+from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.broker import _jetstream, create_broker, ensure_streams
 from aegis_runtime.heartbeat import (
     HeartbeatPublisher,
@@ -20,7 +21,6 @@ from aegis_runtime.heartbeat import (
     last_heartbeats,
 )
 from aegis_runtime.settings import AegisSettings
-from aegis_runtime.testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
 

@@ -13,11 +13,11 @@ import pytest
 import structlog
 from pydantic import SecretStr
 
+from aegis_devstack.testing.storage import Foundation
 from aegis_runtime.logging import configure
 from aegis_runtime.redact import REDACTED, redact, redact_text, redact_url
 from aegis_runtime.service import ServiceApp
 from aegis_runtime.settings import AegisSettings
-from aegis_runtime.testing.storage import Foundation
 
 SECRET = "Sup3rS3cretValue"
 

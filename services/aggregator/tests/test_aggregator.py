@@ -22,16 +22,16 @@ from aegis_aggregator.app import AggregatorApp
 from aegis_aggregator.cli import windows_between
 from aegis_aggregator.settings import AggregatorSettings
 from aegis_aggregator.stats import coverage, window_stats
+from aegis_cli.app import app as cli_app
 from aegis_contracts import keys
 from aegis_contracts.events import ObjectCreated
 from aegis_contracts.graph import WindowStats
 from aegis_contracts.items import Graph5m, HistoryState
 from aegis_contracts.times import format_ts, parse_ts
 from aegis_contracts.ttl import TtlSettings
+from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.storage import Foundation
 from aegis_runtime.broker import create_broker, ensure_streams
-from aegis_runtime.cli import app as cli_app
-from aegis_runtime.testing.clock import FakeClock
-from aegis_runtime.testing.storage import Foundation
 from aegis_storage.s3 import to_json_bytes
 
 T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)

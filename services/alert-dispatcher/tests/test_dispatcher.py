@@ -28,6 +28,7 @@ from aegis_alert_dispatcher.decide import Policy
 from aegis_alert_dispatcher.dispatcher import AlertBusy, Dispatcher, Result
 from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_alert_dispatcher.slack import SlackWebhook
+from aegis_cli.app import app as cli_app
 from aegis_contracts import keys
 from aegis_contracts.cloud import CloudCheck, CloudSnapshot
 from aegis_contracts.events import ObjectCreated
@@ -35,15 +36,14 @@ from aegis_contracts.state import Level
 from aegis_contracts.subjects import object_created_subject
 from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
+from aegis_devstack.localservers import free_port
+from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.storage import Foundation
+from aegis_devstack.testing.waiting import eventually
+from aegis_devstack.testing.webhook import ABANDONED, FakeWebhook
 from aegis_runtime.broker import create_broker, ensure_streams, publish
-from aegis_runtime.cli import app as cli_app
 from aegis_runtime.health import answers_ready
-from aegis_runtime.localservers import free_port
 from aegis_runtime.logging import configure
-from aegis_runtime.testing.clock import FakeClock
-from aegis_runtime.testing.storage import Foundation
-from aegis_runtime.testing.waiting import eventually
-from aegis_runtime.testing.webhook import ABANDONED, FakeWebhook
 
 pytestmark = pytest.mark.integration
 

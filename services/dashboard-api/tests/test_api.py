@@ -17,9 +17,9 @@ from aegis_contracts.times import format_ts
 from aegis_dashboard_api.access import token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
-from aegis_runtime.localservers import free_port
-from aegis_runtime.testing.clock import FakeClock
-from aegis_runtime.testing.storage import Foundation
+from aegis_devstack.localservers import free_port
+from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.storage import Foundation
 from aegis_storage.clients import AwsConfig, open_clients
 
 pytestmark = pytest.mark.integration

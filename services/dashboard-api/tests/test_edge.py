@@ -20,8 +20,8 @@ import uvicorn
 from aegis_dashboard_api.access import token_digest
 from aegis_dashboard_api.app import create_app, server_config
 from aegis_dashboard_api.settings import DashboardSettings
-from aegis_runtime.localservers import free_port
-from aegis_runtime.testing.storage import Foundation
+from aegis_devstack.localservers import free_port
+from aegis_devstack.testing.storage import Foundation
 
 TOKEN = "edge-token"
 SAME_SITE = {"Sec-Fetch-Site": "same-origin"}

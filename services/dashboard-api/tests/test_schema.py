@@ -23,7 +23,7 @@ from aegis_contracts.times import format_ts
 from aegis_dashboard_api.access import token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
-from aegis_runtime.localservers import free_port
+from aegis_devstack.localservers import free_port
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.readmodel import ReadModel

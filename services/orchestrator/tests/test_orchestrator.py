@@ -25,6 +25,11 @@ from aegis_contracts import keys
 from aegis_contracts.events import ChangeEvent
 from aegis_contracts.subjects import change_subject
 from aegis_contracts.times import format_ts, parse_ts
+from aegis_devstack.localservers import free_port
+from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.storage import Foundation
+from aegis_devstack.testing.waiting import eventually
+from aegis_devstack.testing.webhook import FakeWebhook
 from aegis_orchestration.limits import json_size
 from aegis_orchestration.model import Job, Retry
 from aegis_orchestration.triggers import Trigger, biz_object_trigger, due_fires, schedule_trigger
@@ -32,11 +37,6 @@ from aegis_orchestration.yamlio import load_jobs
 from aegis_orchestrator.app import SCHEDULE_CLAIM_LEASE, FileClock, OrchestratorApp
 from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.store import DuplicateJob, JobStore
-from aegis_runtime.localservers import free_port
-from aegis_runtime.testing.clock import FakeClock
-from aegis_runtime.testing.storage import Foundation
-from aegis_runtime.testing.waiting import eventually
-from aegis_runtime.testing.webhook import FakeWebhook
 from aegis_storage.readmodel import ReadModel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

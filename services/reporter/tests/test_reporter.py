@@ -16,20 +16,20 @@ import pytest
 from nats.js.api import DeliverPolicy
 from typer.testing import CliRunner
 
+from aegis_cli.app import app as cli_app
 from aegis_contracts import keys
 from aegis_contracts.cloud import CloudCheck, CloudSnapshot
 from aegis_contracts.events import ObjectCreated, SystemEvent
 from aegis_contracts.keys import Dataset, ReportArtifact
 from aegis_contracts.state import Level
 from aegis_contracts.times import format_ts
+from aegis_devstack.localservers import free_port
+from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.storage import Foundation
 from aegis_reporter.generators import BedrockGenerator
 from aegis_reporter.report import JOB, Reporter
 from aegis_runtime.broker import create_broker, ensure_streams
-from aegis_runtime.cli import app as cli_app
-from aegis_runtime.localservers import free_port
 from aegis_runtime.settings import AegisSettings
-from aegis_runtime.testing.clock import FakeClock
-from aegis_runtime.testing.storage import Foundation
 from aegis_storage.clients import AwsConfig
 from aegis_storage.s3 import ObjectStore, PutResult
 

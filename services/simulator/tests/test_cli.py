@@ -11,8 +11,8 @@ import structlog.testing
 from rich.console import Console
 from typer.testing import CliRunner
 
-from aegis_runtime.cli import app
-from aegis_runtime.localservers import free_port
+from aegis_cli.app import app
+from aegis_devstack.localservers import free_port
 from aegis_simulator.app import DEFAULT_SCENARIOS, SimulatorSettings
 from aegis_simulator.cli import summary_table
 from aegis_simulator.domain import ScenarioKind

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from aegis_runtime.cli import app
+from aegis_cli.app import app
 from aegis_storage.s3 import ObjectInfo, ObjectStore
 from aegis_storage_tools.migrate import CopyOptions, Journal, Migrator, plan
 from aegis_storage_tools.rules import datasets_processing

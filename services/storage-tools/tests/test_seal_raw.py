@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from aegis_cli.app import app
 from aegis_contracts import keys
 from aegis_contracts.archive import Archive, admit
 from aegis_contracts.ids import SourceType
 from aegis_contracts.seal import NO_SCHEMA_VERSION, Change, RawPartitionSeal, read_document
-from aegis_runtime.cli import app
 from aegis_storage.s3 import ObjectStore
 from aegis_storage_tools.audit import Auditor, AuditStatus, exit_code
 from aegis_storage_tools.replay import replay

@@ -166,7 +166,7 @@ def connect_options(settings: AegisSettings) -> dict[str, Any]:
     """What every NATS connection of a process takes from its settings (FastStream's broker and
     plain nats-py clients alike): the servers with this process's identity; replies (JetStream
     acks, API answers) under an inbox of that identity only, which no other identity may
-    subscribe to (aegis_runtime.natsauth); and TLS when the settings ask for it."""
+    subscribe to (aegis_cli.natsauth); and TLS when the settings ask for it."""
     options: dict[str, Any] = {
         "servers": settings.nats_servers(),
         "inbox_prefix": inbox_prefix(settings.nats_user),
@@ -192,7 +192,7 @@ def log_bus_identity(settings: AegisSettings) -> None:
         log.warning(
             "nats_without_identity",
             hint="the bus is open to anything that reaches it: for local development only; "
-            "deployments set AEGIS_NATS_USER and AEGIS_NATS_PASSWORD (aegis_runtime.natsauth)",
+            "deployments set AEGIS_NATS_USER and AEGIS_NATS_PASSWORD (aegis_cli.natsauth)",
         )
     else:
         log.info("nats_identity", user=settings.nats_user, tls=settings.nats_tls)
@@ -374,7 +374,7 @@ async def _check_stream(
 
 
 def inbox_prefix(user: str | None) -> str:
-    """``_INBOX`` without an identity; ``_INBOX_{user}`` with one (aegis_runtime.natsauth lets
+    """``_INBOX`` without an identity; ``_INBOX_{user}`` with one (aegis_cli.natsauth lets
     each identity subscribe to its own inbox only)."""
     return "_INBOX" if user is None else f"_INBOX_{user}"
 

@@ -50,7 +50,7 @@ class AegisSettings(BaseSettings):
     # (unset: the system's trust store)
     mqtt_ca_file: Path | None = None
     nats_url: str = "nats://127.0.0.1:4222"
-    # this process's NATS identity (aegis_runtime.natsauth: what each service may publish and
+    # this process's NATS identity (aegis_cli.natsauth: what each service may publish and
     # consume); unset: connect without one (a local server that asks for none)
     nats_user: str | None = None
     nats_password: SecretStr | None = None

@@ -230,7 +230,7 @@ class ObjectStore:
         kept. Pinned to the listed ETag (CopySourceIfMatch), so a source that changed since it was
         listed is not copied. ``if_absent`` sends If-None-Match: * (CopyObject, or
         CompleteMultipartUpload above the threshold): :class:`Conflict` when ``dest_key`` exists.
-        Upstream moto 5 ignores it on CopyObject; AEGIS's emulator (aegis_runtime.motoserver)
+        Upstream moto 5 ignores it on CopyObject; AEGIS's emulator (aegis_devstack.motoserver)
         honours it as S3 does."""
         if source.size_bytes > multipart_threshold:
             return await self._copy_multipart(source, dest_key, if_absent, part_bytes)

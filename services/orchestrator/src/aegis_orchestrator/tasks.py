@@ -55,7 +55,7 @@ class TaskFailed(Exception):
 def installed_commands() -> set[str]:
     """The ``aegis`` subcommands this installation has (built in, and those the installed
     packages add through the ``aegis.commands`` entry points)."""
-    from aegis_runtime.cli import app  # noqa: PLC0415 - the CLI, only when a job may use it
+    from aegis_cli.app import app  # noqa: PLC0415 - the CLI, only when a job may use it
 
     group = typer.main.get_command(app)
     return set(getattr(group, "commands", {}))
@@ -203,7 +203,7 @@ class Tasks:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "aegis_runtime.cli",
+            "aegis_cli.app",
             name,
             *[str(a) for a in args],
             stdout=asyncio.subprocess.PIPE,

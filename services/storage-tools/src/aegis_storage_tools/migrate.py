@@ -7,7 +7,7 @@ kept). Run: server-side copies with bounded parallelism (UploadPartCopy parts ab
 threshold), each pinned to the listed source ETag (CopySourceIfMatch); for raw targets each copy
 is conditional (If-None-Match: *), so a destination written after the plan listed the targets is
 refused by the store and reported, never overwritten: one request per object, no look-before-copy
-(S3 honours it on CopyObject; so does AEGIS's local emulator, see aegis_runtime.motoserver).
+(S3 honours it on CopyObject; so does AEGIS's local emulator, see aegis_devstack.motoserver).
 Then the targets are listed
 again and every copy verified (size, and ETag: the MD5 of the body, or for a multipart copy the
 ETag the upload completed with); only verified sources are deleted, in DeleteObjects batches of

@@ -1,7 +1,7 @@
 """``aegis devices add|revoke|list``: factory and service credentials of the production broker.
 
 The new password goes to stdout alone, once (``PW=$(aegis devices add factory-a)``); everything
-else goes to stderr. Nothing here logs a password. See :mod:`aegis_runtime.devices`.
+else goes to stderr. Nothing here logs a password. See :mod:`aegis_cli.devices`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from aegis_runtime.devices import DeviceError, DeviceRegistry, Role
+from aegis_cli.devices import DeviceError, DeviceRegistry, Role
 
 app = typer.Typer(
     name="devices",

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from aegis_runtime.localservers import free_port
+from aegis_devstack.localservers import free_port
 
 _CHUNK = 65536
 _T = TypeVar("_T")

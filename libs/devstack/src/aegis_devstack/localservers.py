@@ -1,6 +1,6 @@
 """Find and start the local infrastructure (Docker, Mosquitto, NATS JetStream, moto_server).
 
-Used by ``make run`` and by the test fixtures in :mod:`aegis_runtime.testing.fixtures`.
+Used by ``make run`` and by the test fixtures in :mod:`aegis_devstack.testing.fixtures`.
 Synchronous, so it works from a Makefile helper and from pytest fixtures alike.
 Every failure is a :class:`LocalServerError` whose message names the command and log to look at.
 """
@@ -30,7 +30,7 @@ import nats
 import nats.errors
 import nats.js.errors
 
-from aegis_runtime.motoserver import LATENCY_ENV
+from aegis_devstack.motoserver import LATENCY_ENV
 
 __all__ = [
     "DEFAULT_MQTT_URL",
@@ -500,8 +500,8 @@ def start_private_mosquitto(
 
 def _moto_command(host: str, port: int) -> list[str]:
     # moto_server's own main, with its requests serialized so that conditional writes are atomic
-    # as on AWS (see aegis_runtime.motoserver)
-    return [sys.executable, "-m", "aegis_runtime.motoserver", "-H", host, "-p", str(port)]
+    # as on AWS (see aegis_devstack.motoserver)
+    return [sys.executable, "-m", "aegis_devstack.motoserver", "-H", host, "-p", str(port)]
 
 
 def start_moto_server(
@@ -516,7 +516,7 @@ def start_moto_server(
 
     Its request log goes to ``log_file`` (default: a folder of its own in the temp directory,
     removed by ``stop()``), never to a pipe nobody reads. ``latency_ms`` delays every request by a round trip
-    (benchmarks against a remote-like endpoint; see :mod:`aegis_runtime.motoserver`).
+    (benchmarks against a remote-like endpoint; see :mod:`aegis_devstack.motoserver`).
     """
     if port_open(host, port):
         raise LocalServerError(f"cannot start moto_server: {host}:{port} is already in use")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from aegis_runtime.cli import app
-from aegis_runtime.devices import (
+from aegis_cli.app import app
+from aegis_cli.devices import (
     DeviceError,
     DeviceRegistry,
     Role,

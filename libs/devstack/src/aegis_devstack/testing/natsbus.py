@@ -1,4 +1,4 @@
-"""pytest plugin: a real nats-server with every NATS identity of :mod:`aegis_runtime.natsauth`
+"""pytest plugin: a real nats-server with every NATS identity of :mod:`aegis_cli.natsauth`
 (its authorization block, as a deployment writes it), and brokers connected as one of them.
 
 Fixtures: ``bus`` (per module: the server, and the settings each identity gets), ``connect`` (per
@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 from faststream.nats import NatsBroker
 
-from aegis_runtime.broker import create_broker, ensure_streams
-from aegis_runtime.localservers import (
+from aegis_cli.natsauth import ADMIN, IDENTITIES, server_authorization
+from aegis_devstack.localservers import (
     NATS_SERVER,
     ManagedServer,
     free_port,
     port_open,
     start_managed_server,
 )
-from aegis_runtime.natsauth import ADMIN, IDENTITIES, server_authorization
+from aegis_runtime.broker import create_broker, ensure_streams
 from aegis_runtime.settings import AegisSettings
 
 __all__ = ["PASSWORDS", "Bus", "Connect", "bus", "connect"]

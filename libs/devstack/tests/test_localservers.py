@@ -1,4 +1,4 @@
-"""aegis_runtime.localservers against real servers: Docker probe, moto_server, Mosquitto, NATS."""
+"""aegis_devstack.localservers against real servers: Docker probe, moto_server, Mosquitto, NATS."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from aiobotocore.session import get_session
 
-from aegis_runtime.localservers import (
+from aegis_devstack.localservers import (
     DEFAULT_MQTT_URL,
     DEFAULT_NATS_URL,
     LocalServerError,

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from aegis_runtime import motopolicy
-from aegis_runtime.motopolicy import (
+from aegis_devstack import motopolicy
+from aegis_devstack.motopolicy import (
     UnknownOperator,
     bucket_policy_denies,
     condition_holds,

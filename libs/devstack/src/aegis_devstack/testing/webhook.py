@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from aegis_runtime.localservers import free_port
+from aegis_devstack.localservers import free_port
 
 WAITING = 0  # the status of a request that is held, not answered yet
 ABANDONED = 499  # a held request whose sender closed the connection before the answer

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from aegis_devstack.localservers import ensure_mosquitto, ensure_moto_server, ensure_nats, free_port
 from aegis_runtime.health import answers_ready
-from aegis_runtime.localservers import ensure_mosquitto, ensure_moto_server, ensure_nats, free_port
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import open_clients
@@ -169,7 +169,7 @@ class _Child:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "aegis_runtime.devstack",
+            "aegis_devstack.stack",
             self.spec.name,
             env=self.env,
             stdout=asyncio.subprocess.PIPE,

@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from aegis_runtime.cli import app
+from aegis_cli.app import app
 
 
 def _paths(command: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

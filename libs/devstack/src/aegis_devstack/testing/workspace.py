@@ -18,8 +18,8 @@ from typing import Any, cast
 # except the dashboard API, which serves them on its API port (AEGIS_DASHBOARD_PORT)
 HEALTH_PORT = 8081
 API_HEALTH_PORTS = {"dashboard-api": 8080}
-# the `aegis` CLI's own subcommands (aegis_runtime.cli); members add theirs as entry points
-BUILTIN_AEGIS_COMMANDS = frozenset({"bootstrap", "up", "status"})
+# the `aegis` CLI's own subcommands (aegis_cli.app); members add theirs as entry points
+BUILTIN_AEGIS_COMMANDS = frozenset({"bootstrap", "devices", "nats-auth", "status", "streams"})
 
 
 @dataclass(frozen=True, slots=True)

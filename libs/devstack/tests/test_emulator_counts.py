@@ -1,4 +1,4 @@
-"""The emulator's request counter (aegis_runtime.motoserver) read through aegis_runtime.testing.emulator."""
+"""The emulator's request counter (aegis_devstack.motoserver) read through aegis_devstack.testing.emulator."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from aiobotocore.session import get_session
 
-from aegis_runtime.localservers import free_port, start_moto_server
-from aegis_runtime.testing.emulator import (
+from aegis_devstack.localservers import free_port, start_moto_server
+from aegis_devstack.testing.emulator import (
     RequestCounts,
     arequest_counts,
     areset_request_counts,

@@ -1,4 +1,4 @@
-"""``python -m aegis_runtime.motoserver -H HOST -p PORT``: moto_server with one request at a time.
+"""``python -m aegis_devstack.motoserver -H HOST -p PORT``: moto_server with one request at a time.
 
 moto serves each request in its own thread and checks a condition (DynamoDB's
 ``attribute_not_exists``, S3's ``If-None-Match``) and then writes, with nothing in between to stop a
@@ -27,7 +27,7 @@ named by a batch call (moto checks them against ``*``, so no table-scoped policy
 anything), each item of a TransactWriteItems by its own action (PutItem, UpdateItem, ...: IAM has
 no action for the transaction itself), and DeleteObjects is checked per key (moto checks the
 bucket's ARN), DeleteObject of a version as s3:DeleteObjectVersion. Conditions are evaluated and
-the bucket policy's denials applied as AWS does (:mod:`aegis_runtime.motopolicy`: moto knows one
+the bucket policy's denials applied as AWS does (:mod:`aegis_devstack.motopolicy`: moto knows one
 condition operator and reads no bucket policy). Without enforcement these checks never run.
 Everything else is moto_server's own ``main``.
 
@@ -38,7 +38,7 @@ read per item returned): per service (the SigV4 credential scope's, ``monitoring
 ``X-Amz-Target``, ``Query@<index>`` / ``Scan@<index>`` for an index; others' from ``X-Amz-Target``
 or ``Action``), with items returned, items scanned, unprocessed keys and response bytes for
 DynamoDB. ``GET /_aegis/requests`` answers them as JSON and ``POST /_aegis/requests/reset`` zeroes
-them (see :mod:`aegis_runtime.testing.emulator`); neither these nor ``/moto-api/`` requests are
+them (see :mod:`aegis_devstack.testing.emulator`); neither these nor ``/moto-api/`` requests are
 counted, and neither waits ``AEGIS_MOTO_LATENCY_MS``.
 """
 
@@ -58,7 +58,7 @@ from html import unescape
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl
 
-from aegis_runtime import motopolicy
+from aegis_devstack import motopolicy
 
 LATENCY_ENV = "AEGIS_MOTO_LATENCY_MS"
 COUNTS_PATH = "/_aegis/requests"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from aegis_runtime import devstack
-from aegis_runtime.devstack import ServiceSpec, dashboard_access, local_dashboard_token
+from aegis_devstack import stack as devstack
+from aegis_devstack.stack import ServiceSpec, dashboard_access, local_dashboard_token
 
 DASHBOARD = [ServiceSpec("ingest", 0), ServiceSpec("dashboard-api", 0)]
 

@@ -1,4 +1,4 @@
-"""Read and reset the AWS requests the local emulator (:mod:`aegis_runtime.motoserver`) counted:
+"""Read and reset the AWS requests the local emulator (:mod:`aegis_devstack.motoserver`) counted:
 for tests and benchmarks that assert which S3/DynamoDB requests the platform sends.
 """
 
@@ -21,7 +21,7 @@ __all__ = [
     "reset_request_counts",
 ]
 
-COUNTS_PATH = "/_aegis/requests"  # aegis_runtime.motoserver.COUNTS_PATH
+COUNTS_PATH = "/_aegis/requests"  # aegis_devstack.motoserver.COUNTS_PATH
 RESET_PATH = "/_aegis/requests/reset"
 
 Figures = Mapping[str, int]
@@ -126,7 +126,7 @@ def _call(request: urllib.request.Request, timeout: float) -> bytes:
         err.close()
         raise RuntimeError(
             f"{request.get_method()} {request.full_url} answered {err.code}: "
-            "is this the AEGIS emulator (python -m aegis_runtime.motoserver)?"
+            "is this the AEGIS emulator (python -m aegis_devstack.motoserver)?"
         ) from err
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
-from aegis_runtime.localservers import (
+from aegis_devstack.localservers import (
     DEFAULT_MQTT_URL,
     DEFAULT_NATS_URL,
     LocalServerError,

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from aegis_runtime.devices_cli import app as devices_app
+from aegis_cli.devices_cli import app as devices_app
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.bootstrap import (
     bootstrap as run_bootstrap,
@@ -101,14 +101,6 @@ async def _bootstrap(settings: AegisSettings, *, check: bool, reindex: bool = Fa
 
 
 @app.command()
-def up() -> None:
-    """Run the whole platform on this machine: local servers, bootstrap, every service."""
-    from aegis_runtime.devstack import run_stack  # noqa: PLC0415 - only this command needs it
-
-    raise typer.Exit(asyncio.run(run_stack(AegisSettings())))
-
-
-@app.command()
 def status(
     json_output: Annotated[
         bool, typer.Option("--json", help="Print the rows as JSON (for scripts).")
@@ -119,7 +111,7 @@ def status(
     ] = 2.0,
 ) -> None:
     """The fleet from the read model: level, score, reasons, freshness, pipeline per factory."""
-    from aegis_runtime.status import run_status  # noqa: PLC0415 - only this command needs it
+    from aegis_cli.status import run_status  # noqa: PLC0415 - only this command needs it
 
     raise typer.Exit(
         run_status(AegisSettings(), json_output=json_output, watch=watch, interval=interval)
@@ -172,12 +164,12 @@ def nats_auth(
     ] = None,
 ) -> None:
     """Write nats-server's authorization block: every NATS identity with its permissions
-    (aegis_runtime.natsauth) and bcrypt hashes of the passwords file's passwords.
+    (aegis_cli.natsauth) and bcrypt hashes of the passwords file's passwords.
 
     Identities missing from the passwords file get a new random password there first (mode
     0600). Mount the file as the services' secret and the block as the server's.
     """
-    from aegis_runtime.natsauth import (  # noqa: PLC0415 - only this command needs bcrypt
+    from aegis_cli.natsauth import (  # noqa: PLC0415 - only this command needs bcrypt
         ensure_passwords,
         server_authorization,
     )

@@ -11,8 +11,8 @@ from pathlib import Path
 import bcrypt
 from typer.testing import CliRunner
 
-from aegis_runtime.cli import app
-from aegis_runtime.natsauth import ADMIN, IDENTITIES
+from aegis_cli.app import app
+from aegis_cli.natsauth import ADMIN, IDENTITIES
 
 
 def read(path: Path) -> dict[str, str]:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from aegis_runtime.localservers import (
+from aegis_cli.natsauth import ADMIN, server_authorization
+from aegis_devstack.localservers import (
     NATS_SERVER,
     LocalServerError,
     ManagedServer,
@@ -22,7 +23,6 @@ from aegis_runtime.localservers import (
     port_open,
     start_managed_server,
 )
-from aegis_runtime.natsauth import ADMIN, server_authorization
 from aegis_runtime.settings import AegisSettings
 
 __all__ = ["NatsCluster", "Node", "nats_server_binary", "start_cluster"]
@@ -112,7 +112,7 @@ def start_cluster(
 ) -> NatsCluster:
     """``size`` nats-servers on free ports of 127.0.0.1, routed to each other, JetStream in
     ``folder/<node>``, and the authorization block of ``passwords`` (``admin`` and identities of
-    :mod:`aegis_runtime.natsauth`). Returns once JetStream answers on every node.
+    :mod:`aegis_cli.natsauth`). Returns once JetStream answers on every node.
 
     Like the NATS Helm chart the AWS overlay deploys, the nodes do not tell clients about each
     other (``no_advertise``) unless ``advertise``: clients then know only the URLs they were

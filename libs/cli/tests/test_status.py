@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from aegis_runtime.status import (
+from aegis_cli.status import (
     cloud_table,
     cloud_view,
     fleet_row,

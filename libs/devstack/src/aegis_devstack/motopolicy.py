@@ -7,7 +7,7 @@ explicit deny. It never reads a bucket policy. So the two guards AEGIS puts belo
 could not be tested on it: the bucket policy that refuses raw/ overwrites and deletes, and the
 ``dynamodb:LeadingKeys`` conditions that keep each role to the key families it writes.
 
-This module supplies what that needs, and :func:`aegis_runtime.motoserver.authorize_like_aws`
+This module supplies what that needs, and :func:`aegis_devstack.motoserver.authorize_like_aws`
 installs it:
 
 * a request context per call (:func:`request_context`): ``aws:PrincipalArn`` (an assumed role's

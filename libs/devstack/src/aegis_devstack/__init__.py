@@ -1,0 +1,1 @@
+"""AEGIS development stack: local servers, the emulator, ``aegis up`` and the test fixtures."""

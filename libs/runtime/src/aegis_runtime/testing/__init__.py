@@ -1,5 +1,0 @@
-"""Test helpers for AEGIS: the pytest plugin in :mod:`aegis_runtime.testing.fixtures`.
-
-Register it once from the repository's root ``conftest.py``:
-``pytest_plugins = ["aegis_runtime.testing.fixtures"]``.
-"""
