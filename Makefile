@@ -58,14 +58,18 @@ browser: ## Debian's chromium and a Korean font for the page tests (apt-get, as 
 	    || { apt-get update -q && apt-get install -y -q --no-install-recommends $(BROWSER_PACKAGES); }; \
 	fi
 
-# pytest's temporary folders go under the checkout (removed afterwards), not into /tmp
+# pytest's temporary folders go under the checkout (removed afterwards), not into /tmp; the run
+# gets a temporary directory of its own too (TMPDIR, inherited by every server it starts), which
+# must be empty at the end: what a test forgets is named and fails the run (testing/hygiene.py)
 PYTEST_TMP := .pytest-tmp
+TEST_TMP := $(CURDIR)/.test-tmp
+PYTEST_RUN = rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP) && TMPDIR=$(TEST_TMP) $(VENV)/bin/pytest --basetemp=$(PYTEST_TMP)
 
 test: lint browser $(KUBECTL) ## lint, then the whole suite: unit, integration, e2e against real servers
-	$(VENV)/bin/pytest --basetemp=$(PYTEST_TMP); status=$$?; rm -rf $(PYTEST_TMP); exit $$status
+	$(PYTEST_RUN); status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
 
 unit: $(STAMP) $(KUBECTL) ## only the tests that need no server
-	$(VENV)/bin/pytest -m "not integration and not e2e" --basetemp=$(PYTEST_TMP); status=$$?; rm -rf $(PYTEST_TMP); exit $$status
+	$(PYTEST_RUN) -m "not integration and not e2e"; status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
 
 bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), backend ceiling, baseline, AEGIS end to end, a reporter day, migration, the dashboard's fleet, the fleet at 1,000 factories, faults under load
 	$(VENV)/bin/python tests/bench/triggers.py --out bench-results/triggers.json
@@ -89,4 +93,4 @@ down: ## docker compose down
 	docker compose down
 
 clean: ## remove the venv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .uv-tmp
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .uv-tmp .test-tmp

@@ -28,6 +28,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -84,10 +85,12 @@ def start_emulator() -> ManagedServer:
         "from moto.server import main; "
         f"main(['-H', '127.0.0.1', '-p', '{port}'])"
     )
+    scratch = Path(tempfile.mkdtemp(prefix=f"aegis-bench-moto-{port}-"))
     return start_managed_server(
         f"http://127.0.0.1:{port}",
         [sys.executable, "-c", code],
-        Path(f"/tmp/aegis-bench-moto-{port}.log"),
+        scratch / "moto.log",
+        scratch=scratch,
     )
 
 

@@ -399,9 +399,12 @@ def start_managed_server(
     log_file: Path,
     ready: Callable[[str], bool] | None = None,
     timeout: float = 20.0,
+    *,
+    scratch: Path | None = None,
 ) -> ManagedServer:
-    """Run ``command`` as a server at ``url`` (default readiness: it answers HTTP)."""
-    return _start_managed(url, command, log_file, ready or _answers_http, timeout)
+    """Run ``command`` as a server at ``url`` (default readiness: it answers HTTP); ``scratch``,
+    a folder of its own, is removed when it stops."""
+    return _start_managed(url, command, log_file, ready or _answers_http, timeout, scratch=scratch)
 
 
 def _start_managed(
