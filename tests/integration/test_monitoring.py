@@ -203,3 +203,18 @@ def test_the_kustomization_renders_a_monitor_a_rule_and_the_dashboard() -> None:
     ]
     assert len(services) >= 7
     assert all(any(p["name"] == "metrics" for p in s["spec"]["ports"]) for s in services)
+
+
+def test_every_metric_name_has_one_base_unit() -> None:
+    """Prometheus naming: a metric's name ends with its one unit, in base units (seconds,
+    bytes), counters with _total; no name mixes units or uses a scaled one."""
+    scaled = re.compile(r"_(ms|millis|milliseconds|us|kb|mb|gb|kib|mib|percent)(_|$)")
+    names = set(catalogue())
+    for kind, name, _labels in declared_metrics():
+        assert not scaled.search(name), f"{name}: use the base unit (seconds, bytes, ratio)"
+        if kind == "counter":
+            assert name.endswith("_total"), f"{name}: a counter's name ends with _total"
+        if kind == "histogram" and "tick" in name:
+            assert name.endswith("_seconds"), f"{name}: a duration is in seconds"
+    assert not [n for n in names if scaled.search(n)]
+    assert "aegis_cloud_check_value" not in names  # it mixed ms, s and message counts

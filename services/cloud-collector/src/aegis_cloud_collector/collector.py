@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pydantic
 import structlog
@@ -33,6 +33,9 @@ from aegis_runtime.lifecycle import until_next_window
 from aegis_runtime.metrics import Metrics
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
 
 log = structlog.get_logger(__name__)
 
@@ -71,9 +74,55 @@ class TierMetrics:
         self.status = metrics.gauge(
             "cloud_check_status", "Check status: 0 ok, 1 warning, 2 critical.", ("tier", "check")
         )
-        self.value = metrics.gauge(
-            "cloud_check_value", "The value a check measured.", ("tier", "check")
+        # what a check measured, one metric name per unit (seconds in seconds, whatever the
+        # check's own unit), so no series mixes milliseconds with messages
+        seconds = metrics.gauge(
+            "cloud_check_seconds",
+            "What a check measured in seconds: ages, lags, latencies.",
+            ("tier", "check"),
         )
+        self.values: dict[str, tuple[Gauge, float]] = {
+            "s": (seconds, 1.0),
+            "ms": (seconds, 0.001),
+            "messages": (
+                metrics.gauge(
+                    "cloud_check_messages",
+                    "Messages waiting (a stream, a consumer).",
+                    ("tier", "check"),
+                ),
+                1.0,
+            ),
+            "replicas": (
+                metrics.gauge(
+                    "cloud_check_replicas", "Replicas of a service seen alive.", ("tier", "check")
+                ),
+                1.0,
+            ),
+            "differences": (
+                metrics.gauge(
+                    "cloud_check_differences",
+                    "Differences from the storage contract.",
+                    ("tier", "check"),
+                ),
+                1.0,
+            ),
+            "windows": (
+                metrics.gauge(
+                    "cloud_check_windows", "Graph windows behind or missing.", ("tier", "check")
+                ),
+                1.0,
+            ),
+            "requests": (
+                metrics.gauge(
+                    "cloud_check_requests", "Requests a check counted.", ("tier", "check")
+                ),
+                1.0,
+            ),
+            "errors": (
+                metrics.gauge("cloud_check_errors", "Errors a check counted.", ("tier", "check")),
+                1.0,
+            ),
+        }
         self.ticks = metrics.counter(
             "cloud_ticks_total",
             "Collector ticks by outcome (written, not_claimed, failed).",
@@ -85,15 +134,17 @@ class TierMetrics:
     def record(self, snapshot: CloudSnapshot) -> None:
         tier = snapshot.tier
         names = {c.name for c in snapshot.checks}
+        gauges = {self.status, *(gauge for gauge, _ in self.values.values())}
         for gone in self._shown.get(tier, set()) - names:  # a check that went away (a factory)
-            for gauge in (self.status, self.value):
+            for gauge in gauges:
                 with contextlib.suppress(KeyError):
                     gauge.remove(tier, gone)
         self._shown[tier] = names
         for check in snapshot.checks:
             self.status.labels(tier=tier, check=check.name).set(LEVEL_VALUE[check.status])
-            if check.value is not None:
-                self.value.labels(tier=tier, check=check.name).set(check.value)
+            if check.value is not None and check.unit in self.values:
+                gauge, scale = self.values[check.unit]
+                gauge.labels(tier=tier, check=check.name).set(check.value * scale)
 
 
 class Collector:
