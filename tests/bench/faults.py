@@ -228,7 +228,7 @@ async def run_fault(
         # a stable client id: a restarted ingest resumes the broker's session
         "AEGIS_MQTT_CLIENT_ID": f"ingest-{svc.uid}",
         "AEGIS_MQTT_SHARE_GROUP": f"g-{svc.uid}" if fault.shared else "",
-        "AEGIS_ACK_WAIT_S": "5",
+        "AEGIS_PROCESSOR_ACK_WAIT_S": "5",
     }
     await bootstrap(clients, bucket=svc.bucket, table=svc.table)
     store, readmodel = ObjectStore(clients.s3, svc.bucket), ReadModel(clients.dynamodb, svc.table)

@@ -72,7 +72,7 @@ class Pipeline:
                 # one ingest: a plain subscription, which the broker restores when it restarts
                 "AEGIS_MQTT_SHARE_GROUP": "",
                 # an unacked message comes back quickly after a crash
-                "AEGIS_ACK_WAIT_S": "3",
+                "AEGIS_PROCESSOR_ACK_WAIT_S": "3",
                 "AEGIS_REFRESH_ENABLED": "false",
             }
             | self.extra_env

@@ -126,7 +126,7 @@ def run_processor(
             service=f"processor-{unique_id}",
             durable=f"processor-{unique_id}",
             subject=subject,
-            fetch_timeout_s=0.3,
+            processor_fetch_timeout_s=0.3,
             **{"refresh_enabled": False, **overrides},
         )
         app = create_app(settings)

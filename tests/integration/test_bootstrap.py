@@ -113,8 +113,8 @@ async def test_drift_is_reported_then_repaired(aws_endpoint, aws, unique_id):
 
 def test_bootstrap_fails_clearly_when_the_endpoint_is_down():
     result = run_cli("http://127.0.0.1:9", AEGIS_BUCKET="aegis-nowhere")
-    assert result.returncode == 1
-    assert "bootstrap failed" in result.stderr
+    assert result.returncode == 5  # aegis_cli.exitcodes.UNAVAILABLE: nothing answered
+    assert "bootstrap failed" in result.stderr and "http://127.0.0.1:9" in result.stderr
 
 
 # -- the fleet index on a table of the previous version ------------------------------------

@@ -140,7 +140,7 @@ async def ingest(broker: Broker) -> AsyncIterator[aiomqtt.Client]:
         mqtt_client_id=f"aegis-ingest-{os.urandom(3).hex()}",
         # a group of its own: a previous test's session would otherwise take a share of the messages
         mqtt_share_group=f"ingest-{os.urandom(3).hex()}",
-        mqtt_session_expiry_seconds=1,
+        mqtt_session_expiry_s=1,
     )
     assert settings.mqtt_endpoint()[1] == broker.service_port
     async with AsyncExitStack() as stack:

@@ -211,9 +211,14 @@ def subcommands(command: object) -> Mapping[str, object] | None:
     """A click-style group's subcommands by name; None for a leaf command.
 
     Duck-typed: recent typer versions vendor click, so `click.Group` is not their base class.
+    The root lists its plugins' commands by name and loads each when asked (list_commands,
+    get_command), so a group is read through those two, not its ``commands`` attribute.
     """
-    found = getattr(command, "commands", None)
-    return cast("Mapping[str, object]", found) if isinstance(found, Mapping) else None
+    if not isinstance(getattr(command, "commands", None), Mapping):
+        return None
+    group = cast("Any", command)
+    ctx = typer.Context(group)
+    return {name: group.get_command(ctx, name) for name in group.list_commands(ctx)}
 
 
 def test_aegis_commands_name_existing_subcommands() -> None:

@@ -54,13 +54,13 @@ def settings(
         mqtt_client_id=f"ingest-{unique_id}",
         mqtt_share_group=f"g-{unique_id}",
         # short-lived sessions: a test's session must not queue the machine's traffic for an hour
-        mqtt_session_expiry_seconds=60,
-        mqtt_reconnect_min_seconds=0.05,
-        mqtt_reconnect_max_seconds=0.5,
-        retry_attempts=2,
-        retry_first_delay_seconds=0.05,
-        retry_max_delay_seconds=0.1,
-        shutdown_grace_seconds=5,
+        mqtt_session_expiry_s=60,
+        mqtt_reconnect_min_s=0.05,
+        mqtt_reconnect_max_s=0.5,
+        ingest_retry_attempts=2,
+        ingest_retry_first_delay_s=0.05,
+        ingest_retry_max_delay_s=0.1,
+        ingest_shutdown_grace_s=5,
         health_port=0,
     )
 
@@ -140,6 +140,18 @@ async def dead_letters(js: JetStreamContext, service: str, reason: str) -> list[
 def sample(app: IngestApp, name: str, **labels: str) -> float:
     value = app.metrics.registry.get_sample_value(f"aegis_{name}", labels)
     return value or 0.0
+
+
+async def publish_burst(publisher: aiomqtt.Client, factory: str, prefix: str, count: int) -> None:
+    """``count`` QoS 1 messages at once (concurrent publishes): the broker gets a backlog to
+    spread over the group's sessions faster than ingest archives it."""
+    topic = f"aegis/{factory}/factory_state"
+    await asyncio.gather(
+        *(
+            publisher.publish(topic, device_payload(factory, f"{prefix}-{i:05d}"), qos=1)
+            for i in range(count)
+        )
+    )
 
 
 def device_payload(factory: str, message_id: str | None, **body: Any) -> bytes:
@@ -354,33 +366,140 @@ async def test_stop_mid_stream_loses_nothing_and_the_next_session_finishes(
     publisher: aiomqtt.Client,
     factory: str,
 ) -> None:
-    """SIGTERM path: stop while a stream is flowing; in-flight messages are acked, the rest stay
-    with the broker (unacked or queued for the session) and the next run archives every one."""
-    topic = f"aegis/{factory}/factory_state"
-    count = 200
-    payloads = [device_payload(factory, f"msg-stream-{i:05d}") for i in range(count)]
-    small = settings.model_copy(update={"mqtt_max_inflight": 8, "max_concurrency": 8})
-    async with running(create_app(small)) as app:
-        for body in payloads:
-            await publisher.publish(topic, body, qos=1)
+    """SIGTERM of the only replica while a stream is flowing: with no other replica alive to
+    take the group's messages it keeps its session and subscription, so in-flight messages are
+    acked, the rest (and what devices publish meanwhile) wait in the broker for the session,
+    and the next run of the same session archives every one."""
+    count = 300  # twice this stays under a broker's default limit of 1,000 queued per session
+    # slow archiving (two at a time): the replica is still busy when it stops
+    slow = settings.model_copy(update={"mqtt_max_inflight": 2, "max_concurrency": 2})
+    async with running(create_app(slow)) as app:
+        publishing = asyncio.create_task(publish_burst(publisher, factory, "msg-stream", count))
 
         async def some_archived() -> bool:
             return sample(app, "messages_total", outcome="archived") >= 10
 
         await eventually(some_archived)
+        at_stop = sample(app, "messages_total", outcome="archived")
+    await publishing
     first_run = sample(app, "messages_total", outcome="archived")
+    # devices go on publishing while no ingest is connected: queued for the kept session
+    await publish_burst(publisher, factory, "msg-down", count)
 
-    async with running(create_app(small)) as app:
+    async with running(create_app(settings)) as app:
 
         async def all_archived() -> bool:
-            return len(await foundation.store.list_keys(raw_prefix(factory))) == count
+            return len(await foundation.store.list_keys(raw_prefix(factory))) == 2 * count
 
         await eventually(all_archived, within=60)
     keys = await foundation.store.list_keys(raw_prefix(factory))
+    assert sorted(k.rsplit("/", 1)[1] for k in keys) == sorted(
+        f"{prefix}-{i:05d}.json" for prefix in ("msg-down", "msg-stream") for i in range(count)
+    )
+    assert at_stop < count, "the replica should have been stopped mid-stream"
+    assert first_run < 2 * count and not app.handed_over
+
+
+async def test_replicas_stopping_together_keep_their_sessions(
+    settings: IngestSettings,
+    foundation: Foundation,
+    publisher: aiomqtt.Client,
+    factory: str,
+    unique_id: str,
+) -> None:
+    """The whole service stops at once (both replicas signalled together): each sees the
+    other stopping, so neither hands its session over; what was queued for them and what
+    devices publish while both are down waits for the sessions, and nothing is lost."""
+    count = 300  # twice this stays under a broker's default limit of 1,000 queued per session
+    # slow archiving (two at a time): the replicas are still busy when they stop
+    slow = {"mqtt_max_inflight": 2, "max_concurrency": 2}
+    ids = [f"ingest-{unique_id}", f"ingest-{unique_id}-b"]
+
+    def apps(limits: dict[str, int]) -> list[IngestApp]:
+        return [
+            create_app(settings.model_copy(update={**limits, "mqtt_client_id": cid})) for cid in ids
+        ]
+
+    first = apps(slow)
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(app.run(stop)) for app in first]
+    await eventually(lambda: all(app.subscribed.is_set() for app in first))
+    publishing = asyncio.create_task(publish_burst(publisher, factory, "msg-both", count))
+
+    async def some_archived() -> bool:
+        return sum(sample(app, "messages_total", outcome="archived") for app in first) >= 10
+
+    await eventually(some_archived)
+    at_stop = sum(sample(app, "messages_total", outcome="archived") for app in first)
+    stop.set()
+    async with asyncio.timeout(30):
+        await asyncio.gather(*tasks)
+    await publishing
+    # devices go on publishing while the whole service is down: queued for the kept sessions
+    await publish_burst(publisher, factory, "msg-down", count)
+
+    second = apps({"mqtt_max_inflight": 64, "max_concurrency": 64})
+    async with running(second[0]), running(second[1]):
+
+        async def all_archived() -> bool:
+            return len(await foundation.store.list_keys(raw_prefix(factory))) == 2 * count
+
+        await eventually(all_archived, within=60)
+    assert at_stop < count, "the replicas should have been stopped mid-stream"
+    assert not any(app.handed_over for app in first), "a replica handed over with none to take it"
+
+
+async def test_a_replica_leaving_for_good_hands_its_queued_messages_over_first(
+    settings: IngestSettings,
+    foundation: Foundation,
+    publisher: aiomqtt.Client,
+    factory: str,
+    unique_id: str,
+) -> None:
+    """Scale-down: two replicas share the stream; one stops mid-stream and never comes back.
+    Seeing the other alive, it unsubscribes before it disconnects and archives what the broker
+    had already queued for its session, so every message is archived by the two and none waits
+    in a session nobody resumes (that would hold them until the session expired)."""
+    count = 600
+    staying = create_app(settings)
+    # slower archiving (eight at a time): a backlog waits for the leaving replica when it stops
+    leaving = create_app(
+        settings.model_copy(
+            update={
+                "mqtt_max_inflight": 8,
+                "max_concurrency": 8,
+                "mqtt_client_id": f"ingest-{unique_id}-b",
+                "ingest_shutdown_grace_s": 15,
+            }
+        )
+    )
+
+    async def archived() -> int:
+        return len(await foundation.store.list_keys(raw_prefix(factory)))
+
+    leaving.hand_over_settle_s = 0.05  # straight to the hand-over: the backlog is still there
+    async with running(staying):
+        async with running(leaving):
+            await publish_burst(publisher, factory, "msg-leave", count)
+
+            async def flowing() -> bool:
+                return sample(leaving, "messages_total", outcome="archived") >= 10
+
+            await eventually(flowing)
+            archived_at_stop = await archived()
+
+        async def all_archived() -> bool:
+            return await archived() == count
+
+        await eventually(all_archived, within=60)
+
+    assert archived_at_stop < count, "the replica should have left mid-stream"
+    assert leaving.handed_over > 0, "nothing waited for the leaving replica after it unsubscribed"
+    assert not staying.handed_over
+    keys = await foundation.store.list_keys(raw_prefix(factory))
     assert sorted(k.rsplit("/", 1)[1] for k in keys) == [
-        f"msg-stream-{i:05d}.json" for i in range(count)
+        f"msg-leave-{i:05d}.json" for i in range(count)
     ]
-    assert first_run < count, "the first run should have been stopped mid-stream"
 
 
 async def test_a_factory_flooding_the_queue_is_refused_at_its_bound_and_others_go_on(

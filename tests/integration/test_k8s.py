@@ -27,8 +27,12 @@ import kubernetes_validate  # type: ignore[import-untyped]  # no stubs
 import pytest
 import yaml
 
+from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_cli.natsauth import ADMIN, IDENTITIES
 from aegis_devstack.testing.workspace import Workspace
+from aegis_ingest.settings import IngestSettings
+from aegis_orchestrator.settings import OrchestratorSettings
+from aegis_processor.settings import ProcessorSettings
 from aegis_runtime.settings import AegisSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +41,20 @@ WORKSPACE = Workspace(ROOT)
 KUBERNETES_VERSION = "1.33.0"  # the kubectl's minor; EKS and kind both run it
 AEGIS_UID = 10001
 HPA_TARGETS = {"ingest", "processor"}
+KEDA_GROUP = "keda.sh"
+# the JetStream consumers each service reads (its settings' durable names), by service
+CONSUMERS = {
+    "processor": {("AEGIS_RAW", ProcessorSettings().durable)},
+    "alert-dispatcher": {("AEGIS_EVENTS", DispatcherSettings().alert_durable)},
+    "orchestrator": {
+        (stream, f"{OrchestratorSettings().orchestrator_durable}-{name}")
+        for stream, name in (
+            ("AEGIS_EVENTS", "changes"),
+            ("AEGIS_EVENTS", "events"),
+            ("AEGIS_RAW", "raw"),
+        )
+    },
+}
 NATS_CHART = {"name": "nats", "repo": "https://nats-io.github.io/k8s/helm/charts/"}
 # the demo fleet runs only where there are no real factories
 LOCAL_ONLY = {"simulator"}
@@ -126,6 +144,8 @@ TARGETS = ["base", "local", "aws"]
 def test_every_rendered_object_is_valid_for_kubernetes(target: str) -> None:
     errors = []
     for doc in rendered(target):
+        if doc["apiVersion"].startswith(f"{KEDA_GROUP}/"):
+            continue  # a custom resource: test_consumers_scale_on_their_jetstream_lag checks it
         try:
             kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
         except kubernetes_validate.ValidationError as err:
@@ -231,7 +251,10 @@ def test_cpu_autoscaling_only_for_ingest_and_processor(target: str) -> None:
     docs = rendered(target)
     scalers = of_kind(docs, "HorizontalPodAutoscaler")
     targets = {hpa["spec"]["scaleTargetRef"]["name"] for hpa in scalers.values()}
-    assert targets == HPA_TARGETS
+    # where KEDA scales a workload it owns that workload's autoscaler: no second one
+    keda = {so["spec"]["scaleTargetRef"]["name"] for so in of_kind(docs, "ScaledObject").values()}
+    assert targets == HPA_TARGETS - keda
+    assert not targets & keda
     for hpa in scalers.values():
         assert hpa["apiVersion"] == "autoscaling/v2"
         ref = hpa["spec"]["scaleTargetRef"]
@@ -239,6 +262,66 @@ def test_cpu_autoscaling_only_for_ingest_and_processor(target: str) -> None:
         (metric,) = hpa["spec"]["metrics"]
         assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
         assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+
+
+def test_consumers_scale_on_their_jetstream_lag() -> None:
+    """The aws overlay's KEDA ScaledObjects: each targets a workload of the render, reads lag
+    of exactly the consumers that workload reads (from the NATS chart's headless Service, whose
+    pods KEDA addresses by name), falls back to fixed replicas when it cannot, and scales down
+    slowly; KEDA's operator may reach the monitoring port."""
+    docs = rendered("aws")
+    objects = of_kind(docs, "ScaledObject")
+    assert set(objects) == set(CONSUMERS), "every JetStream consumer service scales on its lag"
+    for name, so in objects.items():
+        assert so["apiVersion"] == f"{KEDA_GROUP}/v1alpha1"
+        spec = so["spec"]
+        ref = spec["scaleTargetRef"]
+        assert workloads(docs)[ref["name"]]["kind"] == ref.get("kind", "Deployment") == "Deployment"
+        assert (
+            1 <= spec["minReplicaCount"] <= spec["fallback"]["replicas"] <= spec["maxReplicaCount"]
+        )
+        assert spec["fallback"]["failureThreshold"] >= 1
+        behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+        assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 300
+        lag = [t for t in spec["triggers"] if t["type"] == "nats-jetstream"]
+        assert {(t["metadata"]["stream"], t["metadata"]["consumer"]) for t in lag} == CONSUMERS[
+            name
+        ]
+        for trigger in lag:
+            meta = trigger["metadata"]
+            assert set(meta) <= {
+                "natsServerMonitoringEndpoint", "account", "stream", "consumer", "lagThreshold",
+                "activationLagThreshold", "useHttps",
+            }, f"{name}: unknown nats-jetstream metadata"  # fmt: skip
+            assert (
+                meta["natsServerMonitoringEndpoint"] == "nats-headless.aegis.svc.cluster.local:8222"
+            )
+            assert meta["account"] == "$G"  # the identities of `aegis nats-auth` live there
+            assert int(meta["lagThreshold"]) > 0 and meta["useHttps"] == "false"
+    values = aws_kustomization()["helmCharts"][0]["valuesInline"]["config"]
+    assert values["monitor"]["enabled"], "KEDA reads lag from the monitoring endpoint"
+    policies = of_kind(docs, "NetworkPolicy")
+    (keda_rule,) = policies["nats-monitoring-keda"]["spec"]["ingress"]
+    assert keda_rule["ports"] == [{"port": 8222, "protocol": "TCP"}]
+    assert keda_rule["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "keda"
+    }
+
+
+def test_ingest_scales_down_one_replica_at_a_time_with_time_to_hand_over() -> None:
+    """A replica that goes away first hands its MQTT session over (unsubscribes, archives what
+    was queued for it, within its shutdown grace): its pod must get that long, and the
+    autoscaler removes one at a time, slowly."""
+    for target in TARGETS:
+        docs = rendered(target)
+        ingest = workloads(docs)["ingest"]
+        grace = pod_spec(ingest)["terminationGracePeriodSeconds"]
+        assert grace >= IngestSettings().ingest_shutdown_grace_s + 10
+        scale_down = of_kind(docs, "HorizontalPodAutoscaler")["ingest"]["spec"]["behavior"][
+            "scaleDown"
+        ]
+        assert scale_down["stabilizationWindowSeconds"] >= 300
+        assert scale_down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 300}]
 
 
 @pytest.mark.parametrize("target", TARGETS)

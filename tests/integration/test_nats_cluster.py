@@ -161,12 +161,12 @@ async def publish_as_ingest(
                 tally.in_flight += 1
                 try:
                     duplicate = await publish_raw_archived(
-                        broker, event, ack_timeout=settings.nats_ack_timeout_seconds
+                        broker, event, ack_timeout=settings.nats_ack_timeout_s
                     )
                 except PublishFailed as err:
                     tally.failures[type(err.__cause__).__name__] += 1
-                    delay = settings.retry_first_delay_seconds * 2 ** min(attempt - 1, 8)
-                    await asyncio.sleep(min(settings.retry_max_delay_seconds, delay))
+                    delay = settings.ingest_retry_first_delay_s * 2 ** min(attempt - 1, 8)
+                    await asyncio.sleep(min(settings.ingest_retry_max_delay_s, delay))
                     continue
                 finally:
                     tally.in_flight -= 1

@@ -82,7 +82,7 @@ async def test_the_data_path_runs_under_its_own_identities(
         durable=f"processor-{unique_id}",
         subject=f"aegis.raw.{factory}.>",
         refresh_enabled=False,
-        fetch_timeout_s=0.3,
+        processor_fetch_timeout_s=0.3,
     )
     app = create_app(settings)
     await app.start()
@@ -171,7 +171,7 @@ async def test_the_alert_path_runs_under_its_own_identities(
         table=foundation.table,
         slack_webhook_url=webhook.url,
         alert_durable=f"alerts-{now.microsecond}",
-        fetch_timeout_s=0.5,
+        alert_fetch_timeout_s=0.5,
     )
     app = DispatcherApp(settings)
     await app.start()

@@ -259,7 +259,7 @@ async def test_a_replayed_fire_is_processed_but_pages_nobody_and_starts_no_job(
     }
     processor = create_processor(
         ProcessorSettings(
-            **common, durable=f"p-{unique_id}", fetch_timeout_s=0.3, refresh_enabled=False
+            **common, durable=f"p-{unique_id}", processor_fetch_timeout_s=0.3, refresh_enabled=False
         )
     )
     dispatcher = DispatcherApp(
@@ -267,7 +267,7 @@ async def test_a_replayed_fire_is_processed_but_pages_nobody_and_starts_no_job(
             **common,
             slack_webhook_url=webhook.url,
             alert_durable=f"a-{unique_id}",
-            fetch_timeout_s=0.3,
+            alert_fetch_timeout_s=0.3,
         )
     )
     orchestrator = OrchestratorApp(

@@ -119,3 +119,27 @@ async def test_status_watch_refreshes_until_interrupted(
         _, err = await asyncio.wait_for(proc.communicate(), timeout=20)
     assert all(d["factories"][0]["factory_id"] == factory for d in docs)
     assert proc.returncode == 0, err.decode()
+
+
+async def test_status_fail_on_exits_3_at_or_above_the_level(
+    aws_endpoint: str, foundation: Foundation, unique_id: str
+) -> None:
+    now = datetime.now(UTC)
+    for name, level in ((f"f-{unique_id}-w", "WARNING"), (f"f-{unique_id}-n", "NORMAL")):
+        await foundation.readmodel.apply_latest(
+            name,
+            group="factory_state",
+            event_time=now,
+            fields={"factory_state": {}, "risk": {"score": 40, "level": level, "reasons": []}},
+            updated_at=now,
+        )
+    env = _env(aws_endpoint, foundation.table)
+    code, out, err = await _status(env, "--fail-on", "critical", "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["factories"]) == 2  # the output is the same with --fail-on
+    code, out, err = await _status(env, "--fail-on", "warning", "--json")
+    assert code == 3, err
+    assert len(json.loads(out)["factories"]) == 2
+    assert f"at or above WARNING: f-{unique_id}-w (WARNING)" in err
+    code, _, err = await _status(env, "--fail-on", "warning", "--watch")
+    assert code == 2 and "--fail-on" in err

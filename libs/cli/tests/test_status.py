@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from aegis_cli.status import (
+    at_or_above,
     cloud_table,
     cloud_view,
     fleet_row,
@@ -196,3 +197,17 @@ def test_cloud_table() -> None:
     assert "CRITICAL" in line and "4s ago" in line and "SERVICE_DOWN" in line
     assert "DEAD_LETTERS" in text
     assert next(line for line in text.splitlines() if "slow" in line).count("never") == 1
+
+
+def test_at_or_above_a_level() -> None:
+    now = datetime(2026, 11, 30, tzinfo=UTC)
+    rows = fleet_rows(
+        [
+            {"factory_id": f"f-{level.lower()}", "risk": {"level": level}}
+            for level in ("NORMAL", "WARNING", "CRITICAL")
+        ]
+        + [{"factory_id": "f-none"}],
+        now,
+    )
+    assert [r.factory_id for r in at_or_above(rows, "CRITICAL")] == ["f-critical"]
+    assert [r.factory_id for r in at_or_above(rows, "WARNING")] == ["f-critical", "f-warning"]

@@ -258,6 +258,24 @@ async def test_same_msg_id_is_stored_once(
     assert Reading.model_validate_json(third.data) == model
 
 
+async def test_a_publish_carries_exactly_the_headers_it_was_given(
+    broker: NatsBroker, js: JetStreamContext, stream: StreamSpec, unique_id: str
+) -> None:
+    # through FastStream, as before it: no correlation id of its own, the body as encoded here
+    subject = f"test.{unique_id}.headers"
+    model = Reading(device_id="d-1", value=2.5)
+    await publish(broker, subject, model, msg_id="h-1", stream=stream.name)
+    await publish(broker, subject, model, msg_id="h-2", stream=stream.name, correlation_id="c-2")
+    first = await js.get_msg(stream.name, seq=1)
+    second = await js.get_msg(stream.name, seq=2)
+    assert first.data == model.model_dump_json().encode()
+    expected = {"Nats-Msg-Id": "h-1", "content-type": "application/json"}
+    # and nats-py's own: the stream the server must store it in
+    expected["Nats-Expected-Stream"] = stream.name
+    assert first.headers == expected
+    assert second.headers == {**expected, "Nats-Msg-Id": "h-2", "correlation_id": "c-2"}
+
+
 async def test_publish_many_sends_all_then_waits_for_every_ack(
     broker: NatsBroker, js: JetStreamContext, stream: StreamSpec, unique_id: str
 ) -> None:

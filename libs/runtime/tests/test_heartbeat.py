@@ -12,7 +12,7 @@ from faststream.nats import NatsBroker
 
 from aegis_contracts.events import Heartbeat
 from aegis_devstack.testing.waiting import eventually
-from aegis_runtime.broker import _jetstream, create_broker, ensure_streams
+from aegis_runtime.broker import create_broker, ensure_streams
 from aegis_runtime.heartbeat import (
     HeartbeatPublisher,
     freshest_by_service,
@@ -57,10 +57,9 @@ async def test_beats_are_read_back_per_replica_and_a_stop_is_announced(
     await two.beat()
     stop = asyncio.Event()
     task = asyncio.create_task(one.run(stop))
-    js = _jetstream(broker)
 
     async def mine() -> dict[str, Heartbeat]:
-        beats = freshest_by_service(await last_heartbeats(js)).get(service, [])
+        beats = freshest_by_service(await last_heartbeats(broker)).get(service, [])
         return {b.instance: b for b in beats}
 
     async def both_seen() -> bool:

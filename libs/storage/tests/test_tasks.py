@@ -39,3 +39,15 @@ async def test_the_first_failure_is_raised_and_the_rest_cancelled() -> None:
     with pytest.raises(ValueError, match="two"):
         await map_bounded(call, range(100), 3)
     assert started == [0, 1, 2]  # nothing was started after the failure
+
+
+async def test_the_failure_keeps_its_own_cause() -> None:
+    """A StorageError raised ``from`` a botocore error still names it: the CLI tells an endpoint
+    that never answered from other failures by that cause."""
+
+    async def call(n: int) -> int:
+        raise RuntimeError("storage") from ConnectionRefusedError(n)
+
+    with pytest.raises(RuntimeError, match="storage") as caught:
+        await map_bounded(call, range(3), 2)
+    assert isinstance(caught.value.__cause__, ConnectionRefusedError)

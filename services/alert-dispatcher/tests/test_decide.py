@@ -257,7 +257,20 @@ def test_one_message_lists_every_alert_of_a_decision_worst_first() -> None:
 
 def test_the_send_lease_stays_inside_the_ack_wait() -> None:
     assert DispatcherSettings().send_lease_s == 120
-    assert DispatcherSettings(ack_wait_s=3).send_lease_s == pytest.approx(2.4)
-    assert DispatcherSettings(ack_wait_s=3, alert_send_lease_s=1).send_lease_s == 1
+    assert DispatcherSettings(alert_ack_wait_s=3).send_lease_s == pytest.approx(2.4)
+    assert DispatcherSettings(alert_ack_wait_s=3, alert_send_lease_s=1).send_lease_s == 1
     with pytest.raises(ValueError, match="AEGIS_ALERT_SEND_LEASE_S"):
-        DispatcherSettings(ack_wait_s=3, alert_send_lease_s=3)
+        DispatcherSettings(alert_ack_wait_s=3, alert_send_lease_s=3)
+
+
+def test_the_consumer_settings_are_the_dispatchers_own_and_the_old_names_still_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AEGIS_ALERT_ACK_WAIT_S", "200")
+    monkeypatch.setenv("AEGIS_PROCESSOR_ACK_WAIT_S", "7")  # another service's: not read here
+    assert DispatcherSettings().alert_ack_wait_s == 200
+    monkeypatch.delenv("AEGIS_ALERT_ACK_WAIT_S")
+    monkeypatch.setenv("AEGIS_ACK_WAIT_S", "100")  # deprecated, for one release
+    monkeypatch.setenv("AEGIS_MAX_DELIVER", "9")
+    settings = DispatcherSettings()
+    assert (settings.alert_ack_wait_s, settings.alert_max_deliver) == (100, 9)

@@ -319,7 +319,7 @@ def settings_for(
         alert_durable=f"alerts-{uid}",
         slack_first_delay_s=0.01,
         slack_max_attempts=2,
-        fetch_timeout_s=0.5,
+        alert_fetch_timeout_s=0.5,
     )
 
 
@@ -580,7 +580,7 @@ async def test_a_shutdown_while_slack_is_slow_still_sends_exactly_one_message(
     timeout shorter than Slack's answer, so its handler is cancelled mid-post. The post and its
     confirmation finish anyway; the redelivery on the other replica finds it sent."""
     s = settings_for(foundation, aws_endpoint, private_nats.url, webhook, unique_id).model_copy(
-        update={"graceful_timeout_s": 0.2, "ack_wait_s": 4.0, "alert_send_lease_s": 3.0}
+        update={"graceful_timeout_s": 0.2, "alert_ack_wait_s": 4.0, "alert_send_lease_s": 3.0}
     )
     try:
         async with replicas(s) as (apps, client):
@@ -647,8 +647,8 @@ async def test_a_replica_killed_while_slack_is_slow_is_completed_by_the_other_ex
         "AEGIS_NATS_URL": private_nats.url,
         "AEGIS_SLACK_WEBHOOK_URL": webhook.url,
         "AEGIS_ALERT_DURABLE": f"alerts-{unique_id}",
-        "AEGIS_FETCH_TIMEOUT_S": "0.5",
-        "AEGIS_ACK_WAIT_S": "3",
+        "AEGIS_ALERT_FETCH_TIMEOUT_S": "0.5",
+        "AEGIS_ALERT_ACK_WAIT_S": "3",
         "AEGIS_ALERT_SEND_LEASE_S": "2.5",
         "AEGIS_LOG_FORMAT": "json",
     }

@@ -500,6 +500,59 @@ async def test_aegis_report_backfills_a_date_and_publishes_the_events(
         await broker.stop()
 
 
+async def test_aegis_report_backfills_a_range_of_dates_with_a_progress_bar(
+    foundation: Foundation,
+    unique_id: str,
+    aws_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--from/--to: every date in order (inclusive), one JSON document on stdout, the bar on
+    stderr; a date without data writes nothing and says so."""
+    day2 = DAY + timedelta(days=2)
+    await put_all(
+        foundation.store,
+        factory_objects(unique_id, [Rec(START + timedelta(hours=3), W, 40.0, 20.0)])
+        + factory_objects(unique_id, [Rec(START + timedelta(days=2, hours=1), C, 220.0, 20.0)]),
+    )
+    for name, value in {
+        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+        "AEGIS_BUCKET": foundation.bucket,
+        "AEGIS_TABLE": foundation.table,
+    }.items():
+        monkeypatch.setenv(name, value)
+    runner = CliRunner()
+    args = ["report", "--from", DAY.isoformat(), "--to", day2.isoformat(), "--factory", unique_id]
+    result = await asyncio.to_thread(
+        runner.invoke, cli_app, [*args, "--no-events", "--json", "--progress"]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [d["date"] for d in doc["days"]] == ["2026-11-30", "2026-12-01", "2026-12-02"]
+    runs = [d["targets"][0] for d in doc["days"]]
+    assert [r["worst_level"] for r in runs] == ["WARNING", None, "CRITICAL"]
+    assert runs[1]["report_key"] is None and doc["written"] == 2
+    for run, day in ((runs[0], DAY), (runs[2], day2)):
+        assert run["report_key"] == keys.report_key(day, unique_id, ReportArtifact.REPORT)
+        assert await foundation.store.get_bytes(run["report_key"])
+    assert "3/3" in result.stderr  # the bar, on stderr only
+
+    # without --json: one line per date and target, then the summary
+    text = await asyncio.to_thread(runner.invoke, cli_app, [*args, "--no-events"])
+    assert text.exit_code == 0, text.output
+    assert "2026-12-01  " + unique_id + ": no processed data that day" in text.stdout
+    assert "report: 2 report(s) written for 2026-11-30 to 2026-12-02" in text.stdout
+
+    for bad in (
+        ["report", "--from", DAY.isoformat()],
+        ["report", "--from", day2.isoformat(), "--to", DAY.isoformat()],
+        ["report", "--from", DAY.isoformat(), "--to", day2.isoformat(), "--date", "2026-11-30"],
+        ["report", "--from", "2024-01-01", "--to", "2026-01-01"],
+        ["report", "--from", DAY.isoformat(), "--to", "2999-01-01"],
+    ):
+        refused = await asyncio.to_thread(runner.invoke, cli_app, bad)
+        assert refused.exit_code == 2, (bad, refused.output)
+
+
 async def test_a_simulated_day_reports_exactly_the_injected_incidents(
     foundation: Foundation, unique_id: str
 ) -> None:

@@ -14,8 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from aegis_cli.app import app
+from aegis_storage.errors import StorageError
 from aegis_storage.s3 import ObjectInfo, ObjectStore
-from aegis_storage_tools.migrate import CopyOptions, Journal, Migrator, plan
+from aegis_storage_tools.migrate import CopyOptions, Journal, Migrator, PurgeFigures, plan
 from aegis_storage_tools.rules import datasets_processing
 
 pytestmark = pytest.mark.integration
@@ -98,10 +99,15 @@ def test_a_dry_run_changes_nothing(
     out = tmp_path / "plan.json"
     result = CliRunner().invoke(
         app,
-        ["migrate", "plan", "--preset", "datasets-processing", "--json", str(out), "--no-progress"],
+        ["migrate", "plan", "--preset", "datasets-processing", "--out", str(out), "--no-progress"],
     )
     assert result.exit_code == 0, result.output
     planned = json.loads(out.read_text())
+    as_json = CliRunner().invoke(
+        app, ["migrate", "plan", "--preset", "datasets-processing", "--json", "--no-progress"]
+    )
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.stdout) == planned | {"exit_code": 0}  # stdout: the plan alone
     assert planned["rules"]["datasets"]["objects"] == 20  # 10 objects + 10 .success markers
     assert planned["rules"]["datasets"]["copy"] == 20
     assert planned["rules"]["processing"]["objects"] == 6
@@ -241,3 +247,148 @@ async def test_multipart_copy_above_the_threshold_keeps_bytes_type_and_metadata(
     assert (got.content_type, got.metadata) == ("application/x-big", {"k": "v"})
     assert got.etag.endswith('-2"')  # two UploadPartCopy parts
     assert not await store.exists(f"datasets/{D}/big.bin")
+
+
+# -- --purge-versions: the versions a move leaves behind in the versioned bucket ---------------
+
+
+async def all_versions(store: ObjectStore) -> dict[tuple[str, str], tuple[int, bool]]:
+    """(key, version id) -> (size, is a delete marker), for every version in the bucket."""
+    return {
+        (v.key, v.version_id): (v.size_bytes, v.delete_marker)
+        async for v in store.list_versions("")
+    }
+
+
+async def test_purge_versions_frees_exactly_the_old_versions_of_the_moved_keys(
+    foundation: Any, tmp_path: Path
+) -> None:
+    store: ObjectStore = foundation.store
+    moved = [f"datasets/{D}/raw_0001.json", f"datasets/{D}/raw_0002.json"]
+    moved.append(f"processing/{D}/example.com/robots.txt")
+    for i, key in enumerate(moved):
+        for n in range(3):  # three versions each, of different sizes: the last one is moved
+            await store.put_bytes(key, json.dumps({"key": i, "n": n, "pad": "x" * 10 * n}).encode())
+    # deleted before the run (a delete marker on top of its version): not moved, not touched
+    await store.put_bytes(f"datasets/{D}/deleted_before.json", b"old")
+    await store.delete_many([f"datasets/{D}/deleted_before.json"])
+    # a conflict: its source is kept, and all its versions with it
+    clash = f"datasets/{D}/raw_0003.json"
+    await store.put_bytes(clash, b'{"mine":1}')
+    await store.put_bytes(clash, b'{"mine":2}')
+    await store.put_bytes(f"raw/{D}/raw_0003.json", b'{"theirs":1}')
+    # history under the target prefixes: prod/'s own, and a copy made by an earlier run
+    await store.put_bytes(f"prod/{D}/final/summary.json", b"v1")
+    await store.put_bytes(f"prod/{D}/final/summary.json", b"v2")
+    await store.put_bytes(f"raw/{D}/raw_0002.json", await store.get_bytes(moved[1]))
+    before = await all_versions(store)
+    old = {kv: value for kv, value in before.items() if kv[0] in moved}
+    assert len(old) == 9
+
+    the_plan = await plan(store, datasets_processing(), versions=True)
+    freed = sum(size for size, _ in old.values())
+    # 9 versions, and 3 delete markers: the ones the run's deletes will leave
+    assert the_plan.purge == PurgeFigures(keys=3, versions=9, bytes=freed, markers=3)
+    assert "would free 9 versions" in "\n".join(the_plan.notes())
+
+    journal = tmp_path / "journal.json"
+    summary = await Migrator(store, datasets_processing(), journal=Journal(journal)).run(
+        purge_versions=True
+    )
+    assert (summary.copied, summary.present, summary.deleted, summary.conflicts) == (2, 1, 3, 1)
+    assert summary.purged == the_plan.purge  # what the plan said, to the byte
+    after = await all_versions(store)
+    assert set(before) - set(after) == set(old)  # exactly those went, nothing else
+    # what was added: the two copies, current at their destinations (the deletes' markers: purged)
+    assert {key for key, _ in set(after) - set(before)} == {
+        f"raw/{D}/raw_0001.json",
+        f"prod/{D}/example.com/robots.txt",
+    }
+    for dest in (f"raw/{D}/raw_0001.json", f"raw/{D}/raw_0002.json"):
+        assert json.loads(await store.get_bytes(dest))["n"] == 2  # the current version, moved
+    assert await store.get_bytes(f"prod/{D}/final/summary.json") == b"v2"
+    entries = json.loads(journal.read_text())["objects"]
+    assert {k: entries[k]["purge"]["status"] for k in moved} == dict.fromkeys(moved, "done")
+    assert sum(entries[k]["purge"]["bytes"] for k in moved) == freed
+
+    again = await Migrator(store, datasets_processing(), journal=Journal(journal)).run(
+        purge_versions=True
+    )
+    assert (again.planned, again.copied, again.deleted, again.conflicts) == (1, 0, 0, 1)
+    assert again.purged == PurgeFigures()  # nothing purged twice
+    assert await all_versions(store) == after
+
+
+async def test_an_interrupted_purge_is_finished_by_the_next_run(
+    foundation: Any, tmp_path: Path
+) -> None:
+    store: ObjectStore = foundation.store
+    keys = [f"datasets/{D}/raw_{i:04d}.json" for i in (1, 2)]
+    for key in keys:
+        await store.put_bytes(key, b'{"n":1}')
+        await store.put_bytes(key, b'{"n":22}')
+    real = store.delete_versions
+
+    async def dropped(versions: Any) -> Any:
+        raise StorageError("injected: the connection dropped")
+
+    journal = tmp_path / "journal.json"
+    store.delete_versions = dropped  # type: ignore[method-assign]
+    with pytest.raises(StorageError, match="injected"):
+        await Migrator(store, datasets_processing(), journal=Journal(journal)).run(
+            purge_versions=True
+        )
+    store.delete_versions = real  # type: ignore[method-assign]
+    entries = json.loads(journal.read_text())["objects"]
+    assert {entries[k]["state"] for k in keys} == {"deleted"}
+    assert {entries[k]["purge"]["status"] for k in keys} == {"pending"}
+    assert len([kv for kv in await all_versions(store) if kv[0] in keys]) == 6  # 4 + 2 markers
+
+    rerun = await Migrator(store, datasets_processing(), journal=Journal(journal)).run(
+        purge_versions=True
+    )
+    assert rerun.planned == 0  # the moves were done: only the purge was left
+    assert rerun.purged == PurgeFigures(keys=2, versions=4, bytes=2 * (7 + 8), markers=2)
+    assert not [kv for kv in await all_versions(store) if kv[0] in keys]
+
+
+async def test_a_key_written_again_after_the_move_keeps_its_versions(foundation: Any) -> None:
+    """Between the run's delete and its purge a legacy writer puts one key again (live), and puts
+    and deletes another (a delete marker on top again, but the newest version was never moved):
+    both keep every version; the third key is purged."""
+    store: ObjectStore = foundation.store
+    keys = [f"datasets/{D}/raw_{i:04d}.json" for i in (1, 2, 3)]
+    for key in keys:
+        await store.put_bytes(key, b'{"n":1}')
+    real_delete = store.delete_many
+
+    async def then_a_legacy_writer(batch: Any) -> Any:
+        failed = await real_delete(batch)
+        await store.put_bytes(keys[0], b'{"late":true}')
+        await store.put_bytes(keys[1], b'{"late":1}')
+        await real_delete([keys[1]])
+        return failed
+
+    store.delete_many = then_a_legacy_writer  # type: ignore[method-assign]
+    summary = await Migrator(store, datasets_processing()).run(purge_versions=True)
+    assert summary.purged == PurgeFigures(keys=1, versions=1, bytes=7, markers=1, left=2)
+    assert await store.get_bytes(keys[0]) == b'{"late":true}'  # current, and its history kept
+    left = await all_versions(store)
+    assert len([kv for kv in left if kv[0] == keys[0]]) == 3  # moved, marker, the late one
+    assert len([kv for kv in left if kv[0] == keys[1]]) == 4  # moved, marker, late, marker
+    assert not [kv for kv in left if kv[0] == keys[2]]
+
+
+async def test_a_plan_whose_versions_cannot_be_listed_says_so_and_stands(
+    legacy: ObjectStore,
+) -> None:
+    async def refused(prefix: str) -> Any:
+        raise StorageError(f"list versions s3://{legacy.bucket}/{prefix}: AccessDenied")
+        yield  # an async generator, as list_versions is
+
+    legacy.list_versions = refused  # type: ignore[method-assign]
+    the_plan = await plan(legacy, datasets_processing(), versions=True)
+    assert the_plan.totals()["datasets"].copy == 20  # the plan itself stands
+    assert the_plan.purge is None
+    assert "purge-versions: unknown: listing the versions failed" in "\n".join(the_plan.notes())
+    assert "AccessDenied" in the_plan.as_dict()["purge_versions_error"]

@@ -105,7 +105,11 @@ LIVE_FEED = (
 )
 
 IDENTITIES: dict[str, Identity] = {
-    "ingest": Identity("ingest", (f"{RAW}.>", *_own("ingest"))),
+    # publishes raw events; reads the last heartbeats of the ingest replicas (a message of the
+    # events stream) to decide whether a stopping replica hands its MQTT session over
+    "ingest": Identity(
+        "ingest", (f"{RAW}.>", *_own("ingest"), "$JS.API.STREAM.MSG.GET.AEGIS_EVENTS")
+    ),
     "processor": Identity(
         "processor",
         (

@@ -21,6 +21,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from aegis_cli import exitcodes
 from aegis_contracts.errors import ContractError
 from aegis_contracts.times import Clock, format_ts, parse_ts, utc_now
 from aegis_storage.clients import AwsConfig, open_clients
@@ -30,7 +31,8 @@ from aegis_storage.readmodel import ReadModel
 if TYPE_CHECKING:
     from aegis_runtime.settings import AegisSettings
 
-EXIT_FAILED = 1
+EXIT_FAILED = exitcodes.FAILED
+EXIT_AT_LEVEL = exitcodes.FOUND  # --fail-on: a factory at or above that level
 
 LEVEL_STYLE = {"NORMAL": "green", "WARNING": "yellow", "CRITICAL": "bold red"}
 PIPELINE_STYLE = {"OK": "green", "DEGRADED": "yellow", "STALE": "yellow", "OFFLINE": "red"}
@@ -203,6 +205,12 @@ def fleet_table(rows: list[FleetRow], *, title: str | None = None) -> Table:
     return table
 
 
+def at_or_above(rows: Iterable[FleetRow], level: str) -> list[FleetRow]:
+    """The rows whose level is ``level`` (WARNING or CRITICAL) or worse."""
+    rank = _LEVEL_ORDER[level]
+    return [r for r in rows if _LEVEL_ORDER.get(r.level, 3) <= rank]
+
+
 def summary_line(rows: list[FleetRow]) -> str:
     counts = {level: sum(r.level == level for r in rows) for level in _LEVEL_ORDER}
     return (
@@ -231,15 +239,23 @@ def run_status(
     watch: bool = False,
     interval: float = 2.0,
     clock: Clock = utc_now,
+    fail_on: str | None = None,
 ) -> int:
-    """The ``aegis status`` command: an exit code, output on stdout, errors on stderr."""
+    """The ``aegis status`` command: an exit code, output on stdout, errors on stderr.
+    ``fail_on`` (WARNING or CRITICAL): exit :data:`EXIT_AT_LEVEL` when a factory is at it or
+    above (one reading, not with ``watch``)."""
     try:
         if watch:
             asyncio.run(_watch(settings, interval, json_output, clock))
         else:
             items, cloud = asyncio.run(load_status(settings.aws(), settings.table))
             now = clock()
-            _print(fleet_rows(items, now), cloud_view(cloud, now), json_output, settings, now)
+            rows = fleet_rows(items, now)
+            _print(rows, cloud_view(cloud, now), json_output, settings, now)
+            if fail_on is not None and (found := at_or_above(rows, fail_on)):
+                names = ", ".join(f"{r.factory_id} ({r.level})" for r in found)
+                print(f"status: at or above {fail_on}: {names}", file=sys.stderr)
+                return EXIT_AT_LEVEL
     except KeyboardInterrupt:
         return 0
     except NotFound as err:
@@ -251,7 +267,7 @@ def run_status(
         return EXIT_FAILED
     except (StorageError, BotoCoreError) as err:
         print(f"status: cannot read the read model at {_where(settings)}: {err}", file=sys.stderr)
-        return EXIT_FAILED
+        return exitcodes.code_of(err)
     return 0
 
 

@@ -7,11 +7,10 @@ import asyncio
 
 import typer
 
-from aegis_runtime.settings import AegisSettings
-
 
 def up() -> None:
     """Run the whole platform on this machine: local servers, bootstrap, every service."""
     from aegis_devstack.stack import run_stack  # noqa: PLC0415 - the stack only when it runs
+    from aegis_runtime.settings import AegisSettings  # noqa: PLC0415 - not for `aegis --help`
 
     raise typer.Exit(asyncio.run(run_stack(AegisSettings())))

@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import nats
-import nats.errors
-import nats.js.errors
+from faststream.nats import NatsBroker
 
 from aegis_devstack.motoserver import LATENCY_ENV
+from aegis_runtime import natsio
 
 __all__ = [
     "DEFAULT_MQTT_URL",
@@ -285,27 +284,30 @@ async def _ignore(_err: Exception) -> None:
 
 
 async def _account_info(url: str, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
+    broker = NatsBroker(
+        url,
+        connect_timeout=timeout,  # type: ignore[arg-type]  # nats-py takes seconds as a float
+        allow_reconnect=False,
+        max_reconnect_attempts=0,
+        error_cb=_ignore,  # the raised error says it; nats-py would also print a traceback
+        logger=None,
+    )
     try:
-        nc = await nats.connect(
-            url,
-            connect_timeout=timeout,
-            allow_reconnect=False,
-            max_reconnect_attempts=0,
-            error_cb=_ignore,  # the raised error says it; nats-py would also print a traceback
-        )
+        await broker.connect()
     except Exception as err:
         raise LocalServerError(f"no NATS answer from {url}: {err!r}") from err
     try:
-        info = await nc.jsm(timeout=timeout).account_info()
-    except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as err:
-        raise LocalServerError("no responders for $JS.API.INFO (JetStream not enabled)") from err
-    except nats.js.errors.Error as err:
-        raise LocalServerError(f"JetStream refused: {err}") from err
-    except (nats.errors.Error, TimeoutError) as err:
+        return await natsio.account_info(broker, timeout)
+    except natsio.JetStreamOff as err:
+        raise LocalServerError(str(err)) from err
+    except natsio.Error as err:
+        if natsio.is_jetstream_refusal(err):
+            raise LocalServerError(f"JetStream refused: {err}") from err
+        raise LocalServerError(f"no JetStream answer from {url}: {err!r}") from err
+    except TimeoutError as err:
         raise LocalServerError(f"no JetStream answer from {url}: {err!r}") from err
     finally:
-        await nc.close()
-    return dict(info.as_dict())
+        await natsio.close(broker)
 
 
 # -- moto_server -------------------------------------------------------------------------------

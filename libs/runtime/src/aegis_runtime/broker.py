@@ -13,6 +13,7 @@ Outcome of one JetStream message (``MessageOutcomes``, installed by :func:`creat
 
 Errors:
     BrokerError              base of this module's errors
+    ├── BrokerUnavailable    a command's first connection found no NATS server in time
     ├── PublishFailed        JetStream did not confirm a publish (timeout, no stream, API error)
     └── StreamSetupFailed    a stream could not be created or updated (subject overlap, storage change)
     Poison                   raised by a handler: the message can never succeed; dead-letter ``reason``
@@ -38,37 +39,44 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-import nats.errors
-import nats.js.errors
 import pydantic
 import structlog
 from fast_depends.exceptions import ValidationError as DependsValidationError
 from faststream import AckPolicy, BaseMiddleware
 from faststream.exceptions import AckMessage, HandlerException, NackMessage, RejectMessage
-from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats import AckPolicy as ConsumerAckPolicy
+from faststream.nats import (
+    ConsumerConfig,
+    DiscardPolicy,
+    JStream,
+    NatsBroker,
+    PubAck,
+    PullSub,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from faststream.nats.security import NatsSecurity, NatsUserPassword
-from nats.aio.msg import Msg
-from nats.js import api
 
 from aegis_contracts.archive import raw_event_msg_id
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import RawArchived
 from aegis_contracts.subjects import STREAMS, StreamSpec, dead_letter_subject, raw_subject
 from aegis_contracts.times import utc_now
+from aegis_runtime import natsio
 from aegis_runtime.logging import bind_message
 from aegis_runtime.metrics import Metrics
+from aegis_runtime.redact import redact_url
 from aegis_runtime.settings import RAW_MAX_PER_FACTORY, AegisSettings
 
 if TYPE_CHECKING:
     from faststream import ContextRepo
     from faststream.nats.broker.registrator import NatsRegistrator
     from faststream.nats.subscriber.usecases import PullStreamSubscriber
-    from nats.aio.client import Server
-    from nats.js import JetStreamContext
+
+    from aegis_runtime.natsio import Msg, Server
 
 MSG_ID_HEADER = "Nats-Msg-Id"
-# The JetStream API's error code for "stream name already in use with a different configuration".
-_STREAM_NAME_IN_USE = 10058
 _DETAIL_LIMIT = 2000
 
 log = structlog.get_logger(__name__)
@@ -135,15 +143,9 @@ def create_broker(
     ``settings.nats_url`` may list several servers separated by commas. FastStream's own per-message
     lines ("Received", "Processed") go to the stdlib logger ``faststream.aegis`` at DEBUG; the
     :class:`MessageOutcomes` middleware writes one INFO summary line per message instead.
+    FastStream sends a ``correlation_id`` header only when a publish gives one.
     """
-    options = connect_options(settings)
-    tls = options.pop("tls", None)
-    user, password = options.pop("user", None), options.pop("password", None)
-    security: NatsSecurity | None = None
-    if user is not None:
-        security = NatsUserPassword(username=user, password=password or "", ssl_context=tls)
-    elif tls is not None:
-        security = NatsSecurity(ssl_context=tls)
+    security, options = _secured(connect_options(settings))
     broker = NatsBroker(
         name=f"aegis-{name}",  # shown by NATS monitoring (connz)
         security=security,
@@ -155,10 +157,49 @@ def create_broker(
         logger=logging.getLogger("faststream.aegis"),
         log_level=logging.DEBUG,
         graceful_timeout=graceful_timeout,
+        id_generator=_no_correlation_id,
     )
     broker.add_middleware(
         MessageOutcomes(service=name, broker=broker, metrics=metrics, retry=retry or RetryPolicy())
     )
+    return broker
+
+
+def _secured(options: dict[str, Any]) -> tuple[NatsSecurity | None, dict[str, Any]]:
+    """:func:`connect_options` as FastStream takes them: identity and TLS as its security."""
+    options = dict(options)
+    tls = options.pop("tls", None)
+    user, password = options.pop("user", None), options.pop("password", None)
+    security: NatsSecurity | None = None
+    if user is not None:
+        security = NatsUserPassword(username=user, password=password or "", ssl_context=tls)
+    elif tls is not None:
+        security = NatsSecurity(ssl_context=tls)
+    return security, options
+
+
+def _no_correlation_id() -> str:
+    # FastStream's id_generator: the correlation id of a publish that gives none. Empty: no
+    # ``correlation_id`` header, so a message carries the headers AEGIS gave it and no others.
+    return ""
+
+
+async def command_broker(settings: AegisSettings, *, name: str, **options: Any) -> NatsBroker:
+    """A connected broker for a one-shot command (``aegis jobs``, ``aegis alerts resend``): the
+    identity, inbox and TLS of ``settings``, nats-py's connection defaults unless ``options``
+    (NatsBroker's connection arguments) say otherwise, and no consumers. Its first connection is
+    bounded as :func:`connect_broker`'s. Close it with :func:`aegis_runtime.natsio.close`
+    (flushed, then closed: not FastStream's ``stop``, which drains)."""
+    security, plain = _secured(connect_options(settings))
+    broker = NatsBroker(
+        name=f"aegis-{name}",
+        security=security,
+        **{**plain, **options},
+        logger=logging.getLogger("faststream.aegis"),
+        log_level=logging.DEBUG,
+        id_generator=_no_correlation_id,
+    )
+    await connect_broker(broker, settings)
     return broker
 
 
@@ -182,6 +223,28 @@ def connect_options(settings: AegisSettings) -> dict[str, Any]:
     if tls is not None:
         options["tls"] = tls
     return options
+
+
+class BrokerUnavailable(BrokerError):
+    """A command's first connection found no NATS server within ``nats_connect_timeout_s``."""
+
+
+def _unavailable(settings: AegisSettings) -> BrokerUnavailable:
+    servers = ", ".join(redact_url(url) for url in settings.nats_servers())
+    return BrokerUnavailable(
+        f"NATS not reachable at {servers} within {settings.nats_connect_timeout_s:g} s "
+        "(AEGIS_NATS_CONNECT_TIMEOUT_S)"
+    )
+
+
+async def connect_broker(broker: NatsBroker, settings: AegisSettings) -> None:
+    """The first connection of a command's broker, bounded: :class:`BrokerUnavailable` (naming
+    the URL) when no server answers within ``AEGIS_NATS_CONNECT_TIMEOUT_S``. A service's broker
+    connects without a bound instead (it is not ready until NATS answers)."""
+    try:
+        await asyncio.wait_for(broker.connect(), settings.nats_connect_timeout_s)
+    except TimeoutError:
+        raise _unavailable(settings) from None
 
 
 def log_bus_identity(settings: AegisSettings) -> None:
@@ -216,12 +279,6 @@ def nats_ready(broker: NatsBroker, wait: float = 1.0) -> Callable[[], Awaitable[
     return check
 
 
-def _jetstream(broker: NatsBroker) -> JetStreamContext:
-    # The JetStream context FastStream made at connect (honours js_options such as a domain).
-    stream: JetStreamContext = broker.config.connection_state.stream
-    return stream
-
-
 # --------------------------------------------------------------------------------------------------
 # Streams and consumers
 
@@ -234,13 +291,11 @@ def jstream(spec: StreamSpec) -> JStream:
         subjects=list(spec.subjects),
         max_age=spec.max_age_seconds,
         duplicate_window=spec.duplicate_window_seconds,
-        storage=api.StorageType.FILE,
+        storage=StorageType.FILE,
         declare=False,
     )
 
 
-# JetStream's "store failed" (a discard-new limit of the stream or of the subject was reached)
-_STREAM_STORE_FAILED = 10077
 _UNLIMITED = -1
 
 
@@ -261,22 +316,22 @@ class StreamLimits:
         )
 
 
-def _stream_config(spec: StreamSpec, limits: StreamLimits) -> api.StreamConfig:
+def _stream_config(spec: StreamSpec, limits: StreamLimits) -> StreamConfig:
     per_subject = limits.raw_max_per_factory if spec.bounded_per_subject else _UNLIMITED
     bounded = per_subject != _UNLIMITED
-    return api.StreamConfig(
+    return StreamConfig(
         name=spec.name,
         subjects=list(spec.subjects),
-        retention=api.RetentionPolicy.LIMITS,
+        retention=RetentionPolicy.LIMITS,
         # the raw stream refuses a factory's next event when that factory's backlog is full (its
         # message is dead-lettered, its raw object kept); the others drop their oldest
-        discard=api.DiscardPolicy.NEW if bounded else api.DiscardPolicy.OLD,
+        discard=DiscardPolicy.NEW if bounded else DiscardPolicy.OLD,
         discard_new_per_subject=bounded,
         max_msgs_per_subject=per_subject,
         max_bytes=limits.max_bytes.get(spec.name, _UNLIMITED),
         max_age=float(spec.max_age_seconds),
         duplicate_window=float(spec.duplicate_window_seconds),
-        storage=api.StorageType.FILE,
+        storage=StorageType.FILE,
         num_replicas=limits.replicas,
     )
 
@@ -290,7 +345,7 @@ def _more(current: float | None, wanted: float | None, unlimited: float) -> floa
     return max(a, b)
 
 
-def _kept_raised(current: api.StreamConfig, wanted: api.StreamConfig) -> api.StreamConfig:
+def _kept_raised(current: StreamConfig, wanted: StreamConfig) -> StreamConfig:
     """``wanted``, except where the running stream already holds more (replicas, max age, max
     bytes): a service start never lowers what an operator raised by hand."""
     return dataclasses.replace(
@@ -301,7 +356,7 @@ def _kept_raised(current: api.StreamConfig, wanted: api.StreamConfig) -> api.Str
     )
 
 
-def _same_config(current: api.StreamConfig, wanted: api.StreamConfig) -> bool:
+def _same_config(current: StreamConfig, wanted: StreamConfig) -> bool:
     return (
         sorted(current.subjects or ()) == sorted(wanted.subjects or ())
         and round(current.max_age or 0) == round(wanted.max_age or 0)
@@ -332,14 +387,13 @@ async def ensure_streams(
     exists (:class:`StreamSetupFailed` if not) and say when one differs from the contract.
     """
     await broker.connect()
-    js = _jetstream(broker)
     outcome: dict[str, Literal["created", "updated", "unchanged", "differs"]] = {}
     for spec in specs:
         wanted = _stream_config(spec, limits or StreamLimits())
         if manage:
-            outcome[spec.name] = await _ensure_stream(js, wanted)
+            outcome[spec.name] = await _ensure_stream(broker, wanted)
         else:
-            outcome[spec.name] = await _check_stream(js, wanted)
+            outcome[spec.name] = await _check_stream(broker, wanted)
     log.info("streams_ensured", streams=outcome, managed=manage)
     return outcome
 
@@ -356,17 +410,17 @@ async def ensure_deployed_streams(
 
 
 async def _check_stream(
-    js: JetStreamContext, wanted: api.StreamConfig
+    broker: NatsBroker, wanted: StreamConfig
 ) -> Literal["unchanged", "differs"]:
     name = wanted.name or ""
     try:
-        current = (await js.stream_info(name)).config
-    except nats.js.errors.NotFoundError:
+        current = await natsio.stream_config(broker, name)
+    except natsio.Error as err:
+        raise StreamSetupFailed(f"stream {name}: {err}") from err
+    if current is None:
         raise StreamSetupFailed(
             f"stream {name} is missing; `aegis bootstrap` (the admin identity) creates it"
-        ) from None
-    except nats.errors.Error as err:
-        raise StreamSetupFailed(f"stream {name}: {err}") from err
+        )
     if _same_config(current, _kept_raised(current, wanted)):
         return "unchanged"
     log.warning("stream_differs", stream=name, hint="`aegis bootstrap` brings it to the contract")
@@ -380,26 +434,22 @@ def inbox_prefix(user: str | None) -> str:
 
 
 async def _ensure_stream(
-    js: JetStreamContext, wanted: api.StreamConfig
+    broker: NatsBroker, wanted: StreamConfig
 ) -> Literal["created", "updated", "unchanged"]:
     name = wanted.name or ""
     try:
-        try:
-            current = (await js.stream_info(name)).config
-        except nats.js.errors.NotFoundError:
-            try:
-                await js.add_stream(wanted)
-            except nats.js.errors.BadRequestError as err:
-                if err.err_code != _STREAM_NAME_IN_USE:
-                    raise
-                current = (await js.stream_info(name)).config  # another replica won the race
-            else:
+        current = await natsio.stream_config(broker, name)
+        if current is None:
+            if await natsio.add_stream(broker, wanted):
                 return "created"
+            current = await natsio.stream_config(broker, name)  # another replica won the race
+            if current is None:
+                raise StreamSetupFailed(f"stream {name}: created elsewhere, then gone")
         wanted = _kept_raised(current, wanted)
         if _same_config(current, wanted):
             return "unchanged"
-        await js.update_stream(wanted)
-    except nats.errors.Error as err:
+        await natsio.update_stream(broker, wanted)
+    except natsio.Error as err:
         raise StreamSetupFailed(f"stream {name}: {err}") from err
     return "updated"
 
@@ -433,9 +483,9 @@ def durable_pull(
         subject = spec.subjects[0]
     if max_deliver < 1:
         raise ValueError("max_deliver must be at least 1")
-    config = api.ConsumerConfig(
+    config = ConsumerConfig(
         durable_name=durable,
-        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_policy=ConsumerAckPolicy.EXPLICIT,
         ack_wait=ack_wait,
         max_deliver=max_deliver,
         max_ack_pending=max_ack_pending,
@@ -515,28 +565,30 @@ async def publish(
     the server refuses the publish if the subject lands elsewhere. Raises :class:`PublishFailed`,
     or :class:`StreamFull` when the stream refused the message at one of its limits.
 
-    One message is a request and its answer (nats-py's ``publish``): its asynchronous form never
-    resolves a publish the server answers with an error (its reply handler raises the error
-    instead of setting it on the future), so a refusal would look like a timeout.
+    FastStream's JetStream publish (``broker.publish`` with ``stream``): one request and its
+    answer, so a refusal is an error, not a timeout. The body goes as encoded here (a model's
+    ``model_dump_json``), with exactly these headers: FastStream adds its correlation id only
+    when one is given (:func:`create_broker`), and an empty content-type for plain bytes.
     """
-    js = _jetstream(broker)
     data, sent_headers = _outgoing(Outgoing(subject, payload, msg_id), headers, correlation_id)
     try:
-        ack = await js.publish(
-            subject,
+        ack = await broker.publish(
             data,
-            timeout=ack_timeout,
-            stream=stream or stream_for(subject).name,
+            subject,
             headers=sent_headers,
+            correlation_id=correlation_id,
+            stream=stream or stream_for(subject).name,
+            timeout=ack_timeout,
         )
-    except (nats.errors.Error, TimeoutError) as err:
+    except (natsio.Error, TimeoutError) as err:
         raise _publish_failure(subject, err) from err
     return bool(ack.duplicate)
 
 
 def _publish_failure(subject: str, err: Exception) -> PublishFailed:
-    if isinstance(err, nats.js.errors.APIError) and err.err_code == _STREAM_STORE_FAILED:
-        return StreamFull(f"{subject}: JetStream refused it: {err.description}")
+    refused = natsio.store_refused(err)
+    if refused is not None:
+        return StreamFull(f"{subject}: JetStream refused it: {refused}")
     return PublishFailed(f"publish to {subject} failed: {err!r}")
 
 
@@ -553,20 +605,20 @@ async def publish_many(
     (``ack_timeout`` for the lot); True for each that was a duplicate. Raises
     :class:`PublishFailed` if any was not confirmed (the others may well be stored); a message
     the server refused shows as not confirmed in time (nats-py's asynchronous acks), so the
-    streams these go to drop their oldest messages rather than refuse new ones."""
-    js = _jetstream(broker)
-    pending: list[asyncio.Future[api.PubAck]] = []
+    streams these go to drop their oldest messages rather than refuse new ones.
+
+    nats-py's asynchronous JetStream publish (:func:`aegis_runtime.natsio.publish_async`), which
+    FastStream does not model: its acks, matched by one reply subscription, cost less than a
+    request per message."""
+    pending: list[asyncio.Future[PubAck]] = []
     subject = ""
     try:
         for message in messages:
             subject = message.subject
             data, sent_headers = _outgoing(message, headers, correlation_id)
-            # straight to nats-py's JetStream context: FastStream's publisher pipeline
-            # (middlewares, serializer, its own headers) costs more client CPU than the publish
-            # itself; and the async form, acks matched by one reply subscription, costs less
-            # than a request per message
             pending.append(
-                await js.publish_async(
+                await natsio.publish_async(
+                    broker,
                     subject,
                     data,
                     stream=stream or stream_for(subject).name,
@@ -574,7 +626,7 @@ async def publish_many(
                 )
             )
         acks = await asyncio.wait_for(asyncio.gather(*pending), ack_timeout)
-    except (nats.errors.Error, TimeoutError) as err:
+    except (natsio.Error, TimeoutError) as err:
         for future in pending:
             if future.done() and not future.cancelled():
                 future.exception()  # seen: not "never retrieved"
@@ -797,7 +849,7 @@ class _MessageOutcome(BaseMiddleware):
     def __init__(self, msg: Any, /, *, context: ContextRepo, outcomes: MessageOutcomes) -> None:
         super().__init__(msg, context=context)
         self.outcomes = outcomes
-        self.raw: Msg | None = msg if isinstance(msg, Msg) and _is_jetstream(msg) else None
+        self.raw: Msg | None = natsio.jetstream_delivery(msg)
         self.scope = ExitStack()
         self.started = 0.0
         self.message_id = ""
@@ -936,17 +988,9 @@ def _explicit_outcome(exc: HandlerException) -> str:
     return "skipped"
 
 
-def _is_jetstream(msg: Msg) -> bool:
-    try:
-        _ = msg.metadata
-    except Exception:
-        return False
-    return True
-
-
 async def _settle(ack: Any) -> None:
     # A lost ack/nak only means an earlier redelivery (after ack_wait); never fail the consumer.
     try:
         await ack
-    except nats.errors.Error as err:
+    except natsio.Error as err:
         log.warning("message_settle_failed", error=repr(err))

@@ -18,18 +18,17 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-import nats.js.errors
 import pydantic
 import structlog
 
 from aegis_contracts.events import Heartbeat
 from aegis_contracts.subjects import HEARTBEAT, heartbeat_subject
 from aegis_contracts.times import Clock, format_ts, truncate_ms, utc_now
+from aegis_runtime import natsio
 from aegis_runtime.broker import BrokerError, publish, stream_for
 
 if TYPE_CHECKING:
     from faststream.nats import NatsBroker
-    from nats.js import JetStreamContext
 
     from aegis_runtime.health import HealthServer
     from aegis_runtime.settings import AegisSettings
@@ -68,6 +67,8 @@ class HeartbeatPublisher:
         self.version = version
         self.started_at = truncate_ms(clock())
         self.subject = heartbeat_subject(service, self.instance)
+        # set by :meth:`announce_stopping`: every later beat says so, the periodic ones too
+        self.stopping = False
 
     @classmethod
     def for_service(
@@ -87,6 +88,13 @@ class HeartbeatPublisher:
             clock=clock,
         )
 
+    async def announce_stopping(self) -> Heartbeat:
+        """Say now, before the service's own stop is done, that this replica is going away
+        (its peers decide on it: an ingest replica hands its MQTT session over only to a peer
+        that is not stopping too)."""
+        self.stopping = True
+        return await self.beat(stopping=True)
+
     async def beat(self, *, stopping: bool = False) -> Heartbeat:
         checks = await self.readiness()
         at = truncate_ms(self.clock())
@@ -98,7 +106,7 @@ class HeartbeatPublisher:
             interval_s=self.interval.total_seconds(),
             ready=all(checks.values()),
             checks=checks,
-            stopping=stopping,
+            stopping=stopping or self.stopping,
             version=self.version,
         )
         await publish(
@@ -119,22 +127,23 @@ class HeartbeatPublisher:
             await self.beat(stopping=True)
 
 
-async def last_heartbeats(js: JetStreamContext) -> list[Heartbeat]:
-    """The last heartbeat of every replica that ever sent one (within the stream's max age)."""
+async def last_heartbeats(broker: NatsBroker, service: str | None = None) -> list[Heartbeat]:
+    """The last heartbeat of every replica (of ``service``, or of all) that ever sent one
+    (within the stream's max age): read from the stream (JetStream API,
+    :mod:`aegis_runtime.natsio`), not subscribed to."""
     stream = stream_for(f"{HEARTBEAT}.service.instance").name
-    try:
-        info = await js.stream_info(stream, subjects_filter=f"{HEARTBEAT}.>")
-    except nats.js.errors.NotFoundError:
+    subjects_filter = f"{HEARTBEAT}.{service}.>" if service else f"{HEARTBEAT}.>"
+    state = await natsio.stream_state(broker, stream, subjects_filter=subjects_filter)
+    if state is None:
         return []
-    subjects = sorted((info.state.subjects or {}).keys())
+    subjects = sorted((state.subjects or {}).keys())
     beats: list[Heartbeat] = []
     for subject in subjects:
-        try:
-            msg = await js.get_last_msg(stream, subject)
-        except nats.js.errors.NotFoundError:
+        data = await natsio.last_message(broker, stream, subject)
+        if data is None:
             continue
         try:
-            beats.append(Heartbeat.model_validate_json(msg.data or b""))
+            beats.append(Heartbeat.model_validate_json(data))
         except pydantic.ValidationError:
             log.warning("heartbeat_unreadable", subject=subject)
     return beats

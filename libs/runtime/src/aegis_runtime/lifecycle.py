@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from aegis_contracts.times import floor_to
+from aegis_runtime.envcheck import report_environment
 
 log = structlog.get_logger(__name__)
 
@@ -51,7 +52,11 @@ def settle_heap() -> None:
 
 
 def run_service(main: Main, *, shutdown_timeout: float = 25.0) -> None:
-    """Run ``main`` in a fresh event loop; raises ``SystemExit`` with a non-zero code on failure."""
+    """Run ``main`` in a fresh event loop; raises ``SystemExit`` with a non-zero code on failure.
+
+    First the environment is checked: ``AEGIS_*`` variables no AEGIS component reads and
+    deprecated names are logged as warnings (:mod:`aegis_runtime.envcheck`)."""
+    report_environment()
     code = asyncio.run(_supervise(main, shutdown_timeout))
     if code:
         raise SystemExit(code)

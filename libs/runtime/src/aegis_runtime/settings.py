@@ -2,6 +2,15 @@
 
 A service subclasses :class:`AegisSettings` and adds its own fields; ``create_app(settings=None)``
 builds one and passes it down, so nothing reads the environment twice and tests pass keywords.
+
+Every field has a ``description`` for operators (unit, what unset means): ``python -m
+aegis_runtime.configref`` writes docs/configuration-reference.md and
+:mod:`aegis_runtime.settings_names` from them. Durations end in ``_s`` (seconds), ``_ms``,
+``_hours`` or ``_days``; a setting of one service carries that service's prefix, so one value in a
+shared settings file never lands in another service that means something else by it. A renamed
+variable keeps its old name for one release as a deprecated alias, listed after the new one:
+``validation_alias=AliasChoices("AEGIS_NEW_NAME", "AEGIS_OLD_NAME")`` (the process logs
+``deprecated_setting`` at start when the old one is set).
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from aegis_contracts.ttl import TtlSettings
@@ -23,8 +32,9 @@ RAW_MAX_PER_FACTORY = 100_000
 
 
 class AegisSettings(BaseSettings):
-    """Every process's ``AEGIS_*`` settings. Unknown ``AEGIS_*`` variables are ignored, not
-    fatal."""
+    """Every process's ``AEGIS_*`` settings. Unknown ``AEGIS_*`` variables are ignored here (a
+    shared settings file holds other services' too) and reported at start when no AEGIS component
+    reads them (:mod:`aegis_runtime.envcheck`)."""
 
     model_config = SettingsConfigDict(
         env_prefix="AEGIS_",
@@ -32,70 +42,198 @@ class AegisSettings(BaseSettings):
         extra="ignore",
         secrets_dir=None,
         validate_default=True,
+        # a field with aliases (a renamed variable) is still set by its name in code and tests
+        validate_by_name=True,
     )
 
-    service: str = "aegis"
-    # where a process keeps files of its own (a migration's journal); unset: $XDG_STATE_HOME/aegis
-    # or ~/.local/state/aegis. Images set /var/lib/aegis (a volume): their /app is read-only
-    state_dir: Path | None = None
-    aws_endpoint_url: str | None = None
-    region: str = "ap-south-1"
-    bucket: str = "aegis-bucket-data"
-    table: str = "AEGIS-DynamoDB-FactoryStatus"
-    mqtt_url: str = "mqtt://127.0.0.1:1883"
-    # the broker identity of this process (`aegis devices add`); they win over user:pass in the URL
-    mqtt_username: str | None = None
-    mqtt_password: SecretStr | None = None
-    # TLS: on with an mqtts:// URL or a CA file; the CA that signed the broker's certificate
-    # (unset: the system's trust store)
-    mqtt_ca_file: Path | None = None
-    nats_url: str = "nats://127.0.0.1:4222"
-    # this process's NATS identity (aegis_cli.natsauth: what each service may publish and
-    # consume); unset: connect without one (a local server that asks for none)
-    nats_user: str | None = None
-    nats_password: SecretStr | None = None
-    # create and update the streams at start (a server without identities, `make run`); with
-    # identities only the admin (`aegis streams`) manages streams and services check them
-    nats_manage_streams: bool = True
-    # TLS to NATS: on with tls:// URLs or a CA file; the CA that signed the servers' certificates
-    # (unset: the system's trust store), and a client certificate for servers that ask for one
-    nats_tls_ca_file: Path | None = None
-    # the same CA as PEM text, where no file can be mounted (ECS on Fargate: an SSM parameter)
-    nats_tls_ca_pem: str | None = None
-    nats_tls_cert_file: Path | None = None
-    nats_tls_key_file: Path | None = None
-    # JetStream streams (created or brought up to these at every start; a start never lowers
-    # replicas, max age or max bytes an operator raised): replicas (3 on a 3-node cluster),
-    # bytes per stream by name (e.g. {"AEGIS_RAW": 10737418240}; absent: unbounded), and the
-    # raw events one factory and source may have waiting (beyond: ingest dead-letters the
-    # message as queue_full; the raw object is kept and `aegis replay` requeues it)
-    nats_stream_replicas: int = Field(default=1, ge=1, le=5)
-    nats_stream_max_bytes: dict[str, int] = Field(default_factory=dict)
-    nats_raw_max_per_factory: int = Field(default=RAW_MAX_PER_FACTORY, ge=1)
-    slack_webhook_url: SecretStr | None = None
-    dashboard_url: str = "http://127.0.0.1:8080"
+    service: str = Field(
+        default="aegis",
+        description="The name this process reports in its logs, metrics, heartbeats and dead "
+        "letters. Default: the component's own name (`aegis up` sets it for each child); set it "
+        "per process only, never in a settings file several services share.",
+    )
+    state_dir: Path | None = Field(
+        default=None,
+        description="Where a process keeps files of its own (a migration's journal). Unset: "
+        "`$XDG_STATE_HOME/aegis`, else `~/.local/state/aegis`; never the working directory. The "
+        "images set `/var/lib/aegis` (a volume): their `/app` is read-only.",
+    )
+    aws_endpoint_url: str | None = Field(
+        default=None,
+        description="The S3 and DynamoDB endpoint. Unset: the real AWS endpoints of "
+        "`AEGIS_REGION`; `make run` and the tests point it at an emulator.",
+    )
+    region: str = Field(default="ap-south-1", description="AWS region of the bucket and table.")
+    bucket: str = Field(default="aegis-bucket-data", description="The S3 data bucket.")
+    table: str = Field(
+        default="AEGIS-DynamoDB-FactoryStatus", description="The DynamoDB read-model table."
+    )
+    mqtt_url: str = Field(
+        default="mqtt://127.0.0.1:1883",
+        description="The device broker: `mqtt://host:port`, or `mqtts://host:port` for TLS "
+        "(port 8883 when none is given). A `user:password@` in it is used unless "
+        "`AEGIS_MQTT_USERNAME` and `AEGIS_MQTT_PASSWORD` are set.",
+    )
+    mqtt_username: str | None = Field(
+        default=None,
+        description="This process's broker identity (`aegis devices add`); it wins over a user "
+        "in `AEGIS_MQTT_URL`. Unset: the URL's user, else anonymous (the development broker).",
+    )
+    mqtt_password: SecretStr | None = Field(
+        default=None,
+        description="The password of that identity, from a secret store; it wins over a "
+        "password in `AEGIS_MQTT_URL`.",
+    )
+    mqtt_ca_file: Path | None = Field(
+        default=None,
+        description="The CA that signed the broker's TLS certificate; setting it turns TLS on. "
+        "Unset: the system's trust store verifies an `mqtts://` broker.",
+    )
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222",
+        description="NATS with JetStream: one server or several, comma-separated; `tls://` "
+        "URLs connect over TLS. The identity never goes in the URL (`AEGIS_NATS_USER`).",
+    )
+    nats_user: str | None = Field(
+        default=None,
+        description="This process's NATS identity, which decides what it may publish and "
+        "consume (`aegis nats-auth`). Unset: connect without one (a local server that asks for "
+        "none).",
+    )
+    nats_password: SecretStr | None = Field(
+        default=None, description="The password of `AEGIS_NATS_USER`, from a secret store."
+    )
+    nats_connect_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds an `aegis` command waits for its first connection to NATS before "
+        "it gives up with a message naming the URL. Services keep trying instead: without "
+        "their queue they are not ready, not dead.",
+    )
+    nats_manage_streams: bool = Field(
+        default=True,
+        description="true: create the JetStream streams and bring them up to date at every "
+        "start (a server without identities, `make run`). false: only check that they exist; "
+        "with identities only the admin (`aegis streams`) manages the streams.",
+    )
+    nats_tls_ca_file: Path | None = Field(
+        default=None,
+        description="The CA that signed the NATS servers' certificates; setting it turns TLS "
+        "on. Unset: the system's trust store verifies `tls://` servers.",
+    )
+    nats_tls_ca_pem: str | None = Field(
+        default=None,
+        description="The same CA as PEM text, where no file can be mounted (ECS on Fargate: an "
+        "SSM parameter); setting it turns TLS on.",
+    )
+    nats_tls_cert_file: Path | None = Field(
+        default=None,
+        description="A client certificate (PEM), for NATS servers that ask for one.",
+    )
+    nats_tls_key_file: Path | None = Field(
+        default=None,
+        description="The private key of `AEGIS_NATS_TLS_CERT_FILE`. Unset: the key is in the "
+        "certificate file.",
+    )
+    nats_stream_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="Replicas of each JetStream stream (3 on a three-node cluster). Every start "
+        "creates the streams or brings them up to this; a start never lowers replicas, max age "
+        "or max bytes an operator raised.",
+    )
+    nats_stream_max_bytes: dict[str, int] = Field(
+        default_factory=dict,
+        description='Bytes each stream may hold, by stream name, as JSON (e.g. `{"AEGIS_RAW": '
+        "10737418240}`). A stream not named: unbounded.",
+    )
+    nats_raw_max_per_factory: int = Field(
+        default=RAW_MAX_PER_FACTORY,
+        ge=1,
+        description="Raw events one factory and source may have waiting in `AEGIS_RAW`. The next "
+        "one is refused (an older one is not dropped): ingest dead-letters it as `queue_full` and "
+        "its raw object stays for `aegis replay`, so a flooding factory cannot fill the queue for "
+        "the others.",
+    )
+    slack_webhook_url: SecretStr | None = Field(
+        default=None,
+        description="Slack incoming webhook of the alerts and of the jobs' Slack steps, from a "
+        "secret store. Unset: alerts are only logged.",
+    )
+    dashboard_url: str = Field(
+        default="http://127.0.0.1:8080",
+        description="Where operators open the dashboard: the base of the links in Slack alerts.",
+    )
 
-    # TTLs keep the seed's names (infra/data-pipeline/variables.tf) and defaults.
-    history_ttl_hours: float = Field(default=2, gt=0)
-    graph_bucket_ttl_hours: float = Field(default=48, gt=0)
-    cloud_fast_history_ttl_hours: float = Field(default=6, gt=0)
-    cloud_slow_history_ttl_hours: float = Field(default=24, gt=0)
-    alert_state_ttl_seconds: int = Field(default=604_800, gt=0)
-    # the aggregator folds a 5-minute window this long after it ends (late commits land first);
-    # the processor marks a factory-hour for folding again when it writes an object into an
-    # hour that ended longer ago than this (less a margin for the hosts' clocks): one setting,
-    # so the two cannot disagree
-    aggregate_delay_s: float = Field(default=15.0, ge=0, le=240)
+    # the TTLs in hours keep the names of the legacy data pipeline's variables
+    history_ttl_hours: float = Field(
+        default=2, gt=0, description="Lifetime of the HISTORY#STATE items, hours."
+    )
+    graph_bucket_ttl_hours: float = Field(
+        default=48, gt=0, description="Lifetime of the GRAPH#5M items (the graph windows), hours."
+    )
+    cloud_fast_history_ttl_hours: float = Field(
+        default=6, gt=0, description="Lifetime of the HISTORY#FAST items, hours."
+    )
+    cloud_slow_history_ttl_hours: float = Field(
+        default=24, gt=0, description="Lifetime of the HISTORY#SLOW items, hours."
+    )
+    alert_state_ttl_s: int = Field(
+        default=604_800,
+        gt=0,
+        validation_alias=AliasChoices("AEGIS_ALERT_STATE_TTL_S", "AEGIS_ALERT_STATE_TTL_SECONDS"),
+        description="Lifetime of the ALERT# items (what was sent, for the cooldowns), seconds: "
+        "7 days.",
+    )
+    aggregate_delay_s: float = Field(
+        default=15.0,
+        ge=0,
+        le=240,
+        description="Seconds after a 5-minute window ends before the aggregator folds it (late "
+        "commits land first). The processor marks a factory-hour for folding again when it "
+        "writes an object into an hour that ended longer ago than this (less a margin for the "
+        "hosts' clocks): one setting, so the two cannot disagree.",
+    )
 
-    log_format: Literal["auto", "json", "console"] = "auto"
-    log_level: str = "INFO"
-    health_host: str = "127.0.0.1"
-    health_port: int = Field(default=0, ge=0, le=65535)
-    max_concurrency: int = Field(default=64, ge=1, le=4096)
-    # every replica announces itself on aegis.heartbeat.{service}.{instance} this often
-    heartbeat_interval_s: float = Field(default=10.0, gt=0)
-    # on stop, in-flight messages get this long to finish before their handlers are cancelled
-    graceful_timeout_s: float = Field(default=20.0, gt=0)
+    log_format: Literal["auto", "json", "console"] = Field(
+        default="auto",
+        description="`json` lines, `console`, or `auto`: console on a terminal, JSON otherwise.",
+    )
+    log_level: str = Field(
+        default="INFO", description="`DEBUG`, `INFO`, `WARNING`, `ERROR` or `CRITICAL`."
+    )
+    health_host: str = Field(
+        default="127.0.0.1",
+        description="Address of `/healthz`, `/readyz` and `/metrics`: `0.0.0.0` where probes and "
+        "Prometheus reach the container.",
+    )
+    health_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Port of `/healthz`, `/readyz` and `/metrics`; 0: any free port (the "
+        "images: 8081).",
+    )
+    max_concurrency: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="Messages one process handles at once; also sizes its AWS connection pool.",
+    )
+    heartbeat_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds between the heartbeats every replica publishes on "
+        "`aegis.heartbeat.{service}.{instance}` (the cloud collector's SERVICE_DOWN).",
+    )
+    graceful_timeout_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="On stop, seconds in-flight messages get to finish before their handlers are "
+        "cancelled (the services with JetStream consumers; ingest has "
+        "`AEGIS_INGEST_SHUTDOWN_GRACE_S`).",
+    )
 
     def state_path(self, name: str) -> Path:
         """``name`` in the state directory, which is made when missing (never the working
@@ -140,7 +278,7 @@ class AegisSettings(BaseSettings):
             graph_bucket_ttl_hours=self.graph_bucket_ttl_hours,
             cloud_fast_history_ttl_hours=self.cloud_fast_history_ttl_hours,
             cloud_slow_history_ttl_hours=self.cloud_slow_history_ttl_hours,
-            alert_state_ttl_seconds=self.alert_state_ttl_seconds,
+            alert_state_ttl_seconds=self.alert_state_ttl_s,
         )
 
     @property

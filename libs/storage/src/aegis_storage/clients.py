@@ -13,10 +13,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
-
 if TYPE_CHECKING:
+    from aiobotocore.config import AioConfig
     from types_aiobotocore_dynamodb import DynamoDBClient
     from types_aiobotocore_s3 import S3Client
 
@@ -33,6 +31,10 @@ class AwsConfig:
 
 
 def aio_config(cfg: AwsConfig) -> AioConfig:
+    # aiobotocore is imported when a client is made, not with this module: AwsConfig is part of
+    # every process's settings, and `aegis --help` should not load an AWS SDK
+    from aiobotocore.config import AioConfig  # noqa: PLC0415
+
     return AioConfig(
         region_name=cfg.region,
         max_pool_connections=cfg.max_pool_connections,
@@ -65,6 +67,8 @@ class AwsClients:
 @asynccontextmanager
 async def open_clients(cfg: AwsConfig) -> AsyncIterator[AwsClients]:
     """Open S3 and DynamoDB clients that share one session; closed on exit."""
+    from aiobotocore.session import get_session  # noqa: PLC0415 - see aio_config
+
     session = get_session()
     kwargs: dict[str, Any] = {
         "region_name": cfg.region,
@@ -81,6 +85,8 @@ async def open_clients(cfg: AwsConfig) -> AsyncIterator[AwsClients]:
 @asynccontextmanager
 async def open_client(service: str, cfg: AwsConfig) -> AsyncIterator[Any]:
     """Any other AWS client (cloudwatch, sts, …) with the same settings."""
+    from aiobotocore.session import get_session  # noqa: PLC0415 - see aio_config
+
     session = get_session()
     async with session.create_client(
         service,  # type: ignore[call-overload]

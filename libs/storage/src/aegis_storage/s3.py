@@ -80,6 +80,18 @@ class CopyResult:
     parts: int  # 0 for a CopyObject, else the number of UploadPartCopy parts
 
 
+@dataclass(frozen=True, slots=True)
+class VersionInfo:
+    """One version of a key in a versioned bucket: an object version or a delete marker."""
+
+    key: str
+    version_id: str
+    size_bytes: int  # 0 for a delete marker
+    is_latest: bool
+    delete_marker: bool
+    etag: str = ""  # "" for a delete marker
+
+
 def is_multipart_etag(etag: str) -> bool:
     """An ETag of the form ``"<md5>-<parts>"`` is no MD5 of the body."""
     return "-" in etag
@@ -366,4 +378,50 @@ class ObjectStore:
                     Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
                 )
             failed.extend(e["Key"] for e in resp.get("Errors", []) if "Key" in e)
+        return failed
+
+    async def list_versions(self, prefix: str) -> AsyncIterator[VersionInfo]:
+        """Every version and delete marker under ``prefix`` (ListObjectVersions), page by page;
+        within a page, object versions first (a key's newest first, as S3 lists them), then
+        delete markers."""
+        paginator = self._s3.get_paginator("list_object_versions")
+        with translated(f"list versions s3://{self.bucket}/{prefix}"):
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                for v in page.get("Versions", []):
+                    yield VersionInfo(
+                        key=v["Key"],
+                        version_id=str(v.get("VersionId", "null")),
+                        size_bytes=int(v.get("Size", 0)),
+                        is_latest=bool(v.get("IsLatest")),
+                        delete_marker=False,
+                        etag=str(v.get("ETag", "")),
+                    )
+                for m in page.get("DeleteMarkers", []):
+                    yield VersionInfo(
+                        key=m["Key"],
+                        version_id=str(m.get("VersionId", "null")),
+                        size_bytes=0,
+                        is_latest=bool(m.get("IsLatest")),
+                        delete_marker=True,
+                    )
+
+    async def delete_versions(self, versions: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Delete these (key, version id) pairs for good, in DeleteObjects batches of 1000;
+        returns the pairs S3 reported as failed."""
+        failed: list[tuple[str, str]] = []
+        for start in range(0, len(versions), DELETE_BATCH):
+            batch = versions[start : start + DELETE_BATCH]
+            with translated(f"delete {len(batch)} versions from s3://{self.bucket}"):
+                resp = await self._s3.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={
+                        "Objects": [{"Key": k, "VersionId": v} for k, v in batch],
+                        "Quiet": True,
+                    },
+                )
+            failed.extend(
+                (e["Key"], str(e.get("VersionId", "")))
+                for e in resp.get("Errors", [])
+                if "Key" in e
+            )
         return failed

@@ -22,7 +22,8 @@ async def all_of(*coros: Coroutine[Any, Any, _T]) -> list[_T]:
         first = eg.exceptions[0]
         while isinstance(first, BaseExceptionGroup):
             first = first.exceptions[0]
-        raise first from None
+        # its own cause stays (the botocore error behind a StorageError): `from None` clears it
+        raise first from first.__cause__
     return [t.result() for t in tasks]
 
 

@@ -3,31 +3,28 @@
 Runs the same code as the service, for every window in ``[--from, --to)`` (aligned to 5 minutes),
 without claims: an operator's re-run rewrites the same keys. Windows older than HISTORY#STATE
 holds are read from the state_snapshot objects, so any range can be rewritten. ObjectCreated
-events are published when NATS is reachable (``--no-events`` to skip). Exit codes: 0 done, 1 a
-window failed, 2 bad options.
+events are published (``--no-events`` to skip). Exit codes: :mod:`aegis_cli.exitcodes`.
+
+Import-light: ``aegis --help`` imports this module, so the SDKs are imported in the command.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import datetime, timedelta
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from aegis_aggregator.aggregate import WINDOW, Aggregator
-from aegis_aggregator.settings import AggregatorSettings
-from aegis_contracts.errors import ContractError
-from aegis_contracts.events import ObjectCreated
-from aegis_contracts.ids import validate_factory_id
-from aegis_contracts.times import floor_to, format_ts, parse_iso, utc_now
-from aegis_runtime.broker import create_broker, ensure_deployed_streams, publish
-from aegis_storage.clients import open_clients
-from aegis_storage.errors import StorageError
-from aegis_storage.readmodel import ReadModel
-from aegis_storage.s3 import ObjectStore
+from aegis_cli import exitcodes
+from aegis_contracts.keys import GRAPH_BUCKET as WINDOW  # aegis_aggregator.aggregate.WINDOW
+from aegis_contracts.times import floor_to
 
-EXIT_FAILED = 1
+if TYPE_CHECKING:
+    from aegis_aggregator.settings import AggregatorSettings
+
+EXIT_FAILED = exitcodes.FAILED
 
 
 def windows_between(start: datetime, end: datetime) -> list[datetime]:
@@ -48,8 +45,26 @@ def aggregate(
     no_events: Annotated[
         bool, typer.Option("--no-events", help="Do not publish ObjectCreated events.")
     ] = False,
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='Print one JSON document at the end: {"windows": [{"start", "factories", '
+            '"samples", "skipped"}], "written"}.',
+        ),
+    ] = False,
 ) -> None:
-    """Re-aggregate the 5-minute windows of a time range into GRAPH#5M and processed_agg/."""
+    """Re-aggregate the 5-minute windows of a time range into GRAPH#5M and processed_agg/.
+
+    Exit codes: 0 done, 1 failed, 2 bad options, 5 NATS or S3/DynamoDB not reachable (NATS:
+    within AEGIS_NATS_CONNECT_TIMEOUT_S; --no-events needs no NATS).
+    """
+    from aegis_aggregator.settings import AggregatorSettings  # noqa: PLC0415
+    from aegis_contracts.errors import ContractError  # noqa: PLC0415
+    from aegis_contracts.ids import validate_factory_id  # noqa: PLC0415
+    from aegis_contracts.times import parse_iso  # noqa: PLC0415
+    from aegis_storage.errors import StorageError  # noqa: PLC0415
+
     try:
         start, end = parse_iso(from_, "--from"), parse_iso(to, "--to")
         factories = [validate_factory_id(f) for f in factory or []]
@@ -58,15 +73,46 @@ def aggregate(
     if end <= start:
         raise typer.BadParameter("--to must be after --from")
     try:
-        asyncio.run(_run(AggregatorSettings(), windows_between(start, end), factories, no_events))
+        rows = asyncio.run(
+            _run(
+                AggregatorSettings(),
+                windows_between(start, end),
+                factories,
+                no_events,
+                quiet=json_output,
+            )
+        )
     except StorageError as err:
         typer.echo(f"aggregate failed: {err}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+        raise typer.Exit(exitcodes.code_of(err)) from None
+    if json_output:
+        typer.echo(json.dumps({"windows": rows, "written": len(rows)}))
+    else:
+        typer.echo(f"aggregate: {len(rows)} window(s) written")
 
 
 async def _run(
-    s: AggregatorSettings, windows: list[datetime], factories: list[str], no_events: bool
-) -> None:
+    s: AggregatorSettings,
+    windows: list[datetime],
+    factories: list[str],
+    no_events: bool,
+    *,
+    quiet: bool = False,
+) -> list[dict[str, Any]]:
+    from aegis_aggregator.aggregate import Aggregator  # noqa: PLC0415
+    from aegis_contracts.events import ObjectCreated  # noqa: PLC0415
+    from aegis_contracts.times import format_ts, utc_now  # noqa: PLC0415
+    from aegis_runtime.broker import (  # noqa: PLC0415
+        connect_broker,
+        create_broker,
+        ensure_deployed_streams,
+        publish,
+    )
+    from aegis_storage.clients import open_clients  # noqa: PLC0415
+    from aegis_storage.readmodel import ReadModel  # noqa: PLC0415
+    from aegis_storage.s3 import ObjectStore  # noqa: PLC0415
+
+    rows: list[dict[str, Any]] = []
     broker = None if no_events else create_broker(s, name="aggregate-cli")
 
     async def announce(subject: str, event: ObjectCreated, *, msg_id: str) -> bool:
@@ -74,6 +120,7 @@ async def _run(
 
     try:
         if broker is not None:
+            await connect_broker(broker, s)
             await ensure_deployed_streams(broker, s)
         async with open_clients(s.aws()) as clients:
             readmodel = ReadModel(clients.dynamodb, s.table)
@@ -90,11 +137,20 @@ async def _run(
             targets = factories or await readmodel.fleet_ids()
             for start in windows:
                 run = await agg.run_window(start, targets, now=utc_now())
-                typer.echo(
-                    f"{format_ts(start)}  factories={run.factories}  samples={run.samples}"
-                    + (f"  skipped={run.skipped_items}" if run.skipped_items else "")
+                rows.append(
+                    {
+                        "start": format_ts(start),
+                        "factories": run.factories,
+                        "samples": run.samples,
+                        "skipped": run.skipped_items,
+                    }
                 )
+                if not quiet:
+                    typer.echo(
+                        f"{format_ts(start)}  factories={run.factories}  samples={run.samples}"
+                        + (f"  skipped={run.skipped_items}" if run.skipped_items else "")
+                    )
     finally:
         if broker is not None:
             await broker.stop()
-    typer.echo(f"aggregate: {len(windows)} window(s) written")
+    return rows

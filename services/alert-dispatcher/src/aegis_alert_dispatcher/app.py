@@ -61,10 +61,10 @@ class DispatcherApp(ServiceApp):
             EVENTS_STREAM,
             settings.alert_durable,
             subject=f"{OBJECT_CREATED}.>",
-            batch_size=settings.batch_size,
-            fetch_timeout=settings.fetch_timeout_s,
-            ack_wait=settings.ack_wait_s,
-            max_deliver=settings.max_deliver,
+            batch_size=settings.alert_batch_size,
+            fetch_timeout=settings.alert_fetch_timeout_s,
+            ack_wait=settings.alert_ack_wait_s,
+            max_deliver=settings.alert_max_deliver,
             user=settings.nats_user,
         )
         async def on_object_created(event: ObjectCreated) -> None:

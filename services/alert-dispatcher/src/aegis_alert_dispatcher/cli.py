@@ -5,37 +5,33 @@ command reads them through its own durable consumer (``alerts-resend``), so each
 a delivered one is acknowledged, one that still fails stays for the next run. An alert whose
 ALERT# items all show a later delivery (newer snapshots fired them meanwhile) is skipped as
 superseded.
-Exit codes: 0 every alert delivered or skipped, 1 some still undeliverable, 2 no webhook set.
+Exit codes: 0 every alert delivered or skipped, 1 some still undeliverable, 2 no webhook set,
+5 NATS or S3/DynamoDB not reachable (:mod:`aegis_cli.exitcodes`).
+
+Import-light: ``aegis --help`` imports this module, so the SDKs are imported in the command.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
-from typing import Annotated, Any
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any
 
-import aiohttp
-import nats
-import nats.errors
 import typer
-from nats.aio.msg import Msg
-from nats.js import api
 
-from aegis_alert_dispatcher.dispatcher import SERVICE, UNDELIVERABLE
-from aegis_alert_dispatcher.settings import DispatcherSettings
-from aegis_alert_dispatcher.slack import SlackWebhook, Undeliverable
-from aegis_contracts import keys
-from aegis_contracts.subjects import dead_letter_subject
-from aegis_contracts.times import format_ts
-from aegis_runtime.broker import DeadLetter, connect_options
-from aegis_storage.clients import open_clients
-from aegis_storage.readmodel import ReadModel
+from aegis_cli import exitcodes
+
+if TYPE_CHECKING:
+    from aegis_alert_dispatcher.settings import DispatcherSettings
+    from aegis_alert_dispatcher.slack import SlackWebhook
+    from aegis_runtime.natsio import Msg
+    from aegis_storage.readmodel import ReadModel
 
 app = typer.Typer(help="Slack alerts: resend the dead-lettered ones.", no_args_is_help=True)
 
 RESEND_DURABLE = "alerts-resend"
-EXIT_UNDELIVERED = 1
+EXIT_UNDELIVERED = exitcodes.FAILED
 EXIT_NO_WEBHOOK = 2
 
 
@@ -55,13 +51,32 @@ def resend(
     ] = False,
     limit: Annotated[int, typer.Option(min=1, help="At most this many alerts.")] = 1000,
     attempts: Annotated[int, typer.Option(min=1, max=20, help="Attempts per alert.")] = 3,
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='Print one JSON document: {"delivered", "superseded", "failed", "unreadable", '
+            '"listed": [...], "dry_run"}.',
+        ),
+    ] = False,
 ) -> None:
-    """Resend dead-lettered Slack alerts (after the webhook is back)."""
+    """Resend dead-lettered Slack alerts (after the webhook is back).
+
+    Exit codes: 0 every alert delivered or skipped, 1 some still undeliverable, 2 no webhook
+    set (or bad options), 5 NATS (within AEGIS_NATS_CONNECT_TIMEOUT_S) or S3/DynamoDB not
+    reachable.
+    """
+    from aegis_alert_dispatcher.settings import DispatcherSettings  # noqa: PLC0415
+
     settings = DispatcherSettings()
     if settings.slack_webhook_url is None and not dry_run:
         typer.echo("alerts resend: AEGIS_SLACK_WEBHOOK_URL is not set", err=True)
         raise typer.Exit(EXIT_NO_WEBHOOK)
     summary = asyncio.run(_resend(settings, dry_run=dry_run, limit=limit, attempts=attempts))
+    code = EXIT_UNDELIVERED if summary.failed else exitcodes.OK
+    if json_output:
+        typer.echo(json.dumps(asdict(summary) | {"dry_run": dry_run}))
+        raise typer.Exit(code)
     for item in summary.listed:
         typer.echo(
             f"{item['outcome']:<11} {item['snapshot_at']}  {item['scope']:<20} "
@@ -72,20 +87,31 @@ def resend(
         f"failed={summary.failed} unreadable={summary.unreadable}"
         + (" (dry run)" if dry_run else "")
     )
-    raise typer.Exit(EXIT_UNDELIVERED if summary.failed else 0)
+    raise typer.Exit(code)
 
 
 async def _resend(s: DispatcherSettings, *, dry_run: bool, limit: int, attempts: int) -> Summary:
+    import aiohttp  # noqa: PLC0415 - import-light module
+
+    from aegis_alert_dispatcher.dispatcher import SERVICE, UNDELIVERABLE  # noqa: PLC0415
+    from aegis_alert_dispatcher.slack import SlackWebhook  # noqa: PLC0415
+    from aegis_contracts.subjects import dead_letter_subject  # noqa: PLC0415
+    from aegis_runtime import natsio  # noqa: PLC0415
+    from aegis_runtime.broker import command_broker  # noqa: PLC0415
+    from aegis_storage.clients import open_clients  # noqa: PLC0415
+    from aegis_storage.readmodel import ReadModel  # noqa: PLC0415
+
     summary = Summary()
-    nc = await nats.connect(**connect_options(s))
+    broker = await command_broker(s, name="alerts-resend")
     held: list[Msg] = []
     try:
-        js = nc.jetstream()
-        sub = await js.pull_subscribe(
+        sub = await natsio.pull_durable(
+            broker,
             dead_letter_subject(SERVICE, UNDELIVERABLE),
             durable=RESEND_DURABLE,
             stream="AEGIS_DLQ",
-            config=api.ConsumerConfig(ack_wait=120, max_deliver=-1),
+            ack_wait=120,
+            max_deliver=-1,
         )
         async with aiohttp.ClientSession() as session, open_clients(s.aws()) as clients:
             readmodel = ReadModel(clients.dynamodb, s.table)
@@ -95,7 +121,7 @@ async def _resend(s: DispatcherSettings, *, dry_run: bool, limit: int, attempts:
             while seen < limit:
                 try:
                     batch = await sub.fetch(batch=min(50, limit - seen), timeout=2)
-                except (TimeoutError, nats.errors.TimeoutError):
+                except TimeoutError:  # nats-py's timeouts are TimeoutErrors too
                     break
                 for msg in batch:
                     seen += 1
@@ -110,8 +136,7 @@ async def _resend(s: DispatcherSettings, *, dry_run: bool, limit: int, attempts:
         for msg in held:
             await msg.nak()
         # close, not drain: draining a pull subscription waits out its timeout (30 s)
-        await nc.flush()
-        await nc.close()
+        await natsio.close(broker)
     return summary
 
 
@@ -119,6 +144,11 @@ async def _one(
     msg: Msg, webhook: SlackWebhook, readmodel: ReadModel, summary: Summary, *, dry_run: bool
 ) -> bool:
     """Handle one dead letter; True when it must stay (not acknowledged)."""
+    from aegis_alert_dispatcher.slack import Undeliverable  # noqa: PLC0415
+    from aegis_contracts import keys  # noqa: PLC0415
+    from aegis_contracts.times import format_ts  # noqa: PLC0415
+    from aegis_runtime.broker import DeadLetter  # noqa: PLC0415
+
     try:
         letter = DeadLetter.model_validate_json(msg.data)
         record = json.loads(letter.payload_bytes())

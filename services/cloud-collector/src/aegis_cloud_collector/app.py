@@ -55,14 +55,14 @@ class CollectorApp(ServiceApp):
         cloudwatch = None
         if "slow" in s.collector_tiers and s.cloudwatch:
             cloudwatch = await stack.enter_async_context(open_client("cloudwatch", s.aws()))
-        js = self.broker.connection.jetstream()  # connected by ensure_streams
         store = ObjectStore(clients.s3, s.bucket)
         readmodel = ReadModel(clients.dynamodb, s.table)
         if self.monitor is not None and self.background:
             start_background(stack, self.monitor.run, "mqtt-sys")
         for tier in s.collector_tiers:
             if tier == "fast":
-                probes = FastProbes(s, js, clients, readmodel, self.monitor).probes()
+                # the broker was connected by ensure_streams
+                probes = FastProbes(s, self.broker, clients, readmodel, self.monitor).probes()
                 interval, ttl = s.collector_fast_interval_s, s.ttl.cloud_fast_expiry
             else:
                 counter = ObjectCounter(store, grace=timedelta(seconds=s.objects_hour_grace_s))

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import nats.js.errors
-
 from aegis_cloud_collector import domain
 from aegis_cloud_collector.collector import Context, Probe
 from aegis_cloud_collector.mqtt_sys import SysMonitor
@@ -23,6 +21,7 @@ from aegis_contracts.cloud import CloudCheck
 from aegis_contracts.state import Level
 from aegis_contracts.subjects import STREAMS
 from aegis_contracts.times import day_path, parse_ts
+from aegis_runtime import natsio
 from aegis_runtime.heartbeat import last_heartbeats
 from aegis_storage.bootstrap import describe_foundation, expected_foundation
 from aegis_storage.clients import AwsClients
@@ -31,7 +30,7 @@ from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
 if TYPE_CHECKING:
-    from nats.js import JetStreamContext
+    from faststream.nats import NatsBroker
 
 # the streams whose durable consumers are watched (AEGIS_DLQ is read by operators, not services)
 CONSUMER_STREAMS = ("AEGIS_RAW", "AEGIS_EVENTS")
@@ -53,7 +52,7 @@ async def _timed(call: Callable[[], Awaitable[Any]]) -> tuple[float | None, str 
 @dataclass
 class FastProbes:
     settings: CollectorSettings
-    js: JetStreamContext
+    broker: NatsBroker  # connected: the queue's state is read through aegis_runtime.natsio
     clients: AwsClients
     readmodel: ReadModel
     monitor: SysMonitor | None
@@ -80,12 +79,10 @@ class FastProbes:
         checks: list[CloudCheck] = []
         present: list[tuple[str, str]] = []
         for spec in STREAMS:
-            try:
-                info = await self.js.stream_info(spec.name)
-            except nats.js.errors.NotFoundError:
+            state = await natsio.stream_state(self.broker, spec.name)
+            if state is None:
                 checks.append(domain.stream_check(spec.name, None))
                 continue
-            state = info.state
             checks.append(
                 domain.stream_check(
                     spec.name,
@@ -96,7 +93,7 @@ class FastProbes:
             )
             if spec.name not in CONSUMER_STREAMS:
                 continue
-            for consumer in await self.js.consumers_info(spec.name):
+            for consumer in await natsio.consumers(self.broker, spec.name):
                 durable = consumer.config.durable_name
                 if not durable:
                     continue  # ephemeral: someone's live subscription, not a service's
@@ -125,16 +122,15 @@ class FastProbes:
         return checks
 
     async def dead_letters(self, context: Context) -> list[CloudCheck]:
-        try:
-            info = await self.js.stream_info(
-                DLQ_STREAM, subjects_filter=self.settings.dead_letter_filter
-            )
-        except nats.js.errors.NotFoundError:
+        state = await natsio.stream_state(
+            self.broker, DLQ_STREAM, subjects_filter=self.settings.dead_letter_filter
+        )
+        if state is None:
             return []  # the jetstream probe reports the missing stream
-        return domain.dead_letter_checks(info.state.subjects or {}, context.previous)
+        return domain.dead_letter_checks(state.subjects or {}, context.previous)
 
     async def services(self, context: Context) -> list[CloudCheck]:
-        beats = await last_heartbeats(self.js)
+        beats = await last_heartbeats(self.broker)
         return domain.service_checks(
             beats,
             self.settings.expected_services,

@@ -17,26 +17,59 @@ CommaList = Annotated[list[str], NoDecode]
 class CollectorSettings(AegisSettings):
     service: str = "cloud-collector"
 
-    # which collectors this process runs: both by default; one each for separate deployments
-    collector_tiers: Annotated[list[Tier], NoDecode] = Field(default=["fast", "slow"], min_length=1)
-    collector_fast_interval_s: float = Field(default=60.0, gt=0)
-    collector_slow_interval_s: float = Field(default=300.0, gt=0)
-    # a check that takes longer counts as failed (CHECK_FAILED) instead of holding up the tick
-    collector_check_timeout_s: float = Field(default=10.0, gt=0)
+    collector_tiers: Annotated[list[Tier], NoDecode] = Field(
+        default=["fast", "slow"],
+        min_length=1,
+        description="The collectors this process runs, comma-separated: both by default, one "
+        "each for separate deployments.",
+    )
+    collector_fast_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds between fast collector runs, each window claimed once across the "
+        "replicas (`CLAIM#cloud-fast`).",
+    )
+    collector_slow_interval_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds between slow collector runs (`CLAIM#cloud-slow`).",
+    )
+    collector_check_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds a check may take; a slower one counts as failed (CHECK_FAILED) "
+        "instead of holding up the run.",
+    )
 
-    # MQTT $SYS: the broker publishes every sys_interval (Mosquitto's default 10 s); silent for
-    # three of them is MQTT_SYS_SILENT
-    mqtt_sys_interval_s: float = Field(default=10.0, gt=0)
+    mqtt_sys_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="The broker's `sys_interval`, seconds (Mosquitto's default: 10): no `$SYS` "
+        "message for three of them is MQTT_SYS_SILENT.",
+    )
 
     # JetStream
-    consumer_lag_warning: int = Field(default=1000, ge=0)
-    consumer_lag_critical: int = Field(default=10_000, ge=0)
-    expected_consumers: CommaList = Field(
-        default=["AEGIS_RAW/processor", "AEGIS_EVENTS/alert-dispatcher"]
+    consumer_lag_warning: int = Field(
+        default=1000,
+        ge=0,
+        description="Messages a durable consumer may have pending before CONSUMER_LAG is a "
+        "WARNING.",
     )
-    dead_letter_filter: str = "aegis.dlq.>"
+    consumer_lag_critical: int = Field(
+        default=10_000,
+        ge=0,
+        description="Pending messages from which CONSUMER_LAG is CRITICAL; at least "
+        "`AEGIS_CONSUMER_LAG_WARNING`.",
+    )
+    expected_consumers: CommaList = Field(
+        default=["AEGIS_RAW/processor", "AEGIS_EVENTS/alert-dispatcher"],
+        description="Durable consumers that must exist, comma-separated `STREAM/durable` "
+        "(CONSUMER_MISSING).",
+    )
+    dead_letter_filter: str = Field(
+        default="aegis.dlq.>", description="The dead-letter subjects counted (DEAD_LETTERS)."
+    )
 
-    # heartbeats: services that must have a live replica (any other service seen is checked too)
     expected_services: CommaList = Field(
         default=[
             "ingest",
@@ -45,21 +78,59 @@ class CollectorSettings(AegisSettings):
             "cloud-collector",
             "alert-dispatcher",
             "reporter",
-        ]
+        ],
+        description="Services that must have a live replica, comma-separated (SERVICE_DOWN); any "
+        "other service seen sending heartbeats is checked too.",
     )
-    heartbeat_missed: float = Field(default=3.0, gt=0)
+    heartbeat_missed: float = Field(
+        default=3.0,
+        gt=0,
+        description="Heartbeat intervals (`AEGIS_HEARTBEAT_INTERVAL_S`) without a heartbeat after "
+        "which a replica counts as gone.",
+    )
 
     # storage canary and freshness
-    storage_slow_ms: float = Field(default=500.0, gt=0)
-    ingest_lag_warning_s: float = Field(default=10.0, gt=0)
-    pipeline_stalled_after_s: float = Field(default=300.0, gt=0)
+    storage_slow_ms: float = Field(
+        default=500.0,
+        gt=0,
+        description="Milliseconds a storage canary may take before STORAGE_SLOW.",
+    )
+    ingest_lag_warning_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds between ingest receiving a factory's last state and the read model "
+        "holding it beyond which that factory is INGEST_LAG (a WARNING).",
+    )
+    pipeline_stalled_after_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds: when every factory's last state is older, nothing is getting "
+        "through (PIPELINE_STALLED, CRITICAL).",
+    )
 
     # slow collector
-    objects_hour_grace_s: float = Field(default=300.0, ge=0)
-    graph_check_enabled: bool = True
-    # None: on when talking to real AWS (no AEGIS_AWS_ENDPOINT_URL), off against an emulator
-    cloudwatch_enabled: bool | None = None
-    cloudwatch_errors_critical: float = Field(default=100.0, gt=0)
+    objects_hour_grace_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="Seconds after an hour ends (late writes) from which its object count no "
+        "longer changes and is kept instead of listed again.",
+    )
+    graph_check_enabled: bool = Field(
+        default=True,
+        description="Check that the aggregator writes every graph window (GRAPH_BEHIND).",
+    )
+    cloudwatch_enabled: bool | None = Field(
+        default=None,
+        description="Read DynamoDB's ThrottledRequests and SystemErrors from CloudWatch (over 5 "
+        "minutes). Unset: on against real AWS (no `AEGIS_AWS_ENDPOINT_URL`), off against an "
+        "emulator.",
+    )
+    cloudwatch_errors_critical: float = Field(
+        default=100.0,
+        gt=0,
+        description="DynamoDB system errors in 5 minutes above which DYNAMODB_SYSTEM_ERRORS is "
+        "CRITICAL (any is a WARNING).",
+    )
 
     @field_validator("collector_tiers", "expected_consumers", "expected_services", mode="before")
     @classmethod

@@ -26,6 +26,7 @@ from aegis_dashboard_api.routes import ApiError, Reader, router
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime.broker import log_bus_identity
+from aegis_runtime.envcheck import report_environment
 from aegis_storage.clients import AwsClients, open_clients
 from aegis_storage.errors import StorageError
 
@@ -181,6 +182,7 @@ def create_app(
 def main() -> None:
     settings = DashboardSettings()
     aegis_logging.configure(settings.log_format, settings.log_level)
+    report_environment()  # AEGIS_* variables nobody reads, deprecated names (uvicorn, not run_service)
     log.info(
         "dashboard_started",
         url=f"http://{settings.dashboard_host}:{settings.dashboard_port}",

@@ -4,6 +4,9 @@ hear the events the other services publish, and turn them into page events on th
 The number of subscriptions is fixed per process (one per subject below), never per open screen.
 Core NATS, not a JetStream consumer: a live view needs no replay (every browser starts from a
 snapshot on each connect), and a dashboard that stops leaves no consumer behind on the server.
+A connection of its own (:func:`aegis_runtime.natsio.connect`), not a FastStream broker's: it must
+come back after any outage and close while NATS is away (the natsio module says why FastStream's
+does not).
 
 | subject | published by | page event |
 |---|---|---|
@@ -21,7 +24,6 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
-import nats
 import pydantic
 import structlog
 
@@ -29,11 +31,11 @@ from aegis_contracts.events import ChangeEvent, ObjectCreated
 from aegis_contracts.subjects import change_subject, object_created_subject, system_subject
 from aegis_dashboard_api.live import Hub, LiveEvent, factory_event, family_of
 from aegis_dashboard_api.routes import Reader, fleet_entry
+from aegis_runtime import natsio
 from aegis_runtime.broker import connect_options
 
 if TYPE_CHECKING:
-    from nats.aio.client import Client
-    from nats.aio.msg import Msg
+    from aegis_runtime.natsio import Client, Msg
 
 log = structlog.get_logger(__name__)
 
@@ -91,8 +93,8 @@ class LiveFeed:
                     await self.nc.close()
 
     async def _connect(self) -> Client:
-        return await nats.connect(
-            **connect_options(self.reader.settings),
+        return await natsio.connect(
+            connect_options(self.reader.settings),
             name="aegis-dashboard-api",
             allow_reconnect=True,
             max_reconnect_attempts=-1,  # forever: live updates resume when NATS is back

@@ -19,38 +19,95 @@ class DashboardSettings(AegisSettings):
     """``AEGIS_*`` variables."""
 
     service: str = "dashboard-api"
-    dashboard_host: str = "127.0.0.1"
-    dashboard_port: int = Field(default=8080, ge=0, le=65535)
-    # comma-separated SHA-256 hex digests of the read-only bearer tokens (hashed at rest);
-    # none: every /api request is refused
-    dashboard_tokens: str = ""
-    # more digests, one per line, read again every tokens_reload_s when the file changed (a
-    # mounted Secret): removing one revokes its token, open live streams included
-    dashboard_tokens_file: Path | None = None
-    dashboard_tokens_reload_s: float = Field(default=5.0, gt=0, le=3600)
-    # comma-separated origins allowed by CORS; none (the default): no CORS headers at all
-    dashboard_cors_origins: str = ""
-    # how long a presigned image URL stays valid
-    dashboard_presign_ttl_s: int = Field(default=300, ge=1, le=3600)
-    # the fleet view is read at most this often, once for every open screen
-    dashboard_fleet_cache_s: float = Field(default=1.0, ge=0, le=60)
-    # the fleet is kept warm (re-read every cache period) only while a screen asked for it this
-    # recently; idle, nothing is read (open screens still get the change feed)
-    dashboard_fleet_idle_s: float = Field(default=60.0, gt=0, le=3600)
-    # live updates (/api/live): the NATS subscription, each browser's queue of undelivered
-    # events (a browser that falls this far behind is dropped and reconnects), the heartbeat
-    dashboard_live: bool = True
-    dashboard_live_queue: int = Field(default=256, ge=1, le=100_000)
-    dashboard_live_ping_s: float = Field(default=15.0, gt=0, le=300)
-    # open live streams per process; one more is answered 503 (a browser retries later)
-    dashboard_live_max_listeners: int = Field(default=1000, ge=1, le=100_000)
-    # failed sign-ins a client may make per window; then 429 until the window moves on
-    dashboard_signin_attempts: int = Field(default=10, ge=1, le=10_000)
-    dashboard_signin_window_s: int = Field(default=60, ge=1, le=86_400)
-    # the proxies (addresses or networks, comma-separated) whose X-Forwarded-For/-Proto are
-    # believed: behind a TLS-terminating load balancer list it, so the sign-in cookie is Secure
-    # and each user is limited as themselves. Empty: no forwarded header is believed.
-    dashboard_trusted_proxies: str = ""
+    dashboard_host: str = Field(
+        default="127.0.0.1",
+        description="The address the dashboard and its API listen on (`0.0.0.0` in a container).",
+    )
+    dashboard_port: int = Field(
+        default=8080, ge=0, le=65535, description="The port the dashboard and its API listen on."
+    )
+    dashboard_tokens: str = Field(
+        default="",
+        description="SHA-256 hex digests of the read-only bearer tokens, comma-separated "
+        "(`printf %s TOKEN | sha256sum`), from a secret store. None (and no tokens file): every "
+        "page and `/api` request is refused.",
+    )
+    dashboard_tokens_file: Path | None = Field(
+        default=None,
+        description="More token digests, one per line (`#` comments), read again when the file "
+        "changes (a mounted Secret): removing one revokes its token, open live streams included.",
+    )
+    dashboard_tokens_reload_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="Seconds between two looks at `AEGIS_DASHBOARD_TOKENS_FILE`.",
+    )
+    dashboard_cors_origins: str = Field(
+        default="",
+        description="Origins allowed to read the API from a browser, comma-separated. None: no "
+        "CORS headers at all.",
+    )
+    dashboard_presign_ttl_s: int = Field(
+        default=300, ge=1, le=3600, description="Seconds a presigned image URL stays valid."
+    )
+    dashboard_fleet_cache_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=60,
+        description="The fleet is read at most this often (seconds), once for every open screen.",
+    )
+    dashboard_fleet_idle_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Seconds the fleet is kept warm (read again every cache period) after a "
+        "screen last asked for it; idle, nothing is read (open screens still get the change "
+        "feed).",
+    )
+    dashboard_live: bool = Field(
+        default=True,
+        description="Live updates (`/api/live`): the dashboard subscribes to the change events "
+        "on NATS and streams them to the browsers.",
+    )
+    dashboard_live_queue: int = Field(
+        default=256,
+        ge=1,
+        le=100_000,
+        description="Events a browser may be behind; one that falls further behind is dropped "
+        "and reconnects.",
+    )
+    dashboard_live_ping_s: float = Field(
+        default=15.0,
+        gt=0,
+        le=300,
+        description="Seconds between heartbeat comments on a live stream (keeps proxies from "
+        "closing it).",
+    )
+    dashboard_live_max_listeners: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description="Open live streams per process; one more is answered 503 (the page retries "
+        "later).",
+    )
+    dashboard_signin_attempts: int = Field(
+        default=10,
+        ge=1,
+        le=10_000,
+        description="Failed sign-ins one client may make per window; then 429 until the window "
+        "moves on.",
+    )
+    dashboard_signin_window_s: int = Field(
+        default=60, ge=1, le=86_400, description="The sign-in window, seconds."
+    )
+    dashboard_trusted_proxies: str = Field(
+        default="",
+        description="Proxies (addresses or networks, comma-separated) whose X-Forwarded-For and "
+        "X-Forwarded-Proto are believed: behind a TLS-terminating load balancer list it, so the "
+        "sign-in cookie is Secure and each user is limited as themselves. None: no forwarded "
+        "header is believed.",
+    )
 
     @field_validator("dashboard_tokens")
     @classmethod

@@ -25,7 +25,7 @@ from aegis_ingest.mqtt import Acker, create_client
 from aegis_ingest.settings import IngestSettings
 from aegis_runtime.broker import create_broker, ensure_deployed_streams, nats_ready
 from aegis_runtime.health import HealthServer
-from aegis_runtime.heartbeat import HeartbeatPublisher
+from aegis_runtime.heartbeat import HeartbeatPublisher, is_alive, last_heartbeats
 from aegis_runtime.lifecycle import run_service, settle_heap, start_background
 from aegis_runtime.logging import configure
 from aegis_runtime.metrics import Metrics
@@ -38,6 +38,10 @@ _T = TypeVar("_T")
 # ingest publishes raw events and dead letters only
 # raw events, dead letters, and the heartbeats on AEGIS_EVENTS
 _STREAMS = STREAMS
+# on stop, after unsubscribing, the session counts as drained once no message came for this long
+DRAIN_IDLE_S = 1.0
+# on stop, the time replicas stopping together get to announce it before one decides to hand over
+HAND_OVER_SETTLE_S = 1.0
 
 
 class _Redeliver(Exception):
@@ -73,6 +77,10 @@ class IngestApp:
         self.health.add_check("nats", nats_ready(self.broker))
         self.heartbeat = HeartbeatPublisher.for_service(self.broker, settings, self.health)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._received = 0  # messages read from MQTT, all sessions
+        self.handed_over = 0  # messages read after unsubscribing, when stopping (a hand-over)
+        self.hand_over_settle_s = HAND_OVER_SETTLE_S
+        self._waiting_since: float | None = None  # loop time the reader began to wait for one
 
     async def _mqtt_ready(self) -> bool:
         return self.mqtt_connected
@@ -112,7 +120,7 @@ class IngestApp:
     async def _consume(self, handler: IngestHandler, stop: asyncio.Event) -> None:
         s = self.settings
         slots = asyncio.Semaphore(s.max_concurrency)
-        backoff = _Backoff(s.mqtt_reconnect_min_seconds, s.mqtt_reconnect_max_seconds)
+        backoff = _Backoff(s.mqtt_reconnect_min_s, s.mqtt_reconnect_max_s)
         while not stop.is_set():
             try:
                 await self._session(handler, stop, slots, backoff)
@@ -143,7 +151,18 @@ class IngestApp:
                 log.info("mqtt_subscribed", subscription=s.subscription)
                 # one reader for the whole session, cancelled when ``halt`` is done: racing each
                 # wait against ``halt`` cost a task and an asyncio.wait per message
-                await _first(self._read(client, handler, acker, slots, redeliver), halt)
+                reader = asyncio.ensure_future(self._read(client, handler, acker, slots, redeliver))
+                try:
+                    await _first(asyncio.shield(reader), halt)
+                    if (
+                        stop.is_set()
+                        and not redeliver.is_set()
+                        and not reader.done()
+                        and await self._others_take_over()
+                    ):
+                        await self._hand_over(client, reader)
+                finally:
+                    await _cancel(reader)
                 # leaving on purpose: let in-flight messages finish so their PUBACKs go out
                 # before DISCONNECT (paho writes packets in the order they were queued)
                 await self._drain()
@@ -153,6 +172,67 @@ class IngestApp:
             self.subscribed.clear()
         if redeliver.is_set() and not stop.is_set():
             raise _Redeliver("a message was deferred; reconnecting for its redelivery")
+
+    async def _others_take_over(self) -> bool:
+        """Whether another replica of this service is alive to take the group's messages (its
+        last heartbeat fresh and not stopping). Replicas stopping at the same time (a shutdown
+        of the whole service) say so in their last heartbeat: after ``HAND_OVER_SETTLE_S`` each
+        sees the others stopping and keeps its session, so the broker queues the group's
+        messages for the sessions until they return. Unknown (NATS down): keep it too."""
+        try:
+            async with asyncio.timeout(5 * HAND_OVER_SETTLE_S):
+                await self.heartbeat.announce_stopping()
+        except Exception as err:  # NATS down: the peers cannot be asked either; keep the session
+            log.warning("mqtt_session_kept", reason="replicas unknown", error=str(err) or repr(err))
+            return False
+        await asyncio.sleep(self.hand_over_settle_s)
+        try:
+            async with asyncio.timeout(5 * HAND_OVER_SETTLE_S):
+                beats = await last_heartbeats(self.broker, self.settings.service)
+        except Exception as err:  # any failure: keep the session, the safe side
+            log.warning("mqtt_session_kept", reason="replicas unknown", error=str(err) or repr(err))
+            return False
+        now = utc_now()
+        others = [
+            b.instance for b in beats if b.instance != self.heartbeat.instance and is_alive(b, now)
+        ]
+        if not others:
+            log.info("mqtt_session_kept", reason="no other replica alive to take over")
+        return bool(others)
+
+    async def _hand_over(self, client: aiomqtt.Client, reader: asyncio.Future[None]) -> None:
+        """Leave the group without stranding messages: unsubscribe, so the broker routes the
+        group's messages to the other replicas from now on, then go on reading what it had
+        already queued for this session until, with a free slot, none has come for
+        ``DRAIN_IDLE_S`` (at most
+        ``ingest_shutdown_grace_s``). A replica removed for good (a scale-down) thus leaves no
+        messages in a session nobody will resume; one that restarts resumes an empty session
+        and subscribes again."""
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        received = self._received
+        try:
+            await asyncio.wait_for(client.unsubscribe(s.subscription), DRAIN_IDLE_S * 5)
+        except (aiomqtt.MqttError, TimeoutError) as err:
+            log.warning("mqtt_unsubscribe_failed", error=str(err) or repr(err))
+            return
+        deadline = loop.time() + s.ingest_shutdown_grace_s
+        while not reader.done():
+            now = loop.time()
+            # idle: the reader has a free slot and has waited this long for a message (a reader
+            # waiting for a slot is busy, whatever the time of the last message)
+            waiting = self._waiting_since
+            idle_until = now + DRAIN_IDLE_S if waiting is None else waiting + DRAIN_IDLE_S
+            if now >= idle_until or now >= deadline:
+                break
+            await asyncio.wait([reader], timeout=min(idle_until, deadline) - now)
+        self.handed_over += self._received - received
+        log.info(
+            "mqtt_session_handed_over",
+            subscription=s.subscription,
+            drained=self._received - received,
+            complete=loop.time() < deadline,
+        )
 
     async def _read(
         self,
@@ -168,11 +248,15 @@ class IngestApp:
         messages = aiter(client.messages)
         while True:
             await slots.acquire()
+            self._waiting_since = asyncio.get_running_loop().time()
             try:
                 message = await anext(messages)
             except BaseException:
                 slots.release()
                 raise
+            finally:
+                self._waiting_since = None
+            self._received += 1
             payload = message.payload
             inbound = Inbound(
                 topic=message.topic.value,
@@ -213,12 +297,12 @@ class IngestApp:
             slots.release()
 
     async def _drain(self) -> None:
-        """Wait for in-flight messages, at most ``shutdown_grace_seconds``; cancel the rest
+        """Wait for in-flight messages, at most ``ingest_shutdown_grace_s``; cancel the rest
         (they stay unacknowledged and the broker redelivers them)."""
         if not self._tasks:
             return
         _, pending = await asyncio.wait(
-            set(self._tasks), timeout=self.settings.shutdown_grace_seconds
+            set(self._tasks), timeout=self.settings.ingest_shutdown_grace_s
         )
         if pending:
             log.warning("inflight_abandoned", count=len(pending))
@@ -251,6 +335,15 @@ async def _halt_on(*events: asyncio.Event) -> AsyncIterator[asyncio.Future[None]
         await asyncio.wait([watcher])
 
 
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and wait until it has settled (its own clean-up done)."""
+    if not task.done():
+        task.cancel()
+    await asyncio.wait([task])
+    if not task.cancelled() and task.exception() is not None:
+        raise task.exception()  # type: ignore[misc]
+
+
 async def _first(awaitable: Awaitable[_T], halt: asyncio.Future[None]) -> _T | None:
     """The result of ``awaitable``, or None (and it is cancelled) when ``halt`` is done first."""
     task = asyncio.ensure_future(awaitable)
@@ -277,4 +370,4 @@ def main() -> None:
     settings = IngestSettings()
     configure(settings.log_format, settings.log_level)
     app = create_app(settings, settle=True)
-    run_service(app.run, shutdown_timeout=settings.shutdown_grace_seconds + 10)
+    run_service(app.run, shutdown_timeout=settings.ingest_shutdown_grace_s + 10)

@@ -113,7 +113,7 @@ class IngestHandler:
                         break
                     except _TRANSIENT as err:
                         error = f"{type(err).__name__}: {err}"
-                        if attempts >= self.settings.retry_attempts:
+                        if attempts >= self.settings.ingest_retry_attempts:
                             outcome = Outcome.DEFERRED
                             break
                         await self._backoff(attempts)
@@ -154,7 +154,7 @@ class IngestHandler:
                     await publish_raw_archived(
                         self.broker,
                         decision.event,
-                        ack_timeout=self.settings.nats_ack_timeout_seconds,
+                        ack_timeout=self.settings.nats_ack_timeout_s,
                     )
                 except StreamFull as err:
                     # this factory's backlog is at its bound: waiting would hold an MQTT slot
@@ -178,7 +178,7 @@ class IngestHandler:
 
     async def _backoff(self, attempt: int) -> None:
         s = self.settings
-        delay = min(s.retry_max_delay_seconds, s.retry_first_delay_seconds * 2 ** (attempt - 1))
+        delay = min(s.ingest_retry_max_delay_s, s.ingest_retry_first_delay_s * 2 ** (attempt - 1))
         delay *= random.uniform(0.5, 1.0)  # noqa: S311 (jitter, not cryptography)
         try:
             await asyncio.wait_for(self.stopping.wait(), delay)

@@ -45,10 +45,10 @@ def create_client(settings: IngestSettings) -> Client:
         # False on every connect, not only the first: a restarted replica resumes its session
         clean_start=False,
         properties=connect_properties(
-            session_expiry_seconds=settings.mqtt_session_expiry_seconds,
+            session_expiry_seconds=settings.mqtt_session_expiry_s,
             receive_maximum=settings.mqtt_max_inflight,
         ),
-        keepalive=settings.mqtt_keepalive_seconds,
+        keepalive=settings.mqtt_keepalive_s,
         tls_context=settings.mqtt_tls_context(),
     )
     enable_manual_ack(client)

@@ -6,7 +6,7 @@ import socket
 from dataclasses import replace
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.clients import AwsConfig
@@ -21,37 +21,136 @@ def _default_client_id() -> str:
 class IngestSettings(AegisSettings):
     service: str = "ingest"
 
-    mqtt_client_id: str = Field(default_factory=_default_client_id, min_length=1, max_length=128)
-    # replicas in one group share the messages ($share/{group}/...); empty: a plain subscription
-    # for a single replica. Mosquitto restores a persistent session's plain subscriptions when it
-    # restarts, but not its shared ones: what devices publish between a broker restart and the
-    # replicas' next subscribe is dropped for a group, kept for a plain subscription
-    mqtt_share_group: str = Field(default="aegis-ingest", pattern=r"^([A-Za-z0-9_-]{1,64})?$")
-    mqtt_topic_filter: str = "aegis/+/+"
-    # > 0, else the broker drops the session, and with it the offline and unacked messages
-    mqtt_session_expiry_seconds: int = Field(default=3600, gt=0, le=0xFFFFFFFF)
-    # MQTT v5 Receive Maximum: the broker sends at most this many unacknowledged QoS 1 messages,
-    # which is the backpressure: a slow archive stops the flow at the broker, not in our memory
-    mqtt_max_inflight: int = Field(default=64, ge=1, le=65535)
-    mqtt_keepalive_seconds: int = Field(default=30, ge=5, le=3600)
-    mqtt_reconnect_min_seconds: float = Field(default=0.5, gt=0)
-    mqtt_reconnect_max_seconds: float = Field(default=30.0, gt=0)
+    mqtt_client_id: str = Field(
+        default_factory=_default_client_id,
+        min_length=1,
+        max_length=128,
+        json_schema_extra={"default_doc": "`aegis-ingest-{hostname}`"},
+        description="The replica's persistent MQTT session: keep it stable across restarts (a "
+        "StatefulSet's pod name, a fixed task name), so that the broker hands the replica that "
+        "comes back under it the messages it had not acknowledged.",
+    )
+    mqtt_share_group: str = Field(
+        default="aegis-ingest",
+        pattern=r"^([A-Za-z0-9_-]{1,64})?$",
+        description="Replicas in one group share the messages (`$share/{group}/...`). Empty: a "
+        "plain subscription, for one replica (`make run` and compose). Mosquitto restores a "
+        "persistent session's plain subscriptions when it restarts, but shared ones only with "
+        "its persist-sqlite plugin (Mosquitto 2.1, as `deploy/mosquitto/` configures it); "
+        "otherwise what devices publish between a broker restart and the replicas' next "
+        "subscribe is dropped for a group.",
+    )
+    mqtt_topic_filter: str = Field(
+        default="aegis/+/+",
+        description="The topics ingest subscribes to (`aegis/{factory}/{source}`).",
+    )
+    mqtt_session_expiry_s: int = Field(
+        default=3600,
+        gt=0,
+        le=0xFFFFFFFF,
+        validation_alias=AliasChoices(
+            "AEGIS_MQTT_SESSION_EXPIRY_S", "AEGIS_MQTT_SESSION_EXPIRY_SECONDS"
+        ),
+        description="Seconds the broker keeps a stopped replica's session, with the messages "
+        "sent to it meanwhile and those it had not acknowledged.",
+    )
+    # MQTT v5 Receive Maximum is the backpressure: a slow archive stops the flow at the broker,
+    # not in ingest's memory
+    mqtt_max_inflight: int = Field(
+        default=64,
+        ge=1,
+        le=65535,
+        description="MQTT Receive Maximum: the broker sends a replica at most this many "
+        "unacknowledged messages at once.",
+    )
+    mqtt_keepalive_s: int = Field(
+        default=30,
+        ge=5,
+        le=3600,
+        validation_alias=AliasChoices("AEGIS_MQTT_KEEPALIVE_S", "AEGIS_MQTT_KEEPALIVE_SECONDS"),
+        description="MQTT keep-alive, seconds: the broker drops a connection silent for 1.5 "
+        "times this.",
+    )
+    mqtt_reconnect_min_s: float = Field(
+        default=0.5,
+        gt=0,
+        validation_alias=AliasChoices(
+            "AEGIS_MQTT_RECONNECT_MIN_S", "AEGIS_MQTT_RECONNECT_MIN_SECONDS"
+        ),
+        description="Seconds before the first reconnect after the broker connection is lost "
+        "(doubling up to `AEGIS_MQTT_RECONNECT_MAX_S`).",
+    )
+    mqtt_reconnect_max_s: float = Field(
+        default=30.0,
+        gt=0,
+        validation_alias=AliasChoices(
+            "AEGIS_MQTT_RECONNECT_MAX_S", "AEGIS_MQTT_RECONNECT_MAX_SECONDS"
+        ),
+        description="The longest wait between two reconnects, seconds.",
+    )
 
-    # in-process retries of one message on a transient storage/NATS failure; after the last one the
-    # message stays unacknowledged and the connection is recycled so that the broker redelivers it
-    retry_attempts: int = Field(default=5, ge=1, le=100)
-    retry_first_delay_seconds: float = Field(default=0.2, gt=0)
-    retry_max_delay_seconds: float = Field(default=5.0, gt=0)
-    # botocore's own attempts per S3 call (inside one of ours)
-    aws_max_attempts: int = Field(default=3, ge=1, le=10)
-    nats_ack_timeout_seconds: float = Field(default=5.0, gt=0)
+    ingest_retry_attempts: int = Field(
+        default=5,
+        ge=1,
+        le=100,
+        validation_alias=AliasChoices("AEGIS_INGEST_RETRY_ATTEMPTS", "AEGIS_RETRY_ATTEMPTS"),
+        description="Attempts at one message on a transient storage or NATS failure; after the "
+        "last the message stays unacknowledged and the connection is recycled, so that the "
+        "broker delivers it again.",
+    )
+    ingest_retry_first_delay_s: float = Field(
+        default=0.2,
+        gt=0,
+        validation_alias=AliasChoices(
+            "AEGIS_INGEST_RETRY_FIRST_DELAY_S", "AEGIS_RETRY_FIRST_DELAY_SECONDS"
+        ),
+        description="Seconds before the second attempt at a message (doubling after each).",
+    )
+    ingest_retry_max_delay_s: float = Field(
+        default=5.0,
+        gt=0,
+        validation_alias=AliasChoices(
+            "AEGIS_INGEST_RETRY_MAX_DELAY_S", "AEGIS_RETRY_MAX_DELAY_SECONDS"
+        ),
+        description="The longest wait between two attempts at a message, seconds.",
+    )
+    aws_max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description="The AWS SDK's own attempts per S3 call (inside each of ingest's attempts).",
+    )
+    nats_ack_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        validation_alias=AliasChoices("AEGIS_NATS_ACK_TIMEOUT_S", "AEGIS_NATS_ACK_TIMEOUT_SECONDS"),
+        description="Seconds JetStream may take to confirm a published raw event.",
+    )
 
-    # RawArchived carries the payload inline up to this size (saves the processor a GET)
-    payload_inline_max_bytes: int = Field(default=64 * 1024, ge=0, le=256 * 1024)
-    # an oversize payload's dead letter keeps only this prefix (plus its size and sha256)
-    dead_letter_prefix_bytes: int = Field(default=4096, ge=0, le=64 * 1024)
-    # on SIGTERM, in-flight messages get this long to finish before they are left unacknowledged
-    shutdown_grace_seconds: float = Field(default=15.0, ge=0)
+    payload_inline_max_bytes: int = Field(
+        default=64 * 1024,
+        ge=0,
+        le=256 * 1024,
+        description="Raw events carry their payload inline up to this size in bytes (saving the "
+        "processor a read of the raw object); `aegis replay` must use the same value, or the "
+        "events it rebuilds differ from the ones ingest sent.",
+    )
+    dead_letter_prefix_bytes: int = Field(
+        default=4096,
+        ge=0,
+        le=64 * 1024,
+        description="The bytes of an oversize payload its dead letter keeps (with its size and "
+        "SHA-256).",
+    )
+    ingest_shutdown_grace_s: float = Field(
+        default=15.0,
+        ge=0,
+        validation_alias=AliasChoices(
+            "AEGIS_INGEST_SHUTDOWN_GRACE_S", "AEGIS_SHUTDOWN_GRACE_SECONDS"
+        ),
+        description="On stop, seconds in-flight messages get to finish before they are left "
+        "unacknowledged (the broker delivers them again).",
+    )
 
     @field_validator("mqtt_url")
     @classmethod

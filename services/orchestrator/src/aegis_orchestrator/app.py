@@ -127,10 +127,10 @@ class OrchestratorApp(ServiceApp):
                 spec,
                 f"{durable}-{name}",
                 subject=subject,
-                batch_size=settings.batch_size,
-                fetch_timeout=settings.fetch_timeout_s,
-                ack_wait=settings.ack_wait_s,
-                max_deliver=settings.max_deliver,
+                batch_size=settings.orchestrator_batch_size,
+                fetch_timeout=settings.orchestrator_fetch_timeout_s,
+                ack_wait=settings.orchestrator_ack_wait_s,
+                max_deliver=settings.orchestrator_max_deliver,
                 user=settings.nats_user,
             )
 

@@ -1,7 +1,10 @@
 """``aegis jobs``: register, list, show, enable, disable, delete (soft), export, import (YAML),
 export-asl, runs. Every change is written to the read model, then announced on
 ``aegis.changes.orch_job`` so running orchestrators refresh that job at once (without NATS they
-pick it up at their next periodic refresh). Exit codes: 0 done, 1 refused or failed, 2 not found.
+pick it up at their next periodic refresh). Exit codes: 0 done, 1 refused or failed, 2 not
+found, 5 S3/DynamoDB not reachable (:mod:`aegis_cli.exitcodes`); ``validate``: 0 valid, 1 not.
+
+Import-light: ``aegis --help`` imports this module, so the SDKs are imported in the commands.
 """
 
 from __future__ import annotations
@@ -10,34 +13,40 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-import nats
 import typer
 
-from aegis_contracts import keys
-from aegis_contracts.events import ChangeEvent
-from aegis_contracts.subjects import change_subject
-from aegis_contracts.times import utc_now
-from aegis_orchestration.asl import DEFAULT_FUNCTION_ARN, AslExportError, export_asl
-from aegis_orchestration.model import Job
-from aegis_orchestration.yamlio import JobFileError, dump_jobs, load_jobs
-from aegis_orchestrator.settings import OrchestratorSettings
-from aegis_orchestrator.store import DuplicateJob, JobNotFound, JobStore
-from aegis_runtime.broker import connect_options
-from aegis_storage.clients import open_clients
-from aegis_storage.errors import Conflict, StorageError
-from aegis_storage.readmodel import ReadModel
+from aegis_cli import exitcodes
 
-app = typer.Typer(
-    help="Orchestration jobs (seed 003): triggers and workflows.", no_args_is_help=True
-)
-EXIT_REFUSED = 1
+if TYPE_CHECKING:
+    from aegis_orchestration.model import Job
+    from aegis_orchestrator.settings import OrchestratorSettings
+    from aegis_orchestrator.store import JobStore
+
+app = typer.Typer(help="Orchestration jobs: triggers and workflows.", no_args_is_help=True)
+EXIT_REFUSED = exitcodes.FAILED
 EXIT_NOT_FOUND = 2
+EXIT_INVALID = exitcodes.FAILED
+EXIT_CODES = (
+    "Exit codes: 0 done, 1 refused or failed, 2 no such job (or bad options), 5 S3/DynamoDB not "
+    "reachable."
+)
 T = TypeVar("T")
+# aegis_orchestration.asl.DEFAULT_FUNCTION_ARN, which a test holds equal (an option's default is
+# read when the help is built: the asl module is not imported for that)
+DEFAULT_FUNCTION_ARN = "arn:aws:lambda:ap-south-1:000000000000:function:aegis-orchestrator-task"
 
 
 def _run(work: Callable[[JobStore], Awaitable[T]]) -> T:
+    from aegis_contracts.times import utc_now  # noqa: PLC0415 - import-light module
+    from aegis_orchestration.yamlio import JobFileError  # noqa: PLC0415
+    from aegis_orchestrator.settings import OrchestratorSettings  # noqa: PLC0415
+    from aegis_orchestrator.store import DuplicateJob, JobNotFound, JobStore  # noqa: PLC0415
+    from aegis_storage.clients import open_clients  # noqa: PLC0415
+    from aegis_storage.errors import Conflict, StorageError  # noqa: PLC0415
+    from aegis_storage.readmodel import ReadModel  # noqa: PLC0415
+
     settings = OrchestratorSettings()
 
     async def go() -> T:
@@ -54,16 +63,25 @@ def _run(work: Callable[[JobStore], Awaitable[T]]) -> T:
         raise typer.Exit(EXIT_NOT_FOUND) from None
     except StorageError as err:
         typer.echo(f"jobs: storage failed: {err}", err=True)
-        raise typer.Exit(EXIT_REFUSED) from None
+        raise typer.Exit(exitcodes.code_of(err)) from None
 
 
 def announce(job_ids: list[str], settings: OrchestratorSettings | None = None) -> bool:
     """Tell running orchestrators that these jobs changed; False when NATS is unreachable."""
+    from aegis_contracts import keys  # noqa: PLC0415 - import-light module
+    from aegis_contracts.events import ChangeEvent  # noqa: PLC0415
+    from aegis_contracts.subjects import change_subject  # noqa: PLC0415
+    from aegis_contracts.times import utc_now  # noqa: PLC0415
+    from aegis_orchestrator.settings import OrchestratorSettings  # noqa: PLC0415
+    from aegis_runtime import natsio  # noqa: PLC0415
+    from aegis_runtime.broker import command_broker  # noqa: PLC0415
+
     s = settings or OrchestratorSettings()
 
     async def go() -> None:
-        nc = await nats.connect(
-            **connect_options(s),
+        broker = await command_broker(
+            s,
+            name="jobs",
             connect_timeout=2,
             max_reconnect_attempts=0,
         )
@@ -77,10 +95,13 @@ def announce(job_ids: list[str], settings: OrchestratorSettings | None = None) -
                     producer="aegis-jobs",
                     at=utc_now(),
                 )
-                await nc.publish(change_subject("orch_job"), event.model_dump_json().encode())
-            await nc.flush()
+                await broker.publish(
+                    event.model_dump_json().encode(),
+                    change_subject("orch_job"),
+                    headers={"content-type": "application/json"},
+                )
         finally:
-            await nc.close()
+            await natsio.close(broker)  # flushed first: the announcements are out
 
     try:
         asyncio.run(go())
@@ -94,6 +115,8 @@ def announce(job_ids: list[str], settings: OrchestratorSettings | None = None) -
 
 
 def _read(path: Path) -> list[Job]:
+    from aegis_orchestration.yamlio import JobFileError, load_jobs  # noqa: PLC0415
+
     try:
         return load_jobs(path.read_text())
     except JobFileError as err:
@@ -103,7 +126,7 @@ def _read(path: Path) -> list[Job]:
         raise typer.Exit(EXIT_REFUSED) from None
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES)
 def register(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A jobs YAML file.")],
     replace: Annotated[bool, typer.Option("--replace", help="Overwrite jobs that exist.")] = False,
@@ -120,26 +143,53 @@ def register(
     announce([j.id for j in done])
 
 
-app.command(name="import")(register)
+app.command(name="import", epilog=EXIT_CODES)(register)
 
 
-@app.command(name="list")
+@app.command(name="list", epilog=EXIT_CODES)
 def list_jobs(
     all_jobs: Annotated[bool, typer.Option("--all", help="Include soft-deleted jobs.")] = False,
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='Print a JSON list: {"id", "name", "state", "trigger_type", "trigger", "steps", '
+            '"version"} per job.',
+        ),
+    ] = False,
 ) -> None:
     """The registered jobs: trigger, state, steps."""
     jobs = _run(lambda store: store.all())
+    rows = []
     for j in sorted(jobs, key=lambda j: j.id):
         if not j.is_active and not all_jobs:
             continue
         state = "deleted" if not j.is_active else ("enabled" if j.is_enabled else "disabled")
         trigger = j.trigger_cron if j.trigger_cron else "/".join(j.trigger_key()[1:])
+        rows.append(
+            {
+                "id": j.id,
+                "name": j.job_name,
+                "state": state,
+                "trigger_type": j.trigger_type.value,
+                "trigger": trigger,
+                "steps": len(j.steps),
+                "version": j.version,
+            }
+        )
+    if json_output:
+        typer.echo(json.dumps(rows))
+        return
+    for r in rows:
         typer.echo(
-            f"{j.id:<28} {state:<9} {j.trigger_type.value:<11} {trigger:<32} {len(j.steps)} steps"
+            f"{r['id']:<28} {r['state']:<9} {r['trigger_type']:<11} {r['trigger']:<32} "
+            f"{r['steps']} steps"
         )
 
 
 async def _get(store: JobStore, job_id: str) -> Job:
+    from aegis_orchestrator.store import JobNotFound  # noqa: PLC0415
+
     job = await store.get(job_id)
     if job is None:
         raise JobNotFound(job_id)
@@ -147,9 +197,88 @@ async def _get(store: JobStore, job_id: str) -> Job:
 
 
 @app.command()
-def show(job_id: str) -> None:
-    """One job as YAML."""
-    typer.echo(dump_jobs([_run(lambda store: _get(store, job_id))]), nl=False)
+def show(
+    job_id: str,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="The job as a JSON document (as in a jobs file).")
+    ] = False,
+) -> None:
+    """One job as YAML (or JSON).
+
+    Exit codes: 0 shown, 1 failed, 2 no such job, 5 S3/DynamoDB not reachable.
+    """
+    from aegis_orchestration.yamlio import dump_jobs, job_document  # noqa: PLC0415
+
+    job = _run(lambda store: _get(store, job_id))
+    if json_output:
+        typer.echo(json.dumps(job_document(job) | {"version": job.version}))
+        return
+    typer.echo(dump_jobs([job]), nl=False)
+
+
+@app.command()
+def validate(
+    path: Annotated[
+        Path, typer.Argument(exists=True, dir_okay=False, help="A jobs file, YAML or JSON.")
+    ],
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='Print {"valid", "jobs": [ids], "problems": [{"job", "field", "reason"}]}.',
+        ),
+    ] = False,
+) -> None:
+    """Check a jobs file as `register` would, registering nothing and reading no storage.
+
+    Every problem is listed (job, field, reason), not only the first: fields, each job's step
+    tree, triggers, ids used twice.
+
+    Exit codes: 0 valid, 1 not valid (each problem on stderr, or in the JSON), 2 bad options.
+    """
+    from aegis_orchestration.yamlio import JobProblem, check_jobs  # noqa: PLC0415
+
+    text = path.read_text(encoding="utf-8")
+    jobs: list[Job]
+    problems: list[JobProblem]
+    as_json = path.suffix.lower() == ".json"
+    try:
+        doc = json.loads(text) if as_json else _yaml(text)
+    except ValueError as err:
+        jobs, problems = [], [JobProblem(None, None, f"not {'JSON' if as_json else 'YAML'}: {err}")]
+    else:
+        jobs, problems = check_jobs(doc)
+    code = EXIT_INVALID if problems else exitcodes.OK
+    if json_output:
+        typer.echo(
+            json.dumps(
+                {
+                    "file": str(path),
+                    "valid": not problems,
+                    "jobs": [j.id for j in jobs],
+                    "problems": [
+                        {"job": p.job, "field": p.field, "reason": p.reason} for p in problems
+                    ],
+                }
+            )
+        )
+        raise typer.Exit(code)
+    for p in problems:
+        typer.echo(f"  {p}", err=True)
+    if problems:
+        typer.echo(f"jobs validate: {path}: {len(problems)} problem(s)", err=True)
+    else:
+        typer.echo(f"jobs validate: {path}: {len(jobs)} job(s) valid")
+    raise typer.Exit(code)
+
+
+def _yaml(text: str) -> Any:
+    import yaml  # noqa: PLC0415
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(str(err)) from None
 
 
 def _flag(job_id: str, **changes: Any) -> None:
@@ -160,29 +289,31 @@ def _flag(job_id: str, **changes: Any) -> None:
     announce([job_id])
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES)
 def enable(job_id: str) -> None:
     """Let the job's trigger fire again."""
     _flag(job_id, is_enabled=True)
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES)
 def disable(job_id: str) -> None:
     """Stop the job's trigger (the operator's toggle; the job stays)."""
     _flag(job_id, is_enabled=False)
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES)
 def delete(job_id: str) -> None:
     """Soft-delete the job (is_active = false); `list --all` still shows it."""
     _flag(job_id, is_active=False)
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES)
 def export(
     out: Annotated[Path | None, typer.Option("--out", help="Write here instead of stdout.")] = None,
 ) -> None:
     """Every active job as YAML, to promote them to another environment with `import`."""
+    from aegis_orchestration.yamlio import dump_jobs  # noqa: PLC0415
+
     jobs = [j for j in _run(lambda store: store.all()) if j.is_active]
     text = dump_jobs(jobs)
     if out is None:
@@ -192,7 +323,7 @@ def export(
         typer.echo(f"exported {len(jobs)} jobs to {out}")
 
 
-@app.command(name="export-asl")
+@app.command(name="export-asl", epilog=EXIT_CODES)
 def export_asl_command(
     job_id: str,
     function_arn: Annotated[
@@ -200,6 +331,8 @@ def export_asl_command(
     ] = DEFAULT_FUNCTION_ARN,
 ) -> None:
     """The job as an Amazon States Language definition (Step Functions)."""
+    from aegis_orchestration.asl import AslExportError, export_asl  # noqa: PLC0415
+
     job = _run(lambda store: _get(store, job_id))
     try:
         typer.echo(json.dumps(export_asl(job, function_arn=function_arn), indent=2))
@@ -208,7 +341,7 @@ def export_asl_command(
         raise typer.Exit(EXIT_REFUSED) from None
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES)
 def runs(
     job_id: str,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 20,

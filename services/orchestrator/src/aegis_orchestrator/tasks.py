@@ -16,7 +16,6 @@ from datetime import datetime
 from typing import Any, Protocol
 
 import aiohttp
-import typer
 
 from aegis_contracts.events import SystemEvent
 from aegis_contracts.subjects import system_subject
@@ -55,10 +54,9 @@ class TaskFailed(Exception):
 def installed_commands() -> set[str]:
     """The ``aegis`` subcommands this installation has (built in, and those the installed
     packages add through the ``aegis.commands`` entry points)."""
-    from aegis_cli.app import app  # noqa: PLC0415 - the CLI, only when a job may use it
+    from aegis_cli.app import command_names  # noqa: PLC0415 - the CLI, only when a job may use it
 
-    group = typer.main.get_command(app)
-    return set(getattr(group, "commands", {}))
+    return set(command_names())
 
 
 class Tasks:

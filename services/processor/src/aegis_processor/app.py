@@ -57,7 +57,7 @@ class ProcessorApp(ServiceApp):
             retry=RetryPolicy(
                 first_delay=settings.retry_first_delay_s,
                 max_delay=settings.retry_max_delay_s,
-                max_deliver=settings.max_deliver,
+                max_deliver=settings.processor_max_deliver,
             ),
         )
         self.settings: ProcessorSettings = settings
@@ -79,10 +79,10 @@ class ProcessorApp(ServiceApp):
             RAW_STREAM,
             settings.durable,
             subject=settings.subject,
-            batch_size=settings.batch_size,
-            fetch_timeout=settings.fetch_timeout_s,
-            ack_wait=settings.ack_wait_s,
-            max_deliver=settings.max_deliver,
+            batch_size=settings.processor_batch_size,
+            fetch_timeout=settings.processor_fetch_timeout_s,
+            ack_wait=settings.processor_ack_wait_s,
+            max_deliver=settings.processor_max_deliver,
             user=settings.nats_user,
         )
         async def on_raw_archived(event: RawArchived) -> None:

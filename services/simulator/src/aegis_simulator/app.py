@@ -38,11 +38,28 @@ RECONNECT_MAX_S = 30.0
 
 class SimulatorSettings(AegisSettings):
     service: str = "simulator"
-    simulator_factories: str = "factory-a,factory-b,factory-c"
-    simulator_scenarios: str = DEFAULT_SCENARIOS
-    simulator_seed: int | None = None
-    simulator_qos: int = Field(default=1, ge=0, le=2)
-    simulator_images: bool = True
+    simulator_factories: str = Field(
+        default="factory-a,factory-b,factory-c",
+        description="The factories simulated, comma-separated.",
+    )
+    simulator_scenarios: str = Field(
+        default=DEFAULT_SCENARIOS,
+        description="Recurring scenarios, comma-separated "
+        "`NAME[@FACTORY][+DELAY_S][:DURATION_S][/EVERY_S]`; `off`: none. Default: a gas leak on "
+        "factory-b for 4 minutes every 10 minutes.",
+    )
+    simulator_seed: int | None = Field(
+        default=None,
+        description="Makes the simulated values repeatable: the same number, the same run. "
+        "Unset: a different run each time.",
+    )
+    simulator_qos: int = Field(
+        default=1, ge=0, le=2, description="The MQTT QoS of the simulated devices' messages."
+    )
+    simulator_images: bool = Field(
+        default=True,
+        description="Upload the simulated cameras' images to the bucket (as a gateway does).",
+    )
 
     def run_options(self) -> RunOptions:
         return RunOptions(

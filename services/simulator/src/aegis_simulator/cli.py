@@ -3,15 +3,18 @@
 
 Exit codes: 0 a clean run, 1 a run with publish or upload errors, 2 bad options or an unreachable
 broker (the message names the URL).
+
+Import-light: ``aegis --help`` imports this module, so the MQTT client is imported in the command.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -19,28 +22,23 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from aegis_cli import exitcodes
 from aegis_contracts.errors import ContractError
 from aegis_contracts.ids import SourceType
-from aegis_runtime.logging import configure
-from aegis_runtime.redact import redact_url
-from aegis_runtime.settings import AegisSettings
 from aegis_simulator.domain import (
+    DEFAULT_INFLIGHT,
     SCENARIO_SYNTAX,
     ScenarioError,
     ScenarioKind,
     factory_ids,
     parse_scenarios,
 )
-from aegis_simulator.runner import (
-    DEFAULT_INFLIGHT,
-    BrokerUnreachable,
-    MqttTarget,
-    RunOptions,
-    Stats,
-    run,
-)
 
-EXIT_ERRORS = 1
+if TYPE_CHECKING:
+    from aegis_runtime.settings import AegisSettings
+    from aegis_simulator.runner import RunOptions, Stats
+
+EXIT_ERRORS = exitcodes.FAILED
 EXIT_UNREACHABLE = 2
 
 T = TypeVar("T")
@@ -90,15 +88,23 @@ def simulate(  # noqa: PLR0917 - a Typer command: one parameter per option
     inflight: Annotated[
         int, typer.Option(min=1, max=10_000, help="Publishes awaiting their PUBACK at once.")
     ] = DEFAULT_INFLIGHT,
+    json_output: Annotated[
+        bool,
+        typer.Option("--json", help="Print the summary as one JSON document instead of a table."),
+    ] = False,
 ) -> None:
     """Simulate factory edge gateways publishing MQTT telemetry (and a load generator).
 
     Image snapshots are uploaded to S3 under image_snapshot/ before their metadata is published.
     Ctrl-C stops cleanly and prints the summary.
+
+    Exit codes: 0 a clean run, 1 publish or upload errors, 2 bad options or the broker not
+    reachable (the message names the URL).
     """
+    from aegis_runtime.settings import AegisSettings  # noqa: PLC0415 - import-light module
+    from aegis_simulator.runner import BrokerUnreachable, RunOptions, Stats  # noqa: PLC0415
+
     settings = AegisSettings()
-    # logs on stderr, so stdout carries only the summary
-    configure(settings.log_format, settings.log_level, stderr=True)
     try:
         fleet = factory_ids(factories, count)
         scenarios = parse_scenarios(scenario or [])
@@ -128,7 +134,10 @@ def simulate(  # noqa: PLR0917 - a Typer command: one parameter per option
     except BrokerUnreachable as err:
         typer.echo(f"simulate: {err}", err=True)
         raise typer.Exit(EXIT_UNREACHABLE) from None
-    Console().print(summary_table(stats, options))
+    if json_output:
+        typer.echo(json.dumps(summary_json(stats, options)))
+    else:
+        Console().print(summary_table(stats, options))
     errors = sum(stats.errors.values())
     if errors:
         typer.echo(f"simulate: {errors} errors (see the log above)", err=True)
@@ -166,6 +175,9 @@ async def _run_with_progress(
     stats: Stats,
     console: Console,
 ) -> Stats:
+    from aegis_runtime.redact import redact_url  # noqa: PLC0415 - import-light module
+    from aegis_simulator.runner import MqttTarget, run  # noqa: PLC0415
+
     with Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.description}"),
@@ -209,6 +221,24 @@ async def _run_with_progress(
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
+
+
+def summary_json(stats: Stats, options: RunOptions) -> dict[str, Any]:
+    """What :func:`summary_table` shows, for scripts."""
+    return {
+        "run_id": options.run_id,
+        "factories": len(options.factories),
+        "mode": "load" if options.load else "scheduled",
+        "elapsed_s": round(stats.elapsed_s, 3),
+        "sent": {source.value: stats.sent.get(source.value, 0) for source in SourceType},
+        "total": stats.total_sent,
+        "rate": round(stats.rate, 3),
+        "tags": dict(stats.tags),
+        "images_uploaded": stats.images_uploaded,
+        "image_bytes": stats.image_bytes,
+        "puback_latency_ms": {"p50": stats.latency_ms(0.5), "p99": stats.latency_ms(0.99)},
+        "errors": {kind: stats.errors.get(kind, 0) for kind in ("publish", "upload")},
+    }
 
 
 def summary_table(stats: Stats, options: RunOptions) -> Table:

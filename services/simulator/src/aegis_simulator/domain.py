@@ -33,6 +33,7 @@ MODEL_VERSION = "aegis-safety-yolo-2.3.1"
 CAMERAS_PER_FACTORY = 4
 PIPELINE_STAGES = ("capture", "inference", "uplink", "snapshot")
 DEFAULT_FACTORIES = ("factory-a", "factory-b", "factory-c")
+DEFAULT_INFLIGHT = 64  # publishes awaiting their PUBACK at once (--inflight)
 
 # what an edge gateway publishes by default, in seconds between messages (per source type)
 DEFAULT_INTERVALS: Mapping[SourceType, float] = {

@@ -25,6 +25,7 @@ from aegis_contracts.times import Clock, utc_now
 from aegis_runtime.redact import redact_url
 from aegis_runtime.settings import AegisSettings
 from aegis_simulator.domain import (
+    DEFAULT_INFLIGHT,
     Emission,
     Fleet,
     ScenarioSpec,
@@ -36,7 +37,6 @@ from aegis_storage.s3 import ObjectStore
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_INFLIGHT = 64
 CONNECT_TIMEOUT_S = 5.0
 
 

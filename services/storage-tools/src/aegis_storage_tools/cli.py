@@ -1,8 +1,11 @@
 """``aegis migrate plan|run``, ``aegis replay``, ``aegis seal raw`` and ``aegis audit raw``.
 
-Exit codes: 0 done; 1 something failed (see the summary and the journal); 2 bad options;
-3 conflicts (destinations with another body, left untouched, their sources kept). ``aegis audit
-raw`` has its own: 0 intact, 3 not sealed, 4 differs, 1 error.
+Exit codes (:mod:`aegis_cli.exitcodes`): 0 done; 1 something failed (see the summary and the
+journal); 2 bad options; 3 conflicts (destinations with another body, left untouched, their
+sources kept); 5 S3/DynamoDB (or NATS, for a replay) not reachable. ``aegis audit raw`` has its
+own: 0 intact, 3 not sealed, 4 differs, 1 error.
+
+Import-light: ``aegis --help`` imports this module, so the SDKs are imported in the commands.
 """
 
 from __future__ import annotations
@@ -13,32 +16,26 @@ from collections import Counter
 from dataclasses import asdict
 from datetime import date, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from aegis_cli import exitcodes
 from aegis_contracts.errors import ContractError
-from aegis_contracts.events import RawArchived
 from aegis_contracts.ids import SourceType, validate_factory_id
 from aegis_contracts.keys import factory as key_factory
-from aegis_contracts.seal import days_to_seal, seal_due
 from aegis_contracts.times import parse_iso, utc_now
-from aegis_runtime.broker import create_broker, ensure_deployed_streams, publish_raw_archived
-from aegis_runtime.logging import configure
-from aegis_storage.clients import open_clients
-from aegis_storage.errors import StorageError
-from aegis_storage.s3 import ObjectStore
-from aegis_storage_tools.audit import Auditor, PartitionAudit, exit_code
-from aegis_storage_tools.migrate import CopyOptions, Journal, Migrator, Plan, Summary, plan
-from aegis_storage_tools.progress import progress_bar
-from aegis_storage_tools.replay import ReplaySummary
-from aegis_storage_tools.replay import replay as run_replay
-from aegis_storage_tools.rules import BESIDE, RuleError, RuleSet, describe, load_rules, preset
-from aegis_storage_tools.seal import Outcome, Sealer, SealResult
-from aegis_storage_tools.settings import StorageToolsSettings
 
-EXIT_FAILED = 1
-EXIT_CONFLICTS = 3
+if TYPE_CHECKING:
+    from aegis_contracts.events import RawArchived
+    from aegis_storage_tools.audit import PartitionAudit
+    from aegis_storage_tools.migrate import Plan, Summary
+    from aegis_storage_tools.replay import ReplaySummary
+    from aegis_storage_tools.rules import RuleSet
+    from aegis_storage_tools.seal import SealResult
+
+EXIT_FAILED = exitcodes.FAILED
+EXIT_CONFLICTS = exitcodes.FOUND
 
 migrate_app = typer.Typer(
     name="migrate",
@@ -72,6 +69,8 @@ ProgressOpt = Annotated[
 
 
 def _rules(rules: Path | None, preset_name: str | None, sidecars: str) -> RuleSet:
+    from aegis_storage_tools.rules import BESIDE, RuleError, load_rules, preset  # noqa: PLC0415
+
     if (rules is None) == (preset_name is None):
         raise typer.BadParameter("give exactly one of --rules FILE or --preset NAME")
     try:
@@ -84,29 +83,54 @@ def _rules(rules: Path | None, preset_name: str | None, sidecars: str) -> RuleSe
 
 
 @migrate_app.command("plan")
-def migrate_plan(
+def migrate_plan(  # noqa: PLR0917 - typer options are parameters
     rules: RulesOpt = None,
     preset_name: PresetOpt = None,
     sidecars: SidecarsOpt = "prod/",
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Also write the plan as JSON here.")
+    json_output: Annotated[
+        bool,
+        typer.Option("--json", help="Print the plan as one JSON document instead (for scripts)."),
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Also write the plan as JSON to this file.")
     ] = None,
     progress: ProgressOpt = None,
 ) -> None:
-    """What a run would move: objects and bytes per rule, conflicts, skips. Changes nothing."""
+    """What a run would move: objects and bytes per rule, conflicts, skips; per rule whether
+    the storage-tools role may delete its sources (`run` refuses a rule it may not, unless
+    --keep-sources); what --purge-versions would free (the sources' versions, listed). Changes
+    nothing.
+
+    Exit codes: 0 nothing in the way, 1 failed, 2 bad options, 3 conflicts, 5 S3 not reachable.
+    """
+    from aegis_storage.clients import open_clients  # noqa: PLC0415
+    from aegis_storage.errors import StorageError  # noqa: PLC0415
+    from aegis_storage.s3 import ObjectStore  # noqa: PLC0415
+    from aegis_storage_tools.migrate import plan  # noqa: PLC0415
+    from aegis_storage_tools.progress import progress_bar  # noqa: PLC0415
+    from aegis_storage_tools.rules import describe  # noqa: PLC0415
+    from aegis_storage_tools.settings import StorageToolsSettings  # noqa: PLC0415
+
     ruleset = _rules(rules, preset_name, sidecars)
     settings = StorageToolsSettings()
 
     async def go() -> Plan:
         async with open_clients(settings.aws()) as clients:
             with progress_bar(progress) as tracker:
-                return await plan(ObjectStore(clients.s3, settings.bucket), ruleset, tracker)
+                store = ObjectStore(clients.s3, settings.bucket)
+                return await plan(store, ruleset, tracker, versions=True)
 
     try:
         the_plan = asyncio.run(go())
     except StorageError as err:
         typer.echo(f"migrate plan failed: {err}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+        raise typer.Exit(exitcodes.code_of(err)) from None
+    code = EXIT_CONFLICTS if the_plan.conflicts else exitcodes.OK
+    if out is not None:
+        out.write_text(json.dumps(the_plan.as_dict(), indent=1), encoding="utf-8")
+    if json_output:
+        typer.echo(json.dumps(the_plan.as_dict() | {"exit_code": code}))
+        raise typer.Exit(code)
     for line in describe(ruleset.rules):
         typer.echo(f"rule  {line}")
     for name, t in sorted(the_plan.totals().items()):
@@ -116,11 +140,11 @@ def migrate_plan(
         )
     for reason, n in sorted(the_plan.skip_counts().items()):
         typer.echo(f"  skipped {reason}: {n}")
+    for line in the_plan.notes():
+        typer.echo(line)
     for c in the_plan.conflicts:
         typer.echo(f"  CONFLICT {c.move.source} -> {c.detail}", err=True)
-    if json_out is not None:
-        json_out.write_text(json.dumps(the_plan.as_dict(), indent=1), encoding="utf-8")
-    raise typer.Exit(EXIT_CONFLICTS if the_plan.conflicts else 0)
+    raise typer.Exit(code)
 
 
 @migrate_app.command("run")
@@ -130,6 +154,23 @@ def migrate_run(  # noqa: PLR0917 - typer options are parameters
     sidecars: SidecarsOpt = "prod/",
     no_delete: Annotated[
         bool, typer.Option("--no-delete", help="Copy and verify only; keep every source.")
+    ] = False,
+    keep_sources: Annotated[
+        bool,
+        typer.Option(
+            "--keep-sources",
+            help="Sources the storage-tools role may not delete (under raw/): copy and verify "
+            "them, keep them, and write their deletes for the raw break-glass role (a folder "
+            "beside the journal). Without it such a rule is refused before anything is copied.",
+        ),
+    ] = False,
+    purge_versions: Annotated[
+        bool,
+        typer.Option(
+            "--purge-versions",
+            help="After the deletes, delete every version and delete marker of each source this "
+            "run deleted (the bucket is versioned: they stay otherwise). Recorded in the journal.",
+        ),
     ] = False,
     journal: Annotated[
         Path | None,
@@ -146,8 +187,28 @@ def migrate_run(  # noqa: PLR0917 - typer options are parameters
 ) -> None:
     """Copy (server-side), verify size and ETag, then delete the sources in batches of 1000.
 
-    Safe to interrupt: running it again finishes the job and does nothing twice."""
+    Safe to interrupt: running it again finishes the job and does nothing twice. Prints one
+    JSON summary.
+
+    Exit codes: 0 done, 1 a copy, delete or purge failed, 2 bad options (a rule whose sources
+    the role may not delete, without --keep-sources, too: nothing done), 3 conflicts, 5 S3 not
+    reachable."""
+    from aegis_storage.clients import open_clients  # noqa: PLC0415
+    from aegis_storage.errors import StorageError  # noqa: PLC0415
+    from aegis_storage.s3 import ObjectStore  # noqa: PLC0415
+    from aegis_storage_tools.migrate import (  # noqa: PLC0415
+        CopyOptions,
+        Journal,
+        Migrator,
+        SourcesNotDeletable,
+    )
+    from aegis_storage_tools.progress import progress_bar  # noqa: PLC0415
+    from aegis_storage_tools.settings import StorageToolsSettings  # noqa: PLC0415
+
     ruleset = _rules(rules, preset_name, sidecars)
+    for flag, given in (("--keep-sources", keep_sources), ("--purge-versions", purge_versions)):
+        if given and no_delete:
+            raise typer.BadParameter(f"{flag} is about the deletes: not with --no-delete")
     settings = StorageToolsSettings()
     journal = journal or settings.state_path("migrate-journal.json")
     options = CopyOptions(
@@ -166,17 +227,43 @@ def migrate_run(  # noqa: PLR0917 - typer options are parameters
                     options=options,
                     tracker=tracker,
                 )
-                return await migrator.run(delete=not no_delete)
+                return await migrator.run(
+                    delete=not no_delete, keep_sources=keep_sources, purge_versions=purge_versions
+                )
 
     try:
         summary = asyncio.run(go())
+    except SourcesNotDeletable as err:
+        typer.echo(f"migrate run refused: {err}", err=True)
+        raise typer.Exit(exitcodes.USAGE) from None
     except StorageError as err:
         typer.echo(f"migrate run failed: {err} (journal: {journal})", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+        raise typer.Exit(exitcodes.code_of(err)) from None
     typer.echo(json.dumps(asdict(summary) | {"journal": str(journal)}))
+    if summary.handover:
+        _print_handover(summary.handover, summary.kept)
     if summary.failed:
         raise typer.Exit(EXIT_FAILED)
     raise typer.Exit(EXIT_CONFLICTS if summary.conflicts else 0)
+
+
+def _print_handover(folder: str, kept: int) -> None:
+    """Tell the operator what to hand the break-glass role (stderr: stdout is the summary)."""
+    commands = [
+        line
+        for line in Path(folder, "commands.sh").read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith(("#", "set "))
+    ]
+    typer.echo(
+        f"{kept} sources were copied and verified but kept: the storage-tools role may not "
+        f"delete them. Their keys: {folder}/keys.txt. To delete them, run as the raw "
+        f"break-glass role (with MFA): sh {folder}/commands.sh, that is:",
+        err=True,
+    )
+    for line in commands[:3]:
+        typer.echo(f"  {line}", err=True)
+    if len(commands) > 3:
+        typer.echo(f"  ... and {len(commands) - 3} more batches (commands.sh)", err=True)
 
 
 def replay(  # noqa: PLR0917 - typer options are parameters
@@ -208,7 +295,23 @@ def replay(  # noqa: PLR0917 - typer options are parameters
 
     Same event and Nats-Msg-Id as ingest; the processor rewrites processed/ identically and never
     moves LATEST backwards. The events are marked replayed: no Slack message, no triggered job,
-    unless --notify. Prints found / requeued / skipped / failed."""
+    unless --notify. Prints found / requeued / skipped / failed as one JSON document.
+
+    Exit codes: 0 done, 1 something failed, 2 bad options, 5 NATS (within
+    AEGIS_NATS_CONNECT_TIMEOUT_S) or S3 not reachable."""
+    from aegis_runtime.broker import (  # noqa: PLC0415
+        connect_broker,
+        create_broker,
+        ensure_deployed_streams,
+        publish_raw_archived,
+    )
+    from aegis_storage.clients import open_clients  # noqa: PLC0415
+    from aegis_storage.errors import StorageError  # noqa: PLC0415
+    from aegis_storage.s3 import ObjectStore  # noqa: PLC0415
+    from aegis_storage_tools.progress import progress_bar  # noqa: PLC0415
+    from aegis_storage_tools.replay import replay as run_replay  # noqa: PLC0415
+    from aegis_storage_tools.settings import StorageToolsSettings  # noqa: PLC0415
+
     try:
         factory_id = validate_factory_id(factory)
         start, end = parse_iso(from_, "--from"), parse_iso(to, "--to")
@@ -224,7 +327,7 @@ def replay(  # noqa: PLR0917 - typer options are parameters
         try:
             publish = None
             if broker is not None:
-                await broker.connect()
+                await connect_broker(broker, settings)
                 await ensure_deployed_streams(broker, settings)
                 connected = broker
 
@@ -257,7 +360,7 @@ def replay(  # noqa: PLR0917 - typer options are parameters
         summary = asyncio.run(go())
     except StorageError as err:
         typer.echo(f"replay failed: {err}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+        raise typer.Exit(exitcodes.code_of(err)) from None
     typer.echo(json.dumps(asdict(summary) | {"dry_run": dry_run, "notify": notify}))
     raise typer.Exit(EXIT_FAILED if summary.failed else 0)
 
@@ -331,10 +434,16 @@ def seal_raw(
     rewritten (If-None-Match): running it again, or from two places at
     once, is safe. One summary line per partition.
 
-    Exit codes: 0 done, 1 a partition failed, 2 bad options.
+    Exit codes: 0 done, 1 a partition failed, 2 bad options, 5 S3 not reachable.
     """
+    from aegis_contracts.seal import days_to_seal, seal_due  # noqa: PLC0415
+    from aegis_storage.clients import open_clients  # noqa: PLC0415
+    from aegis_storage.errors import StorageError  # noqa: PLC0415
+    from aegis_storage.s3 import ObjectStore  # noqa: PLC0415
+    from aegis_storage_tools.seal import Outcome, Sealer  # noqa: PLC0415
+    from aegis_storage_tools.settings import StorageToolsSettings  # noqa: PLC0415
+
     settings = StorageToolsSettings()
-    configure(settings.log_format, settings.log_level, stderr=True)  # stdout: the summary
     now = utc_now()
     grace = timedelta(hours=settings.seal_grace_hours if grace_hours is None else grace_hours)
     if day is not None and days is not None:
@@ -361,7 +470,7 @@ def seal_raw(
         results = asyncio.run(go())
     except StorageError as err:
         typer.echo(f"seal raw failed: {err}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+        raise typer.Exit(exitcodes.code_of(err)) from None
     shown = [r for r in results if r.outcome is not Outcome.EMPTY]
     counts = Counter(r.outcome.value for r in results)
     if json_output:
@@ -412,12 +521,17 @@ def audit_raw(
 
     Exit codes (the worst partition decides): 0 intact, 3 not sealed
     (or nothing there), 4 differs (listed), 1 error (could not
-    verify), 2 bad options.
+    verify), 2 bad options, 5 S3 not reachable.
     """
+    from aegis_storage.clients import open_clients  # noqa: PLC0415
+    from aegis_storage.errors import StorageError  # noqa: PLC0415
+    from aegis_storage.s3 import ObjectStore  # noqa: PLC0415
+    from aegis_storage_tools.audit import Auditor, exit_code  # noqa: PLC0415
+    from aegis_storage_tools.settings import StorageToolsSettings  # noqa: PLC0415
+
     factory_id = _factory(factory)
     the_day = _day(day)
     settings = StorageToolsSettings()
-    configure(settings.log_format, settings.log_level, stderr=True)  # stdout: the result
 
     async def go() -> list[PartitionAudit]:
         async with open_clients(settings.aws()) as clients:
@@ -431,7 +545,7 @@ def audit_raw(
         audits = asyncio.run(go())
     except StorageError as err:
         typer.echo(f"audit raw failed: {err}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+        raise typer.Exit(exitcodes.code_of(err)) from None
     code = exit_code(audits)
     if json_output:
         typer.echo(json.dumps({"partitions": [a.as_dict() for a in audits], "exit_code": code}))

@@ -13,6 +13,16 @@ again and every copy verified (size, and ETag: the MD5 of the body, or for a mul
 ETag the upload completed with); only verified sources are deleted, in DeleteObjects batches of
 1000. Everything is decided again from the bucket on each run, so an interrupted run is finished
 by running it again and nothing is done twice; the journal JSON records each run and each key.
+
+Deletes the storage-tools role may not make (under raw/: see :mod:`rules`, ``ROLE_REFUSED``) are
+known before anything is copied: the plan says so per rule, and a run refuses to start while any
+such source would be moved, unless it keeps those sources (``keep_sources``): copied and verified,
+then handed over as DeleteObjects batches (and the commands to run them as the raw break-glass
+role) in a folder beside the journal. In a versioned bucket a deleted source leaves its versions
+behind; ``purge_versions`` then deletes, by version id, every version and delete marker of each
+source this run deleted (and of those an interrupted purging run left pending in the journal),
+never one under a target prefix, never a key an object was written to again since; the plan
+lists the versions under the source prefixes to say what that would free.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -34,18 +45,36 @@ from aegis_storage.errors import Conflict, StorageError
 from aegis_storage.s3 import (
     COPY_OBJECT_MAX_BYTES,
     COPY_PART_BYTES,
+    DELETE_BATCH,
     ObjectInfo,
     ObjectStore,
+    VersionInfo,
     is_multipart_etag,
 )
 from aegis_storage_tools.progress import Quiet, Tracker
-from aegis_storage_tools.rules import BESIDE, Move, RuleSet, Skip, TargetClass, map_key
+from aegis_storage_tools.rules import (
+    BESIDE,
+    BREAK_GLASS,
+    DELETE_OBJECT,
+    DELETE_OBJECT_VERSION,
+    Deletes,
+    Move,
+    RuleSet,
+    Skip,
+    TargetClass,
+    map_key,
+    refused_reason,
+    role_may,
+    source_deletes,
+)
 
 log = structlog.get_logger("aegis_storage_tools.migrate")
 
 COPY = "copy"
 PRESENT = "present"
 CONFLICT = "conflict"
+KEPT = "kept"  # verified, its delete handed over (the role may not make it)
+PENDING = "pending"  # a purge of versions to finish
 # skip reasons too numerous to list key by key in the journal (all of raw/ under aegis-legacy)
 _COUNT_ONLY = {"not_flat_legacy", "in_place"}
 
@@ -68,9 +97,30 @@ class RuleTotals:
 
 
 @dataclass(slots=True)
+class PurgeFigures:
+    """What ``purge_versions`` frees (a plan's estimate, or what a run did): ``keys`` moved
+    sources, their object ``versions`` and ``bytes``, and their delete markers (the one each
+    source's delete leaves included); ``left``: moved sources whose versions stay (the role may
+    not delete them, they lie under a target prefix, or an object was written there again)."""
+
+    keys: int = 0
+    versions: int = 0
+    bytes: int = 0
+    markers: int = 0
+    left: int = 0
+
+
+class SourcesNotDeletable(Exception):
+    """The run would move sources that the storage-tools role may not delete; nothing was done."""
+
+
+@dataclass(slots=True)
 class Plan:
     items: list[Planned]
     skipped: list[Skip]
+    deletes: dict[str, Deletes] = field(default_factory=dict)  # rule -> may its sources go?
+    purge: PurgeFigures | None = None  # listed only when asked (the versions of the sources)
+    purge_error: str | None = None  # the versions could not be listed (the plan stands)
 
     def totals(self) -> dict[str, RuleTotals]:
         out: dict[str, RuleTotals] = {}
@@ -98,7 +148,35 @@ class Plan:
                 {"source": p.move.source, "dest": p.move.dest, "detail": p.detail}
                 for p in self.conflicts
             ],
+            "deletes": {name: d.value for name, d in sorted(self.deletes.items())},
+            "purge_versions": None if self.purge is None else asdict(self.purge),
+            **({"purge_versions_error": self.purge_error} if self.purge_error else {}),
         }
+
+    def notes(self) -> list[str]:
+        """The plan's lines about deletes (per rule) and what ``--purge-versions`` would free."""
+        lines = []
+        for name, deletes in sorted(self.deletes.items()):
+            if deletes is Deletes.YES:
+                lines.append(f"  {name:<12} deletes: yes (the storage-tools role may delete them)")
+                continue
+            which = "its sources" if deletes is Deletes.NO else "some of its sources"
+            lines.append(
+                f"  {name:<12} deletes: NO: the storage-tools role may not delete {which} "
+                f"(the bucket policy leaves raw/ deletes to {BREAK_GLASS}); `migrate run` "
+                "refuses it unless --keep-sources (copy, verify, hand the deletes over) or "
+                "--no-delete"
+            )
+        if self.purge_error is not None:
+            lines.append(f"  purge-versions: unknown: {self.purge_error}")
+        if self.purge is not None:
+            p = self.purge
+            lines.append(
+                f"  purge-versions: would free {p.versions} versions ({p.bytes} bytes) and "
+                f"{p.markers} delete markers of {p.keys} moved keys"
+                + (f"; the versions of {p.left} moved keys would stay" if p.left else "")
+            )
+        return lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +195,9 @@ class Summary:
     deleted: int = 0
     conflicts: int = 0
     failed: int = 0
+    kept: int = 0  # verified sources the role may not delete: handed over
+    handover: str | None = None  # the folder of the hand-over (DeleteObjects batches, commands)
+    purged: PurgeFigures | None = None  # with purge_versions
     skipped: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -160,6 +241,17 @@ class Journal:
         if skip.reason not in _COUNT_ONLY:
             self.objects.setdefault(skip.source, {"rule": skip.rule})
             self.objects[skip.source] |= {"state": "skipped", "reason": skip.reason}
+
+    def purge(self, key: str, status: str, **detail: Any) -> None:
+        """The purge of ``key``'s versions: ``pending`` (its source deleted by a purging run),
+        ``done`` (with what was freed), ``skipped`` (with why)."""
+        entry = self.objects.setdefault(key, {})
+        entry["purge"] = {"status": status, "at": format_ts(utc_now()), **detail}
+
+    def purge_pending(self) -> list[str]:
+        return [
+            k for k, e in self.objects.items() if (e.get("purge") or {}).get("status") == PENDING
+        ]
 
     def start_run(self, **options: Any) -> dict[str, Any]:
         run = {"started_at": format_ts(utc_now()), **options}
@@ -219,8 +311,55 @@ async def same_body(store: ObjectStore, a: ObjectInfo, b: ObjectInfo) -> bool:
     return await store.sha256(a.key) == await store.sha256(b.key)
 
 
-async def plan(store: ObjectStore, rules: RuleSet, tracker: Tracker | None = None) -> Plan:
-    """What a run would do, and nothing changed."""
+def _purgeable(key: str, rules: RuleSet) -> bool:
+    """May ``purge_versions`` touch ``key``'s versions: the role may delete them, and the key is
+    under no target prefix (whatever a run wrote is never purged)."""
+    return (
+        role_may(DELETE_OBJECT, key)
+        and role_may(DELETE_OBJECT_VERSION, key)
+        and not any(key.startswith(t) for t in _target_prefixes(rules))
+    )
+
+
+def _source_prefix(key: str, rules: RuleSet) -> str:
+    rule = rules.rule_for(key)
+    return rule.source if rule is not None else _parent(key)
+
+
+async def _versions_of(
+    store: ObjectStore, rules: RuleSet, keys: Iterable[str]
+) -> dict[str, list[VersionInfo]]:
+    """Every version and delete marker of ``keys``, listed under their source prefixes."""
+    found: dict[str, list[VersionInfo]] = {k: [] for k in keys}
+    for prefix in _roots({_source_prefix(k, rules) for k in found}):
+        async for v in store.list_versions(prefix):
+            if v.key in found:
+                found[v.key].append(v)
+    return found
+
+
+async def _purge_estimate(store: ObjectStore, rules: RuleSet, items: list[Planned]) -> PurgeFigures:
+    moving = {p.move.source for p in items if p.state in (COPY, PRESENT)}
+    purgeable = {k for k in moving if _purgeable(k, rules)}
+    figures = PurgeFigures(keys=len(purgeable), left=len(moving) - len(purgeable))
+    for versions in (await _versions_of(store, rules, purgeable)).values():
+        for v in versions:
+            figures.markers += v.delete_marker
+            figures.versions += not v.delete_marker
+            figures.bytes += v.size_bytes
+    figures.markers += len(purgeable)  # the delete marker each source's delete leaves
+    return figures
+
+
+async def plan(
+    store: ObjectStore,
+    rules: RuleSet,
+    tracker: Tracker | None = None,
+    *,
+    versions: bool = False,
+) -> Plan:
+    """What a run would do, and nothing changed. ``versions``: also list the versions of the
+    sources to say what ``purge_versions`` would free."""
     tracker = tracker or Quiet()
     tracker.stage("list", None)
     sources = await _listing(store, rules.source_prefixes)
@@ -249,7 +388,14 @@ async def plan(store: ObjectStore, rules: RuleSet, tracker: Tracker | None = Non
                 f"ETag {existing.etag}; source {info.size_bytes} bytes, ETag {info.etag})"
             )
             items.append(Planned(mapped, info, CONFLICT, detail))
-    return Plan(items, skipped)
+    the_plan = Plan(items, skipped, {r.name: source_deletes(r) for r in rules.rules})
+    if versions:
+        tracker.stage("versions", None)
+        try:
+            the_plan.purge = await _purge_estimate(store, rules, items)
+        except StorageError as err:  # e.g. a role without s3:ListBucketVersions
+            the_plan.purge_error = f"listing the versions failed: {err}"
+    return the_plan
 
 
 # -- running -----------------------------------------------------------------------------------
@@ -272,12 +418,22 @@ class Migrator:
         self.tracker = tracker or Quiet()
         self._copied: dict[str, str] = {}  # dest -> ETag the copy reported
 
-    async def run(self, *, delete: bool = True) -> Summary:
+    async def run(
+        self, *, delete: bool = True, keep_sources: bool = False, purge_versions: bool = False
+    ) -> Summary:
+        """Copy, verify, delete. ``keep_sources``: sources the role may not delete are kept and
+        handed over instead of refusing the run (:class:`SourcesNotDeletable`, raised before
+        anything is copied). ``purge_versions``: then delete the versions the deleted sources
+        left behind."""
+        if purge_versions and not delete:
+            raise ValueError("purging the versions of the sources needs their deletes")
         started = asyncio.get_running_loop().time()
         run = self.journal.start_run(
             rules=self.rules.name,
             bucket=self.store.bucket,
             mode="copy+verify+delete" if delete else "copy-only",
+            keep_sources=keep_sources,
+            purge_versions=purge_versions,
         )
         summary = Summary()
         try:
@@ -286,10 +442,19 @@ class Migrator:
             summary.skipped = the_plan.skip_counts()
             for skip in the_plan.skipped:
                 self.journal.skip(skip)
+            if delete and not keep_sources:
+                self._refuse_undeletable(the_plan, run)
             await self._copy_all(the_plan.items, summary)
             verified = await self._verify(the_plan.items, summary)
             if delete:
-                await self._delete(verified, summary)
+                kept = [p for p in verified if not role_may(DELETE_OBJECT, p.move.source)]
+                if kept:
+                    run["handover"] = self._hand_over(kept, summary)
+                deleted = await self._delete(
+                    [p for p in verified if role_may(DELETE_OBJECT, p.move.source)], summary
+                )
+                if purge_versions:
+                    await self._purge(deleted, the_plan, summary)
         finally:
             summary.seconds = round(asyncio.get_running_loop().time() - started, 3)
             run["finished_at"] = format_ts(utc_now())
@@ -392,7 +557,8 @@ class Migrator:
                 log.warning("migration_verify_failed", source=p.move.source, found=detail)
         return verified
 
-    async def _delete(self, verified: list[Planned], summary: Summary) -> None:
+    async def _delete(self, verified: list[Planned], summary: Summary) -> list[str]:
+        """Delete the verified sources; the keys deleted."""
         self.tracker.stage("delete", len(verified))
         keys = [p.move.source for p in verified]
         failed = set(await self.store.delete_many(keys))
@@ -404,6 +570,135 @@ class Migrator:
             else:
                 summary.deleted += 1
                 self.journal.record(p.move, "deleted")
+        return [k for k in keys if k not in failed]
+
+    def _refuse_undeletable(self, the_plan: Plan, run: dict[str, Any]) -> None:
+        """Before any copy: refuse a run that would leave sources behind half-way."""
+        blocked = Counter(
+            p.move.rule
+            for p in the_plan.items
+            if p.state in (COPY, PRESENT) and not role_may(DELETE_OBJECT, p.move.source)
+        )
+        if not blocked:
+            return
+        example = next(
+            p.move.source for p in the_plan.items if not role_may(DELETE_OBJECT, p.move.source)
+        )
+        rules = ", ".join(f"{name} ({n} objects)" for name, n in sorted(blocked.items()))
+        message = (
+            f"nothing done: the storage-tools role may not delete the sources of rule(s) {rules}: "
+            f"{refused_reason(example)}. Give --keep-sources to copy and verify them and hand "
+            "their deletes over, or --no-delete to keep every source"
+        )
+        run["refused"] = message
+        raise SourcesNotDeletable(message)
+
+    def _hand_over(self, kept: list[Planned], summary: Summary) -> str | None:
+        """Keep verified sources the role may not delete; with a journal file, write their
+        deletes for the break-glass role beside it: DeleteObjects batches of 1000
+        (``delete-0001.json``, ...), ``keys.txt`` and ``commands.sh``. A new folder each run:
+        nothing written before is overwritten. Its path, or None without a journal file."""
+        for p in kept:
+            self.journal.record(p.move, KEPT, reason=refused_reason(p.move.source))
+        summary.kept = len(kept)
+        if self.journal.path is None:
+            return None
+        stamp = utc_now().strftime("%Y%m%dT%H%M%S%fZ")
+        journal = self.journal.path.resolve()
+        folder = journal.parent / f"{journal.stem}-handover-{stamp}"
+        folder.mkdir(parents=True, exist_ok=False)
+        keys = sorted(p.move.source for p in kept)
+        commands = []
+        for number, start in enumerate(range(0, len(keys), DELETE_BATCH), 1):
+            batch = folder / f"delete-{number:04d}.json"
+            objects = [{"Key": k} for k in keys[start : start + DELETE_BATCH]]
+            batch.write_text(json.dumps({"Objects": objects, "Quiet": True}, indent=1))
+            commands.append(
+                shlex.join(
+                    [
+                        "aws",
+                        "s3api",
+                        "delete-objects",
+                        "--bucket",
+                        self.store.bucket,
+                        "--delete",
+                        f"file://{batch}",
+                    ]
+                )
+            )
+        (folder / "keys.txt").write_text("".join(f"{k}\n" for k in keys), encoding="utf-8")
+        script = [
+            "#!/bin/sh",
+            f"# {len(keys)} sources `aegis migrate run` copied and verified, and kept: the",
+            f"# storage-tools role may not delete them. Run as {BREAK_GLASS} (with MFA).",
+            "set -e",
+            *commands,
+        ]
+        (folder / "commands.sh").write_text("\n".join(script) + "\n", encoding="utf-8")
+        summary.handover = str(folder)
+        log.warning("migration_sources_kept", kept=len(keys), handover=str(folder))
+        return str(folder)
+
+    async def _purge(self, deleted: list[str], the_plan: Plan, summary: Summary) -> None:
+        """Delete, by version id, every version and delete marker of the sources deleted by this
+        run (and of those a purging run left pending in the journal). Object versions first;
+        a key's delete markers only once all its versions are gone, so a failure never brings an
+        old version back. A key whose latest version is an object (written again after the
+        move) keeps all its versions, and so does one whose newest version is not the one moved
+        (written and deleted again since)."""
+        figures = summary.purged = PurgeFigures()
+        dests = {p.move.dest for p in the_plan.items}
+        moved = {p.move.source: p.source.etag for p in the_plan.items}  # the version moved
+        for key in self.journal.purge_pending():  # moved by an earlier run: as it recorded
+            moved.setdefault(key, str(self.journal.objects[key]["purge"].get("etag", "")))
+        candidates = []
+        for key in sorted(set(deleted) | set(self.journal.purge_pending())):
+            if key in dests or not _purgeable(key, self.rules):
+                figures.left += 1
+                self.journal.purge(
+                    key, "skipped", reason="under a target prefix, or not the role's"
+                )
+            else:
+                candidates.append(key)
+                self.journal.purge(key, PENDING, etag=moved[key])
+        if not candidates:
+            return
+        self.journal.save()  # an interruption from here on is finished by the next purging run
+        self.tracker.stage("versions", None)
+        found = await _versions_of(self.store, self.rules, candidates)
+        objects: dict[str, list[VersionInfo]] = {}
+        markers: dict[str, list[VersionInfo]] = {}
+        for key, versions in found.items():
+            newest = next((v for v in versions if not v.delete_marker), None)
+            if any(v.is_latest and not v.delete_marker for v in versions) or (
+                newest is not None and newest.etag != moved[key]
+            ):
+                figures.left += 1
+                self.journal.purge(key, "skipped", reason="an object was written there again")
+                continue
+            objects[key] = [v for v in versions if not v.delete_marker]
+            markers[key] = [v for v in versions if v.delete_marker]
+        doomed = [v for vs in objects.values() for v in vs]
+        self.tracker.stage("purge", len(doomed) + sum(len(m) for m in markers.values()))
+        failed = set(await self.store.delete_versions([(v.key, v.version_id) for v in doomed]))
+        self.tracker.advance(len(doomed))
+        broken = {key for key, _ in failed}
+        last = [v for k, ms in markers.items() if k not in broken for v in ms]
+        failed |= set(await self.store.delete_versions([(v.key, v.version_id) for v in last]))
+        self.tracker.advance(len(last))
+        broken |= {key for key, _ in failed}
+        for key, ms in markers.items():
+            if key in broken:
+                summary.failed += 1
+                self.journal.purge(key, PENDING, error="DeleteObjects reported an error")
+                continue
+            gone = objects[key]
+            size = sum(v.size_bytes for v in gone)
+            figures.keys += bool(gone or ms)
+            figures.versions += len(gone)
+            figures.bytes += size
+            figures.markers += len(ms)
+            self.journal.purge(key, "done", versions=len(gone), bytes=size, markers=len(ms))
 
 
 def _parent(key: str) -> str:

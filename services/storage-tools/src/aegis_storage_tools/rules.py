@@ -243,3 +243,60 @@ def describe(rules: Sequence[Rule]) -> list[str]:
         f"{r.name}: {r.source} -> {r.target} ({r.target_class.value}, {r.rewrite.value})"
         for r in rules
     ]
+
+
+# -- what the storage-tools role may delete ------------------------------------------------------
+#
+# Whether a run can delete (or purge the versions of) a rule's sources is decided here, from a
+# table, not by evaluating the policy documents at run time. The documents (deploy/infra: the
+# role's identity policy and the bucket policy) are CloudFormation sources: they are not in the
+# image, and their ARNs hold placeholders (account, NamePrefix) that a running tool cannot
+# resolve. Evaluating them would also take a second implementation of IAM's grammar (conditions,
+# principals, NotAction) in production code. The decision itself is small and a matter of
+# prefixes, so it ships as data, and a test (tests/test_role_deletes.py) evaluates the shipped
+# documents for the storage-tools role with the emulator's IAM evaluator over every preset's
+# sources and both sides of every prefix in the table: changing the policies without the table
+# (or the reverse) fails it. S3 still has the last word: a delete the table allowed and the bucket
+# refused is a failed key in the journal, never a lost object.
+
+DELETE_OBJECT = "s3:DeleteObject"
+DELETE_OBJECT_VERSION = "s3:DeleteObjectVersion"
+# IAM action -> the key prefixes under which the shipped policies refuse it to the storage-tools
+# role (everywhere else they allow it): raw/ deletes are the raw break-glass role's alone
+ROLE_REFUSED: Mapping[str, tuple[str, ...]] = {
+    DELETE_OBJECT: (RAW_PREFIX,),
+    DELETE_OBJECT_VERSION: (RAW_PREFIX,),
+}
+BREAK_GLASS = "the raw break-glass role"
+
+
+class Deletes(StrEnum):
+    """Whether the storage-tools role may delete the keys under a rule's source."""
+
+    YES = "yes"
+    NO = "no"  # the source lies under a refused prefix
+    PARTLY = "partly"  # a refused prefix lies under the source: its keys there are refused
+
+
+def role_may(action: str, key: str) -> bool:
+    """May the storage-tools role do ``action`` (a key in :data:`ROLE_REFUSED`) on ``key``?"""
+    return not any(key.startswith(prefix) for prefix in ROLE_REFUSED[action])
+
+
+def source_deletes(rule: Rule, action: str = DELETE_OBJECT) -> Deletes:
+    """Whether the storage-tools role may do ``action`` on the keys under ``rule.source``."""
+    refused = ROLE_REFUSED[action]
+    if any(rule.source.startswith(prefix) for prefix in refused):
+        return Deletes.NO
+    if any(prefix.startswith(rule.source) for prefix in refused):
+        return Deletes.PARTLY
+    return Deletes.YES
+
+
+def refused_reason(key: str, action: str = DELETE_OBJECT) -> str:
+    """Why the storage-tools role may not do ``action`` on ``key`` (for messages)."""
+    [prefix] = [p for p in ROLE_REFUSED[action] if key.startswith(p)][:1] or ["?"]
+    return (
+        f"the bucket and role policies refuse {action} under {prefix} to every role but "
+        f"{BREAK_GLASS}"
+    )

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.s3 import COPY_OBJECT_MAX_BYTES, COPY_PART_BYTES, COPY_PART_MIN_BYTES
@@ -11,23 +11,72 @@ from aegis_storage.s3 import COPY_OBJECT_MAX_BYTES, COPY_PART_BYTES, COPY_PART_M
 
 class StorageToolsSettings(AegisSettings):
     service: str = "storage-tools"
-    migrate_concurrency: int = Field(default=32, ge=1, le=512)
-    # S3 copies at most 5 GiB in one CopyObject; lower it only to exercise the multipart path
+    migrate_concurrency: int = Field(
+        default=32,
+        ge=1,
+        le=512,
+        description="Objects `aegis migrate` copies at once (server-side copies).",
+    )
+    # S3 copies at most 5 GiB in one CopyObject
     migrate_multipart_threshold_bytes: int = Field(
-        default=COPY_OBJECT_MAX_BYTES, ge=COPY_PART_MIN_BYTES, le=COPY_OBJECT_MAX_BYTES
+        default=COPY_OBJECT_MAX_BYTES,
+        ge=COPY_PART_MIN_BYTES,
+        le=COPY_OBJECT_MAX_BYTES,
+        description="Objects above this many bytes are copied in parts (UploadPartCopy); S3 "
+        "copies at most 5 GiB in one request. Lower it only to exercise the multipart path.",
     )
     migrate_part_bytes: int = Field(
-        default=COPY_PART_BYTES, ge=COPY_PART_MIN_BYTES, le=COPY_OBJECT_MAX_BYTES
+        default=COPY_PART_BYTES,
+        ge=COPY_PART_MIN_BYTES,
+        le=COPY_OBJECT_MAX_BYTES,
+        description="The size of each part of a multipart copy, bytes.",
     )
-    replay_rate: float = Field(default=200.0, ge=0)  # messages/s; 0 = no limit
-    replay_concurrency: int = Field(default=16, ge=1, le=512)
-    # must match ingest's, or the rebuilt RawArchived differs from the one ingest sent
-    payload_inline_max_bytes: int = Field(default=64 * 1024, ge=0, le=256 * 1024)
-    nats_ack_timeout_seconds: float = Field(default=5.0, gt=0)
-    # a raw day is sealed once it is over plus this long (objects still arriving for it)
-    seal_grace_hours: float = Field(default=2.0, ge=0, le=168)
-    # `aegis seal raw` without --date: the newest due days it looks at (unsealed days are sealed,
-    # sealed ones get a supplement for late arrivals)
-    seal_lookback_days: int = Field(default=7, ge=1, le=366)
-    # objects read at once by `aegis seal raw` and `aegis audit raw --deep`
-    seal_concurrency: int = Field(default=32, ge=1, le=512)
+    replay_rate: float = Field(
+        default=200.0,
+        ge=0,
+        description="Messages per second `aegis replay` publishes (its `--rate` default); 0: no "
+        "limit.",
+    )
+    replay_concurrency: int = Field(
+        default=16, ge=1, le=512, description="Raw objects `aegis replay` handles at once."
+    )
+    payload_inline_max_bytes: int = Field(
+        default=64 * 1024,
+        ge=0,
+        le=256 * 1024,
+        description="Raw events carry their payload inline up to this size in bytes (saving the "
+        "processor a read of the raw object); `aegis replay` must use the same value, or the "
+        "events it rebuilds differ from the ones ingest sent.",
+    )
+    nats_ack_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        validation_alias=AliasChoices("AEGIS_NATS_ACK_TIMEOUT_S", "AEGIS_NATS_ACK_TIMEOUT_SECONDS"),
+        description="Seconds JetStream may take to confirm a published raw event.",
+    )
+    seal_grace_hours: float = Field(
+        default=2.0,
+        ge=0,
+        le=168,
+        description="A raw UTC day is sealed once it is over plus this long, hours (objects still "
+        "arriving for it).",
+    )
+    seal_lookback_days: int = Field(
+        default=7,
+        ge=1,
+        le=366,
+        description="`aegis seal raw` without `--date`: the newest due days it looks at "
+        "(unsealed days are sealed, sealed ones get a supplement for late arrivals).",
+    )
+    seal_concurrency: int = Field(
+        default=32,
+        ge=1,
+        le=512,
+        description="Objects read at once by `aegis seal raw` and `aegis audit raw --deep`.",
+    )
+
+    @property
+    def nats_ack_timeout_seconds(self) -> float:
+        """The former name of :attr:`nats_ack_timeout_s`, which ``aegis replay``'s command still
+        reads (the variable is ``AEGIS_NATS_ACK_TIMEOUT_S``)."""
+        return self.nats_ack_timeout_s

@@ -1,0 +1,75 @@
+"""The exit codes of ``aegis`` commands, in one place, and how a failure becomes one.
+
+Every command exits 0 when it did its work and 1 when it could not; 2 is a usage error (bad
+options, from click). Codes 3 to 5 keep one meaning across commands, so a script can act on them
+without knowing the command:
+
+* 3: done, and it found what it checks for (drift, conflicts, a partition not sealed yet, a
+  factory at the ``--fail-on`` level);
+* 4: ``aegis audit raw``: a partition differs from its seal;
+* 5: a server did not answer: NATS within ``AEGIS_NATS_CONNECT_TIMEOUT_S``, or S3/DynamoDB
+  within the client's connect timeout and retries. Nothing was done; run it again later.
+
+A few commands give 2 a meaning of their own as well (their ``--help`` says which). This module
+is import-light: ``aegis --help`` reads :data:`ROOT_EPILOG` without loading any SDK.
+"""
+
+from __future__ import annotations
+
+import sys
+from urllib.parse import urlsplit
+
+OK = 0
+FAILED = 1
+USAGE = 2
+FOUND = 3
+DIFFERS = 4
+UNAVAILABLE = 5
+
+MEANINGS = {
+    OK: "done",
+    FAILED: "failed (the message on stderr says why)",
+    USAGE: "bad options or arguments",
+    FOUND: "done, and found what the command checks for (drift, conflicts, not sealed, a "
+    "factory at the --fail-on level)",
+    DIFFERS: "differs (audit raw)",
+    UNAVAILABLE: "NATS or S3/DynamoDB did not answer in time; nothing was done",
+}
+
+ROOT_EPILOG = "Exit codes: " + "; ".join(f"{code} {text}" for code, text in MEANINGS.items()) + "."
+
+
+def unavailable(err: BaseException) -> str | None:
+    """A one-line message when ``err`` means a server did not answer (else None): the NATS
+    connect timeout, or an S3/DynamoDB endpoint that refused or timed out every attempt."""
+    from botocore.exceptions import (  # noqa: PLC0415 - only when something failed
+        ConnectTimeoutError,
+        EndpointConnectionError,
+    )
+
+    # the broker module loads FastStream: if no command loaded it, no error can come from it
+    broker = sys.modules.get("aegis_runtime.broker")
+    for cause in _chain(err):
+        if broker is not None and isinstance(cause, broker.BrokerUnavailable):
+            return str(cause)  # it names the URL and the setting
+        if isinstance(cause, EndpointConnectionError | ConnectTimeoutError):
+            url = urlsplit(str(cause.kwargs.get("endpoint_url", "")))  # the request's URL
+            where = f"{url.scheme}://{url.netloc}" if url.netloc else "its endpoint"
+            return f"S3/DynamoDB not reachable at {where} ({type(cause).__name__})"
+    return None
+
+
+def code_of(err: BaseException) -> int:
+    """:data:`UNAVAILABLE` when a server did not answer, else :data:`FAILED`."""
+    return UNAVAILABLE if unavailable(err) is not None else FAILED
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and what it was raised from, as a traceback shows them."""
+    found: list[BaseException] = []
+    current: BaseException | None = err
+    while current is not None and current not in found:
+        found.append(current)
+        suppressed = current.__suppress_context__
+        current = current.__cause__ or (None if suppressed else current.__context__)
+    return found

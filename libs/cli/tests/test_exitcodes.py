@@ -1,0 +1,49 @@
+"""How a failure becomes an exit code: 5 when a server did not answer (the NATS connect timeout,
+an S3/DynamoDB endpoint that refused or timed out), 1 for anything else."""
+
+from __future__ import annotations
+
+from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
+
+from aegis_cli import exitcodes
+from aegis_runtime.broker import BrokerUnavailable
+from aegis_storage.errors import StorageError, Transient
+
+URL = "http://127.0.0.1:4566/bucket?list-type=2&prefix=raw%2F"
+
+
+def raised_from(error: BaseException, cause: BaseException) -> BaseException:
+    """``error`` as ``raise error from cause`` leaves it."""
+    error.__cause__, error.__suppress_context__ = cause, True
+    return error
+
+
+def test_an_endpoint_that_never_answered_is_unavailable() -> None:
+    for cause in (
+        EndpointConnectionError(endpoint_url=URL),
+        ConnectTimeoutError(endpoint_url=URL),
+    ):
+        err = raised_from(Transient("list s3://bucket/raw/"), cause)
+        assert exitcodes.code_of(err) == exitcodes.UNAVAILABLE
+        message = exitcodes.unavailable(err)
+        assert message == (
+            f"S3/DynamoDB not reachable at http://127.0.0.1:4566 ({type(cause).__name__})"
+        )
+
+
+def test_nats_not_answering_is_unavailable_with_its_own_message() -> None:
+    err = BrokerUnavailable("NATS not reachable at nats://127.0.0.1:4222 within 1 s")
+    assert exitcodes.unavailable(err) == str(err)
+    assert exitcodes.code_of(RuntimeError("wrapped")) == exitcodes.FAILED
+    assert exitcodes.code_of(raised_from(RuntimeError("wrapped"), err)) == exitcodes.UNAVAILABLE
+
+
+def test_other_failures_are_failed() -> None:
+    assert exitcodes.code_of(StorageError("query: AccessDenied")) == exitcodes.FAILED
+    # a context the code chose to hide (raise ... from None) is not looked into
+    hidden = StorageError("something else")
+    hidden.__context__ = EndpointConnectionError(endpoint_url=URL)
+    hidden.__suppress_context__ = True
+    assert exitcodes.code_of(hidden) == exitcodes.FAILED
+    hidden.__suppress_context__ = False  # raised while handling it: a traceback shows it
+    assert exitcodes.code_of(hidden) == exitcodes.UNAVAILABLE

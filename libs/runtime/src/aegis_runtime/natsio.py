@@ -1,0 +1,268 @@
+"""nats-py, the client under FastStream, for the few things FastStream 0.7 does not model.
+
+FastStream runs every consumer (:func:`aegis_runtime.broker.durable_pull`) and makes every single
+publish (:func:`aegis_runtime.broker.publish`, ``broker.publish``). What it has no call for is done
+here with nats-py, and nowhere else: no other module of the platform imports ``nats`` (tests may).
+The client is the connection FastStream opened, taken from its broker in one place
+(:func:`_connection_state`, FastStream's own ``JsClient``/``Client`` context); the dashboard's
+live feed is the one connection of its own (:func:`connect`).
+
+Why each use needs nats-py:
+
+* **Streams** (:func:`stream_config`, :func:`add_stream`, :func:`update_stream`): the JetStream
+  API that brings a stream to the contract. FastStream declares a stream only as a side effect
+  of starting a subscriber (create it, or merge subjects into it); it cannot compare a running
+  stream with the contract, keep what an operator raised, or only check that a stream exists.
+* **The queue's state** (:func:`stream_state`, :func:`consumers`, :func:`last_message`): a
+  stream's per-subject counts, its consumers with their lag, the last message of a subject (the
+  heartbeats): JetStream API reads, not subscriptions.
+* **Many publishes at once** (:func:`publish_async`): nats-py's asynchronous JetStream publish,
+  whose acks one reply subscription collects. FastStream publishes one message at a time, each a
+  request that waits for its ack.
+* **A delivery's settlement** (:func:`jetstream_delivery`, :data:`Msg`): the broker middleware
+  reads the raw message FastStream hands it (delivery count, stream sequence) and acks it, or
+  naks it with a delay, before FastStream's own acknowledgement would.
+* **A one-off read of a durable consumer** (:func:`pull_durable`): ``aegis alerts resend``
+  fetches dead letters in batches and settles each after a webhook call. FastStream's pull
+  subscribers settle by a handler's outcome, and their ``get_one`` fetches a message a request.
+* **Closing without draining** (:func:`close`): a one-shot command's connection is flushed and
+  closed. FastStream's ``stop`` drains, which waits out a pull subscription's fetch (30 s).
+* **The live feed's connection** (:func:`connect`): core subscriptions on a connection that
+  must come back after any outage. FastStream's error callback re-raises the errors it deems
+  unrecoverable (an authorization violation, a stale connection), which ends nats-py's
+  reconnection for good; and its ``stop`` drains, which fails while NATS is away and leaves the
+  reconnection running.
+* **JetStream's account info** (:func:`account_info`): the development stack's check that a
+  server has JetStream before anything runs on it.
+
+Errors are nats-py's own: :data:`Error` is their base (a nats-py timeout is also a builtin
+``TimeoutError``); :func:`store_refused` tells JetStream's "store failed" refusal apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client, Server
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+
+if TYPE_CHECKING:
+    from faststream.nats import NatsBroker
+    from faststream.nats.broker.state import BrokerState
+
+__all__ = [
+    "Client",
+    "ConsumerInfo",
+    "Error",
+    "JetStreamOff",
+    "Msg",
+    "PullSubscription",
+    "Server",
+    "StreamState",
+    "account_info",
+    "add_stream",
+    "client",
+    "close",
+    "connect",
+    "consumers",
+    "is_jetstream_refusal",
+    "jetstream",
+    "jetstream_delivery",
+    "last_message",
+    "publish_async",
+    "pull_durable",
+    "store_refused",
+    "stream_config",
+    "stream_state",
+    "update_stream",
+]
+
+# the names the platform's modules use for nats-py's types and errors, so that none imports it
+Error = nats.errors.Error
+ConsumerInfo = api.ConsumerInfo
+StreamState = api.StreamState
+PullSubscription = JetStreamContext.PullSubscription
+
+# The JetStream API's error codes: "stream name already in use with a different configuration",
+# and "store failed" (a discard-new limit of the stream or of the subject was reached).
+_STREAM_NAME_IN_USE = 10058
+_STREAM_STORE_FAILED = 10077
+
+
+class JetStreamOff(Exception):
+    """Nothing answers the JetStream API: the server runs without JetStream."""
+
+
+# -- the client FastStream opened -----------------------------------------------------------------
+
+
+def _connection_state(broker: NatsBroker) -> BrokerState:
+    # The one place the nats-py objects are taken from a broker: the state FastStream's
+    # ``Client`` and ``JsClient`` context annotations read. Raises FastStream's IncorrectState
+    # when the broker is not connected.
+    state: BrokerState = broker.config.connection_state
+    return state
+
+
+def client(broker: NatsBroker) -> Client:
+    """The nats-py connection of a connected ``broker``."""
+    return _connection_state(broker).connection
+
+
+def jetstream(broker: NatsBroker) -> JetStreamContext:
+    """The JetStream context FastStream made at connect (it honours the broker's js_options)."""
+    return _connection_state(broker).stream
+
+
+async def close(broker: NatsBroker) -> None:
+    """Flush and close the connection of a one-shot ``broker`` (a command's): not FastStream's
+    ``stop``, whose drain waits out a pull subscription's fetch timeout."""
+    nc = client(broker)
+    try:
+        await nc.flush()
+    finally:
+        await nc.close()
+
+
+async def connect(options: Mapping[str, Any], **more: Any) -> Client:
+    """A connection of its own, for the dashboard's live feed only (see the module's docstring):
+    ``options`` as :func:`aegis_runtime.broker.connect_options` gives them, plus ``more`` of
+    nats-py's connection arguments (name, reconnection, callbacks)."""
+    return await nats.connect(**{**options, **more})
+
+
+# -- streams ---------------------------------------------------------------------------------------
+
+
+async def stream_config(broker: NatsBroker, name: str) -> api.StreamConfig | None:
+    """The configuration of stream ``name``; None when there is no such stream."""
+    try:
+        return (await jetstream(broker).stream_info(name)).config
+    except nats.js.errors.NotFoundError:
+        return None
+
+
+async def add_stream(broker: NatsBroker, config: api.StreamConfig) -> bool:
+    """Create the stream; False when its name is taken meanwhile (another replica created it)."""
+    try:
+        await jetstream(broker).add_stream(config)
+    except nats.js.errors.BadRequestError as err:
+        if err.err_code != _STREAM_NAME_IN_USE:
+            raise
+        return False
+    return True
+
+
+async def update_stream(broker: NatsBroker, config: api.StreamConfig) -> None:
+    await jetstream(broker).update_stream(config)
+
+
+# -- the queue's state -----------------------------------------------------------------------------
+
+
+async def stream_state(
+    broker: NatsBroker, name: str, *, subjects_filter: str | None = None
+) -> StreamState | None:
+    """The state of stream ``name`` (None when there is none): messages, bytes, consumers, and
+    with ``subjects_filter`` the number of messages of each subject it matches."""
+    try:
+        info = await jetstream(broker).stream_info(name, subjects_filter=subjects_filter)
+    except nats.js.errors.NotFoundError:
+        return None
+    return info.state
+
+
+async def consumers(broker: NatsBroker, stream: str) -> list[ConsumerInfo]:
+    """Every consumer of ``stream``, with its lag (pending, ack pending, redelivered)."""
+    found: list[ConsumerInfo] = await jetstream(broker).consumers_info(stream)
+    return found
+
+
+async def last_message(broker: NatsBroker, stream: str, subject: str) -> bytes | None:
+    """The body of the last message of ``subject`` in ``stream``; None when there is none."""
+    try:
+        msg = await jetstream(broker).get_last_msg(stream, subject)
+    except nats.js.errors.NotFoundError:
+        return None
+    return msg.data or b""
+
+
+async def account_info(broker: NatsBroker, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
+    """JetStream's account info (limits, usage) as a dict. Raises :class:`JetStreamOff` when
+    the server has no JetStream, else nats-py's errors (a refusal is a JetStream API error)."""
+    try:
+        info = await client(broker).jsm(timeout=timeout).account_info()
+    except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as err:
+        raise JetStreamOff("no responders for $JS.API.INFO (JetStream not enabled)") from err
+    return dict(info.as_dict())
+
+
+def is_jetstream_refusal(err: BaseException) -> bool:
+    """True when JetStream answered a call with an error (rather than not answering)."""
+    return isinstance(err, nats.js.errors.Error)
+
+
+# -- publishing ------------------------------------------------------------------------------------
+
+
+async def publish_async(
+    broker: NatsBroker,
+    subject: str,
+    data: bytes,
+    *,
+    stream: str,
+    headers: dict[str, str],
+) -> asyncio.Future[api.PubAck]:
+    """Send one message without waiting: its ack is the returned future, resolved by the one
+    reply subscription nats-py keeps for these. A message the server refuses never resolves
+    (nats-py raises the refusal in its reply handler): await the futures with a timeout."""
+    return await jetstream(broker).publish_async(subject, data, stream=stream, headers=headers)
+
+
+def store_refused(err: BaseException) -> str | None:
+    """JetStream's description when it refused to store a message at a discard-new limit of its
+    stream or subject ("store failed"); None for any other failure."""
+    if isinstance(err, nats.js.errors.APIError) and err.err_code == _STREAM_STORE_FAILED:
+        return str(err.description)
+    return None
+
+
+# -- consuming -------------------------------------------------------------------------------------
+
+
+def jetstream_delivery(msg: object) -> Msg | None:
+    """``msg`` when it is a JetStream delivery (a raw nats-py message with JetStream metadata:
+    stream, sequence, delivery count); None for a core NATS message or anything else."""
+    if not isinstance(msg, Msg):
+        return None
+    try:
+        _ = msg.metadata
+    except Exception:
+        return None
+    return msg
+
+
+async def pull_durable(
+    broker: NatsBroker,
+    subject: str,
+    *,
+    durable: str,
+    stream: str,
+    ack_wait: float,
+    max_deliver: int,
+) -> PullSubscription:
+    """Bind to (or create) the durable pull consumer ``durable`` of ``stream`` on ``subject``:
+    ``fetch(batch, timeout)`` on the result returns messages to settle one by one (``ack``,
+    ``nak``); it raises ``TimeoutError`` when none came. ``max_deliver=-1``: no limit."""
+    return await jetstream(broker).pull_subscribe(
+        subject,
+        durable=durable,
+        stream=stream,
+        config=api.ConsumerConfig(ack_wait=ack_wait, max_deliver=max_deliver),
+    )
