@@ -56,6 +56,7 @@ from faststream.nats import (
     StorageType,
     StreamConfig,
 )
+from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.security import NatsSecurity, NatsUserPassword
 
 from aegis_contracts.archive import raw_event_msg_id
@@ -63,7 +64,7 @@ from aegis_contracts.errors import ContractError
 from aegis_contracts.events import RawArchived
 from aegis_contracts.subjects import STREAMS, StreamSpec, dead_letter_subject, raw_subject
 from aegis_contracts.times import utc_now
-from aegis_runtime import natsio
+from aegis_runtime import natsio, tracing
 from aegis_runtime.logging import bind_message
 from aegis_runtime.metrics import Metrics
 from aegis_runtime.redact import redact_url
@@ -159,6 +160,11 @@ def create_broker(
         graceful_timeout=graceful_timeout,
         id_generator=_no_correlation_id,
     )
+    provider = tracing.provider_for(settings)
+    if provider is not None:  # outermost: the consumer span covers the whole handling
+        broker.add_middleware(
+            NatsTelemetryMiddleware(tracer_provider=provider, include_messages_counters=False)
+        )
     broker.add_middleware(
         MessageOutcomes(service=name, broker=broker, metrics=metrics, retry=retry or RetryPolicy())
     )

@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from aegis_contracts.times import floor_to
+from aegis_runtime import tracing
 from aegis_runtime.envcheck import report_environment
 
 log = structlog.get_logger(__name__)
@@ -57,7 +58,10 @@ def run_service(main: Main, *, shutdown_timeout: float = 25.0) -> None:
     First the environment is checked: ``AEGIS_*`` variables no AEGIS component reads and
     deprecated names are logged as warnings (:mod:`aegis_runtime.envcheck`)."""
     report_environment()
-    code = asyncio.run(_supervise(main, shutdown_timeout))
+    try:
+        code = asyncio.run(_supervise(main, shutdown_timeout))
+    finally:
+        tracing.shutdown()  # export the last spans (nothing to do when tracing is off)
     if code:
         raise SystemExit(code)
 

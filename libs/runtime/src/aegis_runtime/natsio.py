@@ -51,6 +51,7 @@ import nats.js.errors
 from nats.aio.client import Client, Server
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
+from opentelemetry import propagate
 
 if TYPE_CHECKING:
     from faststream.nats import NatsBroker
@@ -221,7 +222,11 @@ async def publish_async(
 ) -> asyncio.Future[api.PubAck]:
     """Send one message without waiting: its ack is the returned future, resolved by the one
     reply subscription nats-py keeps for these. A message the server refuses never resolves
-    (nats-py raises the refusal in its reply handler): await the futures with a timeout."""
+    (nats-py raises the refusal in its reply handler): await the futures with a timeout.
+    The current trace context (if tracing is on) goes into the headers, as FastStream's
+    middleware does for the publishes it makes."""
+    headers = dict(headers)
+    propagate.inject(headers)
     return await jetstream(broker).publish_async(subject, data, stream=stream, headers=headers)
 
 

@@ -196,6 +196,14 @@ class AegisSettings(BaseSettings):
         "hosts' clocks): one setting, so the two cannot disagree.",
     )
 
+    tracing: Literal["off", "otlp"] = Field(
+        default="off",
+        description="`otlp`: one OpenTelemetry trace per device message, from ingest through "
+        "the queue to the processor, the alert dispatcher and the orchestrator, exported over "
+        "OTLP/HTTP to the standard `OTEL_EXPORTER_OTLP_ENDPOINT` (or "
+        "`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`; headers from `OTEL_EXPORTER_OTLP_HEADERS`). "
+        "`off`: no spans are made.",
+    )
     log_format: Literal["auto", "json", "console"] = Field(
         default="auto",
         description="`json` lines, `console`, or `auto`: console on a terminal, JSON otherwise.",

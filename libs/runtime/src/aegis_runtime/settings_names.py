@@ -186,6 +186,7 @@ KNOWN: frozenset[str] = frozenset(
         "AEGIS_STORAGE_SLOW_MS",
         "AEGIS_SUBJECT",
         "AEGIS_TABLE",
+        "AEGIS_TRACING",
         "AEGIS_UP_FIRST_HEALTH_PORT",
     }
 )

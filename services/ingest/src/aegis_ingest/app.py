@@ -23,6 +23,7 @@ from aegis_contracts.times import utc_now
 from aegis_ingest.handlers import Inbound, IngestHandler
 from aegis_ingest.mqtt import Acker, create_client
 from aegis_ingest.settings import IngestSettings
+from aegis_runtime import tracing
 from aegis_runtime.broker import create_broker, ensure_deployed_streams, nats_ready
 from aegis_runtime.health import HealthServer
 from aegis_runtime.heartbeat import HeartbeatPublisher, is_alive, last_heartbeats
@@ -76,6 +77,7 @@ class IngestApp:
         self.health.add_check("mqtt", self._mqtt_ready)
         self.health.add_check("nats", nats_ready(self.broker))
         self.heartbeat = HeartbeatPublisher.for_service(self.broker, settings, self.health)
+        self.tracer = tracing.tracer(settings, "aegis_ingest")  # a no-op one unless tracing is on
         self._tasks: set[asyncio.Task[None]] = set()
         self._received = 0  # messages read from MQTT, all sessions
         self.handed_over = 0  # messages read after unsubscribing, when stopping (a hand-over)
@@ -288,7 +290,16 @@ class IngestApp:
         redeliver: asyncio.Event,
     ) -> None:
         try:
-            outcome = await handler.handle(inbound)
+            with tracing.consuming(
+                self.tracer,
+                "mqtt receive",
+                {
+                    "messaging.system": "mqtt",
+                    "messaging.destination.name": inbound.topic,
+                    "messaging.message.body.size": len(inbound.payload),
+                },
+            ):
+                outcome = await handler.handle(inbound)
             if outcome.acknowledge:
                 acker.ack(mid, inbound.qos)
             elif inbound.qos > 0:

@@ -1,0 +1,80 @@
+"""One trace per device message, when ``AEGIS_TRACING=otlp``: OpenTelemetry's SDK, exported by
+its OTLP/HTTP exporter (endpoint, headers and timeouts from the standard ``OTEL_EXPORTER_OTLP_*``
+variables), carried between services in the queue's message headers (W3C ``traceparent``) by
+FastStream's own telemetry middleware.
+
+Ingest opens the trace (a consumer span per MQTT message); the raw event it publishes carries
+the context; the processor's consumer span continues it, and the events it publishes (changes,
+objects created) carry it on to the alert dispatcher and the orchestrator. An operator sees in
+one trace where a slow alert spent its time.
+
+Each service has its own tracer provider (``service.name`` = its ``AEGIS_SERVICE``), kept here
+by name so that several services in one process (tests, ``aegis up`` runs them apart anyway)
+stay apart. Off (the default), nothing is made: no provider, no middleware, no spans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
+
+from opentelemetry import propagate, trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import NoOpTracerProvider, SpanKind
+
+from aegis_runtime.settings import AegisSettings
+
+_PROVIDERS: dict[str, TracerProvider] = {}
+_OFF = NoOpTracerProvider()
+
+
+def provider_for(settings: AegisSettings) -> TracerProvider | None:
+    """The tracer provider of ``settings.service`` (made once), or None when tracing is off."""
+    if settings.tracing == "off":
+        return None
+    provider = _PROVIDERS.get(settings.service)
+    if provider is None:
+        provider = TracerProvider(
+            resource=Resource.create(
+                {"service.name": settings.service, "service.namespace": "aegis"}
+            )
+        )
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        _PROVIDERS[settings.service] = provider
+    return provider
+
+
+def tracer(settings: AegisSettings, name: str) -> trace.Tracer:
+    """A tracer of the service (a no-op one when tracing is off)."""
+    provider = provider_for(settings)
+    return (provider or _OFF).get_tracer(name)
+
+
+@contextmanager
+def consuming(tracer_: trace.Tracer, name: str, attributes: dict[str, str | int]) -> Iterator[None]:
+    """A consumer span, current for the block: a message received from outside the queue
+    (MQTT) starts a trace here; whatever the block publishes carries it on."""
+    with tracer_.start_as_current_span(name, kind=SpanKind.CONSUMER, attributes=attributes):
+        yield
+
+
+def inject(headers: MutableMapping[str, str]) -> None:
+    """Put the current trace context (if any) into message headers: for publishes that go
+    around FastStream's middleware (batched JetStream publishes)."""
+    propagate.inject(headers)
+
+
+def flush(timeout_s: float = 5.0) -> None:
+    """Export what is buffered (at a service's stop), for every provider made here."""
+    for provider in _PROVIDERS.values():
+        provider.force_flush(int(timeout_s * 1000))
+
+
+def shutdown() -> None:
+    """Flush and stop every provider made here (a process's end)."""
+    for provider in _PROVIDERS.values():
+        provider.shutdown()
+    _PROVIDERS.clear()
