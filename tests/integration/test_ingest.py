@@ -138,8 +138,7 @@ async def dead_letters(js: JetStreamContext, service: str, reason: str) -> list[
 
 
 def sample(app: IngestApp, name: str, **labels: str) -> float:
-    value = app.metrics.registry.get_sample_value(f"aegis_{name}", labels)
-    return value or 0.0
+    return app.metrics.total(name, **labels)
 
 
 async def publish_burst(publisher: aiomqtt.Client, factory: str, prefix: str, count: int) -> None:

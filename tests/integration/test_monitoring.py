@@ -40,13 +40,15 @@ def catalogue() -> dict[str, set[str]]:
     """Every exposed series name -> its label names."""
     found: dict[str, set[str]] = dict(BUILTIN)
     metrics = Metrics("catalogue")
-    metrics.handler_seconds.observe(0.1)  # histograms show their series once observed
+    # labelled series show once used
+    metrics.handler_seconds.labels(consumer="c").observe(0.1)
+    metrics.inflight.labels(consumer="c").set(0)
     for family in metrics.registry.collect():
         for sample in family.samples:
             found.setdefault(sample.name, set()).update(sample.labels)
         if family.type == "counter":  # labelled counters have no sample until used
             found.setdefault(f"{family.name}_total", set())
-    found["aegis_messages_total"] = {"outcome"}
+    found["aegis_messages_total"] = {"consumer", "outcome"}
     found["aegis_dead_letters_total"] = {"reason"}
     found["aegis_service_info"] = {"service"}
     for kind, name, labels in declared_metrics():

@@ -121,12 +121,12 @@ async def _consumer(js: JetStreamContext, spec: StreamSpec, durable: str) -> api
 
 
 def _outcomes(metrics: Metrics) -> dict[str, float]:
-    return {
-        s.labels["outcome"]: s.value
-        for family in metrics.messages_total.collect()
-        for s in family.samples
-        if s.name.endswith("_total")
-    }
+    found: dict[str, float] = {}
+    for family in metrics.messages_total.collect():
+        for s in family.samples:
+            if s.name.endswith("_total"):
+                found[s.labels["outcome"]] = found.get(s.labels["outcome"], 0.0) + s.value
+    return found
 
 
 # -- pure helpers --------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ async def _hangs() -> bool:
 
 async def test_healthz_metrics_and_ephemeral_port() -> None:
     metrics = Metrics("processor")
-    metrics.messages_total.labels(outcome="ok").inc(3)
+    metrics.messages_total.labels(consumer="processor", outcome="ok").inc(3)
     async with HealthServer(metrics, "127.0.0.1", 0) as server:
         assert server.port > 0
 
@@ -63,7 +63,7 @@ async def test_healthz_metrics_and_ephemeral_port() -> None:
         status, headers, body = await _get(server.port, "/metrics")
         assert status == 200
         assert headers["content-type"].startswith("text/plain")
-        assert 'aegis_messages_total{outcome="ok"} 3.0' in body.decode()
+        assert 'aegis_messages_total{consumer="processor",outcome="ok"} 3.0' in body.decode()
 
         status, _, _ = await _get(server.port, "/nope")
         assert status == 404

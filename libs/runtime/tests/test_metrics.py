@@ -18,18 +18,28 @@ def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
 
 def test_standard_metrics_are_exposed_with_the_aegis_prefix() -> None:
     metrics = Metrics("processor")
-    metrics.messages_total.labels(outcome="ok").inc(2)
+    metrics.messages_total.labels(consumer="processor", outcome="ok").inc(2)
+    metrics.messages_total.labels(consumer="orchestrator-raw", outcome="ok").inc()
     metrics.dead_letters_total.labels(reason="invalid_payload").inc()
-    metrics.inflight.inc()
-    metrics.handler_seconds.observe(0.003)
+    metrics.inflight.labels(consumer="processor").inc()
+    metrics.handler_seconds.labels(consumer="processor").observe(0.003)
 
     samples = _samples(metrics)
-    assert samples[("aegis_messages_total", (("outcome", "ok"),))] == 2
+    ok = (("consumer", "processor"), ("outcome", "ok"))
+    assert samples[("aegis_messages_total", ok)] == 2
     assert samples[("aegis_dead_letters_total", (("reason", "invalid_payload"),))] == 1
-    assert samples[("aegis_inflight", ())] == 1
-    assert samples[("aegis_handler_seconds_count", ())] == 1
-    assert samples[("aegis_handler_seconds_bucket", (("le", "0.0025"),))] == 0
-    assert samples[("aegis_handler_seconds_bucket", (("le", "0.005"),))] == 1
+    assert samples[("aegis_inflight", (("consumer", "processor"),))] == 1
+    assert samples[("aegis_handler_seconds_count", (("consumer", "processor"),))] == 1
+    low, high = (
+        (("consumer", "processor"), ("le", "0.0025")),
+        (("consumer", "processor"), ("le", "0.005")),
+    )
+    assert samples[("aegis_handler_seconds_bucket", low)] == 0
+    assert samples[("aegis_handler_seconds_bucket", high)] == 1
+    # a reader of every consumer's outcome sums over consumers
+    assert metrics.total("messages_total", outcome="ok") == 3
+    assert metrics.total("messages_total", consumer="processor") == 2
+    assert metrics.total("messages_total", outcome="retried") == 0
     assert samples[("aegis_service_info", (("service", "processor"),))] == 1
 
 
@@ -42,9 +52,10 @@ def test_text_format_has_help_and_type_lines() -> None:
 
 def test_each_instance_has_its_own_registry() -> None:
     first, second = Metrics("a"), Metrics("b")  # no "Duplicated timeseries" error
-    first.messages_total.labels(outcome="ok").inc()
-    assert ("aegis_messages_total", (("outcome", "ok"),)) not in _samples(second)
-    assert _samples(first)[("aegis_messages_total", (("outcome", "ok"),))] == 1
+    first.messages_total.labels(consumer="c", outcome="ok").inc()
+    key = ("aegis_messages_total", (("consumer", "c"), ("outcome", "ok")))
+    assert key not in _samples(second)
+    assert _samples(first)[key] == 1
 
 
 def test_service_metrics_get_the_prefix_once() -> None:

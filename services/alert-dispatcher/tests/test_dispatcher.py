@@ -566,7 +566,7 @@ async def test_a_dynamodb_error_after_or_in_the_claim_still_sends_exactly_one_me
 
 
 def sample(app: DispatcherApp, name: str, **labels: str) -> float:
-    return app.metrics.registry.get_sample_value(f"aegis_{name}", labels) or 0.0
+    return app.metrics.total(name, **labels)
 
 
 async def test_a_shutdown_while_slack_is_slow_still_sends_exactly_one_message(

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
 from aegis_dashboard_api.access import token_digest
 from aegis_dashboard_api.app import create_app, server_config
@@ -194,3 +195,37 @@ async def test_revoking_a_token_in_the_tokens_file_ends_its_open_streams(
             await asyncio.sleep(0.3)
             assert (await client.get("/api/fleet", headers=kept)).status_code == 200
             assert (await client.get("/api/fleet", headers=gone)).status_code == 401
+
+
+def test_metrics_are_on_the_health_port_by_route_template_and_not_on_the_api_port(
+    serve: Serve,
+) -> None:
+    """The dashboard's /metrics, as an operator scrapes it: on the health port (with
+    /healthz and /readyz), one series per route template however many factory ids clients ask
+    for, and nothing of it on the public API port."""
+    health = free_port()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with serve(health_port=health) as base:
+        assert httpx.get(f"{base}/api/fleet", headers=auth).status_code == 200
+        for factory in ("f-one", "f-two", "f-three"):
+            assert httpx.get(f"{base}/api/factories/{factory}", headers=auth).status_code == 404
+        assert httpx.get(f"{base}/api/fleet").status_code == 401
+        assert httpx.get(f"{base}/no/such/page").status_code == 404
+        assert httpx.get(f"{base}/metrics").status_code == 404  # not public
+        assert httpx.get(f"http://127.0.0.1:{health}/readyz").status_code == 200
+        text = httpx.get(f"http://127.0.0.1:{health}/metrics").text
+
+    counts = {
+        (s.labels["route"], s.labels["method"], s.labels["status"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "aegis_http_requests_total"
+    }
+    assert counts.get(("/api/fleet", "GET", "200")) == 1, counts
+    assert counts[("/api/fleet", "GET", "401")] == 1
+    assert counts[("/api/factories/{factory_id}", "GET", "404")] == 3
+    assert counts[("unmatched", "GET", "404")] == 2  # /no/such/page, /metrics
+    assert "f-one" not in text and "/no/such/page" not in text
+    assert "aegis_http_request_seconds_bucket" in text
+    assert "aegis_live_clients 0.0" in text
+    assert "process_cpu_seconds_total" in text  # what every AEGIS /metrics has

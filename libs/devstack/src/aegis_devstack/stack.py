@@ -235,9 +235,10 @@ async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
             child = _Child(spec, child_env(os.environ, settings, spec) | extra_env, group, stop)
             await child.start()
             children[spec.name] = child
-            # the dashboard answers /readyz on its own (API) port
+            # the dashboard answers /readyz on its own (API) port too; /metrics on the health port
             health = (
-                f"{settings.dashboard_url.rstrip('/')}/readyz"
+                f"{settings.dashboard_url.rstrip('/')}/readyz, metrics "
+                f"http://127.0.0.1:{spec.health_port}/metrics"
                 if spec.name == "dashboard-api"
                 else f"http://127.0.0.1:{spec.health_port}/readyz"
             )

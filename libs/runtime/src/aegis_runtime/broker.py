@@ -860,6 +860,7 @@ class _MessageOutcome(BaseMiddleware):
         self.started = 0.0
         self.message_id = ""
         self.delivery = 0
+        self.consumer = ""
 
     async def on_receive(self) -> None:
         raw = self.raw
@@ -883,8 +884,9 @@ class _MessageOutcome(BaseMiddleware):
                 delivery=self.delivery,
             )
         )
+        self.consumer = meta.consumer or "ephemeral"
         if self.outcomes.metrics is not None:
-            self.outcomes.metrics.inflight.inc()
+            self.outcomes.metrics.inflight.labels(consumer=self.consumer).inc()
         self.started = time.perf_counter()
 
     async def after_processed(
@@ -967,9 +969,9 @@ class _MessageOutcome(BaseMiddleware):
         elapsed = time.perf_counter() - self.started
         metrics = self.outcomes.metrics
         if metrics is not None:
-            metrics.inflight.dec()
-            metrics.messages_total.labels(outcome=outcome).inc()
-            metrics.handler_seconds.observe(elapsed)
+            metrics.inflight.labels(consumer=self.consumer).dec()
+            metrics.messages_total.labels(consumer=self.consumer, outcome=outcome).inc()
+            metrics.handler_seconds.labels(consumer=self.consumer).observe(elapsed)
         try:
             if _stdlog.isEnabledFor(level):
                 log.log(

@@ -42,8 +42,11 @@ HANDLER_BUCKETS = (
 class Metrics:
     """The standard metrics every service has, plus factories for its own.
 
-    ``messages_total{outcome}``: ``ok``, ``retried``, ``dead_lettered`` (see ``aegis_runtime.broker``);
-    ``dead_letters_total{reason}``; ``handler_seconds``; ``inflight``; ``service_info{service}`` = 1.
+    ``messages_total{consumer,outcome}``: ``ok``, ``retried``, ``dead_lettered`` (see
+    ``aegis_runtime.broker``); ``dead_letters_total{reason}``; ``handler_seconds{consumer}``;
+    ``inflight{consumer}``; ``service_info{service}`` = 1. ``consumer`` is the JetStream durable
+    consumer a message came from (a service may read several), ``mqtt`` for ingest's
+    subscription.
     """
 
     content_type = CONTENT_TYPE_LATEST
@@ -56,15 +59,20 @@ class Metrics:
         for collector in (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR):
             self.registry.register(collector)
         self.messages_total = self.counter(
-            "messages_total", "Messages handled, by outcome.", ("outcome",)
+            "messages_total", "Messages handled, by consumer and outcome.", ("consumer", "outcome")
         )
         self.dead_letters_total = self.counter(
             "dead_letters_total", "Messages dead-lettered, by reason.", ("reason",)
         )
         self.handler_seconds = self.histogram(
-            "handler_seconds", "Time spent handling one message.", buckets=HANDLER_BUCKETS
+            "handler_seconds",
+            "Time spent handling one message, by consumer.",
+            ("consumer",),
+            buckets=HANDLER_BUCKETS,
         )
-        self.inflight = self.gauge("inflight", "Messages being handled right now.")
+        self.inflight = self.gauge(
+            "inflight", "Messages being handled right now, by consumer.", ("consumer",)
+        )
         info = self.gauge("service_info", "Always 1; labels name the service.", ("service",))
         info.labels(service=service).set(1)
 
@@ -84,6 +92,17 @@ class Metrics:
     ) -> Histogram:
         return Histogram(
             _name(name), documentation, tuple(labels), registry=self.registry, buckets=buckets
+        )
+
+    def total(self, name: str, **labels: str) -> float:
+        """The sum of ``name``'s samples whose labels include ``labels`` (0 when none): what a
+        reader of several label sets wants, e.g. every consumer's ``messages_total{outcome}``."""
+        full = _name(name)
+        return sum(
+            sample.value
+            for family in self.registry.collect()
+            for sample in family.samples
+            if sample.name == full and labels.items() <= sample.labels.items()
         )
 
     def render(self) -> bytes:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from typing import Any
 
 import structlog
 import uvicorn
@@ -22,11 +23,13 @@ from aegis_dashboard_api import pages
 from aegis_dashboard_api.access import QueryTokenMiddleware, TokenSet, request_token
 from aegis_dashboard_api.feed import LiveFeed
 from aegis_dashboard_api.live import Hub, stream
+from aegis_dashboard_api.observe import DashboardMetrics
 from aegis_dashboard_api.routes import ApiError, Reader, router
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime.broker import log_bus_identity
 from aegis_runtime.envcheck import report_environment
+from aegis_runtime.health import HealthServer
 from aegis_storage.clients import AwsClients, open_clients
 from aegis_storage.errors import StorageError
 
@@ -87,6 +90,12 @@ def _lifespan(
                 opened = clients
             reader = app.state.reader = Reader(opened, s, clock)
             feed = app.state.feed = LiveFeed(reader, hub)
+            # /metrics (and /healthz, /readyz) on the health port, apart from the public API
+            health = HealthServer(app.state.metrics.metrics, s.health_host, s.health_port)
+            health.add_check("storage", reader.ready)
+            await health.start()
+            stack.push_async_callback(health.stop)
+            app.state.health = health
             stop = asyncio.Event()
             background = []
             if clients is None:  # tests that bring their clients count the fleet reads
@@ -129,6 +138,7 @@ def create_app(
     )
     app.state.settings = s
     app.state.hub = hub
+    app.state.metrics = DashboardMetrics(s.service, hub)
     app.state.tokens = TokenSet(s.token_digests, s.dashboard_tokens_file)
     app.state.signin_limiter = pages.SignInLimiter(
         s.dashboard_signin_attempts, s.dashboard_signin_window_s
@@ -174,9 +184,21 @@ def create_app(
     app.include_router(router, prefix="/api", dependencies=[Depends(require_token)])
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=pages.STATIC_DIR), name="static")
+    # counted under the route the router matched, whatever the middlewares around it do
+    app.add_middleware(_Observed, metrics=app.state.metrics)
     # outermost: ?token= leaves the query string before anything (or any log) sees it
     app.add_middleware(QueryTokenMiddleware)
     return app
+
+
+class _Observed:
+    """:meth:`DashboardMetrics.middleware` in the shape ``add_middleware`` takes."""
+
+    def __init__(self, app: Any, *, metrics: DashboardMetrics) -> None:
+        self._app = metrics.middleware(app)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._app(scope, receive, send)
 
 
 def main() -> None:

@@ -33,6 +33,8 @@ log = structlog.get_logger("aegis_ingest")
 _stdlog = logging.getLogger("aegis_ingest")
 
 _TOPIC_LOG_LIMIT = 200
+# the consumer label of ingest's handler metrics: its MQTT subscription
+CONSUMER = "mqtt"
 
 
 class Outcome(StrEnum):
@@ -101,7 +103,7 @@ class IngestHandler:
             factory_id=decision.factory_id,
             message_id=decision.message_id,
         ):
-            self.metrics.inflight.inc()
+            self.metrics.inflight.labels(consumer=CONSUMER).inc()
             attempts = 0
             rejected: Reject | None = None
             error: str | None = None
@@ -123,7 +125,7 @@ class IngestHandler:
                 outcome, error = Outcome.DEFERRED, f"{type(err).__name__}: {err}"
                 log.exception("message_failed", topic=message.topic[:_TOPIC_LOG_LIMIT])
             finally:
-                self.metrics.inflight.dec()
+                self.metrics.inflight.labels(consumer=CONSUMER).dec()
             elapsed = time.perf_counter() - started
             self._record(
                 message=message,
@@ -197,8 +199,8 @@ class IngestHandler:
         attempts: int,
         elapsed: float,
     ) -> None:
-        self.metrics.messages_total.labels(outcome=outcome.value).inc()
-        self.metrics.handler_seconds.observe(elapsed)
+        self.metrics.messages_total.labels(consumer=CONSUMER, outcome=outcome.value).inc()
+        self.metrics.handler_seconds.labels(consumer=CONSUMER).observe(elapsed)
         if outcome in _ACKED_QUIETLY and not _stdlog.isEnabledFor(logging.INFO):
             return  # the summary line would be dropped: do not build it
         fields = {

@@ -100,9 +100,11 @@ async def serve(settings: SimulatorSettings, stop: asyncio.Event) -> None:
                 log.warning("broker_unavailable", error=str(err), retry_in_s=backoff)
             finally:
                 connected.clear()
-                metrics.messages_total.labels(outcome="ok").inc(stats.total_sent)
+                metrics.messages_total.labels(consumer="simulator", outcome="ok").inc(
+                    stats.total_sent
+                )
                 for _kind, n in stats.errors.items():
-                    metrics.messages_total.labels(outcome="failed").inc(n)
+                    metrics.messages_total.labels(consumer="simulator", outcome="failed").inc(n)
             if stats.total_sent:
                 backoff = 1.0
             with contextlib.suppress(TimeoutError):
