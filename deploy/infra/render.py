@@ -149,6 +149,11 @@ def _break_glass_trust() -> dict[str, Any]:
     }
 
 
+# the images of one-shot work beside the services (Kubernetes Jobs and CronJobs: `aegis streams`,
+# `aegis bootstrap`, `aegis seal raw`, migrations), pushed to repositories of their own too
+ONE_SHOT_IMAGES = ("cli", "storage-tools")
+
+
 def ecs_services() -> list[str]:
     return sorted(p.stem for p in ECS.glob("*.json"))
 
@@ -299,20 +304,21 @@ def render() -> dict[str, Any]:
         }
         outputs[f"{logical}PolicyArn"] = {"Value": {"Ref": f"{logical}Policy"}}
         outputs[f"{logical}RoleArn"] = {"Value": {"Fn::GetAtt": [f"{logical}Role", "Arn"]}}
-    for service in ecs_services():
-        logical = _logical(service)
-        # where its image is pushed: tags never move (a task definition names one build), and
+    for image in sorted({*ecs_services(), *ONE_SHOT_IMAGES}):
+        # where each image is pushed: tags never move (a deployment names one build), and
         # every push is scanned
-        resources[f"{logical}Repository"] = {
+        resources[f"{_logical(image)}Repository"] = {
             "Type": "AWS::ECR::Repository",
             "DeletionPolicy": "Retain",
             "UpdateReplacePolicy": "Retain",
             "Properties": {
-                "RepositoryName": f"aegis-{service}",
+                "RepositoryName": f"aegis-{image}",
                 "ImageTagMutability": "IMMUTABLE",
                 "ImageScanningConfiguration": {"ScanOnPush": True},
             },
         }
+    for service in ecs_services():
+        logical = _logical(service)
         resources[f"{logical}ExecutionRole"] = _execution_role(service)
         resources[f"{logical}LogGroup"] = {
             "Type": "AWS::Logs::LogGroup",

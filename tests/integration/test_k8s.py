@@ -629,3 +629,61 @@ def test_scheduled_jobs_run_alone_locked_down_as_their_own_account(target: str) 
             assert role.endswith(":role/aegis-storage-tools"), f"{name}: IRSA role {role}"
         else:
             assert not annotations, name
+
+
+def _all_pod_specs(docs: tuple[Doc, ...]) -> list[Doc]:
+    """Pod specs of workloads, Jobs and CronJobs."""
+    specs = [pod_spec(w) for w in of_kind(docs, *WORKLOAD_KINDS, "Job").values()]
+    for cron in of_kind(docs, "CronJob").values():
+        specs.append(cron["spec"]["jobTemplate"]["spec"]["template"]["spec"])
+    return specs
+
+
+def test_every_aws_image_has_a_repository_the_foundation_creates() -> None:
+    """The aws overlay pulls each AEGIS image (services, Jobs, CronJobs) from ECR: each of those
+    repositories is one deploy/infra's template creates, and every IAM role a ServiceAccount
+    names is one the documented steps make (aegis-<service>, with the template's policy)."""
+    template = yaml.load(
+        (ROOT / "deploy" / "infra" / "foundation.yaml").read_text(encoding="utf-8"),
+        Loader=_CloudFormationLoader,
+    )
+    resources = template["Resources"]
+    repositories = {
+        r["Properties"]["RepositoryName"]
+        for r in resources.values()
+        if r["Type"] == "AWS::ECR::Repository"
+    }
+    docs = rendered("aws")
+    pulled = {
+        image_name(c["image"])
+        for spec in _all_pod_specs(docs)
+        for c in [*spec.get("initContainers", []), *spec["containers"]]
+        if ".dkr.ecr." in c["image"]
+    }
+    assert pulled, "the aws overlay pulls nothing from ECR"
+    assert pulled <= repositories, f"no repository for {sorted(pulled - repositories)}"
+    outputs = template["Outputs"]
+    for account in of_kind(docs, "ServiceAccount").values():
+        arn = account["metadata"].get("annotations", {}).get("eks.amazonaws.com/role-arn")
+        if arn is None:
+            continue
+        role = arn.rsplit("/", 1)[1]
+        assert role.startswith("aegis-"), role
+        key = "".join(part.title() for part in role.removeprefix("aegis-").split("-"))
+        assert f"{key}PolicyArn" in outputs, f"{role}: the template outputs no policy for it"
+
+
+class _CloudFormationLoader(yaml.SafeLoader):
+    """YAML with CloudFormation's short tags (!Ref, !Sub, ...), read as plain values."""
+
+
+_CloudFormationLoader.add_multi_constructor(
+    "!",
+    lambda loader, _suffix, node: (
+        loader.construct_scalar(node)
+        if isinstance(node, yaml.ScalarNode)
+        else loader.construct_sequence(node)
+        if isinstance(node, yaml.SequenceNode)
+        else loader.construct_mapping(node)
+    ),
+)
