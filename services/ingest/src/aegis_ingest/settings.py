@@ -90,13 +90,15 @@ class IngestSettings(AegisSettings):
     )
 
     ingest_retry_attempts: int = Field(
-        default=5,
+        default=8,
         ge=1,
         le=100,
         validation_alias=AliasChoices("AEGIS_INGEST_RETRY_ATTEMPTS", "AEGIS_RETRY_ATTEMPTS"),
         description="Attempts at one message on a transient storage or NATS failure; after the "
         "last the message stays unacknowledged and the connection is recycled, so that the "
-        "broker delivers it again.",
+        "broker delivers it again. The default waits about 12 s in all (with the default "
+        "delays): longer than a NATS cluster takes to elect a new stream leader (4 to 8 s), so "
+        "a leader's loss costs no redelivery.",
     )
     ingest_retry_first_delay_s: float = Field(
         default=0.2,
