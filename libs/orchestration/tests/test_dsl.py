@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from aegis_orchestration.dsl import ConditionSyntaxError, evaluate, parse, references
 
-SEED = {
+# the conditions of the job model's documentation, one per change kind
+DOCUMENTED = {
     "delete": 'AND(StringMatches(Array([$.beforeData], [@.Q_NAME]), "*S10*"))',
     "insert": 'AND(StringMatches(Array([$.afterData], [@.Q_DESC]), "SO_Description"))',
     "select": 'AND(StringEQ([$.busobjectid], "target_object_id"))',
@@ -34,7 +35,7 @@ SEED = {
     ],
 )
 def test_the_seeds_three_examples(expr: str, event: dict, expected: bool) -> None:
-    assert parse(SEED[expr])(event) is expected
+    assert parse(DOCUMENTED[expr])(event) is expected
 
 
 LATEST = {
@@ -105,7 +106,7 @@ def test_missing_or_mistyped_data_is_false_never_an_error(text: str) -> None:
 
 def test_no_expression_always_holds_and_references_are_listed() -> None:
     assert evaluate(None, {}) and evaluate("  ", {})
-    expr = parse(SEED["delete"])
+    expr = parse(DOCUMENTED["delete"])
     assert sorted(references(expr)) == ["$.beforeData", "@.Q_NAME"]
 
 
@@ -188,7 +189,7 @@ JSON = st.recursive(
     JSON,
     st.sampled_from(
         [
-            *SEED.values(),
+            *DOCUMENTED.values(),
             *(
                 t
                 for t, _ in [
