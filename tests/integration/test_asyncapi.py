@@ -23,6 +23,7 @@ from aegis_contracts.events import ChangeEvent, Heartbeat, ObjectCreated, RawArc
 from aegis_contracts.ids import SourceType
 from aegis_contracts.keys import CLOUD_INFRA, Dataset
 from aegis_contracts.subjects import (
+    CHANGE_ENTITIES,
     CHANGES,
     DEAD_LETTER,
     HEARTBEAT,
@@ -180,6 +181,7 @@ def test_every_subject_of_the_contracts_is_a_channel(doc: dict[str, Any]) -> Non
         object_created_subject(CLOUD_INFRA),
         change_subject(LATEST_ENTITY),
         change_subject(JOB_ENTITY),
+        *(change_subject(entity) for entity in CHANGE_ENTITIES),
         system_subject(EVENT_KIND),
         system_subject("alert_sent"),
         system_subject("job_done"),

@@ -428,3 +428,33 @@ async def test_a_lease_is_extended_only_by_its_owner_and_handed_over_by_ending_i
     assert await rm.acquire_lease(pk, sk, owner="b", now=after, until=after + timedelta(seconds=30))
     assert not await rm.extend_lease(pk, sk, owner="a", until=after + timedelta(seconds=30))
     assert not await rm.extend_lease("JOB#lease-test", keys.running_sk(1), owner="a", until=after)
+
+
+async def test_the_read_model_hands_each_announced_write_to_its_change_sink(foundation):
+    from aegis_storage.readmodel import Change, Put, ReadModel  # noqa: PLC0415
+
+    seen: list[Change] = []
+
+    async def sink(change: Change) -> None:
+        seen.append(change)
+
+    model = ReadModel(foundation.readmodel._ddb, foundation.table, changes=sink)
+    pk, sk = keys.alert_pk("factory-a"), keys.alert_sk("CRITICAL", "CO_HIGH", "RISK")
+    await model.put_item({"pk": pk, "sk": sk, "firing": True, "version": 1})
+    await model.put_item({"pk": pk, "sk": sk, "firing": True, "version": 1})  # no change
+    await model.put_item({"pk": pk, "sk": sk, "firing": False, "version": 2})
+    await model.put_item({"pk": pk, "sk": keys.alert_cursor_sk("RISK"), "x": 1})  # not announced
+    old = {"pk": pk, "sk": sk, "firing": False, "version": 2}
+    await model.put_items([Put({**old, "version": 3}, expected={"version": 2}, before=old)])
+    await model.delete_item(pk, sk)
+    await model.delete_item(pk, sk)  # nothing left to delete: nothing announced
+    assert [(c.entity, c.event_name) for c in seen] == [
+        ("alert", "INSERT"),
+        ("alert", "MODIFY"),
+        ("alert", "MODIFY"),
+        ("alert", "REMOVE"),
+    ]
+    assert seen[1].old_image is not None and seen[1].old_image["firing"] is True
+    assert seen[1].new_image is not None and seen[1].new_image["firing"] is False
+    assert seen[2].old_image == old and seen[3].new_image is None
+    assert seen[3].old_image is not None and seen[3].old_image["version"] == 3

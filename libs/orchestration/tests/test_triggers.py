@@ -7,10 +7,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from aegis_orchestration.model import Job
+import pytest
+
+from aegis_contracts.subjects import CHANGE_ENTITIES, OBJECT_FAMILIES
+from aegis_orchestration.model import BIZ_SUB_TYPES, Job
 from aegis_orchestration.triggers import (
     TriggerIndex,
     biz_object_trigger,
+    component_trigger,
     due_fires,
     fires_between,
     platform_trigger,
@@ -120,3 +124,100 @@ def test_misfire_policies() -> None:
 
 def once_tz() -> ZoneInfo:
     return ZoneInfo("Asia/Seoul")
+
+
+# -- Component triggers, the entity catalog, skips -------------------------------------------------
+
+
+def created(key: str, *, replayed: bool = False) -> dict[str, Any]:
+    return {
+        "bucket": "aegis-data",
+        "key": key,
+        "size_bytes": 10,
+        "producer": "reporter",
+        "created_at": "2025-01-02T03:04:05.000Z",
+        "replayed": replayed,
+    }
+
+
+def component(job_id: str, family: str | None, condition: str | None = None) -> Job:
+    return job(
+        job_id,
+        trigger_type="Component",
+        object_id=family,
+        trigger_sub_type="Insert",
+        trigger_condition_expr=condition,
+    )
+
+
+def test_a_component_job_fires_on_objects_of_its_family_and_key_pattern() -> None:
+    index = TriggerIndex(
+        [
+            component("reports", "reports"),
+            component("md-only", "reports", 'StringMatches([$.key], "reports/daily/*/report.md")'),
+            component("any", None, 'StringEQ([$.bucket], "aegis-data")'),
+            component("windows", "metrics_5m"),
+        ]
+    )
+    report = component_trigger(created("reports/daily/2025-01-02/all/report.md"), "reports")
+    assert report.data["family"] == "reports" and report.sub_type == "Insert"
+    assert sorted(j.id for j in index.matching(report)) == ["any", "md-only", "reports"]
+    csv = component_trigger(created("reports/daily/2025-01-02/all/hourly.csv"), "reports")
+    evaluation = index.evaluate(csv)
+    assert sorted(j.id for j in evaluation.fired) == ["any", "reports"]
+    assert [(j.id, why) for j, why in evaluation.skipped] == [("md-only", "condition")]
+    # another family's jobs are not even looked at
+    assert "windows" not in {j.id for j, _ in evaluation.skipped}
+
+
+def test_a_replayed_object_starts_nothing_and_counts_as_skipped() -> None:
+    index = TriggerIndex([component("reports", "reports")])
+    evaluation = index.evaluate(component_trigger(created("reports/x", replayed=True), "reports"))
+    assert evaluation.fired == []
+    assert [(j.id, why) for j, why in evaluation.skipped] == [("reports", "replayed")]
+
+
+def test_a_delete_of_another_entity_fires_a_bizobject_delete_job() -> None:
+    index = TriggerIndex(
+        [
+            job(
+                "cleared",
+                object_id="factory_late",
+                trigger_sub_type="Delete",
+                trigger_condition_expr=None,
+            )
+        ]
+    )
+    removed = {"event_name": "REMOVE", "pk": "FACTORY#f", "sk": "LATE#x", "old_image": {"marks": 2}}
+    trigger = biz_object_trigger(removed, "factory_late")
+    assert trigger.sub_type == "Delete" and trigger.data["beforeData"] == {"marks": 2}
+    assert [j.id for j in index.matching(trigger)] == ["cleared"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"object_id": "factory_history"}, "no entity whose changes are announced"),
+        ({"object_id": "alert", "trigger_sub_type": "Delete"}, "alert never announces a Delete"),
+        ({"object_id": "orch_job", "trigger_sub_type": "Delete"}, "orch_job never announces"),
+        ({"trigger_sub_type": "Upsert"}, "none of Insert, Update, Delete"),
+        ({"trigger_type": "Component", "object_id": "raw"}, "no object family"),
+        (
+            {"trigger_type": "Component", "object_id": "reports", "trigger_sub_type": "Delete"},
+            "objects are only created",
+        ),
+    ],
+)
+def test_a_trigger_that_can_never_fire_is_refused(overrides: dict[str, Any], reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        job("never", **overrides)
+
+
+def test_every_announced_entity_and_family_is_accepted() -> None:
+    for entity, names in CHANGE_ENTITIES.items():
+        for sub, name in BIZ_SUB_TYPES.items():
+            if name in names:
+                job("ok", object_id=entity, trigger_sub_type=sub)
+    for family in OBJECT_FAMILIES:
+        component("ok", family)
+    job("ok", object_id="*", trigger_sub_type="*")

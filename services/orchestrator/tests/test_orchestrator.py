@@ -23,7 +23,7 @@ import pytest
 
 from aegis_contracts import keys
 from aegis_contracts.events import ChangeEvent
-from aegis_contracts.subjects import change_subject
+from aegis_contracts.subjects import change_subject, object_created_subject
 from aegis_contracts.times import format_ts, parse_ts
 from aegis_devstack.localservers import free_port
 from aegis_devstack.testing.clock import FakeClock
@@ -853,3 +853,101 @@ async def test_a_job_calling_the_metadata_endpoint_fails_with_the_refusal_in_its
     assert steal["status"] == "FAILED"
     assert "egress refused: http://169.254.169.254 is plain http" in json.dumps(steal["error"])
     assert webhook.requests == []  # the next step never ran
+
+
+# -- every trigger type fires ---------------------------------------------------------------------
+
+
+def _skipped(app: OrchestratorApp, job_id: str) -> float:
+    value = app.metrics.registry.get_sample_value(
+        "aegis_orchestrator_jobs_skipped_total", {"job": job_id}
+    )
+    return value or 0.0
+
+
+async def test_a_component_job_fires_on_a_real_object_created_and_a_skip_is_counted(
+    make_app: Callable[..., Any], nats_url: str, foundation: Foundation, unique_id: str
+) -> None:
+    app = await make_app()
+    assert app.store is not None
+    prefix = f"reports/daily/2025-01-02/{unique_id}/"
+    for job in (
+        Job.model_validate(
+            {
+                "id": f"md-{unique_id}"[:48],
+                "job_name": "report written",
+                "trigger_type": "Component",
+                "object_id": "reports",
+                "trigger_sub_type": "Insert",
+                "trigger_condition_expr": f'StringMatches([$.key], "{prefix}*.md")',
+                "steps": [{"id": "mark", "step_type": "DUMMY", "is_start_point": True}],
+            }
+        ),
+    ):
+        await app.store.register(job)
+    await app.refresh()
+    job_id = f"md-{unique_id}"[:48]
+    nc = await nats.connect(nats_url)
+    try:
+        for name in ("hourly.csv", "report.md"):  # the csv is skipped, the report fires
+            put = await foundation.store.put_bytes(prefix + name, b"# report", content_type="text")
+            event = foundation.store.created(put, producer="reporter", at=datetime.now(UTC))
+            await nc.jetstream().publish(
+                object_created_subject("reports"), event.model_dump_json().encode()
+            )
+    finally:
+        await nc.close()
+    await eventually(lambda: _count(app, job_id, 1), within=20, what="the report's execution")
+    await eventually(lambda: _skipped(app, job_id) == 1, within=10, what="one skip counted")
+    run = (await runs_of(app, job_id))[0]
+    assert run["trigger"]["type"] == "Component" and run["trigger"]["object_id"] == "reports"
+    assert run["input"]["key"] == prefix + "report.md"
+    assert run["input"]["family"] == "reports" and run["input"]["bucket"] == foundation.bucket
+
+
+async def test_a_bizobject_job_fires_on_the_delete_of_a_late_data_marker(
+    make_app: Callable[..., Any], unique_id: str
+) -> None:
+    app = await make_app()
+    assert app.store is not None and app.clients is not None
+    await app.store.register(
+        biz_job(
+            "late-cleared",
+            unique_id,
+            object_id="factory_late",
+            trigger_sub_type="Delete",
+            trigger_condition_expr=f'StringEQ([$.beforeData.factory_id], "{unique_id}")',
+        )
+    )
+    await app.refresh()
+    # the writer: a read model announcing its changes (as the processor and aggregator do)
+    writer = ReadModel(app.clients.dynamodb, app.settings.table, changes=app.publish_change)
+    hour = datetime(2025, 1, 2, 3, tzinfo=UTC)
+    now = datetime.now(UTC)
+    ttl = int((now + timedelta(days=1)).timestamp())
+    await writer.mark_late(unique_id, hour, now=now, ttl=ttl)
+    await writer.mark_late(unique_id, hour, now=now, ttl=ttl)
+    assert await writer.clear_late(unique_id, hour, marks=2)
+    await eventually(lambda: _count(app, "late-cleared", 1), within=20, what="the delete's run")
+    await asyncio.sleep(0.5)
+    (run,) = await runs_of(app, "late-cleared")  # the INSERT and the MODIFY fired nothing
+    assert run["trigger"]["sub_type"] == "Delete"
+    assert run["input"]["beforeData"]["marks"] == 2 and run["input"]["afterData"] is None
+    assert run["input"]["sk"] == keys.late_hour_sk(hour)
+
+
+async def test_a_registration_naming_what_never_fires_is_refused(
+    make_app: Callable[..., Any], unique_id: str
+) -> None:
+    app = await make_app()
+    assert app.store is not None
+    text = (
+        f"jobs:\n- id: never-{unique_id[:20]}\n  job_name: never\n  trigger_type: BizObject\n"
+        "  object_id: alert\n  trigger_sub_type: Delete\n"
+        "  steps: [{id: a, step_type: DUMMY, is_start_point: true}]\n"
+    )
+    with pytest.raises(ValueError, match="alert never announces a Delete"):
+        load_jobs(text)
+    with pytest.raises(ValueError, match="no entity whose changes are announced"):
+        biz_job("nowhere", unique_id, object_id="factory_history")
+    assert all(j.id != f"never-{unique_id[:20]}" for j in await app.store.all())

@@ -6,8 +6,10 @@ factory, a change of LATEST, an alert), read every subject, or purge a stream th
 JetStream API (``$JS.API.STREAM.PURGE.*``). With them:
 
 * ``ingest`` and ``replay`` publish raw events (``aegis.raw.>``); nobody else may;
-* ``processor`` reads the raw stream and publishes changes and object events; nobody else may
-  publish a change of the read model (the orchestrator announces its own jobs' changes);
+* ``processor`` reads the raw stream and publishes changes and object events; every other writer
+  of the read model announces the changes of its own entity only (the aggregator its graph windows
+  and late-data markers, the alert dispatcher its alerts, the cloud collector the cloud LATEST,
+  the orchestrator its jobs);
 * every other service publishes exactly its own events (the aggregator its windows, the reporter
   its reports, the cloud collector its snapshots, the alert dispatcher ``alert_sent``, the
   orchestrator's jobs system events of other kinds); the dashboard publishes nothing;
@@ -127,12 +129,13 @@ IDENTITIES: dict[str, Identity] = {
         "alert-dispatcher",
         (
             ALERT_SENT,
+            f"{CHANGES}.alert",
             *_own("alert-dispatcher"),
             *_consumes("AEGIS_EVENTS"),
             *_consumes("AEGIS_DLQ"),
         ),
     ),
-    # triggers from changes, system events and raw events; its jobs publish system events (not
+    # triggers from changes, object events, system events and raw events; its jobs publish system events (not
     # another service's); `aegis jobs` announces a changed job, and every replica hears that
     # announcement on a plain subscription
     "orchestrator": Identity(
@@ -147,8 +150,17 @@ IDENTITIES: dict[str, Identity] = {
         subscribe=(f"{CHANGES}.orch_job",),
         deny_publish=(ALERT_SENT, REPORT_GENERATED),
     ),
-    # announces its 5-minute windows (the service and `aegis aggregate`)
-    "aggregator": Identity("aggregator", (f"{OBJECT_CREATED}.metrics_5m", *_own("aggregator"))),
+    # announces its 5-minute windows (the service and `aegis aggregate`), and the changes of its
+    # graph windows and of the late-data markers it clears
+    "aggregator": Identity(
+        "aggregator",
+        (
+            f"{OBJECT_CREATED}.metrics_5m",
+            f"{CHANGES}.graph_5m",
+            f"{CHANGES}.factory_late",
+            *_own("aggregator"),
+        ),
+    ),
     # announces its daily reports (the service and `aegis report`)
     "reporter": Identity(
         "reporter", (f"{OBJECT_CREATED}.reports", REPORT_GENERATED, *_own("reporter"))
@@ -159,6 +171,7 @@ IDENTITIES: dict[str, Identity] = {
         "cloud-collector",
         (
             f"{OBJECT_CREATED}.cloud_infra",
+            f"{CHANGES}.cloud_infra",
             *_own("cloud-collector"),
             "$JS.API.CONSUMER.LIST.AEGIS_RAW",
             "$JS.API.CONSUMER.LIST.AEGIS_EVENTS",

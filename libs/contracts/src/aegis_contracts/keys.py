@@ -626,3 +626,23 @@ def orchestration_input_key(job_id: str, started_at: datetime, execution_id: str
         f"{Partition.of(started_at).day_path}/{_word(_EXECUTION_ID, execution_id, 'execution_id')}/"
         f"{_word(re.compile(r'[a-z][a-z0-9_.-]{0,63}'), name, 'name')}.json"
     )
+
+
+def change_entity(pk: str, sk: str) -> str | None:  # noqa: PLR0911 - one return per entity
+    """The entity of ``aegis.changes.{entity}`` an item's change is announced as, or None for
+    items nobody announces (histories, claims, leases, execution logs, alert bookkeeping)."""
+    if pk.startswith("FACTORY#"):
+        if sk == LATEST_SK:
+            return "factory_latest"
+        if sk.startswith(LATE_PREFIX):
+            return "factory_late"
+        if sk.startswith(GRAPH_5M_PREFIX):
+            return "graph_5m"
+        return None
+    if pk.startswith("ALERT#"):
+        return "alert" if sk.count("#") == 2 and sk.split("#", 1)[0] in SEVERITIES else None
+    if pk == CLOUD_PK:
+        return "cloud_infra" if sk == LATEST_SK else None
+    if pk == JOB_REGISTRY_PK and sk.startswith(JOB_SK_PREFIX):
+        return "orch_job"
+    return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aegis_contracts.ids import SourceType, validate_factory_id
+from aegis_contracts.keys import CLOUD_INFRA, Dataset
 
 ROOT = "aegis"
 
@@ -24,6 +25,33 @@ SYSTEM = f"{ROOT}.events"
 DEAD_LETTER = f"{ROOT}.dlq"
 # service heartbeats (cloud collector's readiness view)
 HEARTBEAT = f"{ROOT}.heartbeat"
+
+
+# the families of ``aegis.objects.created.{family}``: the processed datasets, the aggregator's
+# 5-minute windows, the reporter's reports, the cloud collectors' snapshots
+OBJECT_FAMILIES: tuple[str, ...] = (
+    *(d.value for d in Dataset),
+    "metrics_5m",
+    "reports",
+    CLOUD_INFRA,
+)
+
+# the entities of ``aegis.changes.{entity}`` and the changes their writers announce (the table
+# stream's event names); TTL expiry is no writer's and is never announced by one
+CHANGE_ENTITIES: dict[str, tuple[str, ...]] = {
+    # a factory's LATEST (the processor, its periodic refresh)
+    "factory_latest": ("INSERT", "MODIFY"),
+    # a factory-hour that got late data, until the aggregator folded it again (``LATE#{hour}``)
+    "factory_late": ("INSERT", "MODIFY", "REMOVE"),
+    # one 5-minute graph window of a factory (``GRAPH#5M#{start}``), written by the aggregator
+    "graph_5m": ("INSERT", "MODIFY"),
+    # an alert's state (``ALERT#{scope}`` / ``{severity}#{reason}#{status}``): fired, resolved
+    "alert": ("INSERT", "MODIFY"),
+    # the cloud infrastructure's LATEST (``CLOUD#infra`` / ``LATEST``), one tier at a time
+    "cloud_infra": ("INSERT", "MODIFY"),
+    # a registered job (``JOB#registry`` / ``JOB#{id}``); ``aegis jobs delete`` is a soft delete
+    "orch_job": ("INSERT", "MODIFY"),
+}
 
 
 def raw_subject(factory_id: str, source_type: SourceType | str) -> str:

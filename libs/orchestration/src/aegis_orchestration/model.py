@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from aegis_contracts.subjects import CHANGE_ENTITIES, OBJECT_FAMILIES
 from aegis_orchestration.dsl import ConditionSyntaxError, canonical, parse
 
 ID_PATTERN = r"^[a-z][a-z0-9_-]{0,47}$"
@@ -41,6 +42,10 @@ class TriggerType(StrEnum):
     PLATFORM = "Platform"
     AUTOMATION = "Automation"
     SCHEDULE = "Schedule"
+
+
+# the sub types of a BizObject job and the change event names they stand for
+BIZ_SUB_TYPES = {"Insert": "INSERT", "Update": "MODIFY", "Delete": "REMOVE"}
 
 
 class MisfirePolicy(StrEnum):
@@ -192,6 +197,11 @@ class JobStep(_Model):
         return value
 
 
+ORIGIN_MAX_KEYS = 32
+OriginKey = Annotated[str, Field(pattern=STEP_ID_PATTERN)]
+OriginValue = Annotated[str, Field(max_length=255)]
+
+
 class Job(_Model):
     id: str = Field(pattern=ID_PATTERN)
     orch_id: str | None = None
@@ -215,6 +225,9 @@ class Job(_Model):
     steps: list[JobStep] = Field(default_factory=list)
     params: list[StepParam] = Field(default_factory=list)
     conditions: list[TaskCondition] = Field(default_factory=list)
+    # where the job came from, kept as given (e.g. the tenant and audit columns of the table
+    # rows it was imported from); the engine never reads it
+    origin: dict[OriginKey, OriginValue] | None = Field(default=None, max_length=ORIGIN_MAX_KEYS)
     version: int = 0
     created_at: str | None = None
     updated_at: str | None = None
@@ -296,6 +309,7 @@ def problems_of(job: Job) -> list[str]:  # noqa: PLR0912 - one check after anoth
             problems.extend(_cron_problems(job.trigger_cron, job.time_zone))
     elif job.trigger_cron:
         problems.append("trigger_cron is only for Schedule jobs")
+    problems.extend(_never_fires(job))
     for s in job.steps:
         problems.extend(_step_problems(job, s, by_id))
     param_ids = {p.id for p in job.params}
@@ -383,6 +397,40 @@ def _step_problems(  # noqa: PLR0912
             if len(defaults) > 1:
                 problems.append(f"step {s.id}: a CHOICE has at most one default branch")
     return problems
+
+
+def _never_fires(job: Job) -> list[str]:
+    """A BizObject or Component trigger naming what no event ever carries: refused, since such a
+    job would sit registered and silent."""
+    obj, sub = job.object_id or "*", job.trigger_sub_type or "*"
+    if job.trigger_type is TriggerType.BIZ_OBJECT:
+        if obj != "*" and obj not in CHANGE_ENTITIES:
+            return [
+                f"a BizObject job's object_id {obj!r} is no entity whose changes are announced "
+                f"(one of {', '.join(sorted(CHANGE_ENTITIES))}, or *)"
+            ]
+        if sub != "*" and sub not in BIZ_SUB_TYPES:
+            return [
+                f"a BizObject job's trigger_sub_type {sub!r} is none of "
+                f"{', '.join(BIZ_SUB_TYPES)} (or *)"
+            ]
+        if obj != "*" and sub != "*" and BIZ_SUB_TYPES[sub] not in CHANGE_ENTITIES[obj]:
+            made = ", ".join(k for k, v in BIZ_SUB_TYPES.items() if v in CHANGE_ENTITIES[obj])
+            return [
+                f"{obj} never announces a {sub} (only {made}: its items are not deleted by a "
+                "writer; expiry by ttl is not announced)"
+            ]
+    if job.trigger_type is TriggerType.COMPONENT:
+        if obj != "*" and obj not in OBJECT_FAMILIES:
+            return [
+                f"a Component job's object_id {obj!r} is no object family "
+                f"(one of {', '.join(OBJECT_FAMILIES)}, or *)"
+            ]
+        if sub not in ("*", "Insert"):
+            return [
+                f"a Component job's trigger_sub_type is Insert (objects are only created), not {sub!r}"
+            ]
+    return []
 
 
 def _cycle(start: str, parent_of: dict[str, str | None]) -> bool:

@@ -6,13 +6,17 @@ document trigger conditions and TRIGGER_DATA params read. The :class:`TriggerInd
 firing jobs by that triple, so evaluating an event touches only its own jobs (plus those
 registered with ``*`` for object or sub type), each with its condition compiled once.
 
-- BizObject: a read-model change (``ChangeEvent``): object = entity (``factory_latest``), sub type
-  Insert/Update/Delete, data ``{table, pk, sk, beforeData, afterData}``.
+- BizObject: a read-model change (``ChangeEvent``): object = entity (``factory_latest``,
+  ``alert``, ... :data:`aegis_contracts.subjects.CHANGE_ENTITIES`), sub type Insert/Update/Delete,
+  data ``{table, pk, sk, beforeData, afterData, at}``.
 - Platform: a device message (``RawArchived``): object = source type, sub type ``Insert``, data the
   event plus ``payload`` when the message is small JSON.
 - Automation: a system event: object = its producer (``alert-dispatcher``), sub type = its kind
   (``alert_sent``), data ``{kind, producer, at, detail}``.
-- Component: an S3 object written (``ObjectCreated``): object = key family, sub type ``Insert``.
+- Component: an S3 object written (``ObjectCreated``): object = the key's family (the last token
+  of ``aegis.objects.created.{family}``), sub type ``Insert``, data ``{family, bucket, key,
+  size_bytes, etag, producer, created_at}``; a bucket, prefix or key pattern is a condition on
+  the data (``StringMatches([$.key], "reports/daily/*")``).
 - Schedule: a cron fire: data ``{scheduled_for, time_zone}``.
 
 An event made by ``aegis replay`` (``replayed``, unless the operator replayed with ``--notify``)
@@ -91,7 +95,7 @@ def component_trigger(created: Mapping[str, Any], family: str) -> Trigger:
         TriggerType.COMPONENT,
         family,
         "Insert",
-        dict(created),
+        {"family": family, **created},
         replayed=created.get("replayed") is True,
     )
 
@@ -149,15 +153,32 @@ class TriggerIndex:
     def matching(self, trigger: Trigger) -> list[Job]:
         """The jobs this trigger starts: same key (or ``*``), condition holds (never raises);
         none for a replayed event."""
-        if trigger.replayed:
-            return []
+        return self.evaluate(trigger).fired
+
+    def evaluate(self, trigger: Trigger) -> Evaluation:
+        """The jobs whose key (type, object or ``*``, sub type or ``*``) the trigger has, split
+        into those it starts and those whose condition did not hold (or that a replayed event
+        reached: a replay starts nothing). Jobs of other keys are not looked at."""
         t, o, s = trigger.type.value, trigger.object_id, trigger.sub_type
-        found: list[Job] = []
+        result = Evaluation([], [])
         for key in {(t, o, s), (t, "*", s), (t, o, "*"), (t, "*", "*")}:
             for entry in self._by_key.get(key, ()):
-                if entry.condition is None or entry.condition(trigger.data):
-                    found.append(entry.job)
-        return found
+                if trigger.replayed:
+                    result.skipped.append((entry.job, "replayed"))
+                elif entry.condition is None or entry.condition(trigger.data):
+                    result.fired.append(entry.job)
+                else:
+                    result.skipped.append((entry.job, "condition"))
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """What one trigger did to the jobs of its key: ``fired`` starts them, ``skipped`` holds each
+    job left alone and why (``condition``: its trigger condition was false; ``replayed``)."""
+
+    fired: list[Job]
+    skipped: list[tuple[Job, str]]
 
 
 # -- schedules ------------------------------------------------------------------------------------

@@ -126,6 +126,12 @@ _ON_CHANGES = Use(
     via="consumer",
     durable="orchestrator-changes",
 )
+_ON_OBJECTS = Use(
+    _TRIGGERS,
+    "Component triggers of the registered jobs (every `aegis.objects.created.>` family).",
+    via="consumer",
+    durable="orchestrator-objects",
+)
 _ON_EVENTS = Use(
     _TRIGGERS,
     "Automation triggers of the registered jobs (every `aegis.events.>` kind).",
@@ -187,7 +193,7 @@ CHANNELS: tuple[Channel, ...] = (
         message=ObjectCreated,
         parameters={"dataset": ("The processed dataset.", tuple(d.value for d in Dataset))},
         senders=(Use("processor", "After each processed object is written."),),
-        readers=(_ALERTS_CONSUMER,),
+        readers=(_ALERTS_CONSUMER, _ON_OBJECTS),
     ),
     Channel(
         id="metricsWindows",
@@ -199,6 +205,7 @@ CHANNELS: tuple[Channel, ...] = (
         readers=(
             _ALERTS_CONSUMER,
             Use(_FEED, "The factory's 6-24 h charts reload.", via="subscription"),
+            _ON_OBJECTS,
         ),
     ),
     Channel(
@@ -211,6 +218,7 @@ CHANNELS: tuple[Channel, ...] = (
         readers=(
             _ALERTS_CONSUMER,
             Use(_FEED, "The page offers the new report.", via="subscription"),
+            _ON_OBJECTS,
         ),
     ),
     Channel(
@@ -226,6 +234,7 @@ CHANNELS: tuple[Channel, ...] = (
         readers=(
             _ALERTS_CONSUMER,
             Use(_FEED, "The cloud view is read again.", via="subscription"),
+            _ON_OBJECTS,
         ),
     ),
     Channel(
@@ -242,6 +251,59 @@ CHANNELS: tuple[Channel, ...] = (
             _ON_CHANGES,
             Use(_FEED, "The factory's fleet entry and LATEST on every page.", via="subscription"),
         ),
+    ),
+    Channel(
+        id="lateHourChanges",
+        address=change_subject("factory_late"),
+        title="Changes of a late-data marker",
+        description=(
+            "A factory-hour got processed objects after its windows were folded (INSERT, MODIFY "
+            "for each further late object), and was folded again (REMOVE): "
+            "`FACTORY#{factory_id}` / `LATE#{hour}`."
+        ),
+        message=ChangeEvent,
+        senders=(
+            Use("processor", "Each late object it marks."),
+            Use("aggregator", "Each marker it clears once the hour is folded again."),
+        ),
+        readers=(_ON_CHANGES,),
+    ),
+    Channel(
+        id="graphWindowChanges",
+        address=change_subject("graph_5m"),
+        title="Changes of a graph window",
+        description=(
+            "A factory's 5-minute graph window in the read model: `FACTORY#{factory_id}` / "
+            "`GRAPH#5M#{start}`, written (INSERT) and rewritten with late data (MODIFY)."
+        ),
+        message=ChangeEvent,
+        senders=(Use("aggregator", "Each graph window the service writes."),),
+        readers=(_ON_CHANGES,),
+    ),
+    Channel(
+        id="alertChanges",
+        address=change_subject("alert"),
+        title="Changes of an alert",
+        description=(
+            "An alert's state: `ALERT#{scope}` / `{severity}#{reason}#{status}`, claimed, fired, "
+            "resolved, settled (old and new images; the old one is absent only when a "
+            "transaction wrote it without it)."
+        ),
+        message=ChangeEvent,
+        senders=(Use("alert-dispatcher", "Each change of an alert's state."),),
+        readers=(_ON_CHANGES,),
+    ),
+    Channel(
+        id="cloudInfraChanges",
+        address=change_subject("cloud_infra"),
+        title="Changes of the cloud LATEST",
+        description=(
+            "The cloud infrastructure's LATEST (`CLOUD#infra` / `LATEST`): one tier's snapshot "
+            "and the overall status."
+        ),
+        message=ChangeEvent,
+        senders=(Use("cloud-collector", "Each run that moves its tier forward."),),
+        readers=(_ON_CHANGES,),
     ),
     Channel(
         id="jobChanges",

@@ -11,12 +11,16 @@ parts in :meth:`ServiceApp.setup` (the clients are open then; a periodic loop go
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING
 
 import pydantic
 import structlog
 
+from aegis_contracts.events import ChangeEvent
+from aegis_contracts.subjects import change_subject
 from aegis_contracts.times import Clock, utc_now
 from aegis_runtime.broker import (
     RetryPolicy,
@@ -30,6 +34,7 @@ from aegis_runtime.heartbeat import HeartbeatPublisher
 from aegis_runtime.lifecycle import start_background
 from aegis_runtime.metrics import Metrics
 from aegis_storage.clients import AwsClients, open_clients
+from aegis_storage.readmodel import Change
 
 if TYPE_CHECKING:
     from faststream.nats import NatsBroker
@@ -85,6 +90,28 @@ class ServiceApp:
 
     async def publish(self, subject: str, event: pydantic.BaseModel, *, msg_id: str) -> bool:
         return await publish(self.broker, subject, event, msg_id=msg_id)
+
+    async def publish_change(self, change: Change) -> None:
+        """Announce a read-model write on ``aegis.changes.{entity}`` (a ``ReadModel``'s change
+        sink): a ChangeEvent with its old and new images, produced by this service. Its
+        ``Nats-Msg-Id`` is the item, the event and a digest of the new image, so the same write
+        announced twice within the duplicate window is stored once. A failure raises
+        (``PublishFailed``); the read model logs it, the write stays."""
+        event = ChangeEvent(
+            table=self.settings.table,
+            pk=change.pk,
+            sk=change.sk,
+            event_name=change.event_name,
+            old_image=change.old_image,
+            new_image=change.new_image,
+            producer=self.settings.service,
+            at=self.clock(),
+        )
+        digest = hashlib.sha256(
+            json.dumps(change.new_image or change.old_image, sort_keys=True, default=str).encode()
+        ).hexdigest()[:32]
+        msg_id = f"chg:{change.pk}:{change.sk}:{change.event_name}:{digest}"
+        await self.publish(change_subject(change.entity), event, msg_id=msg_id)
 
     async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
         """Build the service's parts; what it registers on ``stack`` is closed first on stop."""

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -40,6 +41,8 @@ _ser = TypeSerializer()
 _deser = TypeDeserializer()
 
 # BatchGetItem takes at most 100 keys; a few batches at once, retried for unprocessed keys
+log = logging.getLogger(__name__)
+
 BATCH_GET_LIMIT = 100
 BATCH_GET_CONCURRENCY = 8
 BATCH_GET_ATTEMPTS = 8
@@ -87,6 +90,25 @@ class Put:
     item: BaseModel | Mapping[str, Any] | Encoded
     if_absent: bool = False
     expected: Mapping[str, Any] | None = None
+    # the item this put replaces, when the writer knows it (a transaction returns no old
+    # image): the old image of its change event
+    before: BaseModel | Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One write of an announced entity (:func:`aegis_contracts.keys.change_entity`), as a table
+    stream would record it: INSERT, MODIFY or REMOVE with the old and new images."""
+
+    entity: str
+    pk: str
+    sk: str
+    event_name: str
+    old_image: dict[str, Any] | None
+    new_image: dict[str, Any] | None
+
+
+ChangeSink = Callable[[Change], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,9 +210,42 @@ class LatestChange:
 
 
 class ReadModel:
-    def __init__(self, dynamodb: DynamoDBClient, table: str) -> None:
+    """The table. With ``changes``, every write of an announced entity made through it (puts,
+    deletes, the cloud LATEST, late-data markers; not a factory's LATEST, which the processor
+    announces itself) is handed to ``changes`` once written, with its old and new images; a
+    write that changes nothing is not. A failing sink is logged, never raised: the write is
+    done."""
+
+    def __init__(
+        self, dynamodb: DynamoDBClient, table: str, *, changes: ChangeSink | None = None
+    ) -> None:
         self._ddb = dynamodb
         self.table = table
+        self.changes = changes
+
+    def _tracked(self, pk: str | None, sk: str | None) -> str | None:
+        if self.changes is None or pk is None or sk is None:
+            return None
+        entity = keys.change_entity(pk, sk)
+        return None if entity == "factory_latest" else entity
+
+    async def _changed(
+        self,
+        entity: str,
+        pk: str,
+        sk: str,
+        old: dict[str, Any] | None,
+        new: dict[str, Any] | None,
+        *,
+        event_name: str | None = None,
+    ) -> None:
+        if self.changes is None or old == new:
+            return
+        name = event_name or ("REMOVE" if new is None else "INSERT" if old is None else "MODIFY")
+        try:
+            await self.changes(Change(entity, pk, sk, name, old, new))
+        except Exception:
+            log.exception("change_announce_failed %s %s/%s %s", entity, pk, sk, name)
 
     # -- LATEST -------------------------------------------------------------------------------
 
@@ -432,8 +487,21 @@ class ReadModel:
         Both: absent, or present with those values. A failed condition raises :class:`Conflict`."""
         request = self._put_request(Put(item, if_absent=if_absent, expected=expected))
         pk, sk = request["Item"].get("pk", {}).get("S"), request["Item"].get("sk", {}).get("S")
+        entity = self._tracked(pk, sk)
+        if entity is not None:
+            request["ReturnValues"] = "ALL_OLD"
         with translated(f"put {pk}/{sk}"):
-            await self._ddb.put_item(TableName=self.table, **request)
+            resp = await self._ddb.put_item(TableName=self.table, **request)
+        if entity is not None:
+            assert pk is not None and sk is not None
+            old = resp.get("Attributes")
+            await self._changed(
+                entity,
+                pk,
+                sk,
+                from_attributes(old) if old else None,
+                from_attributes(request["Item"]),
+            )
 
     async def put_items(self, puts: Sequence[Put]) -> None:
         """Several conditional puts as one transaction (at most 100): all are written or none.
@@ -444,6 +512,22 @@ class ReadModel:
         first = items[0]["Put"]["Item"]
         with translated(f"transaction of {len(puts)} from {first['pk']['S']}/{first['sk']['S']}"):
             await self._ddb.transact_write_items(TransactItems=items)  # type: ignore[arg-type]
+        for put, request in zip(puts, items, strict=True):
+            item = request["Put"]["Item"]
+            pk, sk = item.get("pk", {}).get("S"), item.get("sk", {}).get("S")
+            entity = self._tracked(pk, sk)
+            if entity is not None:
+                assert pk is not None and sk is not None
+                before = from_attributes(_attributes(put.before)) if put.before else None
+                await self._changed(
+                    entity,
+                    pk,
+                    sk,
+                    before,
+                    from_attributes(item),
+                    # an old image the writer did not give is unknown, not absent
+                    event_name="INSERT" if before is None and put.if_absent else "MODIFY",
+                )
 
     @staticmethod
     def _put_request(put: Put) -> dict[str, Any]:
@@ -483,10 +567,16 @@ class ReadModel:
         return item if now is None or live(item, now) else None
 
     async def delete_item(self, pk: str, sk: str) -> None:
+        entity = self._tracked(pk, sk)
         with translated(f"delete {pk}/{sk}"):
-            await self._ddb.delete_item(
-                TableName=self.table, Key={"pk": {"S": pk}, "sk": {"S": sk}}
+            resp = await self._ddb.delete_item(
+                TableName=self.table,
+                Key={"pk": {"S": pk}, "sk": {"S": sk}},
+                ReturnValues="ALL_OLD" if entity else "NONE",
             )
+        old = resp.get("Attributes")
+        if entity is not None and old:
+            await self._changed(entity, pk, sk, from_attributes(old), None)
 
     async def query_range(
         self,
@@ -662,7 +752,7 @@ class ReadModel:
                 values[":other_at"] = {"S": str(other_at)}
             try:
                 with translated("update CLOUD#infra/LATEST"):
-                    await self._ddb.update_item(
+                    resp = await self._ddb.update_item(
                         TableName=self.table,
                         Key={"pk": {"S": keys.CLOUD_PK}, "sk": {"S": keys.LATEST_SK}},
                         UpdateExpression="SET #own = :snap, #own_at = :at, overall_status = :overall",
@@ -671,9 +761,15 @@ class ReadModel:
                         ),
                         ExpressionAttributeNames=names,
                         ExpressionAttributeValues=values,
+                        ReturnValues="ALL_NEW",
                     )
             except Conflict:
                 continue  # the other tier (or a newer run of this one) wrote in between: re-read
+            entity = self._tracked(keys.CLOUD_PK, keys.LATEST_SK)
+            if entity is not None:
+                # the write was conditional on both tiers' times: ``current`` is its old image
+                new = from_attributes(resp.get("Attributes", {}))
+                await self._changed(entity, keys.CLOUD_PK, keys.LATEST_SK, current or None, new)
             return overall
         raise Conflict(f"CLOUD#infra LATEST kept changing: {tier} run {at} not applied")
 
@@ -858,8 +954,9 @@ class ReadModel:
         came after the one it read (:meth:`clear_late`)."""
         pk, sk = keys.factory_pk(factory_id), keys.late_hour_sk(hour)
         index = keys.fleet_index_keys(pk, sk) or {}
+        entity = self._tracked(pk, sk)
         with translated(f"mark {pk}/{sk}"):
-            await self._ddb.update_item(
+            resp = await self._ddb.update_item(
                 TableName=self.table,
                 Key={"pk": {"S": pk}, "sk": {"S": sk}},
                 UpdateExpression=(
@@ -880,7 +977,14 @@ class ReadModel:
                     ":fs": {"S": index[keys.FLEET_SK]},
                     ":one": {"N": "1"},
                 },
+                ReturnValues="ALL_NEW" if entity else "NONE",
             )
+        if entity is not None:
+            new = from_attributes(resp.get("Attributes", {}))
+            # ``marks`` counts every mark: the first one made the item
+            first = int(new.get("marks", 1)) <= 1
+            old = None if first else {**new, "marks": int(new["marks"]) - 1}
+            await self._changed(entity, pk, sk, old, new)
 
     async def late_hours(self, *, now: datetime) -> list[dict[str, Any]]:
         """Every live late-data marker (``factory_id``, ``hour_start``, ``marks``), oldest hour
@@ -894,14 +998,19 @@ class ReadModel:
         """Delete the factory-hour's marker if it still holds ``marks`` (no object came late
         since it was read); False when another mark arrived (the hour is folded again later)."""
         pk, sk = keys.factory_pk(factory_id), keys.late_hour_sk(hour)
+        entity = self._tracked(pk, sk)
         try:
             with translated(f"clear {pk}/{sk}"):
-                await self._ddb.delete_item(
+                resp = await self._ddb.delete_item(
                     TableName=self.table,
                     Key={"pk": {"S": pk}, "sk": {"S": sk}},
                     ConditionExpression="marks = :n",
                     ExpressionAttributeValues={":n": {"N": str(marks)}},
+                    ReturnValues="ALL_OLD" if entity else "NONE",
                 )
         except Conflict:
             return False
+        old = resp.get("Attributes")
+        if entity is not None and old:
+            await self._changed(entity, pk, sk, from_attributes(old), None)
         return True

@@ -451,7 +451,7 @@ class Dispatcher:
                     resolved_at=None,
                     pending=intent_sk,
                 )
-            puts.append(Put(claimed, **_unchanged(old)))
+            puts.append(Put(claimed, before=old, **_unchanged(old)))
             alerts.append(
                 IntentAlert(
                     sk=claimed.sk,
@@ -465,6 +465,7 @@ class Dispatcher:
                 puts.append(
                     Put(
                         self._state(snapshot, quiet, firing=False, resolved_at=snapshot.at),
+                        before=other,
                         **_unchanged(other),
                     )
                 )
@@ -647,7 +648,13 @@ class Dispatcher:
                 "last_snapshot_at": current.last_snapshot_at,
                 "ttl": current.ttl,
             }
-            puts.append(Put(AlertState.model_validate(new), expected={"version": current.version}))
+            puts.append(
+                Put(
+                    AlertState.model_validate(new),
+                    expected={"version": current.version},
+                    before=current,
+                )
+            )
         try:
             await self.readmodel.put_items(puts)
         except Conflict:

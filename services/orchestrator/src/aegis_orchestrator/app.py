@@ -1,5 +1,5 @@
-"""Composition root of the orchestrator: trigger sources (read-model change events, device
-messages, system events, cron schedules), the in-memory trigger index refreshed by job change
+"""Composition root of the orchestrator: trigger sources (read-model change events, objects
+created, device messages, system events, cron schedules), the in-memory trigger index refreshed by job change
 events, the runner (executions are recorded before their trigger is acknowledged), the search
 for abandoned executions to resume, heartbeats and health."""
 
@@ -18,8 +18,15 @@ import structlog
 from faststream.nats.subscriber.usecases import PullStreamSubscriber
 
 from aegis_contracts import keys
-from aegis_contracts.events import ChangeEvent, RawArchived, SystemEvent
-from aegis_contracts.subjects import CHANGES, STREAMS, SYSTEM, StreamSpec, change_subject
+from aegis_contracts.events import ChangeEvent, ObjectCreated, RawArchived, SystemEvent
+from aegis_contracts.subjects import (
+    CHANGES,
+    OBJECT_CREATED,
+    STREAMS,
+    SYSTEM,
+    StreamSpec,
+    change_subject,
+)
 from aegis_contracts.times import Clock, ensure_utc, utc_now
 from aegis_orchestration.limits import Limits
 from aegis_orchestration.model import Job
@@ -29,6 +36,7 @@ from aegis_orchestration.triggers import (
     TriggerIndex,
     automation_trigger,
     biz_object_trigger,
+    component_trigger,
     due_fires,
     platform_trigger,
     schedule_trigger,
@@ -110,6 +118,13 @@ class OrchestratorApp(ServiceApp):
             "Executions started by trigger type.",
             ("trigger",),
         )
+        # one series per job that a trigger reached but did not start (its condition was false,
+        # or the event was replayed): job ids are bounded by registration
+        self.skipped = self.metrics.counter(
+            "orchestrator_jobs_skipped_total",
+            "Jobs a trigger of their key reached but did not start (condition false, replayed).",
+            ("job",),
+        )
         self.owner = instance_id()
         self.index = TriggerIndex()
         self.store: JobStore | None = None
@@ -139,6 +154,14 @@ class OrchestratorApp(ServiceApp):
             entity = current_subject().rsplit(".", 1)[-1]
             await self.handle(
                 biz_object_trigger(event.model_dump(mode="json"), entity),
+                redelivered=delivery() > 1,
+            )
+
+        @consumer(EVENTS_STREAM, "objects", f"{OBJECT_CREATED}.>")
+        async def on_object(event: ObjectCreated) -> None:
+            family = current_subject().rsplit(".", 1)[-1]
+            await self.handle(
+                component_trigger(event.model_dump(mode="json"), family),
                 redelivered=delivery() > 1,
             )
 
@@ -182,7 +205,18 @@ class OrchestratorApp(ServiceApp):
         returns the jobs. Returns once every execution is recorded, so the trigger's message is
         acknowledged only then (a failure to record nacks it). A ``redelivered`` message may
         have been recorded before its acknowledgement was lost: jobs that have it are skipped."""
-        jobs = self.index.matching(trigger)
+        evaluation = self.index.evaluate(trigger)
+        for job, why in evaluation.skipped:
+            self.skipped.labels(job=job.id).inc()
+            log.debug(
+                "job_skipped",
+                job_id=job.id,
+                reason=why,
+                trigger=trigger.type.value,
+                object_id=trigger.object_id,
+                sub_type=trigger.sub_type,
+            )
+        jobs = evaluation.fired
         for job in jobs:
             await self.launch(job, trigger, redelivered=redelivered)
         return jobs
@@ -311,7 +345,8 @@ class OrchestratorApp(ServiceApp):
             s.job_egress_allow, max_response_bytes=s.orchestrator_response_max_bytes
         )
         session = await stack.enter_async_context(guarded_session(egress))
-        readmodel = ReadModel(clients.dynamodb, s.table)
+        # the jobs it registers itself (the jobs file) are announced like those of `aegis jobs`
+        readmodel = ReadModel(clients.dynamodb, s.table, changes=self.publish_change)
         self.store = JobStore(readmodel, self.clock)
         tasks = Tasks(
             session=session,

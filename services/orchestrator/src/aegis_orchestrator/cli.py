@@ -1,6 +1,8 @@
-"""``aegis jobs``: register, list, show, enable, disable, delete (soft), export, import (YAML),
-export-asl, runs. Every change is written to the read model, then announced on
-``aegis.changes.orch_job`` so running orchestrators refresh that job at once (without NATS they
+"""``aegis jobs``: register, list, show, enable, disable, delete (soft), export, import (YAML, or
+relational tables with ``--tables``), export-asl, runs. Every change is written to the read
+model, then announced on
+``aegis.changes.orch_job`` (INSERT or MODIFY, with the job's old and new images: BizObject jobs on
+``orch_job`` see them) so running orchestrators refresh that job at once (without NATS they
 pick it up at their next periodic refresh). Exit codes: 0 done, 1 refused or failed, 2 not
 found, 5 S3/DynamoDB not reachable (:mod:`aegis_cli.exitcodes`); ``validate``: 0 valid, 1 not.
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -21,8 +24,10 @@ from aegis_cli import exitcodes
 
 if TYPE_CHECKING:
     from aegis_orchestration.model import Job
+    from aegis_orchestration.tables import Planned, TableProblem, TablesResult
     from aegis_orchestrator.settings import OrchestratorSettings
     from aegis_orchestrator.store import JobStore
+    from aegis_storage.readmodel import Change
 
 app = typer.Typer(help="Orchestration jobs: triggers and workflows.", no_args_is_help=True)
 EXIT_REFUSED = exitcodes.FAILED
@@ -38,7 +43,8 @@ T = TypeVar("T")
 DEFAULT_FUNCTION_ARN = "arn:aws:lambda:ap-south-1:000000000000:function:aegis-orchestrator-task"
 
 
-def _run(work: Callable[[JobStore], Awaitable[T]]) -> T:
+def _run(work: Callable[[JobStore], Awaitable[T]], changes: list[Change] | None = None) -> T:
+    """Run ``work`` on the job store; the job changes it writes land in ``changes``."""
     from aegis_contracts.times import utc_now  # noqa: PLC0415 - import-light module
     from aegis_orchestration.yamlio import JobFileError  # noqa: PLC0415
     from aegis_orchestrator.settings import OrchestratorSettings  # noqa: PLC0415
@@ -49,9 +55,14 @@ def _run(work: Callable[[JobStore], Awaitable[T]]) -> T:
 
     settings = OrchestratorSettings()
 
+    async def keep(change: Change) -> None:
+        if changes is not None:
+            changes.append(change)
+
     async def go() -> T:
         async with open_clients(settings.aws()) as clients:
-            return await work(JobStore(ReadModel(clients.dynamodb, settings.table), utc_now))
+            readmodel = ReadModel(clients.dynamodb, settings.table, changes=keep)
+            return await work(JobStore(readmodel, utc_now))
 
     try:
         return asyncio.run(go())
@@ -66,8 +77,13 @@ def _run(work: Callable[[JobStore], Awaitable[T]]) -> T:
         raise typer.Exit(exitcodes.code_of(err)) from None
 
 
-def announce(job_ids: list[str], settings: OrchestratorSettings | None = None) -> bool:
-    """Tell running orchestrators that these jobs changed; False when NATS is unreachable."""
+def announce(
+    job_ids: list[str],
+    settings: OrchestratorSettings | None = None,
+    changes: list[Change] | None = None,
+) -> bool:
+    """Tell running orchestrators that these jobs changed (with the images of ``changes``, the
+    writes that changed them); False when NATS is unreachable."""
     from aegis_contracts import keys  # noqa: PLC0415 - import-light module
     from aegis_contracts.events import ChangeEvent  # noqa: PLC0415
     from aegis_contracts.subjects import change_subject  # noqa: PLC0415
@@ -86,12 +102,16 @@ def announce(job_ids: list[str], settings: OrchestratorSettings | None = None) -
             max_reconnect_attempts=0,
         )
         try:
+            written = {c.sk: c for c in changes or ()}
             for job_id in job_ids:
+                change = written.get(keys.job_sk(job_id))
                 event = ChangeEvent(
                     table=s.table,
                     pk=keys.JOB_REGISTRY_PK,
                     sk=keys.job_sk(job_id),
-                    event_name="MODIFY",
+                    event_name=change.event_name if change else "MODIFY",
+                    old_image=change.old_image if change else None,
+                    new_image=change.new_image if change else None,
                     producer="aegis-jobs",
                     at=utc_now(),
                 )
@@ -137,13 +157,213 @@ def register(
     async def work(store: JobStore) -> list[Job]:
         return [await store.register(j, replace=replace) for j in jobs]
 
-    done = _run(work)
+    changes: list[Change] = []
+    done = _run(work, changes)
     for job in done:
         typer.echo(f"registered {job.id} v{job.version}")
-    announce([j.id for j in done])
+    announce([j.id for j in done], changes=changes)
 
 
-app.command(name="import", epilog=EXIT_CODES)(register)
+IMPORT_EXIT_CODES = (
+    "Exit codes: 0 done (also when nothing changed), 1 refused (nothing registered), 2 bad "
+    "options or no such file or folder, 3 done with --skip-bad, and some jobs or rows were left "
+    "out, 5 S3/DynamoDB not reachable."
+)
+
+
+@app.command(name="import", epilog=IMPORT_EXIT_CODES)
+def import_jobs(  # noqa: PLR0917 - a Typer command: one parameter per option
+    path: Annotated[
+        Path | None,
+        typer.Argument(exists=True, dir_okay=False, help="A jobs YAML file (as `register`)."),
+    ] = None,
+    tables: Annotated[
+        Path | None,
+        typer.Option(
+            "--tables",
+            exists=True,
+            file_okay=False,
+            help="A folder with the tables orch_job, orch_job_step, orch_step_param and "
+            "orch_task_condition, one CSV or JSON file each, named after the table.",
+        ),
+    ] = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Overwrite registered jobs that differ.")
+    ] = False,
+    skip_bad: Annotated[
+        bool,
+        typer.Option(
+            "--skip-bad",
+            help="With --tables: register the jobs whose rows are all good and list the rest "
+            "(default: any bad row refuses the whole import).",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="With --tables: check and print the plan; write nothing."),
+    ] = False,
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='With --tables: print {"tables", "dry_run", "changed", "jobs": [{"id", '
+            '"action", "version", ...}], "skipped", "problems": [{"table", "row", "line", '
+            '"job", "reason"}], "rows", "deleted_rows"}.',
+        ),
+    ] = False,
+) -> None:
+    """Register the jobs of a YAML file (as `register`), or of relational tables (--tables DIR).
+
+    From tables, each job is assembled from its rows, checked as `register` checks a file, and
+    registered; a job already registered as in the tables is left as it is, so importing the
+    same tables twice changes nothing. Every bad row is named by table, row and line.
+    """
+    if (path is None) == (tables is None):
+        raise typer.BadParameter("give a jobs file or --tables DIR (one of them)")
+    if tables is None:
+        if skip_bad or dry_run or json_output:
+            raise typer.BadParameter("--skip-bad, --dry-run and --json go with --tables")
+        assert path is not None
+        register(path, replace=replace)
+        return
+    _import_tables(
+        tables, replace=replace, skip_bad=skip_bad, dry_run=dry_run, json_output=json_output
+    )
+
+
+def _import_tables(
+    directory: Path, *, replace: bool, skip_bad: bool, dry_run: bool, json_output: bool
+) -> None:
+    from aegis_orchestration.tables import (  # noqa: PLC0415
+        Action,
+        Planned,
+        load_tables,
+        plan_registration,
+    )
+
+    found = load_tables(directory)
+    report = _ImportReport(directory, found, problems=list(found.problems), dry_run=dry_run)
+    changes: list[Change] = []
+    if not found.fatal and (skip_bad or not found.problems):
+        candidates = found.good_jobs if skip_bad else found.jobs
+
+        async def work(store: JobStore) -> tuple[list[Planned], list[TableProblem], bool]:
+            plan, refused = plan_registration(
+                await store.all(), candidates, replace=replace, rows=found.job_rows
+            )
+            if dry_run or (refused and not skip_bad):
+                return plan, refused, False
+            written = []
+            for p in plan:
+                if p.action is not Action.UNCHANGED:
+                    stored = await store.register(p.job, replace=p.action is Action.REPLACE)
+                    p = Planned(stored, p.action, stored.version)  # noqa: PLW2901
+                written.append(p)
+            return written, refused, True
+
+        report.planned, refused, report.done = _run(work, changes)
+        report.problems += refused
+    if report.done and report.changed:
+        announce(report.changed, changes=changes)
+    if json_output:
+        typer.echo(json.dumps(report.document()))
+    else:
+        report.echo()
+    if report.refused:
+        raise typer.Exit(EXIT_REFUSED)
+    if report.problems:
+        raise typer.Exit(exitcodes.FOUND)
+
+
+@dataclass
+class _ImportReport:
+    """What ``jobs import --tables`` did (or, with ``dry_run``, would do)."""
+
+    directory: Path
+    found: TablesResult
+    problems: list[TableProblem]
+    dry_run: bool
+    planned: list[Planned] = field(default_factory=list)
+    done: bool = False  # written
+
+    @property
+    def changed(self) -> list[str]:
+        return [p.job.id for p in self.planned if p.action.value != "unchanged"]
+
+    @property
+    def refused(self) -> bool:
+        """Problems, and nothing registered (or, in a dry run, nothing that would be)."""
+        return bool(self.problems) and not (self.done or (self.dry_run and self.planned))
+
+    @property
+    def skipped(self) -> list[str]:
+        return sorted({p.job for p in self.problems if p.job is not None})
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "tables": str(self.directory),
+            "dry_run": self.dry_run,
+            "changed": self.done and bool(self.changed),
+            "jobs": [
+                {
+                    "id": p.job.id,
+                    "action": p.action.value,
+                    "version": p.version,
+                    "steps": len(p.job.steps),
+                    "params": len(p.job.params),
+                    "conditions": len(p.job.conditions),
+                    "origin": p.job.origin,
+                }
+                for p in self.planned
+            ],
+            "skipped": [] if self.refused else self.skipped,
+            "problems": [p.as_dict() for p in self.problems],
+            "files": self.found.files,
+            "rows": self.found.rows,
+            "deleted_rows": self.found.deleted,
+        }
+
+    def echo(self) -> None:
+        """The jobs on stdout, one line each, then a summary; the problems on stderr."""
+        for problem in self.problems:
+            typer.echo(f"  {problem}", err=True)
+        for p in self.planned:
+            steps = (
+                f"({len(p.job.steps)} steps, {len(p.job.params)} params, "
+                f"{len(p.job.conditions)} conditions)"
+            )
+            if p.action.value == "unchanged":
+                typer.echo(f"unchanged {p.job.id} v{p.version}")
+            elif self.done:
+                verb = "registered" if p.action.value == "register" else "replaced"
+                typer.echo(f"{verb} {p.job.id} v{p.version} {steps}")
+            elif p.action.value == "register":
+                typer.echo(f"would register {p.job.id} {steps}")
+            else:
+                typer.echo(f"would replace {p.job.id} v{p.version} {steps}")
+        deleted = sum(self.found.deleted.values())
+        note = f"; {deleted} deleted row(s) left out" if deleted else ""
+        if self.refused:
+            typer.echo(
+                f"jobs import: {self.directory} refused: {len(self.problems)} problem(s); "
+                "nothing registered",
+                err=True,
+            )
+            return
+        if self.planned and not self.changed:
+            typer.echo(
+                f"jobs import: nothing changed: {len(self.planned)} job(s) already registered "
+                f"as in {self.directory}{note}"
+            )
+        else:
+            counts = ", ".join(
+                f"{sum(p.action.value == a for p in self.planned)} {a}"
+                for a in ("register", "replace", "unchanged")
+            )
+            what = "jobs import (dry run, nothing written)" if self.dry_run else "jobs import"
+            typer.echo(f"{what}: {counts} from {self.directory}{note}")
+        if self.skipped:
+            typer.echo(f"jobs import: left out (bad rows): {', '.join(self.skipped)}", err=True)
 
 
 @app.command(name="list", epilog=EXIT_CODES)
@@ -282,11 +502,12 @@ def _yaml(text: str) -> Any:
 
 
 def _flag(job_id: str, **changes: Any) -> None:
-    job = _run(lambda store: store.update(job_id, **changes))
+    written: list[Change] = []
+    job = _run(lambda store: store.update(job_id, **changes), written)
     typer.echo(
         f"{job.id}: " + ", ".join(f"{k}={v}" for k, v in changes.items()) + f" (v{job.version})"
     )
-    announce([job_id])
+    announce([job_id], changes=written)
 
 
 @app.command(epilog=EXIT_CODES)

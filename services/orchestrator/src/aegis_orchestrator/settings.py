@@ -19,7 +19,7 @@ class OrchestratorSettings(AegisSettings):
         default="orchestrator",
         pattern=r"^[A-Za-z0-9_-]{1,48}$",
         description="Prefix of its JetStream durable consumers, one per trigger source "
-        "(`-changes`, `-events`, `-raw`), shared by the replicas.",
+        "(`-changes`, `-objects`, `-events`, `-raw`), shared by the replicas.",
     )
     orchestrator_jobs_file: str = Field(
         default="deploy/jobs/examples.yaml",

@@ -14,11 +14,15 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import structlog
+
 from aegis_contracts import keys
 from aegis_contracts.times import format_ts
 from aegis_orchestration.model import Job
 from aegis_storage.errors import Conflict
 from aegis_storage.readmodel import ReadModel
+
+log = structlog.get_logger(__name__)
 
 
 class DuplicateJob(ValueError):
@@ -35,8 +39,18 @@ class JobStore:
         self.clock = clock
 
     async def all(self) -> list[Job]:
+        """Every stored job; one that is no longer valid (a rule added since it was stored, such
+        as a trigger that can never fire) is logged and left out, not loaded."""
         items = await self.readmodel.partition(keys.JOB_REGISTRY_PK, now=self.clock())
-        return [_job(i) for i in items if str(i["sk"]).startswith(keys.JOB_SK_PREFIX)]
+        jobs = []
+        for item in items:
+            if not str(item["sk"]).startswith(keys.JOB_SK_PREFIX):
+                continue
+            try:
+                jobs.append(_job(item))
+            except ValueError as err:  # pydantic's ValidationError, JobError
+                log.warning("stored_job_invalid", sk=item["sk"], error=str(err))
+        return jobs
 
     async def get(self, job_id: str) -> Job | None:
         item = await self.readmodel.get_item(keys.JOB_REGISTRY_PK, keys.job_sk(job_id))
