@@ -19,9 +19,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from aegis_contracts.ids import topic_for
 from aegis_contracts.times import format_ts
-from aegis_devstack.localservers import free_port
 from aegis_devstack.testing.waiting import eventually
-from aegis_devstack.testing.webhook import FakeWebhook
+from aegis_devstack.testing.webhook import FakeWebhook, serving
 
 from .conftest import Pipeline, publish_all
 
@@ -70,15 +69,9 @@ async def collector() -> AsyncIterator[Collector]:
     found = Collector()
     app = web.Application()
     app.router.add_post("/v1/traces", found._export)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    found.url = f"http://127.0.0.1:{port}/v1/traces"
-    try:
+    async with serving(app) as base:
+        found.url = f"{base}/v1/traces"
         yield found
-    finally:
-        await runner.cleanup()
 
 
 def fire(factory: str, at: datetime) -> bytes:

@@ -36,6 +36,7 @@ from aegis_contracts.subjects import (
     heartbeat_subject,
     object_created_subject,
     raw_subject,
+    subject_matches,
     system_subject,
 )
 from aegis_runtime import asyncapi
@@ -71,16 +72,6 @@ def refs(node: Any) -> list[str]:
     return []
 
 
-def nats_matches(subject: str, pattern: str) -> bool:
-    tokens, wanted = subject.split("."), pattern.split(".")
-    for i, w in enumerate(wanted):
-        if w == ">":
-            return len(tokens) > i
-        if i >= len(tokens) or (w != "*" and w != tokens[i]):
-            return False
-    return len(tokens) == len(wanted)
-
-
 def address_matches(channel: dict[str, Any], subject: str) -> bool:
     """Whether ``subject`` is one of the channel's: each parameter one token (of its enum)."""
     params = channel.get("parameters", {})
@@ -108,7 +99,7 @@ def sample(channel: asyncapi.Channel, use: asyncapi.Use) -> str:
 
 
 def allowed(patterns: tuple[str, ...] | list[str], subject: str) -> bool:
-    return any(nats_matches(subject, p) for p in patterns)
+    return any(subject_matches(subject, p) for p in patterns)
 
 
 # -- the committed copy and its shape --------------------------------------------------------------
@@ -302,7 +293,7 @@ def test_every_subject_an_identity_may_publish_is_documented() -> None:
             ):
                 continue
             if not any(
-                u.identity == identity.name and nats_matches(sample(c, u), pattern)
+                u.identity == identity.name and subject_matches(sample(c, u), pattern)
                 for c, u in senders
             ):
                 undocumented.append(f"{identity.name}: {pattern}")

@@ -10,13 +10,11 @@ the code fails here.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 from urllib.parse import unquote
 
@@ -30,6 +28,7 @@ from aegis_aggregator.aggregate import Aggregator, Source
 from aegis_contracts.keys import raw_metadata_key
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port, start_moto_server
+from aegis_devstack.testing.infra import load_render
 from aegis_storage.bootstrap import (
     bootstrap,
     describe_foundation,
@@ -52,15 +51,7 @@ ACCOUNT = "123456789012"  # moto's account
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
-def _render_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("aegis_infra_render", INFRA / "render.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-render = _render_module()
+render = load_render(INFRA)
 SERVICES = render.policy_names()
 
 

@@ -10,12 +10,10 @@ cannot be deleted, a run refuses it, ``--keep-sources`` copies and verifies and 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -25,6 +23,7 @@ from typer.testing import CliRunner
 
 from aegis_cli.app import app
 from aegis_devstack.localservers import free_port, start_moto_server
+from aegis_devstack.testing.infra import load_render
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_client, open_clients
 from aegis_storage.s3 import ObjectStore
@@ -44,15 +43,7 @@ def dated(key: str) -> str:
     return key.replace("/m-", "/yyyy=2026/mm=11/dd=30/m-")
 
 
-def _render() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("aegis_infra_render", INFRA / "render.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-render = _render()
+render = load_render(INFRA)
 
 
 def substituted(doc: dict[str, Any], bucket: str) -> dict[str, Any]:

@@ -6,15 +6,14 @@ policies, fails here; the IAM-enforced runs are in test_migrate_policy.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from aegis_devstack import motopolicy
+from aegis_devstack.testing.infra import load_render
 from aegis_storage_tools.rules import (
     DELETE_OBJECT,
     DELETE_OBJECT_VERSION,
@@ -40,15 +39,7 @@ VALUES = {
 }
 
 
-def _render() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("aegis_infra_render", INFRA / "render.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-render = _render()
+render = load_render(INFRA)
 IDENTITY: dict[str, Any] = render.substitute(render.load_policy("storage-tools"), VALUES)
 BUCKET_POLICY = json.dumps(render.substitute(render.load_document(render.BUCKET_POLICY), VALUES))
 

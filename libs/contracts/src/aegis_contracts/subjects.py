@@ -111,3 +111,15 @@ STREAMS: tuple[StreamSpec, ...] = (
     ),
     StreamSpec("AEGIS_DLQ", (f"{DEAD_LETTER}.>",), max_age_seconds=30 * 86_400),
 )
+
+
+def subject_matches(subject: str, pattern: str) -> bool:
+    """Whether NATS routes ``subject`` to a subscription on ``pattern`` (``*`` one token,
+    ``>`` one or more at the end)."""
+    tokens, wanted = subject.split("."), pattern.split(".")
+    for i, w in enumerate(wanted):
+        if w == ">":
+            return len(tokens) > i
+        if i >= len(tokens) or (w != "*" and w != tokens[i]):
+            return False
+    return len(tokens) == len(wanted)

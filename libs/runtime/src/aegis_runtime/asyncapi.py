@@ -41,7 +41,7 @@ from aegis_contracts.subjects import (
     object_created_subject,
     system_subject,
 )
-from aegis_runtime.broker import MSG_ID_HEADER, DeadLetter
+from aegis_runtime.broker import MSG_ID_HEADER, DeadLetter, stream_for
 
 ASYNCAPI_VERSION = "3.0.0"
 DEFAULT_PATH = Path("docs") / "asyncapi.json"
@@ -90,21 +90,7 @@ class Channel:
     def stream(self) -> StreamSpec:
         """The contract stream whose subjects capture this channel's."""
         sample = ".".join("x" if t.startswith("{") else t for t in self.address.split("."))
-        for spec in STREAMS:
-            for pattern in spec.subjects:
-                if _matches(sample, pattern):
-                    return spec
-        raise ValueError(f"no AEGIS stream captures {self.address}")
-
-
-def _matches(subject: str, pattern: str) -> bool:
-    tokens, wanted = subject.split("."), pattern.split(".")
-    for i, w in enumerate(wanted):
-        if w == ">":
-            return len(tokens) > i
-        if i >= len(tokens) or (w != "*" and w != tokens[i]):
-            return False
-    return len(tokens) == len(wanted)
+        return stream_for(sample)
 
 
 _FACTORY = (f"A factory's id: {FACTORY_ID_PATTERN.pattern}.", ())

@@ -62,7 +62,13 @@ from faststream.nats.security import NatsSecurity, NatsUserPassword
 from aegis_contracts.archive import raw_event_msg_id
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import RawArchived
-from aegis_contracts.subjects import STREAMS, StreamSpec, dead_letter_subject, raw_subject
+from aegis_contracts.subjects import (
+    STREAMS,
+    StreamSpec,
+    dead_letter_subject,
+    raw_subject,
+    subject_matches,
+)
 from aegis_contracts.times import utc_now
 from aegis_runtime import natsio, tracing
 from aegis_runtime.logging import bind_message
@@ -528,19 +534,9 @@ def _contract_stream_for(subject: str) -> StreamSpec:
 
 def _match_stream(subject: str, specs: Iterable[StreamSpec]) -> StreamSpec:
     for spec in specs:
-        if any(_subject_matches(subject, pattern) for pattern in spec.subjects):
+        if any(subject_matches(subject, pattern) for pattern in spec.subjects):
             return spec
     raise ValueError(f"no AEGIS stream captures subject {subject!r}")
-
-
-def _subject_matches(subject: str, pattern: str) -> bool:
-    tokens, wanted = subject.split("."), pattern.split(".")
-    for i, w in enumerate(wanted):
-        if w == ">":
-            return len(tokens) > i
-        if i >= len(tokens) or (w != "*" and w != tokens[i]):
-            return False
-    return len(tokens) == len(wanted)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import deque
@@ -124,19 +125,28 @@ class FakeWebhook:
         return web.Response(status=status, text="ok" if status < 300 else "error", headers=headers)
 
 
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """``app`` served on a free port of 127.0.0.1 for the block: its base URL."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
 @pytest.fixture
 async def webhook() -> AsyncIterator[FakeWebhook]:
     """A running fake webhook on 127.0.0.1 (its ``url`` ends in /hook)."""
     fake = FakeWebhook()
     app = web.Application()
     app.router.add_post("/{tail:.*}", fake._handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    fake.url = f"http://127.0.0.1:{port}/hook"
-    try:
-        yield fake
-    finally:
-        fake.release()  # held requests are answered (or found abandoned) before the server stops
-        await runner.cleanup()
+    async with serving(app) as base:
+        fake.url = f"{base}/hook"
+        try:
+            yield fake
+        finally:
+            fake.release()  # held requests are answered (or abandoned) before the server stops
