@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 _ser = TypeSerializer()
 _deser = TypeDeserializer()
 
-# BatchGetItem takes at most 100 keys; a few batches at once, retried for unprocessed keys
 log = logging.getLogger(__name__)
 
+# BatchGetItem takes at most 100 keys; a few batches at once, retried for unprocessed keys
 BATCH_GET_LIMIT = 100
 BATCH_GET_CONCURRENCY = 8
 BATCH_GET_ATTEMPTS = 8
