@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 from aiobotocore.session import get_session
 
-from aegis_devstack.localservers import free_port, start_moto_server
 from aegis_devstack.testing.emulator import (
     RequestCounts,
     arequest_counts,
@@ -32,14 +29,9 @@ TABLE = "aegis-counts"
 
 
 @pytest.fixture(scope="module")
-def emulator() -> Iterator[str]:
-    """A private emulator of this module's own (its log in a folder removed afterwards)."""
-    with tempfile.TemporaryDirectory(prefix="aegis-counts-") as folder:
-        server = start_moto_server("127.0.0.1", free_port(), log_file=Path(folder) / "moto.log")
-        try:
-            yield server.url
-        finally:
-            server.stop()
+def emulator(private_emulator: str) -> str:
+    """A private emulator of this module's own."""
+    return private_emulator
 
 
 @dataclass

@@ -43,25 +43,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 EXAMPLES = Path(__file__).parents[3] / "deploy" / "jobs" / "examples.yaml"
 
 
-def settings(
-    nats_url: str, aws_endpoint: str, f: Foundation, uid: str, **extra: Any
-) -> OrchestratorSettings:
-    return OrchestratorSettings(
-        nats_url=nats_url,
-        aws_endpoint_url=aws_endpoint,
-        bucket=f.bucket,
-        table=f.table,
-        orchestrator_durable=f"orch-{uid}",
-        orchestrator_jobs_file="",
-        orchestrator_schedule_tick_s=3600,
-        heartbeat_interval_s=60,
-        **({"job_egress_allow": ["127.0.0.1"]} | extra),  # the webhook stand-in is local http
-    )
-
-
 @pytest.fixture
 async def make_app(
-    nats_url: str, aws_endpoint: str, foundation: Foundation, unique_id: str
+    make_settings: Callable[..., OrchestratorSettings],
 ) -> AsyncIterator[Callable[..., Any]]:
     apps: list[OrchestratorApp] = []
 
@@ -69,7 +53,7 @@ async def make_app(
         clock: Any = None, env: dict[str, str] | None = None, **extra: Any
     ) -> OrchestratorApp:
         app = OrchestratorApp(
-            settings(nats_url, aws_endpoint, foundation, unique_id, **extra),
+            make_settings(**extra),
             clock=clock or (lambda: datetime.now(UTC)),
             environment=env or {},
         )

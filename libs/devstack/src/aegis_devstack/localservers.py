@@ -522,6 +522,12 @@ def start_moto_server(
     Its request log goes to ``log_file`` (default: a folder of its own in the temp directory,
     removed by ``stop()``), never to a pipe nobody reads. ``latency_ms`` delays every request by a round trip
     (benchmarks against a remote-like endpoint; see :mod:`aegis_devstack.motoserver`).
+
+    ``MOTO_PORT`` is set to ``port`` in its environment: moto's Step Functions interpreter calls
+    the services a state machine's Tasks name (Lambda's Invoke) at ``localhost:$MOTO_PORT``, and
+    moto_server only sets it when it is unset, so one inherited from elsewhere (another emulator's)
+    would send them to the wrong server. A ``host`` that ``localhost`` does not reach leaves them
+    nowhere to go.
     """
     if port_open(host, port):
         raise LocalServerError(f"cannot start moto_server: {host}:{port} is already in use")
@@ -534,7 +540,7 @@ def start_moto_server(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=os.environ | {LATENCY_ENV: str(latency_ms)},
+            env=os.environ | {LATENCY_ENV: str(latency_ms), "MOTO_PORT": str(port)},
         )
     server = MotoServer(
         url=f"http://{host}:{port}", process=process, log_file=log_path, scratch=scratch

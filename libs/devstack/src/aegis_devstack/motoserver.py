@@ -40,6 +40,26 @@ or ``Action``), with items returned, items scanned, unprocessed keys and respons
 DynamoDB. ``GET /_aegis/requests`` answers them as JSON and ``POST /_aegis/requests/reset`` zeroes
 them (see :mod:`aegis_devstack.testing.emulator`); neither these nor ``/moto-api/`` requests are
 counted, and neither waits ``AEGIS_MOTO_LATENCY_MS``.
+
+A Lambda function's code can run in the test process instead of in moto (which would need Docker
+to run it at all): ``POST /_aegis/lambda`` with ``{"function": name, "url": invocation URL}``
+registers the URL of a local runtime that speaks what AWS's Lambda Runtime Interface Emulator
+speaks (``POST`` the event, answer the result; :mod:`aegis_devstack.testing.lambdaruntime`), and
+``"url": null`` removes it; ``GET /_aegis/lambda`` answers ``{"functions": {name: url}}``. The
+registrations are the emulator's, not moto's: ``/moto-api/reset`` keeps them. An Invoke
+(``POST /2015-03-31/functions/<name, ARN or partial ARN>/invocations``, any qualifier ignored) of a
+registered function is forwarded there with its body as is and answered as Lambda answers
+(``X-Amz-Executed-Version: $LATEST``, and the runtime's ``X-Amz-Function-Error`` when the code
+raised); a runtime that cannot be reached, or answers an HTTP error, is Lambda's
+ServiceException (502). Only ``RequestResponse`` invocations are forwarded (an ``Event`` or
+``DryRun`` one is refused, 400). That is how a Step Functions Task on a function ARN runs for real:
+moto's interpreter (``POST /moto-api/config`` ``{"stepfunctions": {"execute_state_machine":
+true}}``) invokes the function through this very server (at ``localhost:$MOTO_PORT``, which
+:func:`aegis_devstack.localservers.start_moto_server` sets), and the Lambda error's ``errorType``
+becomes the Task's Error as on AWS. The invocation is forwarded outside the request lock (the
+function's code calls this emulator in turn), is counted as ``lambda`` / ``Invoke``, waits
+``AEGIS_MOTO_LATENCY_MS`` like any request, and is not authorized even with IAM enforcement on
+(moto's interpreter signs with made-up keys). Other functions are moto's, as before.
 """
 
 from __future__ import annotations
@@ -53,16 +73,22 @@ import re
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
+import uuid
 from collections.abc import Callable, Iterable
 from html import unescape
 from typing import Any
-from urllib.parse import parse_qs, parse_qsl
+from urllib.parse import parse_qs, parse_qsl, unquote, urlsplit
 
 from aegis_devstack import motopolicy
 
 LATENCY_ENV = "AEGIS_MOTO_LATENCY_MS"
 COUNTS_PATH = "/_aegis/requests"
 RESET_PATH = "/_aegis/requests/reset"
+LAMBDA_PATH = "/_aegis/lambda"
+# Lambda's longest run: a local function's answer is awaited this long
+INVOKE_TIMEOUT_S = 900.0
 
 # moto's S3 action names that are not IAM actions, and the IAM action AWS checks instead
 _IAM_ACTIONS = {
@@ -82,26 +108,45 @@ _TRANSACT_ACTIONS = {
 }
 
 
-def serialize_requests(latency_s: float = 0.0, counter: RequestCounter | None = None) -> None:
+def serialize_requests(
+    latency_s: float = 0.0,
+    counter: RequestCounter | None = None,
+    functions: dict[str, str] | None = None,
+) -> None:
     """One request at a time; with ``latency_s``, each request first waits that long outside the
     lock (concurrent requests wait together), as a remote S3/DynamoDB's round trip would: for
     benchmarks that compare clients whose concurrency matters against a real endpoint.
 
     Each AWS request is counted in ``counter`` (a new one by default), which the server answers at
-    :data:`COUNTS_PATH` and zeroes at :data:`RESET_PATH`."""
+    :data:`COUNTS_PATH` and zeroes at :data:`RESET_PATH`.
+
+    ``functions`` (function name to a local runtime's invocation URL; a new, empty one by default,
+    kept at :data:`LAMBDA_PATH`) are the Lambda functions whose Invoke is forwarded, outside the
+    lock: their code calls this server in turn, and would wait for the lock forever."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication  # noqa: PLC0415
 
     lock = threading.Lock()
     dispatch = DomainDispatcherApplication.__call__
     counts = counter if counter is not None else RequestCounter()
+    runtimes = functions if functions is not None else {}
 
     def serialized(self: Any, environ: dict[str, Any], start_response: Any) -> Any:
         path = _path(environ)
-        if path.startswith("/_aegis/"):  # the counter's own endpoints: not AWS, not delayed
+        if path.startswith("/_aegis/"):  # the emulator's own endpoints: not AWS, not delayed
             with lock:
+                if path == LAMBDA_PATH:
+                    return _answer_functions(runtimes, environ, start_response)
                 return _answer_counter(counts, environ, start_response)
         if latency_s > 0:
             time.sleep(latency_s)
+        invoked = _invoked_function(environ)
+        if invoked is not None:
+            with lock:
+                url = runtimes.get(invoked)
+                if url is not None:
+                    counts.add("lambda", "Invoke")
+            if url is not None:
+                return _forward_invocation(url, environ, start_response)
         with lock:
             if path.startswith("/moto-api") or path == "/favicon.ico":
                 return dispatch(self, environ, start_response)
@@ -193,13 +238,115 @@ def _respond(
     status: str,
     body: bytes,
     content_type: str = "text/plain",
+    *,
     allow: str | None = None,
+    headers: Iterable[tuple[str, str]] = (),
 ) -> list[bytes]:
-    headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+    sent = [("Content-Type", content_type), ("Content-Length", str(len(body))), *headers]
     if allow:
-        headers.append(("Allow", allow))
-    start_response(status, headers)
+        sent.append(("Allow", allow))
+    start_response(status, sent)
     return [body]
+
+
+# -- Lambda functions run by a local runtime ---------------------------------------------------
+
+# the runtime is local: never through an HTTP(S)_PROXY of the environment
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_INVOKE_PATH = re.compile(r"/2015-03-31/functions/([^/]+)/invocations/?")
+
+
+def function_name(reference: str) -> str:
+    """The function's name in an Invoke's path: a name, ``name:qualifier``, a partial ARN
+    (``123456789012:function:name``) or an ARN, URL-encoded or not."""
+    parts = unquote(reference).split(":")
+    if parts[0] == "arn" and len(parts) > 6:  # arn:aws:lambda:region:account:function:name[:q]
+        return parts[6]
+    if len(parts) > 2 and parts[1] == "function":  # account:function:name[:qualifier]
+        return parts[2]
+    return parts[0]
+
+
+def _invoked_function(environ: dict[str, Any]) -> str | None:
+    """The function a Lambda Invoke request names (None for any other request)."""
+    if environ.get("REQUEST_METHOD", "GET").upper() != "POST":
+        return None
+    found = _INVOKE_PATH.fullmatch(_path(environ))
+    return function_name(found.group(1)) if found else None
+
+
+def _answer_functions(
+    functions: dict[str, str], environ: dict[str, Any], start_response: Any
+) -> list[bytes]:
+    """``GET``: the registered functions; ``POST {"function", "url"}``: register (or remove)."""
+    method = environ.get("REQUEST_METHOD", "GET")
+    if method == "GET":
+        body = json.dumps({"functions": functions}).encode()
+        return _respond(start_response, "200 OK", body, "application/json")
+    if method != "POST":
+        return _respond(start_response, "405 Method Not Allowed", b"", allow="GET, POST")
+    data = _json_object(_read_body(environ))
+    name, url = data.get("function"), data.get("url")
+    if not isinstance(name, str) or not name:
+        return _respond(start_response, "400 Bad Request", b'"function" must name a function')
+    if url is None:
+        functions.pop(function_name(name), None)
+    elif isinstance(url, str) and urlsplit(url).scheme in ("http", "https"):
+        functions[function_name(name)] = url
+    else:
+        return _respond(start_response, "400 Bad Request", b'"url" must be an http(s) URL or null')
+    return _respond(start_response, "204 No Content", b"")
+
+
+def _lambda_error(start_response: Any, status: str, kind: str, message: str) -> list[bytes]:
+    """An error as Lambda's API answers it (botocore reads the code from ``X-Amzn-ErrorType``)."""
+    body = json.dumps({"Type": "Service" if status.startswith("5") else "User", "message": message})
+    headers = [("X-Amzn-ErrorType", kind), ("X-Amzn-RequestId", str(uuid.uuid4()))]
+    return _respond(start_response, status, body.encode(), "application/json", headers=headers)
+
+
+def _forward_invocation(url: str, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    """An Invoke answered by the local runtime at ``url`` (run without the request lock)."""
+    invocation = environ.get("HTTP_X_AMZ_INVOCATION_TYPE") or "RequestResponse"
+    if invocation != "RequestResponse":
+        return _lambda_error(
+            start_response,
+            "400 Bad Request",
+            "InvalidParameterValueException",
+            f"InvocationType {invocation} is not supported for a function run by a local runtime "
+            "(only RequestResponse)",
+        )
+    forwarded = urllib.request.Request(  # noqa: S310 (an http(s) URL, checked when registered)
+        url,
+        data=_read_body(environ),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with _DIRECT.open(forwarded, timeout=INVOKE_TIMEOUT_S) as answer:
+            payload: bytes = answer.read()
+            error = answer.headers.get("X-Amz-Function-Error")
+            content_type = answer.headers.get("Content-Type") or "application/json"
+    except urllib.error.HTTPError as err:
+        detail = err.read(200).decode("utf-8", "replace")
+        err.close()
+        return _lambda_error(
+            start_response,
+            "502 Bad Gateway",
+            "ServiceException",
+            f"the local runtime at {url} answered {err.code}: {detail}",
+        )
+    except (OSError, ValueError) as err:
+        return _lambda_error(
+            start_response,
+            "502 Bad Gateway",
+            "ServiceException",
+            f"the local runtime at {url} cannot be reached: {err}",
+        )
+    headers = [("X-Amz-Executed-Version", "$LATEST"), ("X-Amzn-RequestId", str(uuid.uuid4()))]
+    if error:
+        headers.append(("X-Amz-Function-Error", error))
+    return _respond(start_response, "200 OK", payload, content_type, headers=headers)
 
 
 def _collect(response: Iterable[bytes]) -> bytes:
@@ -269,6 +416,8 @@ def _classify(environ: dict[str, Any]) -> tuple[str, str]:
         return service, action
     if target:
         return service, target.rsplit(".", 1)[-1]
+    if service == "lambda" and _invoked_function(environ) is not None:
+        return service, "Invoke"
     rpc = _RPC_V2_PATH.search(_path(environ))
     if rpc:
         return service, rpc.group(1)

@@ -4,8 +4,9 @@ engine (:mod:`aegis_orchestration.engine`).
 Input of an execution: ``{"trigger": {...}, "payload": {...}}``. A first Pass state builds the
 engine's context (``globals``, ``steps``, ``errors``, ``loops``). Mapping:
 
-- TASK -> ``Task`` on the task function (``function_arn``; it receives job id, step id and the
-  whole context, resolves the params exactly as the engine does and returns the output), result in
+- TASK -> ``Task`` on the task function (``function_arn``; it receives :func:`task_parameters`:
+  job id and version, step id, execution name, the state's entry time and the whole context,
+  resolves the params exactly as the engine does and returns the output), result in
   ``$.steps.{id}``, ``Retry`` from the step's retry (whole seconds), ``Catch`` to its catch path
   with the error in ``$.errors.{id}``;
 - PARALLEL -> ``Parallel`` whose branches end in a Pass that outputs their ``$.steps``;
@@ -43,6 +44,26 @@ DONE = "Done"
 BRANCH_DONE = "BranchDone"
 INIT = "Init"
 _SIMPLE_PATH = re.compile(r"^\$(\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*$")
+
+
+def task_parameters(job: Job, step: JobStep) -> dict[str, Any]:
+    """What a Task state sends the task function (:data:`TASK_INPUT_FIELDS`): the job and its
+    version (the function refuses to run a step of another version than the machine was
+    exported from), the step, the execution's name and the time the state was entered (together
+    the idempotency key of this run of the step: retries keep it, a loop's next pass does not)
+    and the whole context."""
+    return {
+        "job_id": job.id,
+        "job_version": job.version,
+        "step_id": step.id,
+        "kind": step.step_sub_type.value if step.step_sub_type else "",
+        "execution.$": "$$.Execution.Name",
+        "entered.$": "$$.State.EnteredTime",
+        "context.$": "$",
+    }
+
+
+TASK_INPUT_FIELDS = ("job_id", "job_version", "step_id", "kind", "execution", "entered", "context")
 
 
 class AslExportError(ValueError):
@@ -93,12 +114,7 @@ class _Builder:
             state: dict[str, Any] = {
                 "Type": "Task",
                 "Resource": self.function_arn,
-                "Parameters": {
-                    "job_id": self.job.id,
-                    "step_id": sid,
-                    "kind": step.step_sub_type.value if step.step_sub_type else "",
-                    "context.$": "$",
-                },
+                "Parameters": task_parameters(self.job, step),
                 "ResultPath": f"$.steps.{sid}",
                 "TimeoutSeconds": max(1, math.ceil(step.timeout_s)),
                 "Next": successor,

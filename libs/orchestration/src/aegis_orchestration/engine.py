@@ -66,7 +66,8 @@ WAIT_POLL_S = 1.0
 
 
 class StepFailed(ExecutionError):
-    """A step failed for good (after its retries); a catch path may take over."""
+    """A step failed: one attempt (:func:`run_task`), or for good after its retries, when a
+    catch path may take over."""
 
 
 @dataclass
@@ -270,41 +271,27 @@ class Interpreter:
         assert isinstance(kind, TaskKind)
         executor = self.executors.get(kind)
         attempts = step.retry.max_attempts + 1
-        # values read from the environment reach the executor only: the log, the context and
-        # what later steps see carry them redacted (an echoing webhook cannot leak them either)
-        secrets = environment_secrets(self.job, step.id, self.environment)
         for attempt in range(1, attempts + 1):
             record.attempts = attempt
             try:
-                params = resolve_params(
+                output = await run_task(
                     self.job,
-                    step.id,
+                    step,
                     context,
                     self.environment,
-                    escape=slack_escape if kind is TaskKind.SLACK_NOTIFY else None,
+                    executor,
+                    key=key,
+                    on_input=lambda params: setattr(record, "input", params),
                 )
-                record.input = scrub(params, secrets)
-                if executor is None:
-                    raise StepFailed(  # noqa: TRY301 - retried like any failure
-                        step.id, "NoExecutor", f"no executor for {kind.value}"
-                    )
-                async with asyncio.timeout(step.timeout_s):
-                    output = await executor(step, params, context, key=key)
-            except StepFailed as err:
-                failure = StepFailed(err.step_id, err.error, scrub(err.cause, secrets))
-            except TimeoutError:
-                failure = StepFailed(step.id, "States.Timeout", f"over {step.timeout_s}s")
-            except Exception as err:
-                failure = StepFailed(step.id, type(err).__name__, scrub(str(err), secrets)[:1000])
+            except StepFailed:
+                if attempt == attempts:
+                    raise
+                await self.sleep(step.retry.delay(attempt))
             else:
-                output = scrub(output, secrets)
                 context["steps"][step.id] = output
                 record.output = output
                 check_context(step.id, context, self.limits)
                 return
-            if attempt < attempts:
-                await self.sleep(step.retry.delay(attempt))
-        raise failure
 
     async def _wait(self, step: JobStep, begun: StepRecord | None, record: StepRecord) -> None:
         """Wait until the wake-up time, recorded before waiting (kept from ``begun`` on resume)."""
@@ -384,6 +371,48 @@ class Interpreter:
             return None
         jump = await self._step(chosen, occurrence(key, chosen.id, 1), context, branch)
         return jump if jump is not None else chosen.next_step_id
+
+
+async def run_task(
+    job: Job,
+    step: JobStep,
+    context: Mapping[str, Any],
+    environment: Mapping[str, str],
+    executor: Executor | None,
+    *,
+    key: str,
+    on_input: Callable[[Any], None] | None = None,
+) -> Any:
+    """One attempt of a TASK step, as the engine runs it and as the Step Functions task function
+    (``aegis_orchestrator.sfn_task``) runs it: params resolved from ``context``, the executor
+    called within the step's timeout, the output returned. Values read from the environment
+    reach the executor only: the params given to ``on_input``, the output and an error's cause
+    carry them redacted (an echoing webhook cannot leak them either). Any failure raises
+    :class:`StepFailed` with the error's name (``States.Timeout`` for the timeout)."""
+    kind = step.step_sub_type
+    assert isinstance(kind, TaskKind)
+    secrets = environment_secrets(job, step.id, environment)
+    try:
+        params = resolve_params(
+            job,
+            step.id,
+            context,
+            environment,
+            escape=slack_escape if kind is TaskKind.SLACK_NOTIFY else None,
+        )
+        if on_input is not None:
+            on_input(scrub(params, secrets))
+        if executor is None:
+            raise StepFailed(step.id, "NoExecutor", f"no executor for {kind.value}")  # noqa: TRY301
+        async with asyncio.timeout(step.timeout_s):
+            output = await executor(step, params, context, key=key)
+    except StepFailed as err:
+        raise StepFailed(err.step_id, err.error, scrub(err.cause, secrets)) from None
+    except TimeoutError:
+        raise StepFailed(step.id, "States.Timeout", f"over {step.timeout_s}s") from None
+    except Exception as err:
+        raise StepFailed(step.id, type(err).__name__, scrub(str(err), secrets)[:1000]) from None
+    return scrub(output, secrets)
 
 
 def _kind(step: JobStep) -> str:

@@ -45,6 +45,7 @@ from aegis_orchestration.yamlio import load_jobs
 from aegis_orchestrator.egress import EGRESS_ALLOW_VAR, EgressPolicy, guarded_session
 from aegis_orchestrator.runner import Runner
 from aegis_orchestrator.settings import OrchestratorSettings
+from aegis_orchestrator.stepfunctions import Launcher
 from aegis_orchestrator.store import DuplicateJob, JobStore
 from aegis_orchestrator.tasks import Tasks
 from aegis_runtime import logging as aegis_logging
@@ -52,7 +53,7 @@ from aegis_runtime.broker import current_subject, delivery, durable_pull
 from aegis_runtime.heartbeat import instance_id
 from aegis_runtime.lifecycle import run_service, start_background
 from aegis_runtime.service import ServiceApp
-from aegis_storage.clients import AwsClients
+from aegis_storage.clients import AwsClients, open_client
 from aegis_storage.errors import Conflict, StorageError
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
@@ -129,6 +130,8 @@ class OrchestratorApp(ServiceApp):
         self.index = TriggerIndex()
         self.store: JobStore | None = None
         self.runner: Runner | None = None
+        # the stepfunctions engine: executions start on Step Functions instead of the runner
+        self.launcher: Launcher | None = None
         self._checked: dict[str, datetime] = {}
         # per schedule job, fires claimed but not recorded yet (here or elsewhere)
         self._unfinished: dict[str, set[datetime]] = {}
@@ -225,7 +228,19 @@ class OrchestratorApp(ServiceApp):
         self, job: Job, trigger: Trigger, *, redelivered: bool = False
     ) -> asyncio.Task[dict[str, Any]] | None:
         """Record and start an execution; None when no run slot was free (SKIPPED_OVERLAP) or
-        the redelivered trigger was recorded already."""
+        the redelivered trigger was recorded already. With the stepfunctions engine, start its
+        state machine's execution instead (None: the execution runs on Step Functions)."""
+        if self.launcher is not None:
+            arn = await self.launcher.start(job, trigger, redelivered=redelivered)
+            if arn is not None:
+                self.fired.labels(trigger=trigger.type.value).inc()
+                log.info(
+                    "execution_started",
+                    job_id=job.id,
+                    execution_arn=arn,
+                    trigger=trigger.type.value,
+                )
+            return None
         if self.runner is None:
             raise RuntimeError("the orchestrator is not started")  # nacked: retried later
         if redelivered and await self.runner.recorded(job, trigger):
@@ -387,6 +402,16 @@ class OrchestratorApp(ServiceApp):
             ),
             wait_poll_s=s.orchestrator_wait_poll_s,
         )
+        if s.orchestrator_engine == "stepfunctions":
+            client = await stack.enter_async_context(open_client("stepfunctions", s.aws()))
+            self.launcher = Launcher(
+                client,
+                arn_prefix=s.orchestrator_state_machine_arn_prefix,
+                store=self.store,
+                clock=self.clock,
+                log_ttl=timedelta(days=s.orchestrator_log_ttl_days),
+            )
+            stack.callback(setattr, self, "launcher", None)
         # on stop, executions still going are handed over (their leases expired at once) to the
         # other replicas: a deploy does not wait out a WAIT, nor lose it
         stack.push_async_callback(self.runner.drain, s.orchestrator_drain_s)

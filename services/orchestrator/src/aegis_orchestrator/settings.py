@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from aegis_runtime.settings import AegisSettings
@@ -115,6 +115,20 @@ class OrchestratorSettings(AegisSettings):
         description="Tests and drills only: the service's time is the ISO-8601 instant in this "
         "file instead of the system clock, so WAITs and leases pass when the file is rewritten.",
     )
+    orchestrator_engine: Literal["builtin", "stepfunctions"] = Field(
+        default="builtin",
+        description="What runs an execution: `builtin` (this service's engine, with its "
+        "execution log) or `stepfunctions` (an AWS Step Functions execution of the job's "
+        "exported state machine, started once per trigger; see the Step Functions section of "
+        "docs/orchestration.md).",
+    )
+    orchestrator_state_machine_arn_prefix: str = Field(
+        default="",
+        pattern=r"^(arn:[a-z-]+:states:[a-z0-9-]+:\d{12}:stateMachine:[A-Za-z0-9_-]*)?$",
+        description="With the `stepfunctions` engine: the state machines' ARN up to the job id "
+        "(`arn:aws:states:REGION:ACCOUNT:stateMachine:aegis-job-`; the template of `aegis jobs "
+        "export-sfn` outputs it as StateMachineArnPrefix).",
+    )
     orchestrator_batch_size: int = Field(
         default=16,
         ge=1,
@@ -144,6 +158,18 @@ class OrchestratorSettings(AegisSettings):
         validation_alias=AliasChoices("AEGIS_ORCHESTRATOR_MAX_DELIVER", "AEGIS_MAX_DELIVER"),
         description="Deliveries of one trigger event in all; after the last it is dead-lettered.",
     )
+
+    @model_validator(mode="after")
+    def _machines_named(self) -> OrchestratorSettings:
+        if self.orchestrator_engine == "stepfunctions" and not (
+            self.orchestrator_state_machine_arn_prefix
+        ):
+            raise ValueError(
+                "AEGIS_ORCHESTRATOR_ENGINE=stepfunctions needs "
+                "AEGIS_ORCHESTRATOR_STATE_MACHINE_ARN_PREFIX (the StateMachineArnPrefix output "
+                "of the template `aegis jobs export-sfn` writes)"
+            )
+        return self
 
     @field_validator("job_egress_allow", mode="before")
     @classmethod

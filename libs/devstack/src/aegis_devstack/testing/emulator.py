@@ -1,5 +1,7 @@
 """Read and reset the AWS requests the local emulator (:mod:`aegis_devstack.motoserver`) counted:
-for tests and benchmarks that assert which S3/DynamoDB requests the platform sends.
+for tests and benchmarks that assert which S3/DynamoDB requests the platform sends. And register
+the Lambda functions whose code a local runtime runs (:mod:`aegis_devstack.testing.lambdaruntime`)
+instead of moto.
 """
 
 from __future__ import annotations
@@ -17,12 +19,16 @@ __all__ = [
     "RequestCounts",
     "arequest_counts",
     "areset_request_counts",
+    "lambda_functions",
+    "register_lambda",
     "request_counts",
     "reset_request_counts",
+    "unregister_lambda",
 ]
 
 COUNTS_PATH = "/_aegis/requests"  # aegis_devstack.motoserver.COUNTS_PATH
 RESET_PATH = "/_aegis/requests/reset"
+LAMBDA_PATH = "/_aegis/lambda"  # aegis_devstack.motoserver.LAMBDA_PATH
 
 Figures = Mapping[str, int]
 
@@ -109,12 +115,16 @@ class RequestCounts:
         return sum(figures.get(name, 0) for figures in self.requests.get("dynamodb", {}).values())
 
 
-def _request(endpoint_url: str, path: str, method: str) -> urllib.request.Request:
+def _request(endpoint_url: str, path: str, method: str, body: Any = None) -> urllib.request.Request:
     if urlsplit(endpoint_url).scheme not in ("http", "https"):
         raise ValueError(f"not an http(s) endpoint: {endpoint_url!r}")
     url = endpoint_url.rstrip("/") + path
-    data = b"" if method == "POST" else None
-    return urllib.request.Request(url, data=data, method=method)  # noqa: S310 (http(s) only)
+    if body is not None:
+        data: bytes | None = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+    else:
+        data, headers = (b"" if method == "POST" else None), {}
+    return urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310
 
 
 def _call(request: urllib.request.Request, timeout: float) -> bytes:
@@ -149,3 +159,24 @@ async def arequest_counts(endpoint_url: str) -> RequestCounts:
 async def areset_request_counts(endpoint_url: str) -> None:
     """:func:`reset_request_counts` from async code (in a worker thread)."""
     await asyncio.to_thread(reset_request_counts, endpoint_url)
+
+
+async def register_lambda(endpoint_url: str, function: str, url: str) -> None:
+    """Have the emulator forward Invoke requests of ``function`` (a name or ARN) to the local
+    runtime whose invocation URL is ``url``, instead of running them in moto; a registration of the
+    same function is replaced."""
+    request = _request(endpoint_url, LAMBDA_PATH, "POST", {"function": function, "url": url})
+    await asyncio.to_thread(_call, request, 5.0)
+
+
+async def unregister_lambda(endpoint_url: str, function: str) -> None:
+    """Invoke requests of ``function`` are moto's again (nothing happens if it was not registered)."""
+    request = _request(endpoint_url, LAMBDA_PATH, "POST", {"function": function, "url": None})
+    await asyncio.to_thread(_call, request, 5.0)
+
+
+async def lambda_functions(endpoint_url: str) -> dict[str, str]:
+    """The registered functions: name to the local runtime's invocation URL."""
+    answer = await asyncio.to_thread(_call, _request(endpoint_url, LAMBDA_PATH, "GET"), 5.0)
+    functions = json.loads(answer)["functions"]
+    return {str(name): str(url) for name, url in functions.items()}

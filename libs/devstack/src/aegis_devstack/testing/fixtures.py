@@ -6,8 +6,10 @@ machine's own server on a free port with a temporary data folder, started for th
 tests never leave queued sessions, streams or durable consumers in the servers `make run` uses);
 else the machine's server on its default port, started when down. Nothing is set in os.environ.
 
-Fixtures: ``aws_endpoint``, ``mqtt_url``, ``nats_url`` (session), ``unique_id`` (per test), and
-``private_nats`` / ``private_mosquitto`` (per test: a server the test may stop and restart).
+Fixtures: ``aws_endpoint``, ``mqtt_url``, ``nats_url`` (session), ``unique_id`` (per test),
+``private_nats`` / ``private_mosquitto`` (per test: a server the test may stop and restart), and
+``private_emulator`` (per module: a moto_server whose request counts and registrations are the
+module's alone).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import pytest
@@ -47,6 +51,7 @@ __all__ = [
     "aws_endpoint",
     "mqtt_url",
     "nats_url",
+    "private_emulator",
     "private_mosquitto",
     "private_nats",
     "unique_id",
@@ -124,6 +129,18 @@ def private_nats() -> Iterator[ManagedServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="module")
+def private_emulator() -> Iterator[str]:
+    """A moto_server of the module's own on a free port (its log in a folder removed with it):
+    its URL."""
+    with tempfile.TemporaryDirectory(prefix="aegis-moto-") as folder:
+        server = start_moto_server("127.0.0.1", free_port(), log_file=Path(folder) / "moto.log")
+        try:
+            yield server.url
+        finally:
+            server.stop()
 
 
 @pytest.fixture

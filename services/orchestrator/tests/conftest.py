@@ -1,0 +1,35 @@
+"""Fixtures of the orchestrator's tests: settings for the test's own servers and foundation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from aegis_devstack.testing.storage import Foundation
+from aegis_orchestrator.settings import OrchestratorSettings
+
+
+@pytest.fixture
+def make_settings(
+    nats_url: str, aws_endpoint: str, foundation: Foundation, unique_id: str
+) -> Callable[..., OrchestratorSettings]:
+    """Orchestrator settings on the session's servers and the test's bucket, table and durable
+    consumers; no jobs file, schedules ticking once an hour, the local webhook stand-in allowed;
+    ``extra`` settings on top."""
+
+    def make(**extra: Any) -> OrchestratorSettings:
+        return OrchestratorSettings(
+            nats_url=nats_url,
+            aws_endpoint_url=aws_endpoint,
+            bucket=foundation.bucket,
+            table=foundation.table,
+            orchestrator_durable=f"orch-{unique_id}",
+            orchestrator_jobs_file="",
+            orchestrator_schedule_tick_s=3600,
+            heartbeat_interval_s=60,
+            **({"job_egress_allow": ["127.0.0.1"]} | extra),  # the webhook stand-in: local http
+        )
+
+    return make
