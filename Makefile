@@ -86,6 +86,11 @@ fmt: $(STAMP) ## format and autofix
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+.PHONY: lambda
+lambda: ## dist/aegis-orchestrator-task.zip: the Step Functions task function (uv, wheels for Lambda)
+	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet --disable-pip-version-check uv
+	$(PYTHON) deploy/lambda/build.py --uv "$(UV)"
+
 up: ## docker compose up (needs a Docker engine)
 	docker compose up --build
 

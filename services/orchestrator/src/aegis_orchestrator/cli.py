@@ -1,6 +1,6 @@
 """``aegis jobs``: register, list, show, enable, disable, delete (soft), export, import (YAML, or
-relational tables with ``--tables``), export-asl, runs. Every change is written to the read
-model, then announced on
+relational tables with ``--tables``), export-asl, export-sfn, runs. Every change is written to
+the read model, then announced on
 ``aegis.changes.orch_job`` (INSERT or MODIFY, with the job's old and new images: BizObject jobs on
 ``orch_job`` see them) so running orchestrators refresh that job at once (without NATS they
 pick it up at their next periodic refresh). Exit codes: 0 done, 1 refused or failed, 2 not
@@ -560,6 +560,51 @@ def export_asl_command(
     except AslExportError as err:
         typer.echo(f"jobs: {job_id} cannot be exported: {err}", err=True)
         raise typer.Exit(EXIT_REFUSED) from None
+
+
+@app.command(name="export-sfn", epilog=EXIT_CODES)
+def export_sfn_command(
+    job_ids: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="The jobs (default: every registered job not deleted).", show_default=False
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Write here (YAML when it ends in .yaml or .yml) instead of stdout."
+        ),
+    ] = None,
+) -> None:
+    """The jobs as a CloudFormation template running them on Step Functions: one state machine
+    per job, the task function they call, and the orchestrator's permission to start them."""
+    from aegis_orchestrator.sfn_template import SfnTemplateError, render  # noqa: PLC0415
+
+    async def work(store: JobStore) -> list[Job]:
+        if job_ids:
+            return [await _get(store, job_id) for job_id in dict.fromkeys(job_ids)]
+        return [j for j in await store.all() if j.is_active]
+
+    jobs = _run(work)
+    try:
+        template = render(jobs)
+    except SfnTemplateError as err:
+        for job_id, reason in err.problems:
+            typer.echo(f"  {job_id}: {reason}", err=True)
+        typer.echo("jobs: refused: these jobs cannot run on Step Functions", err=True)
+        raise typer.Exit(EXIT_REFUSED) from None
+    if out is not None and out.suffix.lower() in (".yaml", ".yml"):
+        import yaml  # noqa: PLC0415
+
+        text = yaml.safe_dump(template, sort_keys=False, width=100)
+    else:
+        text = json.dumps(template, indent=2) + "\n"
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.write_text(text, encoding="utf-8")
+        typer.echo(f"exported {len(jobs)} jobs as state machines to {out}")
 
 
 @app.command(epilog=EXIT_CODES)
