@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import statistics
 from collections import Counter
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import nats
 import pytest
 from nats.js.api import DeliverPolicy
 from typer.testing import CliRunner
@@ -27,6 +29,7 @@ from aegis_contracts import keys
 from aegis_contracts.events import ObjectCreated
 from aegis_contracts.graph import WindowStats
 from aegis_contracts.items import Graph5m, HistoryState
+from aegis_contracts.subjects import change_subject
 from aegis_contracts.times import format_ts, parse_ts
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.testing.clock import FakeClock
@@ -624,6 +627,58 @@ async def test_aegis_aggregate_rewrites_a_range_for_an_operator(
         CliRunner().invoke, cli_app, ["aggregate", "--from", "yesterday", "--to", "now"]
     )
     assert bad.exit_code == 2
+
+
+@pytest.mark.integration
+async def test_aegis_aggregate_announces_its_windows_as_the_service_does(
+    foundation: Foundation,
+    aws_endpoint: str,
+    nats_url: str,
+    unique_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The windows the command writes are announced (ObjectCreated and their change events),
+    so jobs and dashboards see an operator's re-run as they see the service's."""
+    factory = f"f-{unique_id}"[:40].lower()
+    # on the real clock these windows are older than HISTORY holds: read from the objects
+    await seed(foundation, steady(0, 600, every=10), factory)
+    await seed_objects(foundation, steady(0, 600, every=10), factory)
+    for name, value in {
+        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+        "AEGIS_BUCKET": foundation.bucket,
+        "AEGIS_TABLE": foundation.table,
+        "AEGIS_NATS_URL": nats_url,
+    }.items():
+        monkeypatch.setenv(name, value)
+    heard: list[dict[str, Any]] = []
+    nc = await nats.connect(nats_url)
+    try:
+        await nc.subscribe(change_subject("graph_5m"), cb=_collect_into(heard))
+        await nc.flush()
+        args = ["aggregate", "--from", format_ts(W0), "--to", format_ts(W0 + 2 * WINDOW)]
+        args += ["--factory", factory]
+        result = await asyncio.to_thread(CliRunner().invoke, cli_app, args)
+        assert result.exit_code == 0, result.output
+
+        def announced() -> list[str]:
+            return sorted(e["sk"] for e in heard if e["pk"] == keys.factory_pk(factory))
+
+        for _ in range(100):
+            if len(announced()) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert announced() == sorted(keys.graph_5m_sk(start) for start in (W0, W1))
+        assert {e["producer"] for e in heard} == {"aggregator"}
+        assert all(e["new_image"]["stats"]["samples"] == 30 for e in heard)
+    finally:
+        await nc.close()
+
+
+def _collect_into(heard: list[dict[str, Any]]) -> Any:
+    async def collect(msg: Any) -> None:
+        heard.append(json.loads(msg.data))
+
+    return collect
 
 
 # -- windows older than HISTORY: read from the state_snapshot objects ---------------------------

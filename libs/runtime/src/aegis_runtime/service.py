@@ -37,11 +37,55 @@ from aegis_storage.clients import AwsClients, open_clients
 from aegis_storage.readmodel import Change
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+    from datetime import datetime
+
     from faststream.nats import NatsBroker
 
     from aegis_runtime.settings import AegisSettings
 
 log = structlog.get_logger(__name__)
+
+
+async def announce_change(
+    broker: NatsBroker, change: Change, *, table: str, producer: str, at: datetime
+) -> None:
+    """Announce a read-model write on ``aegis.changes.{entity}``: a ChangeEvent with its old and
+    new images. Its ``Nats-Msg-Id`` is the item, the event and a digest of the new image, so the
+    same write announced twice within the duplicate window is stored once. A failure raises
+    (``PublishFailed``); a read model's change sink logs it, the write stays. Services announce
+    through :meth:`ServiceApp.publish_change`; commands that write the read model through
+    :func:`change_sink`."""
+    event = ChangeEvent(
+        table=table,
+        pk=change.pk,
+        sk=change.sk,
+        event_name=change.event_name,
+        old_image=change.old_image,
+        new_image=change.new_image,
+        producer=producer,
+        at=at,
+    )
+    digest = hashlib.sha256(
+        json.dumps(change.new_image or change.old_image, sort_keys=True, default=str).encode()
+    ).hexdigest()[:32]
+    msg_id = f"chg:{change.pk}:{change.sk}:{change.event_name}:{digest}"
+    await publish(broker, change_subject(change.entity), event, msg_id=msg_id)
+
+
+def change_sink(
+    broker: NatsBroker, settings: AegisSettings, clock: Clock = utc_now
+) -> Callable[[Change], Awaitable[None]]:
+    """A ``ReadModel`` change sink announcing as ``settings.service`` on ``broker``: what a
+    command (``aegis aggregate``, ``aegis alerts resend``) gives the read model it writes, so its
+    writes fire jobs and refresh dashboards as the service's own do."""
+
+    async def sink(change: Change) -> None:
+        await announce_change(
+            broker, change, table=settings.table, producer=settings.service, at=clock()
+        )
+
+    return sink
 
 
 class ServiceApp:
@@ -93,25 +137,14 @@ class ServiceApp:
 
     async def publish_change(self, change: Change) -> None:
         """Announce a read-model write on ``aegis.changes.{entity}`` (a ``ReadModel``'s change
-        sink): a ChangeEvent with its old and new images, produced by this service. Its
-        ``Nats-Msg-Id`` is the item, the event and a digest of the new image, so the same write
-        announced twice within the duplicate window is stored once. A failure raises
-        (``PublishFailed``); the read model logs it, the write stays."""
-        event = ChangeEvent(
+        sink): see :func:`announce_change`."""
+        await announce_change(
+            self.broker,
+            change,
             table=self.settings.table,
-            pk=change.pk,
-            sk=change.sk,
-            event_name=change.event_name,
-            old_image=change.old_image,
-            new_image=change.new_image,
             producer=self.settings.service,
             at=self.clock(),
         )
-        digest = hashlib.sha256(
-            json.dumps(change.new_image or change.old_image, sort_keys=True, default=str).encode()
-        ).hexdigest()[:32]
-        msg_id = f"chg:{change.pk}:{change.sk}:{change.event_name}:{digest}"
-        await self.publish(change_subject(change.entity), event, msg_id=msg_id)
 
     async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
         """Build the service's parts; what it registers on ``stack`` is closed first on stop."""

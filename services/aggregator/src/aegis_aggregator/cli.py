@@ -3,7 +3,8 @@
 Runs the same code as the service, for every window in ``[--from, --to)`` (aligned to 5 minutes),
 without claims: an operator's re-run rewrites the same keys. Windows older than HISTORY#STATE
 holds are read from the state_snapshot objects, so any range can be rewritten. ObjectCreated
-events are published (``--no-events`` to skip). Exit codes: :mod:`aegis_cli.exitcodes`.
+events and the change events of the windows written are published as the service's are
+(``--no-events`` to skip both). Exit codes: :mod:`aegis_cli.exitcodes`.
 
 Import-light: ``aegis --help`` imports this module, so the SDKs are imported in the command.
 """
@@ -43,7 +44,7 @@ def aggregate(
         list[str] | None, typer.Option("--factory", help="Only this factory (repeatable).")
     ] = None,
     no_events: Annotated[
-        bool, typer.Option("--no-events", help="Do not publish ObjectCreated events.")
+        bool, typer.Option("--no-events", help="Do not publish ObjectCreated or change events.")
     ] = False,
     json_output: Annotated[
         bool,
@@ -108,6 +109,7 @@ async def _run(
         ensure_deployed_streams,
         publish,
     )
+    from aegis_runtime.service import change_sink  # noqa: PLC0415
     from aegis_storage.clients import open_clients  # noqa: PLC0415
     from aegis_storage.readmodel import ReadModel  # noqa: PLC0415
     from aegis_storage.s3 import ObjectStore  # noqa: PLC0415
@@ -123,7 +125,9 @@ async def _run(
             await connect_broker(broker, s)
             await ensure_deployed_streams(broker, s)
         async with open_clients(s.aws()) as clients:
-            readmodel = ReadModel(clients.dynamodb, s.table)
+            # its windows and cleared late-data markers are announced as the service's are
+            changes = None if broker is None else change_sink(broker, s)
+            readmodel = ReadModel(clients.dynamodb, s.table, changes=changes)
             agg = Aggregator(
                 readmodel=readmodel,
                 store=ObjectStore(clients.s3, s.bucket),
