@@ -25,10 +25,13 @@ from aiobotocore.session import get_session
 
 from aegis_aggregator.aggregate import JOB as AGGREGATE_JOB
 from aegis_aggregator.aggregate import Aggregator, Source
+from aegis_contracts import keys
 from aegis_contracts.keys import raw_metadata_key
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port, start_moto_server
 from aegis_devstack.testing.infra import load_render
+from aegis_orchestrator.expiry import READER, ExpiryAnnouncer
+from aegis_runtime.metrics import Metrics
 from aegis_storage.bootstrap import (
     bootstrap,
     describe_foundation,
@@ -549,6 +552,56 @@ async def test_orchestrator(as_service):
     await denied(me.store.get_bytes(PROCESSED))
     await denied(me.store.put_bytes(REPORT, b"#"))
     await denied(me.readmodel.factory_latest_items())  # the fleet is none of its business
+
+
+async def test_the_orchestrator_reads_the_table_stream_for_expiries(
+    as_service, iam_endpoint, credentials
+):
+    """The expiry announcer under the orchestrator's policy: the stream's shards and records,
+    its lease and checkpoint (``STREAM#orch-expiry``); a role without the stream's actions is
+    refused them."""
+    me = await as_service("orchestrator")
+    async with AsyncExitStack() as stack:
+
+        async def streams_of(service: str) -> Any:
+            key, secret = credentials[service]
+            return await stack.enter_async_context(
+                get_session().create_client(
+                    "dynamodbstreams",
+                    region_name=REGION,
+                    endpoint_url=iam_endpoint,
+                    aws_access_key_id=key,
+                    aws_secret_access_key=secret,
+                )
+            )
+
+        announced: list[str] = []
+
+        async def publish(subject: str, event: Any, *, msg_id: str) -> bool:
+            announced.append(subject)
+            return False
+
+        reader = ExpiryAnnouncer(
+            dynamodb=me.clients.dynamodb,
+            streams=await streams_of("orchestrator"),
+            table=TABLE,
+            publish=publish,
+            producer="orchestrator",
+            owner="replica-1",
+            clock=lambda: NOW,
+            metrics=Metrics("orchestrator"),
+        )
+        await reader.poll()
+        assert reader.read._value.get() > 0  # records of the seeded table were read
+        marks = await me.readmodel.partition(keys.stream_reader_pk(READER), now=NOW)
+        assert {str(m["sk"]).split("#")[0] for m in marks} == {"CHECKPOINT", "LEASE"}
+        await reader.close()
+        other = await streams_of("dashboard-api")
+        arn = (await me.clients.dynamodb.describe_table(TableName=TABLE))["Table"][
+            "LatestStreamArn"
+        ]
+        with pytest.raises(Exception, match="AccessDenied"):
+            await other.describe_stream(StreamArn=arn)
 
 
 async def test_dashboard_only_reads(as_service):

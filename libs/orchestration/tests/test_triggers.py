@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from aegis_contracts.subjects import CHANGE_ENTITIES, OBJECT_FAMILIES
+from aegis_contracts.subjects import CHANGE_ENTITIES, EXPIRING_ENTITIES, OBJECT_FAMILIES
 from aegis_orchestration.model import BIZ_SUB_TYPES, Job
 from aegis_orchestration.triggers import (
     TriggerIndex,
@@ -198,7 +198,10 @@ def test_a_delete_of_another_entity_fires_a_bizobject_delete_job() -> None:
     ("overrides", "reason"),
     [
         ({"object_id": "factory_history"}, "no entity whose changes are announced"),
-        ({"object_id": "alert", "trigger_sub_type": "Delete"}, "alert never announces a Delete"),
+        (
+            {"object_id": "cloud_infra", "trigger_sub_type": "Delete"},
+            "cloud_infra never announces a Delete",
+        ),
         ({"object_id": "orch_job", "trigger_sub_type": "Delete"}, "orch_job never announces"),
         ({"trigger_sub_type": "Upsert"}, "none of Insert, Update, Delete"),
         ({"trigger_type": "Component", "object_id": "raw"}, "no object family"),
@@ -218,6 +221,8 @@ def test_every_announced_entity_and_family_is_accepted() -> None:
         for sub, name in BIZ_SUB_TYPES.items():
             if name in names:
                 job("ok", object_id=entity, trigger_sub_type=sub)
+    for entity in EXPIRING_ENTITIES:  # their expiries, where the table's stream is read
+        job("ok", object_id=entity, trigger_sub_type="Delete")
     for family in OBJECT_FAMILIES:
         component("ok", family)
     job("ok", object_id="*", trigger_sub_type="*")

@@ -17,19 +17,20 @@ def make_settings(
 ) -> Callable[..., OrchestratorSettings]:
     """Orchestrator settings on the session's servers and the test's bucket, table and durable
     consumers; no jobs file, schedules ticking once an hour, the local webhook stand-in allowed;
-    ``extra`` settings on top."""
+    ``extra`` settings instead of these."""
 
     def make(**extra: Any) -> OrchestratorSettings:
-        return OrchestratorSettings(
-            nats_url=nats_url,
-            aws_endpoint_url=aws_endpoint,
-            bucket=foundation.bucket,
-            table=foundation.table,
-            orchestrator_durable=f"orch-{unique_id}",
-            orchestrator_jobs_file="",
-            orchestrator_schedule_tick_s=3600,
-            heartbeat_interval_s=60,
-            **({"job_egress_allow": ["127.0.0.1"]} | extra),  # the webhook stand-in: local http
-        )
+        defaults: dict[str, Any] = {
+            "nats_url": nats_url,
+            "aws_endpoint_url": aws_endpoint,
+            "bucket": foundation.bucket,
+            "table": foundation.table,
+            "orchestrator_durable": f"orch-{unique_id}",
+            "orchestrator_jobs_file": "",
+            "orchestrator_schedule_tick_s": 3600,
+            "heartbeat_interval_s": 60,
+            "job_egress_allow": ["127.0.0.1"],  # the webhook stand-in is local http
+        }
+        return OrchestratorSettings(**(defaults | extra))
 
     return make

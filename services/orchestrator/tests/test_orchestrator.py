@@ -927,10 +927,10 @@ async def test_a_registration_naming_what_never_fires_is_refused(
     assert app.store is not None
     text = (
         f"jobs:\n- id: never-{unique_id[:20]}\n  job_name: never\n  trigger_type: BizObject\n"
-        "  object_id: alert\n  trigger_sub_type: Delete\n"
+        "  object_id: cloud_infra\n  trigger_sub_type: Delete\n"
         "  steps: [{id: a, step_type: DUMMY, is_start_point: true}]\n"
     )
-    with pytest.raises(ValueError, match="alert never announces a Delete"):
+    with pytest.raises(ValueError, match="cloud_infra never announces a Delete"):
         load_jobs(text)
     with pytest.raises(ValueError, match="no entity whose changes are announced"):
         biz_job("nowhere", unique_id, object_id="factory_history")

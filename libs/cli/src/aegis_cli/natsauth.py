@@ -9,7 +9,7 @@ JetStream API (``$JS.API.STREAM.PURGE.*``). With them:
 * ``processor`` reads the raw stream and publishes changes and object events; every other writer
   of the read model announces the changes of its own entity only (the aggregator its graph windows
   and late-data markers, the alert dispatcher its alerts, the cloud collector the cloud LATEST,
-  the orchestrator its jobs);
+  the orchestrator its jobs and the expiries of items with a ttl, read from the table's stream);
 * every other service publishes exactly its own events (the aggregator its windows, the reporter
   its reports, the cloud collector its snapshots, the alert dispatcher ``alert_sent``, the
   orchestrator's jobs system events of other kinds); the dashboard publishes nothing;
@@ -38,7 +38,10 @@ import bcrypt
 from aegis_contracts.subjects import (
     CHANGES,
     DEAD_LETTER,
+    EXPIRING_ENTITIES,
+    EXTERNAL_OBJECTS,
     HEARTBEAT,
+    IMAGE_UPLOADS,
     OBJECT_CREATED,
     RAW,
     SYSTEM,
@@ -135,14 +138,20 @@ IDENTITIES: dict[str, Identity] = {
             *_consumes("AEGIS_DLQ"),
         ),
     ),
-    # triggers from changes, object events, system events and raw events; its jobs publish system events (not
-    # another service's); `aegis jobs` announces a changed job, and every replica hears that
-    # announcement on a plain subscription
+    # triggers from changes, object events, system events and raw events; its jobs publish
+    # system events (not another service's); `aegis jobs` announces a changed job, and every
+    # replica hears that announcement on a plain subscription
     "orchestrator": Identity(
         "orchestrator",
         (
             f"{SYSTEM}.>",
             f"{CHANGES}.orch_job",
+            # what DynamoDB expires, announced from the table's stream (aegis_orchestrator.expiry)
+            *(f"{CHANGES}.{entity}" for entity in EXPIRING_ENTITIES),
+            # objects only S3's notifications report (aegis_orchestrator.s3events): these two
+            # families only, so it cannot forge an object another service announces
+            f"{OBJECT_CREATED}.{IMAGE_UPLOADS}",
+            f"{OBJECT_CREATED}.{EXTERNAL_OBJECTS}",
             *_own("orchestrator"),
             *_consumes("AEGIS_EVENTS"),
             *_consumes("AEGIS_RAW"),

@@ -62,6 +62,9 @@ class ChangeEvent(_Event):
     at: Timestamp
     # made by a replayed message: alerts and triggers ignore it
     replayed: bool = False
+    # a REMOVE no writer made: DynamoDB deleted the item once its ``ttl`` passed, and the
+    # orchestrator announced it from the table's stream (``producer`` is the orchestrator)
+    expired: bool = False
 
 
 class SystemEvent(_Event):

@@ -628,6 +628,32 @@ def orchestration_input_key(job_id: str, started_at: datetime, execution_id: str
     )
 
 
+# The readers of the table's own stream (the orchestrator's TTL-expiry announcer): under
+# ``STREAM#{reader}``, per stream shard, the last record handled (``CHECKPOINT#{shard}``) and the
+# lease of the one replica reading that shard (``LEASE#{shard}``). Shard ids are unique across a
+# table's streams, so a re-enabled stream starts its shards afresh.
+STREAM_PK_PREFIX = "STREAM#"
+STREAM_CHECKPOINT_PREFIX = "CHECKPOINT#"
+STREAM_LEASE_PREFIX = "LEASE#"
+_SHARD_ID = re.compile(r"[A-Za-z0-9_.-]{1,65}")
+
+
+def stream_reader_pk(reader: str) -> str:
+    """``STREAM#{reader}``: the bookkeeping of one reader of the table's stream."""
+    return f"{STREAM_PK_PREFIX}{_word(re.compile(r'[a-z][a-z0-9_-]{0,47}'), reader, 'reader')}"
+
+
+def stream_checkpoint_sk(shard_id: str) -> str:
+    """``CHECKPOINT#{shard_id}``: the sequence number of the shard's last record handled, and
+    whether the shard (a closed one) was read to its end."""
+    return f"{STREAM_CHECKPOINT_PREFIX}{_word(_SHARD_ID, shard_id, 'shard_id')}"
+
+
+def stream_lease_sk(shard_id: str) -> str:
+    """``LEASE#{shard_id}``: the replica reading the shard, until its lease runs out."""
+    return f"{STREAM_LEASE_PREFIX}{_word(_SHARD_ID, shard_id, 'shard_id')}"
+
+
 def change_entity(pk: str, sk: str) -> str | None:  # noqa: PLR0911 - one return per entity
     """The entity of ``aegis.changes.{entity}`` an item's change is announced as, or None for
     items nobody announces (histories, claims, leases, execution logs, alert bookkeeping)."""

@@ -27,13 +27,19 @@ DEAD_LETTER = f"{ROOT}.dlq"
 HEARTBEAT = f"{ROOT}.heartbeat"
 
 
+# objects that S3's event notifications alone report (the orchestrator's S3 bridge): a device's
+# image upload under image_snapshot/, and a key outside the contract's layout
+IMAGE_UPLOADS = "image_upload"
+EXTERNAL_OBJECTS = "external"
 # the families of ``aegis.objects.created.{family}``: the processed datasets, the aggregator's
-# 5-minute windows, the reporter's reports, the cloud collectors' snapshots
+# 5-minute windows, the reporter's reports, the cloud collectors' snapshots, and the two above
 OBJECT_FAMILIES: tuple[str, ...] = (
     *(d.value for d in Dataset),
     "metrics_5m",
     "reports",
     CLOUD_INFRA,
+    IMAGE_UPLOADS,
+    EXTERNAL_OBJECTS,
 )
 
 # the entities of ``aegis.changes.{entity}`` and the changes their writers announce (the table
@@ -52,6 +58,12 @@ CHANGE_ENTITIES: dict[str, tuple[str, ...]] = {
     # a registered job (``JOB#registry`` / ``JOB#{id}``); ``aegis jobs delete`` is a soft delete
     "orch_job": ("INSERT", "MODIFY"),
 }
+
+
+# the entities whose items carry a ``ttl`` (late-data markers, graph windows, alert states):
+# where the table's stream reports DynamoDB's own deletes of expired items, the orchestrator
+# announces those as REMOVE changes marked ``expired`` (aegis_orchestrator.expiry)
+EXPIRING_ENTITIES: tuple[str, ...] = ("factory_late", "graph_5m", "alert")
 
 
 def raw_subject(factory_id: str, source_type: SourceType | str) -> str:

@@ -600,6 +600,12 @@ def _authorize_dynamodb(request: Any, resource: str, check: _Check) -> None:
     context: dict[str, list[str]] = {}
     if body.get("ResourceArn"):  # tags: authorized on the tagged table
         resource = str(body["ResourceArn"])
+    elif body.get("StreamArn"):  # DescribeStream, GetShardIterator: on the stream
+        resource = str(body["StreamArn"])
+    elif body.get("ShardIterator"):
+        # GetRecords: AWS authorizes it on the iterator's stream; moto's iterators begin with
+        # that stream's ARN (``{stream_arn}|1|{id}``)
+        resource = str(body["ShardIterator"]).split("|", 1)[0]
     elif body.get("TableName"):
         resource = table_arn + body["TableName"]
         context = motopolicy.dynamodb_context(body, hash_key(body["TableName"]))

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from aegis_contracts.subjects import CHANGE_ENTITIES, OBJECT_FAMILIES
+from aegis_contracts.subjects import CHANGE_ENTITIES, EXPIRING_ENTITIES, OBJECT_FAMILIES
 from aegis_orchestration.dsl import ConditionSyntaxError, canonical, parse
 
 ID_PATTERN = r"^[a-z][a-z0-9_-]{0,47}$"
@@ -399,6 +399,16 @@ def _step_problems(  # noqa: PLR0912
     return problems
 
 
+def _announced(entity: str) -> tuple[str, ...]:
+    """The changes of ``entity`` some event carries: its writers', and REMOVE for an entity
+    whose items expire by ttl (announced where the orchestrator reads the table's stream,
+    ``AEGIS_ORCHESTRATOR_EXPIRY_STREAM``)."""
+    written = CHANGE_ENTITIES[entity]
+    if entity in EXPIRING_ENTITIES and "REMOVE" not in written:
+        return (*written, "REMOVE")
+    return written
+
+
 def _never_fires(job: Job) -> list[str]:
     """A BizObject or Component trigger naming what no event ever carries: refused, since such a
     job would sit registered and silent."""
@@ -414,11 +424,12 @@ def _never_fires(job: Job) -> list[str]:
                 f"a BizObject job's trigger_sub_type {sub!r} is none of "
                 f"{', '.join(BIZ_SUB_TYPES)} (or *)"
             ]
-        if obj != "*" and sub != "*" and BIZ_SUB_TYPES[sub] not in CHANGE_ENTITIES[obj]:
-            made = ", ".join(k for k, v in BIZ_SUB_TYPES.items() if v in CHANGE_ENTITIES[obj])
+        announced = _announced(obj) if obj != "*" else ()
+        if obj != "*" and sub != "*" and BIZ_SUB_TYPES[sub] not in announced:
+            made = ", ".join(k for k, v in BIZ_SUB_TYPES.items() if v in announced)
             return [
-                f"{obj} never announces a {sub} (only {made}: its items are not deleted by a "
-                "writer; expiry by ttl is not announced)"
+                f"{obj} never announces a {sub} (only {made}: its items are neither deleted by "
+                "a writer nor expire by ttl)"
             ]
     if job.trigger_type is TriggerType.COMPONENT:
         if obj != "*" and obj not in OBJECT_FAMILIES:

@@ -8,7 +8,8 @@ registered with ``*`` for object or sub type), each with its condition compiled 
 
 - BizObject: a read-model change (``ChangeEvent``): object = entity (``factory_latest``,
   ``alert``, ... :data:`aegis_contracts.subjects.CHANGE_ENTITIES`), sub type Insert/Update/Delete,
-  data ``{table, pk, sk, beforeData, afterData, at}``.
+  data ``{table, pk, sk, beforeData, afterData, at}`` (plus ``expired: true`` for a Delete of
+  an item whose ttl passed, announced from the table's stream).
 - Platform: a device message (``RawArchived``): object = source type, sub type ``Insert``, data the
   event plus ``payload`` when the message is small JSON.
 - Automation: a system event: object = its producer (``alert-dispatcher``), sub type = its kind
@@ -61,6 +62,8 @@ def biz_object_trigger(change: Mapping[str, Any], entity: str) -> Trigger:
             "beforeData": change.get("old_image"),
             "afterData": change.get("new_image"),
             "at": change.get("at"),
+            # a delete by DynamoDB's TTL process, not by a writer (only then present)
+            **({"expired": True} if change.get("expired") is True else {}),
         },
         replayed=change.get("replayed") is True,
     )

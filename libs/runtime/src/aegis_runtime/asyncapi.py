@@ -31,7 +31,9 @@ from aegis_contracts.ids import FACTORY_ID_PATTERN, SourceType
 from aegis_contracts.keys import CLOUD_INFRA, Dataset
 from aegis_contracts.subjects import (
     DEAD_LETTER,
+    EXTERNAL_OBJECTS,
     HEARTBEAT,
+    IMAGE_UPLOADS,
     OBJECT_CREATED,
     RAW,
     STREAMS,
@@ -105,6 +107,12 @@ _ALERTS_CONSUMER = Use(
 )
 _FEED = "dashboard-api"
 _TRIGGERS = "orchestrator"
+# the orchestrator announcing what DynamoDB expired (aegis_orchestrator.expiry)
+_EXPIRIES = Use(
+    _TRIGGERS,
+    "Each item DynamoDB deleted by its ttl, read from the table's stream (REMOVE, `expired`; "
+    "with AEGIS_ORCHESTRATOR_EXPIRY_STREAM).",
+)
 # the orchestrator's trigger consumers, each reading several channels
 _ON_CHANGES = Use(
     _TRIGGERS,
@@ -181,6 +189,40 @@ CHANNELS: tuple[Channel, ...] = (
         senders=(Use("processor", "After each processed object is written."),),
         readers=(_ALERTS_CONSUMER, _ON_OBJECTS),
     ),
+    *(
+        Channel(
+            id=f"s3Reported{name}",
+            address=object_created_subject(family),
+            title=title,
+            description=(
+                f"{what}, reported by S3's event notifications and written by no service of the "
+                "platform; producer `s3`."
+            ),
+            message=ObjectCreated,
+            senders=(
+                Use(
+                    "orchestrator",
+                    "For each such record of the S3 events queue "
+                    "(AEGIS_ORCHESTRATOR_S3_EVENTS_QUEUE_URL).",
+                ),
+            ),
+            readers=(_ALERTS_CONSUMER, _ON_OBJECTS),
+        )
+        for name, family, title, what in (
+            (
+                "ImageUploads",
+                IMAGE_UPLOADS,
+                "Image uploads",
+                "A device's image uploaded under image_snapshot/",
+            ),
+            (
+                "ExternalObjects",
+                EXTERNAL_OBJECTS,
+                "External objects",
+                "An object outside the layout",
+            ),
+        )
+    ),
     Channel(
         id="metricsWindows",
         address=object_created_subject("metrics_5m"),
@@ -244,13 +286,14 @@ CHANNELS: tuple[Channel, ...] = (
         title="Changes of a late-data marker",
         description=(
             "A factory-hour got processed objects after its windows were folded (INSERT, MODIFY "
-            "for each further late object), and was folded again (REMOVE): "
-            "`FACTORY#{factory_id}` / `LATE#{hour}`."
+            "for each further late object), and was folded again (REMOVE), or expired (REMOVE "
+            "with `expired`): `FACTORY#{factory_id}` / `LATE#{hour}`."
         ),
         message=ChangeEvent,
         senders=(
             Use("processor", "Each late object it marks."),
             Use("aggregator", "Each marker it clears once the hour is folded again."),
+            _EXPIRIES,
         ),
         readers=(_ON_CHANGES,),
     ),
@@ -260,10 +303,11 @@ CHANNELS: tuple[Channel, ...] = (
         title="Changes of a graph window",
         description=(
             "A factory's 5-minute graph window in the read model: `FACTORY#{factory_id}` / "
-            "`GRAPH#5M#{start}`, written (INSERT) and rewritten with late data (MODIFY)."
+            "`GRAPH#5M#{start}`, written (INSERT) and rewritten with late data (MODIFY); "
+            "REMOVE with `expired` once DynamoDB deleted it by its ttl."
         ),
         message=ChangeEvent,
-        senders=(Use("aggregator", "Each graph window the service writes."),),
+        senders=(Use("aggregator", "Each graph window the service writes."), _EXPIRIES),
         readers=(_ON_CHANGES,),
     ),
     Channel(
@@ -273,10 +317,11 @@ CHANNELS: tuple[Channel, ...] = (
         description=(
             "An alert's state: `ALERT#{scope}` / `{severity}#{reason}#{status}`, claimed, fired, "
             "resolved, settled (old and new images; the old one is absent only when a "
-            "transaction wrote it without it)."
+            "transaction wrote it without it); REMOVE with `expired` once DynamoDB deleted it "
+            "by its ttl."
         ),
         message=ChangeEvent,
-        senders=(Use("alert-dispatcher", "Each change of an alert's state."),),
+        senders=(Use("alert-dispatcher", "Each change of an alert's state."), _EXPIRIES),
         readers=(_ON_CHANGES,),
     ),
     Channel(

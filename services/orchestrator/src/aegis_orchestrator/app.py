@@ -43,13 +43,15 @@ from aegis_orchestration.triggers import (
 )
 from aegis_orchestration.yamlio import load_jobs
 from aegis_orchestrator.egress import EGRESS_ALLOW_VAR, EgressPolicy, guarded_session
+from aegis_orchestrator.expiry import ExpiryAnnouncer
 from aegis_orchestrator.runner import Runner
+from aegis_orchestrator.s3events import INVALID, Bridge
 from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.stepfunctions import Launcher
 from aegis_orchestrator.store import DuplicateJob, JobStore
 from aegis_orchestrator.tasks import Tasks
 from aegis_runtime import logging as aegis_logging
-from aegis_runtime.broker import current_subject, delivery, durable_pull
+from aegis_runtime.broker import current_subject, dead_letter, delivery, durable_pull
 from aegis_runtime.heartbeat import instance_id
 from aegis_runtime.lifecycle import run_service, start_background
 from aegis_runtime.service import ServiceApp
@@ -126,12 +128,19 @@ class OrchestratorApp(ServiceApp):
             "Jobs a trigger of their key reached but did not start (condition false, replayed).",
             ("job",),
         )
+        self.s3_events = self.metrics.counter(
+            "orchestrator_s3_events_total",
+            "S3 event notification records by outcome (announced, announced_by_writer, invalid).",
+            ("outcome",),
+        )
         self.owner = instance_id()
         self.index = TriggerIndex()
         self.store: JobStore | None = None
         self.runner: Runner | None = None
         # the stepfunctions engine: executions start on Step Functions instead of the runner
         self.launcher: Launcher | None = None
+        # the TTL-expiry announcer (orchestrator_expiry_stream)
+        self.expiry: ExpiryAnnouncer | None = None
         self._checked: dict[str, datetime] = {}
         # per schedule job, fires claimed but not recorded yet (here or elsewhere)
         self._unfinished: dict[str, set[datetime]] = {}
@@ -316,6 +325,17 @@ class OrchestratorApp(ServiceApp):
         await readmodel.finish_window(claim, fire, owner=self.owner, now=now)
         return True
 
+    async def _s3_event_dead_letter(self, body: bytes, detail: str, message_id: str) -> None:
+        await dead_letter(
+            self.broker,
+            service=self.settings.service,
+            reason=INVALID,
+            payload=body,
+            detail=detail,
+            subject=self.settings.orchestrator_s3_events_queue_url,
+            message_id=message_id or None,
+        )
+
     async def resume_abandoned(self) -> list[str]:
         """Resume the executions whose replica stopped renewing their lease; returns their ids."""
         if self.runner is None or self.store is None:
@@ -412,6 +432,17 @@ class OrchestratorApp(ServiceApp):
                 log_ttl=timedelta(days=s.orchestrator_log_ttl_days),
             )
             stack.callback(setattr, self, "launcher", None)
+        if s.orchestrator_s3_events_queue_url:
+            sqs = await stack.enter_async_context(open_client("sqs", s.aws()))
+            bridge = Bridge(
+                sqs,
+                s.orchestrator_s3_events_queue_url,
+                publish=self.publish,
+                dead_letter=self._s3_event_dead_letter,
+                counter=self.s3_events,
+                wait_s=s.orchestrator_s3_events_wait_s,
+            )
+            start_background(stack, bridge.run, "orchestrator-s3-events")
         # on stop, executions still going are handed over (their leases expired at once) to the
         # other replicas: a deploy does not wait out a WAIT, nor lose it
         stack.push_async_callback(self.runner.drain, s.orchestrator_drain_s)
@@ -433,7 +464,32 @@ class OrchestratorApp(ServiceApp):
             every(s.orchestrator_resume_scan_s, self.resume_abandoned, "resume_scan_failed"),
             "orchestrator-resume",
         )
+        if s.orchestrator_expiry_stream:
+            await self._start_expiry(stack, clients)
         log.info("orchestrator_started", jobs=count, owner=self.owner)
+
+    async def _start_expiry(self, stack: AsyncExitStack, clients: AwsClients) -> None:
+        """Announce the items DynamoDB expires, read from the table's stream (a background loop;
+        on stop, the shards this replica reads are handed back at once)."""
+        s = self.settings
+        streams = await stack.enter_async_context(open_client("dynamodbstreams", s.aws()))
+        self.expiry = ExpiryAnnouncer(
+            dynamodb=clients.dynamodb,
+            streams=streams,
+            table=s.table,
+            publish=self.publish,
+            producer=s.service,
+            owner=self.owner,
+            clock=self.clock,
+            metrics=self.metrics,
+            lease=timedelta(seconds=s.orchestrator_expiry_lease_s),
+        )
+        stack.push_async_callback(self.expiry.close)
+        start_background(
+            stack,
+            every(s.orchestrator_expiry_poll_s, self.expiry.poll, "expiry_poll_failed"),
+            "orchestrator-expiry",
+        )
 
 
 def main() -> None:

@@ -129,6 +129,41 @@ class OrchestratorSettings(AegisSettings):
         "(`arn:aws:states:REGION:ACCOUNT:stateMachine:aegis-job-`; the template of `aegis jobs "
         "export-sfn` outputs it as StateMachineArnPrefix).",
     )
+    orchestrator_expiry_stream: bool = Field(
+        default=False,
+        description="Read the table's DynamoDB stream and announce the items DynamoDB deleted "
+        "once their `ttl` passed as REMOVE changes (`expired: true`), so BizObject Delete jobs "
+        "fire for expiries too. Turn it on where DynamoDB expires items (AWS); the local "
+        "emulator never does. Needs dynamodb:DescribeStream, GetShardIterator and GetRecords "
+        "on the table's stream.",
+    )
+    orchestrator_expiry_poll_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="With `orchestrator_expiry_stream`: seconds between two reads of the "
+        "table's stream (an expiry is announced within about this much of its stream record).",
+    )
+    orchestrator_expiry_lease_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="With `orchestrator_expiry_stream`: one replica reads each stream shard, "
+        "renewing its lease while it does; once the lease runs out (seconds) another replica "
+        "takes the shard over.",
+    )
+    orchestrator_s3_events_queue_url: str = Field(
+        default="",
+        description="An SQS queue of the bucket's S3 event notifications (direct, through SNS, "
+        "or from an EventBridge rule): each replica announces the objects it reports that the "
+        "platform did not write itself (device image uploads as `image_upload`, keys outside "
+        "the layout as `external`) for Component jobs. Empty: none.",
+    )
+    orchestrator_s3_events_wait_s: int = Field(
+        default=20,
+        ge=1,
+        le=20,
+        description="Seconds one ReceiveMessage of the S3 events queue waits for messages "
+        "(SQS long polling, at most 20).",
+    )
     orchestrator_batch_size: int = Field(
         default=16,
         ge=1,
