@@ -5,15 +5,19 @@ Invoke API, served from this process as a Lambda runtime serves a function; the 
 the job from the read model and calls the webhook stand-in, NATS and DynamoDB. The same job on
 the same trigger is run by the built-in engine, and both must reach the same context.
 
-Also: the function refuses what no exported machine sends, and the orchestrator's
-``stepfunctions`` engine starts one execution per trigger however often it is delivered."""
+Also: the function refuses what no exported machine sends; the orchestrator's ``stepfunctions``
+engine starts one execution per trigger however often it is delivered; and the whole path from
+the template of ``aegis jobs export-sfn``, deployed by the emulator's CloudFormation, to a
+finished execution fired by a change event."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import urllib.request
+import zipfile
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +39,7 @@ from aegis_orchestration.yamlio import load_jobs
 from aegis_orchestrator.app import OrchestratorApp
 from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.sfn_task import Container, open_function
+from aegis_orchestrator.sfn_template import render
 from aegis_orchestrator.store import JobStore
 from aegis_runtime import natsio
 from aegis_runtime.broker import command_broker, ensure_streams
@@ -307,3 +312,104 @@ async def test_the_stepfunctions_engine_starts_one_execution_per_trigger(
         ]
     finally:
         await app.stop()
+
+
+async def test_from_the_template_to_a_finished_execution(
+    sfn: Any,
+    aws_endpoint: str,
+    foundation: Foundation,
+    unique_id: str,
+    webhook: FakeWebhook,
+    make_settings: Callable[..., OrchestratorSettings],
+) -> None:
+    """The whole path on the emulator: the template `aegis jobs export-sfn` writes, deployed by
+    its CloudFormation; the orchestrator in the stepfunctions engine with the template's
+    StateMachineArnPrefix; a change event fires the job, the deployed state machine runs, its
+    Task invokes the deployed function (its code served from this process) and the call
+    reaches the webhook."""
+    factory = f"f-{unique_id}"[:40].lower()
+    [job] = load_jobs(
+        f"""
+jobs:
+  - id: {f"hook-{unique_id}"[:48].lower()}
+    job_name: call the hook when {factory} turns CRITICAL
+    trigger_type: BizObject
+    object_id: factory_latest
+    trigger_sub_type: Update
+    trigger_condition_expr: 'StringEQ([$.afterData.factory_id], "{factory}")'
+    steps:
+      - {{id: call, step_type: TASK, step_sub_type: HTTP_WEBHOOK, is_start_point: true}}
+    params:
+      - {{id: call_url, step_id: call, param_key: url, source_type: ENVIRONMENT,
+         param_value: '${{AEGIS_JOB_HOOK_URL}}/{factory}', is_required: true}}
+      - {{id: call_body, step_id: call, param_key: body, data_type: OBJECT}}
+      - {{id: call_level, step_id: call, parent_param_id: call_body, param_key: level,
+         source_type: TRIGGER_DATA, ref_path: $.afterData.risk.level}}
+"""
+    )
+    store = JobStore(foundation.readmodel, utc_now)
+    job = await store.register(job)
+    env = {"AEGIS_JOB_HOOK_URL": webhook.url}
+    function, role = f"task-{unique_id}", f"orch-{unique_id}"
+    template = render([job], function_name=function, state_machine_prefix=f"{unique_id}-")
+    cfg = AwsConfig(endpoint_url=aws_endpoint)
+    code = io.BytesIO()
+    with zipfile.ZipFile(code, "w") as z:  # what make lambda builds: its handler is served here
+        z.writestr("aegis_orchestrator/sfn_task.py", "def handler(event, context): ...\n")
+    async with open_client("iam", cfg) as iam, open_client("cloudformation", cfg) as cfn:
+        await iam.create_role(RoleName=role, AssumeRolePolicyDocument="{}")
+        await foundation.clients.s3.put_object(
+            Bucket=foundation.bucket, Key="code/task.zip", Body=code.getvalue()
+        )
+        parameters = {
+            "CodeBucket": foundation.bucket,
+            "CodeKey": "code/task.zip",
+            "OrchestratorRoleName": role,
+            "TableName": foundation.table,
+        }
+        await cfn.create_stack(
+            StackName=f"aegis-jobs-{unique_id}",
+            TemplateBody=json.dumps(template),
+            Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
+            Capabilities=["CAPABILITY_IAM"],
+        )
+        stack = (await cfn.describe_stacks(StackName=f"aegis-jobs-{unique_id}"))["Stacks"][0]
+    assert stack["StackStatus"] == "CREATE_COMPLETE", stack
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}
+
+    container = Container(make_settings, env)
+    app = OrchestratorApp(
+        make_settings(
+            orchestrator_engine="stepfunctions",
+            orchestrator_state_machine_arn_prefix=outputs["StateMachineArnPrefix"],
+        ),
+        environment={},
+    )
+    try:
+        async with lambda_runtime(container.invoke) as runtime:
+            await register_lambda(aws_endpoint, outputs["TaskFunctionArn"], runtime.url)
+            await app.start()
+            await app.refresh()
+            change_event = {
+                "table": foundation.table,
+                "pk": f"FACTORY#{factory}",
+                "sk": "LATEST",
+                "event_name": "MODIFY",
+                "old_image": {"factory_id": factory, "risk": {"level": "WARNING"}},
+                "new_image": {"factory_id": factory, "risk": {"level": "CRITICAL"}},
+                "producer": "processor",
+                "at": "2026-12-01T00:00:00Z",
+            }
+            fired = await app.handle(biz_object_trigger(change_event, "factory_latest"))
+            assert [j.id for j in fired] == [job.id]
+            [run] = await store.executions(job.id)
+            result = await finished(sfn, run["execution_arn"])
+            assert result["status"] == "SUCCEEDED", result
+            assert [e["step_id"] for e in runtime.events] == ["call"]
+    finally:
+        await app.stop()
+        await asyncio.to_thread(container.close)
+    assert [(r.path, r.body) for r in webhook.requests] == [
+        (f"/hook/{factory}", {"level": "CRITICAL"})
+    ]
+    assert json.loads(result["output"])["steps"]["call"]["status"] == 200

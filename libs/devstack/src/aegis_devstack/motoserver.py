@@ -60,6 +60,11 @@ becomes the Task's Error as on AWS. The invocation is forwarded outside the requ
 function's code calls this emulator in turn), is counted as ``lambda`` / ``Invoke``, waits
 ``AEGIS_MOTO_LATENCY_MS`` like any request, and is not authorized even with IAM enforcement on
 (moto's interpreter signs with made-up keys). Other functions are moto's, as before.
+
+State machines a CloudFormation stack declares are made where the Step Functions API finds them:
+moto keeps two Step Functions backends (the interpreter's when ``execute_state_machine`` is on,
+the plain one otherwise) and its CloudFormation always writes to the plain one, so a deployed
+machine was invisible, and could not be started, once executions were switched on.
 """
 
 from __future__ import annotations
@@ -534,6 +539,27 @@ def honour_copy_if_none_match() -> None:
     S3Response.copy_object = conditional_copy_object  # type: ignore[method-assign]
 
 
+def route_cloudformation_state_machines() -> None:
+    """CloudFormation's ``AWS::StepFunctions::StateMachine`` into the backend the API uses (see
+    the module docstring): the models module's own backend lookups go through moto's
+    ``get_backend``, which picks by the configuration at the time of the call."""
+    from moto.stepfunctions import models  # noqa: PLC0415
+    from moto.stepfunctions.responses import get_backend  # noqa: PLC0415
+
+    class _Account:
+        def __init__(self, account: str) -> None:
+            self.account = account
+
+        def __getitem__(self, region: str) -> Any:
+            return get_backend(self.account, region)
+
+    class _Configured:
+        def __getitem__(self, account: str) -> _Account:
+            return _Account(account)
+
+    models.stepfunctions_backends = _Configured()  # type: ignore[assignment]
+
+
 def authorize_like_aws() -> None:
     from moto.iam.access_control import IAMPolicyStatement, IAMRequestBase  # noqa: PLC0415
     from moto.s3.models import FakeBucket  # noqa: PLC0415
@@ -679,6 +705,7 @@ def main(argv: list[str] | None = None) -> None:
     gc.set_threshold(700, 10, 1_000_000)
     serialize_requests(float(os.environ.get(LATENCY_ENV, "0")) / 1000)
     honour_copy_if_none_match()
+    route_cloudformation_state_machines()
     authorize_like_aws()
     moto_main(argv if argv is not None else sys.argv[1:])
 
