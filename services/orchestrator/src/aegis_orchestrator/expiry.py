@@ -26,11 +26,11 @@ every REMOVE instead of only TTL ones).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+import structlog
 from botocore.exceptions import ClientError
 
 from aegis_contracts import keys
@@ -41,7 +41,7 @@ from aegis_runtime.metrics import Metrics
 from aegis_storage.errors import Conflict, error_code, translated
 from aegis_storage.readmodel import ReadModel, from_attributes, to_attributes
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 # the reader of ``STREAM#{reader}``: the orchestrator's IAM policy lets it write ``STREAM#orch-*``
 READER = "orch-expiry"
@@ -181,7 +181,7 @@ class ExpiryAnnouncer:
             except Exception:
                 # from the checkpoint again next round: what was published is a duplicate then
                 self._iterators.pop(shard_id, None)
-                log.exception("expiry_shard_failed shard=%s", shard_id)
+                log.exception("expiry_shard_failed", shard=shard_id)
                 caught_up = False
                 continue
             announced += count
@@ -202,7 +202,7 @@ class ExpiryAnnouncer:
                     self.pk, keys.stream_lease_sk(shard_id), owner=self.owner
                 )
             except Exception:
-                log.warning("expiry_lease_release_failed shard=%s", shard_id, exc_info=True)
+                log.warning("expiry_lease_release_failed", shard=shard_id, exc_info=True)
             self._forget(shard_id)
 
     # -- the stream ---------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ class ExpiryAnnouncer:
                 desc = await self._ddb.describe_table(TableName=self.table)
             self._arn = desc["Table"].get("LatestStreamArn")
             if self._arn is None:
-                log.warning("expiry_no_stream table=%s", self.table)
+                log.warning("expiry_no_stream", table=self.table)
         return self._arn
 
     async def _shards(self, arn: str) -> list[dict[str, Any]]:
@@ -244,7 +244,7 @@ class ExpiryAnnouncer:
             if after is None or error_code(err) != "TrimmedDataAccessException":
                 raise
             # the checkpoint is older than the stream keeps: what lay between is lost
-            log.warning("expiry_checkpoint_trimmed shard=%s after=%s", shard_id, after)
+            log.warning("expiry_checkpoint_trimmed", shard=shard_id, after=after)
             return await self._iterator(arn, shard_id, None)
         iterator: str | None = resp.get("ShardIterator")
         return iterator
@@ -302,7 +302,7 @@ class ExpiryAnnouncer:
         sequence = str(body.get("SequenceNumber"))
         if entity is None or entity not in self.entities:
             self.skipped.inc()
-            log.debug("expiry_skipped pk=%s sk=%s entity=%s", pk, sk, entity)
+            log.debug("expiry_skipped", pk=pk, sk=sk, entity=entity)
             return 0
         assert pk is not None and sk is not None
         event = ChangeEvent(
@@ -320,7 +320,7 @@ class ExpiryAnnouncer:
             change_subject(entity), event, msg_id=expiry_msg_id(self.table, shard_id, sequence)
         )
         self.announced.labels(entity=entity).inc()
-        log.info("expiry_announced entity=%s pk=%s sk=%s", entity, pk, sk)
+        log.info("expiry_announced", entity=entity, pk=pk, sk=sk)
         return 1
 
     # -- bookkeeping in the read model ------------------------------------------------------------
@@ -361,7 +361,7 @@ class ExpiryAnnouncer:
                     ExpressionAttributeValues=values,
                 )
         except Conflict:
-            log.info("expiry_checkpoint_behind shard=%s sequence=%s", shard_id, sequence_number)
+            log.info("expiry_checkpoint_behind", shard=shard_id, sequence=sequence_number)
 
     async def _finish(self, shard_id: str) -> None:
         """A closed shard read to its end: its children may be read; its lease is given back."""
@@ -382,7 +382,7 @@ class ExpiryAnnouncer:
                     }
                 ),
             )
-        log.info("expiry_shard_finished shard=%s", shard_id)
+        log.info("expiry_shard_finished", shard=shard_id)
         await self.readmodel.release_lease(
             self.pk, keys.stream_lease_sk(shard_id), owner=self.owner
         )
@@ -408,7 +408,7 @@ class ExpiryAnnouncer:
             self._held[shard_id] = until
             # another replica may have read on meanwhile: from the checkpoint, not a kept iterator
             self._iterators.pop(shard_id, None)
-            log.info("expiry_shard_taken shard=%s owner=%s", shard_id, self.owner)
+            log.info("expiry_shard_taken", shard=shard_id, owner=self.owner)
             return True
         return False
 
