@@ -54,6 +54,7 @@ async def test_the_template_deploys_and_the_bucket_notifies_its_queue(
             Parameters=[
                 {"ParameterKey": "BucketName", "ParameterValue": bucket},
                 {"ParameterKey": "NamePrefix", "ParameterValue": prefix},
+                {"ParameterKey": "OrchestratorRoleName", "ParameterValue": role},
             ],
             Capabilities=["CAPABILITY_NAMED_IAM"],
         )
