@@ -59,6 +59,7 @@ from faststream.nats import (
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.security import NatsSecurity, NatsUserPassword
 
+from aegis_contracts import msgids
 from aegis_contracts.archive import raw_event_msg_id
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import RawArchived
@@ -723,12 +724,6 @@ class DeadLetter(pydantic.BaseModel):
         return self.payload.encode("utf-8")
 
 
-def dead_letter_id(service: str, reason: str, message_id: str, digest: str) -> str:
-    # the same message redelivered is one dead letter; another body or subject under the same id
-    # (a conflict, or two factories that reuse ids) is another
-    return f"dlq:{service}:{reason}:{message_id}:{digest[:16]}"
-
-
 async def dead_letter(
     broker: NatsBroker,
     *,
@@ -765,7 +760,7 @@ async def dead_letter(
         broker,
         dead_letter_subject(service, reason),
         envelope,
-        msg_id=dead_letter_id(service, reason, original, digest),
+        msg_id=msgids.dead_letter(service, reason, original, digest),
     )
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import pydantic
 import structlog
 
+from aegis_contracts import msgids
 from aegis_contracts.events import ChangeEvent
 from aegis_contracts.subjects import change_subject
 from aegis_contracts.times import Clock, utc_now
@@ -69,7 +70,7 @@ async def announce_change(
     digest = hashlib.sha256(
         json.dumps(change.new_image or change.old_image, sort_keys=True, default=str).encode()
     ).hexdigest()[:32]
-    msg_id = f"chg:{change.pk}:{change.sk}:{change.event_name}:{digest}"
+    msg_id = msgids.change(change.pk, change.sk, change.event_name, digest)
     await publish(broker, change_subject(change.entity), event, msg_id=msg_id)
 
 

@@ -46,7 +46,7 @@ import pydantic
 import structlog
 
 from aegis_aggregator.stats import window_stats
-from aegis_contracts import keys
+from aegis_contracts import keys, msgids
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import ObjectCreated
 from aegis_contracts.items import FactoryLatest, Graph5m, HistoryState
@@ -322,7 +322,7 @@ class Aggregator:
             await self.publish(
                 object_created_subject(OBJECT_FAMILY),
                 self.store.created(put, producer=PRODUCER, at=now),
-                msg_id=f"oc:{put.key}:{put.etag}",
+                msg_id=msgids.object_created(put.key, put.etag),
             )
 
     async def fold_late(self, now: datetime) -> list[LateFold]:

@@ -57,7 +57,7 @@ from aegis_alert_dispatcher.decide import (
     decide,
 )
 from aegis_alert_dispatcher.slack import AlertEntry, AlertMessage, Delivery, Undeliverable
-from aegis_contracts import keys
+from aegis_contracts import keys, msgids
 from aegis_contracts.cloud import CloudSnapshot
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import ObjectCreated
@@ -675,7 +675,7 @@ class Dispatcher:
                     "delivered": self.sender is not None,
                     "attempt_id": intent.attempt_id,
                 },
-                f"alert:{intent.pk}:{alert.sk}:{alert.claimed_version}",
+                msgids.alert_sent(intent.pk, alert.sk, alert.claimed_version),
             )
         return "sent" if self.sender is not None else "logged_only"
 

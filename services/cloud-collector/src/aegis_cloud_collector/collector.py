@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from aegis_cloud_collector.domain import failed_check
 from aegis_cloud_collector.settings import Tier
-from aegis_contracts import keys
+from aegis_contracts import keys, msgids
 from aegis_contracts.cloud import CloudCheck, CloudSnapshot
 from aegis_contracts.state import Level
 from aegis_contracts.subjects import object_created_subject
@@ -249,7 +249,7 @@ class Collector:
         await self.publish(
             object_created_subject(keys.CLOUD_INFRA),
             self.store.created(put, producer=PRODUCER, at=snapshot.updated_at),
-            msg_id=f"oc:{key}",
+            msg_id=msgids.object_created(key),
         )
         return overall
 

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import structlog
 from botocore.exceptions import ClientError
 
-from aegis_contracts import keys
+from aegis_contracts import keys, msgids
 from aegis_contracts.events import ChangeEvent
 from aegis_contracts.subjects import EXPIRING_ENTITIES, change_subject
 from aegis_contracts.times import Clock, ensure_utc, format_ts
@@ -87,7 +87,7 @@ def position(sequence_number: str) -> str:
 def expiry_msg_id(table: str, shard_id: str, sequence_number: str) -> str:
     """The ``Nats-Msg-Id`` of a record's announcement: the same record read twice is one message
     (the table too: shard ids are unique within a stream, not across tables)."""
-    return f"exp:{table}:{shard_id}:{sequence_number}"
+    return msgids.expiry(table, shard_id, sequence_number)
 
 
 class ExpiryAnnouncer:

@@ -37,6 +37,7 @@ from urllib.parse import unquote_plus
 
 import structlog
 
+from aegis_contracts import msgids
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import ObjectCreated
 from aegis_contracts.keys import KeyFamily, parse_key
@@ -148,7 +149,9 @@ def _eventbridge(document: dict[str, Any]) -> list[Created]:
 
 
 def msg_id(created: Created) -> str:
-    return f"s3:{created.bucket}/{created.key}:{created.sequencer or created.etag or ''}"
+    return msgids.s3_notification(
+        created.bucket, created.key, created.sequencer or created.etag or ""
+    )
 
 
 class Bridge:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from aegis_contracts import msgids
 from aegis_contracts.events import SystemEvent
 from aegis_contracts.subjects import system_subject
 from aegis_orchestration.engine import Executor
@@ -122,7 +123,7 @@ class Tasks:
                 },
             )
             subject = system_subject(kind)
-            msg_id = f"orch:{idempotency_key(execution_id, key)}"
+            msg_id = msgids.orchestration(idempotency_key(execution_id, key))
             duplicate = await self.publish(subject, event, msg_id=msg_id)
             return {"subject": subject, "duplicate": duplicate}
 

@@ -46,7 +46,7 @@ from typing import Any, Protocol, cast
 
 import structlog
 
-from aegis_contracts import keys
+from aegis_contracts import keys, msgids
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import ChangeEvent, RawArchived
 from aegis_contracts.items import FactoryLatest
@@ -516,7 +516,7 @@ class Processor:
             Outgoing(
                 object_created_subject(_family(put.key)),
                 self.store.created(put, producer=PRODUCER, at=now, replayed=replayed),
-                f"oc:{put.key}",
+                msgids.object_created(put.key),
             )
             for put in created
         ]
@@ -537,7 +537,7 @@ class Processor:
                         at=now,
                         replayed=replayed,
                     ),
-                    f"chg:{pk}:{keys.LATEST_SK}:{new.get('updated_at')}",
+                    msgids.latest_change(pk, keys.LATEST_SK, new.get("updated_at")),
                 )
             )
         await self.publish(events)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import pydantic
 import structlog
 
-from aegis_contracts import keys
+from aegis_contracts import keys, msgids
 from aegis_contracts.cloud import CloudSnapshot
 from aegis_contracts.events import ObjectCreated, SystemEvent
 from aegis_contracts.keys import CLOUD_INFRA_TARGET, CloudTier, ReportArtifact
@@ -348,7 +348,7 @@ class Reporter:
                 producer=PRODUCER,
                 created_at=now,
             ),
-            msg_id=f"oc:{key}:{etag}",
+            msg_id=msgids.object_created(key, etag),
         )
         await self.publish(
             system_subject(EVENT_KIND),
