@@ -6,33 +6,39 @@ a stream, managing streams from a service."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from faststream.nats import NatsBroker
 
 from aegis_alert_dispatcher.app import DispatcherApp
 from aegis_alert_dispatcher.settings import DispatcherSettings
-from aegis_cli.natsauth import server_authorization
+from aegis_cli.natsauth import ADMIN, server_authorization
 from aegis_contracts import keys
 from aegis_contracts.archive import Archive, admit
 from aegis_contracts.events import ObjectCreated, RawArchived
 from aegis_contracts.subjects import STREAMS, change_subject, object_created_subject
 from aegis_contracts.times import format_ts, utc_now
-from aegis_devstack.testing.natsbus import Bus, Connect
+from aegis_devstack.testing.natsbus import PASSWORDS, Bus, Connect, start_bus
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_devstack.testing.webhook import FakeWebhook
 from aegis_processor.app import create_app
 from aegis_processor.settings import ProcessorSettings
+from aegis_runtime import natsio
 from aegis_runtime.broker import (
     PublishFailed,
     StreamSetupFailed,
+    create_broker,
     ensure_streams,
     publish,
     publish_raw_archived,
 )
+from aegis_runtime.service import ConnectionClosed
 
 pytestmark = pytest.mark.integration
 
@@ -192,3 +198,39 @@ async def test_the_alert_path_runs_under_its_own_identities(
             )
     finally:
         await app.stop()
+
+
+async def test_a_service_whose_identity_is_revoked_exits_to_be_started_again(
+    tmp_path: Path, aws_endpoint: str, foundation: Foundation
+) -> None:
+    """nats-py gives a connection up for good when the server refuses it (a rotated password,
+    an identity removed, on a config reload): the service stops and fails, so that its
+    supervisor starts it again, instead of living on unready and deaf."""
+    bus = start_bus(tmp_path)
+    try:
+        admin = create_broker(bus.settings(ADMIN), name="test-admin")
+        await ensure_streams(admin)
+        await natsio.close(admin)
+        app = create_app(
+            ProcessorSettings(
+                **bus.identity("processor"),
+                aws_endpoint_url=aws_endpoint,
+                bucket=foundation.bucket,
+                table=foundation.table,
+            )
+        )
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(app.run(stop))
+        await asyncio.wait_for(app.started.wait(), 20)
+        # the processor's password rotated, the server told to read its config again
+        config = bus.folder / "nats.conf"
+        text = config.read_text()
+        head = text[: text.index("authorization {")]
+        config.write_text(head + server_authorization({**PASSWORDS, "processor": "rotated-pw"}))
+        assert bus.server.process is not None
+        bus.server.process.send_signal(signal.SIGHUP)
+        with pytest.raises(ConnectionClosed, match="Authorization"):
+            await asyncio.wait_for(running, 30)
+        assert app.clients is None  # stopped: its consumers, clients and health server closed
+    finally:
+        bus.server.stop()

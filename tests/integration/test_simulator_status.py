@@ -93,6 +93,10 @@ async def test_status_of_a_missing_table_says_what_to_do(aws_endpoint: str, uniq
     assert "not found" in err and "aegis bootstrap" in err and aws_endpoint in err
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def test_status_watch_refreshes_until_interrupted(
     aws_endpoint: str, foundation: Foundation, unique_id: str
 ) -> None:
@@ -110,6 +114,9 @@ async def test_status_watch_refreshes_until_interrupted(
         "--interval", "0.3",
         env=_env(aws_endpoint, foundation.table), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        # Ctrl-C as on a terminal: a process started in the background by a non-interactive
+        # shell (a CI runner, a test worker) ignores SIGINT, and its children inherit that
+        preexec_fn=_interruptible,
     )  # fmt: skip
     assert proc.stdout is not None
     try:

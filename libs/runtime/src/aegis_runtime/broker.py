@@ -145,8 +145,13 @@ def create_broker(
     metrics: Metrics | None = None,
     retry: RetryPolicy | None = None,
     graceful_timeout: float = 20.0,
+    closed: Callable[[], Awaitable[None]] | None = None,
 ) -> NatsBroker:
     """A NatsBroker for service ``name`` that reconnects forever and settles every message.
+
+    Forever, as long as the server lets it: nats-py gives the connection up for good when the
+    server refuses it (``-ERR 'Authorization Violation'``: a password rotated or an identity
+    removed, a config reload); ``closed`` is called then (and on a close of our own).
 
     ``settings.nats_url`` may list several servers separated by commas. FastStream's own per-message
     lines ("Received", "Processed") go to the stdlib logger ``faststream.aegis`` at DEBUG; the
@@ -166,6 +171,7 @@ def create_broker(
         log_level=logging.DEBUG,
         graceful_timeout=graceful_timeout,
         id_generator=_no_correlation_id,
+        closed_cb=closed,
     )
     provider = tracing.provider_for(settings)
     if provider is not None:  # outermost: the consumer span covers the whole handling

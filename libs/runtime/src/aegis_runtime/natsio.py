@@ -34,6 +34,11 @@ Why each use needs nats-py:
   reconnection running.
 * **JetStream's account info** (:func:`account_info`): the development stack's check that a
   server has JetStream before anything runs on it.
+* **Pacing a consumer on a closed connection** (:func:`pace_closed_fetches`): FastStream's pull
+  consumer fetches again at once when a fetch fails because the connection is closed, and such a
+  fetch fails without ever giving the event loop a turn: once nats-py has given a connection up
+  for good (the server refused it), the consumer would spin at full CPU and starve the process
+  (its stop, its health server). Its subscription's fetch pauses before that failure.
 
 Errors are nats-py's own: :data:`Error` is their base (a nats-py timeout is also a builtin
 ``TimeoutError``); :func:`store_refused` tells JetStream's "store failed" refusal apart.
@@ -271,3 +276,29 @@ async def pull_durable(
         stream=stream,
         config=api.ConsumerConfig(ack_wait=ack_wait, max_deliver=max_deliver),
     )
+
+
+CLOSED_FETCH_PAUSE_S = 1.0
+
+
+def pace_closed_fetches(broker: NatsBroker, pause: float = CLOSED_FETCH_PAUSE_S) -> int:
+    """Make every started pull consumer of ``broker`` wait ``pause`` seconds before a fetch fails
+    for a closed connection (see the module docstring); returns the consumers paced."""
+    paced = 0
+    for subscriber in broker.subscribers:
+        subscription = getattr(subscriber, "subscription", None)
+        fetch = getattr(subscription, "fetch", None)
+        if fetch is None or getattr(fetch, "aegis_paced", False):
+            continue
+
+        async def paced_fetch(*args: Any, _fetch: Any = fetch, **kwargs: Any) -> Any:
+            try:
+                return await _fetch(*args, **kwargs)
+            except nats.errors.ConnectionClosedError:
+                await asyncio.sleep(pause)
+                raise
+
+        paced_fetch.aegis_paced = True  # type: ignore[attr-defined]
+        subscription.fetch = paced_fetch  # type: ignore[union-attr]
+        paced += 1
+    return paced

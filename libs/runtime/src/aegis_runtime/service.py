@@ -23,6 +23,7 @@ from aegis_contracts import msgids
 from aegis_contracts.events import ChangeEvent
 from aegis_contracts.subjects import change_subject
 from aegis_contracts.times import Clock, utc_now
+from aegis_runtime import natsio
 from aegis_runtime.broker import (
     RetryPolicy,
     create_broker,
@@ -89,6 +90,18 @@ def change_sink(
     return sink
 
 
+class ConnectionClosed(RuntimeError):
+    """NATS gave the service's connection up for good (see :meth:`ServiceApp.run`)."""
+
+
+def _last_error(broker: NatsBroker) -> str:
+    try:
+        error = natsio.client(broker).last_error
+    except Exception:  # no connection state to read: the close says enough
+        return "unknown"
+    return repr(error) if error is not None else "none"
+
+
 class ServiceApp:
     """``await start()`` / ``await stop()``, or ``await run(stop_event)`` under run_service."""
 
@@ -112,7 +125,14 @@ class ServiceApp:
             metrics=self.metrics,
             retry=retry,
             graceful_timeout=settings.graceful_timeout_s,
+            closed=self._connection_closed,
         )
+        # set when NATS closed the connection for good while the service runs (see run)
+        self.connection_lost = asyncio.Event()
+        # set once start() has finished (everything up), cleared by stop()
+        self.started = asyncio.Event()
+        self._lost_reason = ""
+        self._stopping = False
         self.health = HealthServer(self.metrics, settings.health_host, settings.health_port)
         self.health.add_check("nats", nats_ready(self.broker))
         self.health.add_check("storage", self.storage_ready)
@@ -157,15 +177,18 @@ class ServiceApp:
             stack.push_async_callback(self.health.stop)
             self.clients = await stack.enter_async_context(open_clients(self.settings.aws()))
             await ensure_deployed_streams(self.broker, self.settings)
-            stack.push_async_callback(self.broker.stop)
+            stack.push_async_callback(self._stop_broker)
             await self.setup(stack, self.clients)
             await self.broker.start()  # the consumers registered in __init__ start pulling
+            natsio.pace_closed_fetches(self.broker)
             if self.background:
                 start_background(stack, self.heartbeat.run, f"{self.settings.service}-heartbeat")
         except BaseException:
             self._stack = None
+            self._stopping = True  # the broker's close is ours
             await stack.aclose()
             raise
+        self.started.set()
         # the effective settings, once: secrets are masked (SecretStr) or redacted (URLs) on output
         log.info(
             "service_started",
@@ -176,14 +199,47 @@ class ServiceApp:
     async def stop(self) -> None:
         """Heartbeat and the parts' tasks first, then the consumers (in-flight messages finish or
         are nacked), the clients and the health server."""
+        self._stopping = True
+        self.started.clear()
         stack, self._stack = self._stack, None
         if stack is not None:
             await stack.aclose()
         self.clients = None
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Start, run until ``stop``, stop. When NATS closes the connection for good meanwhile
+        (it refused the service's identity: nats-py does not reconnect after that), stop and
+        raise :class:`ConnectionClosed`: the process exits non-zero and its supervisor
+        (Kubernetes, ECS, compose) starts it again, with the credentials it is given now, rather
+        than a replica living on unready and deaf."""
+        self._stopping = False
         await self.start()
         try:
-            await stop.wait()
+            stopped = asyncio.ensure_future(stop.wait())
+            lost = asyncio.ensure_future(self.connection_lost.wait())
+            try:
+                await asyncio.wait({stopped, lost}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+                lost.cancel()
         finally:
             await self.stop()
+        if self.connection_lost.is_set() and not stop.is_set():
+            raise ConnectionClosed(self._lost_reason)
+
+    async def _stop_broker(self) -> None:
+        try:
+            await self.broker.stop()
+        except Exception as err:  # an ExceptionGroup of its consumers' unsubscribes, often
+            if not self.connection_lost.is_set():
+                raise
+            # the connection is gone: the consumers cannot unsubscribe, nothing is left to settle
+            log.info("broker_stopped_without_connection", error=repr(err)[:200])
+
+    async def _connection_closed(self) -> None:
+        if self._stopping:
+            return  # our own close
+        error = _last_error(self.broker)
+        self._lost_reason = f"NATS closed the connection for good: {error}"
+        log.error("nats_connection_closed", error=error, service=self.settings.service)
+        self.connection_lost.set()
