@@ -64,9 +64,14 @@ browser: ## Debian's chromium and a Korean font for the page tests (apt-get, as 
 PYTEST_TMP := .pytest-tmp
 TEST_TMP := $(CURDIR)/.test-tmp
 PYTEST_RUN = rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP) && TMPDIR=$(TEST_TMP) $(VENV)/bin/pytest --basetemp=$(PYTEST_TMP)
+# two workers (pytest-xdist; the suite waits on servers more than it computes): each worker
+# starts servers of its own on free ports, and a test file runs on one worker, so its module
+# fixtures are made once. PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
+PYTEST_DIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 test: lint browser $(KUBECTL) ## lint, then the whole suite: unit, integration, e2e against real servers
-	$(PYTEST_RUN); status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
+	$(PYTEST_RUN) $(PYTEST_DIST); status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
 
 unit: $(STAMP) $(KUBECTL) ## only the tests that need no server
 	$(PYTEST_RUN) -m "not integration and not e2e"; status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
