@@ -8,14 +8,11 @@ import json
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import pytest
-from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
 from botocore.exceptions import ClientError
 
 from aegis_devstack.testing.emulator import (
@@ -27,6 +24,7 @@ from aegis_devstack.testing.emulator import (
     unregister_lambda,
 )
 from aegis_devstack.testing.lambdaruntime import LambdaContext, lambda_runtime
+from aegis_storage.clients import AwsConfig, open_client
 
 pytestmark = pytest.mark.integration
 
@@ -56,20 +54,9 @@ class Clients:
 
 @pytest.fixture
 async def clients(emulator: str) -> AsyncIterator[Clients]:
-    session = get_session()
-    options: dict[str, Any] = {
-        "endpoint_url": emulator,
-        "region_name": REGION,
-        "aws_access_key_id": "testing",
-        "aws_secret_access_key": "testing",
-        "config": AioConfig(retries={"total_max_attempts": 1}),  # a 502 answered, not retried
-    }
-    async with AsyncExitStack() as stack:
-        made = [
-            await stack.enter_async_context(session.create_client(name, **options))
-            for name in ("stepfunctions", "lambda")
-        ]
-        yield Clients(*made)
+    cfg = AwsConfig(region=REGION, endpoint_url=emulator, max_attempts=1)  # a 502 not retried
+    async with open_client("stepfunctions", cfg) as sfn, open_client("lambda", cfg) as lam:
+        yield Clients(sfn, lam)
 
 
 async def _post_json(endpoint: str, path: str, body: Any) -> None:

@@ -31,14 +31,14 @@ from aegis_devstack.testing.lambdaruntime import lambda_runtime
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_devstack.testing.webhook import FakeWebhook
-from aegis_orchestration.asl import TASK_INPUT_FIELDS, export_asl
+from aegis_orchestration.asl import export_asl
 from aegis_orchestration.engine import Interpreter
 from aegis_orchestration.model import Job
 from aegis_orchestration.triggers import biz_object_trigger
 from aegis_orchestration.yamlio import load_jobs
 from aegis_orchestrator.app import OrchestratorApp
 from aegis_orchestrator.settings import OrchestratorSettings
-from aegis_orchestrator.sfn_task import Container, open_function
+from aegis_orchestrator.sfn_task import Container, TaskRequest, open_function
 from aegis_orchestrator.sfn_template import render
 from aegis_orchestrator.store import JobStore
 from aegis_runtime import natsio
@@ -176,7 +176,7 @@ async def test_the_exported_machine_runs_the_job_as_the_builtin_engine_does(
     # what the machine sent the function: exactly the exported fields, the whole context
     assert events
     for event in events:
-        assert set(event) == set(TASK_INPUT_FIELDS)
+        assert set(event) == set(TaskRequest.model_fields)  # every field, none more
         assert event["job_id"] == job.id
         assert event["job_version"] == job.version
         assert event["execution"] == f"run-{unique_id}"

@@ -47,11 +47,11 @@ _SIMPLE_PATH = re.compile(r"^\$(\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*$")
 
 
 def task_parameters(job: Job, step: JobStep) -> dict[str, Any]:
-    """What a Task state sends the task function (:data:`TASK_INPUT_FIELDS`): the job and its
-    version (the function refuses to run a step of another version than the machine was
-    exported from), the step, the execution's name and the time the state was entered (together
-    the idempotency key of this run of the step: retries keep it, a loop's next pass does not)
-    and the whole context."""
+    """What a Task state sends the task function (``aegis_orchestrator.sfn_task.TaskRequest``
+    reads it): the job and its version (the function refuses to run a step of another version
+    than the machine was exported from), the step, the execution's name and the time the state
+    was entered (together the idempotency key of this run of the step: retries keep it, a loop's
+    next pass does not) and the whole context."""
     return {
         "job_id": job.id,
         "job_version": job.version,
@@ -61,9 +61,6 @@ def task_parameters(job: Job, step: JobStep) -> dict[str, Any]:
         "entered.$": "$$.State.EnteredTime",
         "context.$": "$",
     }
-
-
-TASK_INPUT_FIELDS = ("job_id", "job_version", "step_id", "kind", "execution", "entered", "context")
 
 
 class AslExportError(ValueError):
