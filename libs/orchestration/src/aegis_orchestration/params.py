@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from jsonpath_ng.exceptions import JsonPathLexerError, JsonPathParserError
@@ -212,6 +212,16 @@ REDACTED = "**********"
 _SHORTEST_SECRET = 4  # shorter values (a flag, a digit) would blot out ordinary text
 
 
+def environment_names(params: Iterable[StepParam]) -> set[str]:
+    """The variables the ENVIRONMENT params among ``params`` read (``${NAME}`` in their value)."""
+    return {
+        name
+        for param in params
+        if param.source_type is SourceType.ENVIRONMENT and param.param_value is not None
+        for name in _PLACEHOLDER.findall(str(param.param_value))
+    }
+
+
 def environment_secrets(
     job: Job, step_id: str, environment: Mapping[str, str] | None = None
 ) -> list[str]:
@@ -219,14 +229,9 @@ def environment_secrets(
     URLs with their tokens, keys. They go into the call, never into the execution's log, its
     context or its claim-check objects (:func:`scrub`)."""
     env = environment or {}
-    found: set[str] = set()
-    for param in job.params_of(step_id):
-        if param.source_type is SourceType.ENVIRONMENT and param.param_value is not None:
-            for name in _PLACEHOLDER.findall(str(param.param_value)):
-                value = env.get(name, "")
-                if len(value) >= _SHORTEST_SECRET:
-                    found.add(value)
-    return sorted(found, key=len, reverse=True)  # a longer secret before one inside it
+    found = {env.get(name, "") for name in environment_names(job.params_of(step_id))}
+    secrets = {value for value in found if len(value) >= _SHORTEST_SECRET}
+    return sorted(secrets, key=len, reverse=True)  # a longer secret before one inside it
 
 
 def scrub(value: Any, secrets: list[str]) -> Any:

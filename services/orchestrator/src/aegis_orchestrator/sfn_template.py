@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aegis_orchestration.asl import AslExportError, export_asl
-from aegis_orchestration.model import Job, SourceType, StepType
-from aegis_orchestration.params import ENV_PREFIX
+from aegis_orchestration.model import Job, StepType
+from aegis_orchestration.params import ENV_PREFIX, environment_names
 
 HANDLER = "aegis_orchestrator.sfn_task.handler"
 RUNTIME = "python3.11"
@@ -58,7 +58,6 @@ LOG_GROUP = "TaskFunctionLogGroup"
 MACHINE_ROLE = "StateMachineRole"
 TRIGGER_POLICY = "StartExecutionPolicy"
 IN_VPC = "InVpc"
-_PLACEHOLDER = re.compile(r"\$\{(" + ENV_PREFIX + r"[A-Za-z0-9_]*)\}")
 _NOT_A_NAME = re.compile(r"[^A-Za-z0-9]+")
 _ARN_MARK = "@@aegis-task-function-arn@@"
 _NO_VALUE = {"Ref": "AWS::NoValue"}
@@ -257,12 +256,8 @@ def _too_long(job: Job) -> str | None:
 
 def _job_variables(jobs: Iterable[Job]) -> list[str]:
     """The ``AEGIS_JOB_*`` variables the jobs' ENVIRONMENT params read."""
-    names: set[str] = set()
-    for job in jobs:
-        for param in job.params:
-            if param.source_type is SourceType.ENVIRONMENT and param.param_value is not None:
-                names.update(_PLACEHOLDER.findall(str(param.param_value)))
-    return sorted(names)
+    names = {name for job in jobs for name in environment_names(job.params)}
+    return sorted(name for name in names if name.startswith(ENV_PREFIX))
 
 
 def _camel(text: str) -> str:
