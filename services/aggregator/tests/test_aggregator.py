@@ -30,7 +30,7 @@ from aegis_contracts.events import ObjectCreated
 from aegis_contracts.graph import WindowStats
 from aegis_contracts.items import Graph5m, HistoryState
 from aegis_contracts.subjects import change_subject
-from aegis_contracts.times import format_ts, parse_ts
+from aegis_contracts.times import floor_to, format_ts, parse_ts, utc_now
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.storage import Foundation
@@ -71,7 +71,10 @@ class Snap:
     cameras: dict[str, str] = field(default_factory=dict)
     pipeline: str = "OK"
 
-    def item(self, factory_id: str = "factory-a", ttl: int = 2_000_000_000) -> dict[str, Any]:
+    def item(self, factory_id: str = "factory-a", ttl: int | None = None) -> dict[str, Any]:
+        """The HISTORY#STATE item; it lives a year past ``at`` unless ``ttl`` says otherwise."""
+        if ttl is None:
+            ttl = int((self.at + timedelta(days=365)).timestamp())
         item: dict[str, Any] = {
             "pk": keys.factory_pk(factory_id),
             "sk": keys.history_state_sk(self.at),
@@ -225,18 +228,27 @@ W0 = T0  # a window start (03:00:00Z)
 W1 = W0 + WINDOW
 
 
-def at(seconds: float) -> datetime:
-    return W0 + timedelta(seconds=seconds)
+def at(seconds: float, origin: datetime = W0) -> datetime:
+    return origin + timedelta(seconds=seconds)
 
 
-def steady(start: float, stop: float, every: float = 5, *, factory: str = "a") -> list[Snap]:
-    """A factory publishing every ``every`` s: a factory_state snapshot per message, an infra
-    snapshot every 30 s, a fire detection now and then, a CO rise to WARNING in the middle."""
+def recent_window() -> datetime:
+    """A window start three hours before the real clock: for the operator's command, which runs
+    on the real clock and writes windows that expire 48 hours after they end."""
+    return floor_to(utc_now() - timedelta(hours=3), WINDOW)
+
+
+def steady(
+    start: float, stop: float, every: float = 5, *, factory: str = "a", origin: datetime = W0
+) -> list[Snap]:
+    """A factory publishing every ``every`` s from ``origin``: a factory_state snapshot per
+    message, an infra snapshot every 30 s, a fire detection now and then, a CO rise to WARNING
+    in the middle."""
     snaps: list[Snap] = []
     last_infra: tuple[str, datetime, dict[str, float], float, dict[str, str]] | None = None
     t, n = start, 0
     while t < stop:
-        when = at(t)
+        when = at(t, origin)
         co = 5 + (n % 7) * 3.5
         level = "WARNING" if co > 20 else "NORMAL"
         if n % 6 == 0:
@@ -603,22 +615,23 @@ async def test_the_service_aggregates_on_its_own_and_announces_on_the_queue(
 async def test_aegis_aggregate_rewrites_a_range_for_an_operator(
     foundation: Foundation, aws_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # seeded both ways: on the real clock the range is read from HISTORY or, once HISTORY would
-    # no longer hold it, from the state_snapshot objects
-    await seed(foundation, steady(0, 600, every=10), "factory-a")
-    await seed_objects(foundation, steady(0, 600, every=10), "factory-a")
+    # seeded both ways: the command reads the range from HISTORY or, where HISTORY would no
+    # longer hold it, from the state_snapshot objects
+    w0 = recent_window()
+    await seed(foundation, steady(0, 600, every=10, origin=w0), "factory-a")
+    await seed_objects(foundation, steady(0, 600, every=10, origin=w0), "factory-a")
     for name, value in {
         "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
         "AEGIS_BUCKET": foundation.bucket,
         "AEGIS_TABLE": foundation.table,
     }.items():
         monkeypatch.setenv(name, value)
-    args = ["aggregate", "--from", format_ts(W0), "--to", format_ts(W0 + 2 * WINDOW)]
+    args = ["aggregate", "--from", format_ts(w0), "--to", format_ts(w0 + 2 * WINDOW)]
     # the command runs its own event loop: give it a thread
     result = await asyncio.to_thread(CliRunner().invoke, cli_app, [*args, "--no-events"])
     assert result.exit_code == 0, result.output
     assert "2 window(s) written" in result.output
-    for start in (W0, W1):
+    for start in (w0, w0 + WINDOW):
         item = await foundation.readmodel.get_item(
             keys.factory_pk("factory-a"), keys.graph_5m_sk(start)
         )
@@ -640,9 +653,9 @@ async def test_aegis_aggregate_announces_its_windows_as_the_service_does(
     """The windows the command writes are announced (ObjectCreated and their change events),
     so jobs and dashboards see an operator's re-run as they see the service's."""
     factory = f"f-{unique_id}"[:40].lower()
-    # on the real clock these windows are older than HISTORY holds: read from the objects
-    await seed(foundation, steady(0, 600, every=10), factory)
-    await seed_objects(foundation, steady(0, 600, every=10), factory)
+    w0 = recent_window()
+    await seed(foundation, steady(0, 600, every=10, origin=w0), factory)
+    await seed_objects(foundation, steady(0, 600, every=10, origin=w0), factory)
     for name, value in {
         "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
         "AEGIS_BUCKET": foundation.bucket,
@@ -655,7 +668,7 @@ async def test_aegis_aggregate_announces_its_windows_as_the_service_does(
     try:
         await nc.subscribe(change_subject("graph_5m"), cb=_collect_into(heard))
         await nc.flush()
-        args = ["aggregate", "--from", format_ts(W0), "--to", format_ts(W0 + 2 * WINDOW)]
+        args = ["aggregate", "--from", format_ts(w0), "--to", format_ts(w0 + 2 * WINDOW)]
         args += ["--factory", factory]
         result = await asyncio.to_thread(CliRunner().invoke, cli_app, args)
         assert result.exit_code == 0, result.output
@@ -667,7 +680,7 @@ async def test_aegis_aggregate_announces_its_windows_as_the_service_does(
             if len(announced()) == 2:
                 break
             await asyncio.sleep(0.1)
-        assert announced() == sorted(keys.graph_5m_sk(start) for start in (W0, W1))
+        assert announced() == sorted(keys.graph_5m_sk(start) for start in (w0, w0 + WINDOW))
         assert {e["producer"] for e in heard} == {"aggregator"}
         assert all(e["new_image"]["stats"]["samples"] == 30 for e in heard)
     finally:
