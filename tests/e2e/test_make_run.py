@@ -16,13 +16,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
 import pytest
 
 from aegis_contracts.ids import topic_for
+from aegis_contracts.subjects import STREAMS
+from aegis_contracts.times import parse_ts
 from aegis_devstack.localservers import ManagedServer, free_port, start_moto_server
 from aegis_devstack.stack import DASHBOARD_TOKEN_FILE, local_dashboard_token
 from aegis_devstack.testing.emulator import arequest_counts
@@ -110,6 +114,40 @@ class KillWhilePublishing:
             await asyncio.sleep(interval)
 
 
+def up_env(
+    aws_endpoint: str,
+    mosquitto: ManagedServer,
+    nats_server: ManagedServer,
+    unique_id: str,
+    dashboard_port: int,
+) -> dict[str, str]:
+    """The environment of an ``aegis up`` on these servers (none of the caller's AEGIS_*)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")} | {
+        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+        "AEGIS_BUCKET": f"aegis-{unique_id}",
+        "AEGIS_TABLE": f"AEGIS-{unique_id}",
+        "AEGIS_MQTT_URL": mosquitto.url,
+        "AEGIS_NATS_URL": nats_server.url,
+        "AEGIS_UP_FIRST_HEALTH_PORT": "0",
+        # a free port (8080 may be a running `make run`'s), and the URL aegis up prints for it
+        "AEGIS_DASHBOARD_PORT": str(dashboard_port),
+        "AEGIS_DASHBOARD_URL": f"http://127.0.0.1:{dashboard_port}",
+    }
+
+
+async def aegis_status(env: dict[str, str]) -> dict[str, Any] | None:
+    """``aegis status --json`` on ``env``'s store; None when it fails."""
+    status = await asyncio.to_thread(
+        subprocess.run,
+        [AEGIS, "status", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return json.loads(status.stdout) if status.returncode == 0 else None
+
+
 @pytest.fixture
 def own_emulator(tmp_path: Path) -> Iterator[ManagedServer]:
     """An S3/DynamoDB emulator for this test alone: its request counts are this run's."""
@@ -129,17 +167,7 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
 ) -> None:
     aws_endpoint = own_emulator.url
     dashboard_port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")} | {
-        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
-        "AEGIS_BUCKET": f"aegis-{unique_id}",
-        "AEGIS_TABLE": f"AEGIS-{unique_id}",
-        "AEGIS_MQTT_URL": private_mosquitto.url,
-        "AEGIS_NATS_URL": private_nats.url,
-        "AEGIS_UP_FIRST_HEALTH_PORT": "0",
-        # a free port (8080 may be a running `make run`'s), and the URL aegis up prints for it
-        "AEGIS_DASHBOARD_PORT": str(dashboard_port),
-        "AEGIS_DASHBOARD_URL": f"http://127.0.0.1:{dashboard_port}",
-    }
+    env = up_env(aws_endpoint, private_mosquitto, private_nats, unique_id, dashboard_port)
     log = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
         [AEGIS, "up"], env=env, stdout=log, stderr=subprocess.STDOUT
@@ -148,15 +176,7 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
     cloud: dict[str, object] = {}
 
     async def status_doc() -> dict[str, Any] | None:
-        status = await asyncio.to_thread(
-            subprocess.run,
-            [AEGIS, "status", "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return json.loads(status.stdout) if status.returncode == 0 else None
+        return await aegis_status(env)
 
     async def fleet_visible() -> bool:
         nonlocal rows
@@ -253,3 +273,107 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
     print(f"dynamodb requests over the run: {ddb}")
     assert not [op for op in ddb if op.split("@")[0] == "Scan"], ddb
     assert ddb.get("Query@fleet", 0) > 0 and ddb.get("BatchGetItem", 0) > 0, ddb
+
+
+async def outstanding(nats_url: str) -> dict[str, int]:
+    """Per AEGIS stream, the messages its consumers have not yet acknowledged (pending plus
+    delivered but unacknowledged), summed over its consumers."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        found: dict[str, int] = {}
+        for spec in STREAMS:
+            infos = await js.consumers_info(spec.name)
+            found[spec.name] = sum(c.num_pending + c.num_ack_pending for c in infos)
+        return found
+    finally:
+        await nc.close()
+
+
+async def dead_letters(nats_url: str) -> int:
+    nc = await nats.connect(nats_url)
+    try:
+        return int((await nc.jetstream().stream_info("AEGIS_DLQ")).state.messages)
+    finally:
+        await nc.close()
+
+
+@pytest.mark.timeout(300)
+async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_nothing_stale(
+    private_mosquitto: ManagedServer, private_nats: ManagedServer, unique_id: str, tmp_path: Path
+) -> None:
+    """The first run is stopped with Ctrl-C while the queue holds work; its emulator (which
+    keeps nothing) is replaced by an empty one, as the next ``make run`` does. The second run
+    purges the streams with the store, dead-letters nothing, and shows the fleet current
+    within a minute of its start."""
+    port = free_port()
+    env = up_env(f"http://127.0.0.1:{port}", private_mosquitto, private_nats, unique_id, 0)
+    env["AEGIS_DASHBOARD_PORT"] = str(free_port())
+    first = start_moto_server("127.0.0.1", port, log_file=tmp_path / "moto-1.log")
+    log_path = tmp_path / "up-1.log"
+    begun = time.monotonic()
+    try:
+        with log_path.open("wb") as log:
+            up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
+                [AEGIS, "up"], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+            try:
+
+                async def data_flows() -> bool:
+                    doc = await aegis_status(env)
+                    return doc is not None and len(doc["factories"]) >= 1
+
+                await eventually(data_flows, within=60, interval=1, what="the first run's data")
+                # a backlog: more than ingest and the processor take in at once
+                topic = topic_for(f"burst-{unique_id}"[:40].lower(), "factory_state")
+                burst = [(topic, device_message(f"burst-{unique_id}", n)) for n in range(150)]
+                await publish_all(private_mosquitto.url, burst)
+
+                async def queue_holds_work() -> bool:
+                    return (await outstanding(private_nats.url))["AEGIS_RAW"] > 0
+
+                await eventually(queue_holds_work, within=30, interval=0.2, what="a backlog")
+                up.send_signal(signal.SIGINT)
+                assert await asyncio.to_thread(up.wait, 60) == 0
+                print(f"first run stopped after {time.monotonic() - begun:.1f} s")
+            finally:
+                if up.poll() is None:
+                    up.kill()
+    finally:
+        first.stop()
+    left = await outstanding(private_nats.url)
+    print(f"work outstanding at Ctrl-C: {left}")
+    assert sum(left.values()) > 0, left  # the fault hit while the queue held work
+
+    second = start_moto_server("127.0.0.1", port, log_file=tmp_path / "moto-2.log")
+    log_path = tmp_path / "up-2.log"
+    try:
+        with log_path.open("wb") as log:
+            started, begun = datetime.now(UTC), time.monotonic()
+            up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
+                [AEGIS, "up"], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+            try:
+
+                async def current() -> bool:
+                    doc = await aegis_status(env)
+                    rows = doc["factories"] if doc else []
+                    fresh = {
+                        str(r["factory_id"])
+                        for r in rows
+                        if r["updated_at"] and parse_ts(str(r["updated_at"])) > started
+                    }
+                    return {"factory-a", "factory-b", "factory-c"} <= fresh
+
+                await eventually(current, within=60, interval=1, what="the fleet, current")
+                print(f"second run current after {time.monotonic() - begun:.1f} s")
+                assert await dead_letters(private_nats.url) == 0
+            finally:
+                up.send_signal(signal.SIGINT)
+                code = await asyncio.to_thread(up.wait, 60)
+    finally:
+        second.stop()
+    assert code == 0
+    printed = log_path.read_text()
+    said = "aegis up: the store started empty, so the queue starts empty with it: messages purged:"
+    assert said in printed, printed[-3000:]

@@ -21,18 +21,33 @@ import secrets
 import signal
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Literal
 
-from aegis_devstack.localservers import ensure_mosquitto, ensure_moto_server, ensure_nats, free_port
+from aegis_contracts.subjects import STREAMS
+from aegis_devstack.localservers import (
+    LocalServerError,
+    ensure_mosquitto,
+    ensure_moto_server,
+    ensure_nats,
+    free_port,
+)
+from aegis_runtime import natsio
+from aegis_runtime.broker import connect_broker, create_broker
 from aegis_runtime.health import answers_ready
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import open_clients
 
 LOCAL_ENDPOINT = "http://127.0.0.1:4566"
+# how the store and the queue start: "follow" (the queue follows the store: emptied when the
+# store is new), "fresh" (both emptied), "keep" (the queue kept whatever the store holds)
+Start = Literal["follow", "fresh", "keep"]
 FIRST_HEALTH_PORT = 8101
 # started first; the others once these answer /readyz (or after EARLY_READY_TIMEOUT_S)
 EARLY_SERVICES = frozenset({"ingest", "processor", "simulator"})
@@ -116,12 +131,16 @@ async def _pipe(name: str, stream: asyncio.StreamReader) -> None:
         sys.stdout.flush()
 
 
-async def run_stack(settings: AegisSettings, *, services: list[str] | None = None) -> int:
+async def run_stack(
+    settings: AegisSettings, *, services: list[str] | None = None, start: Start = "follow"
+) -> int:
     endpoint = endpoint_of(settings)
     ensure_mosquitto(settings.mqtt_url)
     ensure_nats(settings.nats_url)
     moto = ensure_moto_server(endpoint) if endpoint == LOCAL_ENDPOINT else None
     try:
+        if start == "fresh":
+            await empty_emulator(endpoint)
         async with open_clients(
             settings.model_copy(update={"aws_endpoint_url": endpoint}).aws()
         ) as c:
@@ -132,6 +151,7 @@ async def run_stack(settings: AegisSettings, *, services: list[str] | None = Non
             f"{'bootstrapped' if report.changed else 'already bootstrapped'})",
             flush=True,
         )
+        print(await align_queue(settings, store_created=report.store_created, start=start))
         names = installed_services() if services is None else services
         first = int(os.environ.get("AEGIS_UP_FIRST_HEALTH_PORT", FIRST_HEALTH_PORT))
         # 0: any free port per service (tests; consecutive ports in the ephemeral range may be
@@ -141,6 +161,48 @@ async def run_stack(settings: AegisSettings, *, services: list[str] | None = Non
     finally:
         if moto is not None:
             moto.close()
+
+
+async def empty_emulator(endpoint: str) -> None:
+    """Remove everything the emulator at ``endpoint`` holds (moto_server's ``/moto-api/reset``);
+    a LocalServerError for an emulator that is not moto_server (nothing is removed then)."""
+    url = f"{endpoint.rstrip('/')}/moto-api/reset"
+    request = urllib.request.Request(url, method="POST")  # noqa: S310 (the local emulator's URL)
+    try:
+        with await asyncio.to_thread(urllib.request.urlopen, request, timeout=30):
+            return
+    except urllib.error.HTTPError as err:
+        err.close()
+        raise LocalServerError(
+            f"aegis up --fresh empties a moto_server; the emulator at {endpoint} answered "
+            f"/moto-api/reset with HTTP {err.code}: empty it by its own means"
+        ) from None
+    except OSError as err:
+        raise LocalServerError(f"cannot empty the emulator at {endpoint}: {err!r}") from err
+
+
+async def align_queue(settings: AegisSettings, *, store_created: bool, start: Start) -> str:
+    """Keep the queue as consistent with the store as the store is with itself: when bootstrap
+    had to create the bucket or table (a new emulator starts empty), the AEGIS streams' messages
+    speak of objects and items that no longer exist, and replaying them would dead-letter them
+    and hold fresh data back, so they are purged (unless ``start`` is ``keep``). What was done,
+    as a line to print."""
+    names = [spec.name for spec in STREAMS]
+    if start == "keep" or not store_created:
+        reason = "as asked (--keep)" if start == "keep" else "with the store, which kept its data"
+        return f"aegis up: the queue kept {reason} (aegis up --fresh starts both empty)"
+    broker = create_broker(settings, name="aegis-up")
+    await connect_broker(broker, settings)
+    try:
+        purged = {name: await natsio.purge_stream(broker, name) for name in names}
+    finally:
+        await natsio.close(broker)
+    counts = ", ".join(f"{name} {n:,}" for name, n in purged.items() if n is not None)
+    why = "as asked (--fresh)" if start == "fresh" else "the store started empty"
+    return (
+        f"aegis up: {why}, so the queue starts empty with it: messages purged: "
+        f"{counts or 'no streams yet'} (aegis up --keep keeps them)"
+    )
 
 
 def restart_delay(previous: float, ran_for: float) -> float:

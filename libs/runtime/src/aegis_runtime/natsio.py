@@ -184,6 +184,17 @@ async def stream_state(
     return info.state
 
 
+async def purge_stream(broker: NatsBroker, name: str) -> int | None:
+    """Remove every message of stream ``name`` (its configuration and consumers stay): the
+    number removed, None when there is no such stream."""
+    try:
+        state = (await jetstream(broker).stream_info(name)).state
+    except nats.js.errors.NotFoundError:
+        return None
+    await jetstream(broker).purge_stream(name)
+    return state.messages
+
+
 async def consumers(broker: NatsBroker, stream: str) -> list[ConsumerInfo]:
     """Every consumer of ``stream``, with its lag (pending, ack pending, redelivered)."""
     found: list[ConsumerInfo] = await jetstream(broker).consumers_info(stream)

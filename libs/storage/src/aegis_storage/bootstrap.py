@@ -90,6 +90,11 @@ class BootstrapReport:
     def changed(self) -> bool:
         return any(s.action != "unchanged" for s in self.steps)
 
+    @property
+    def store_created(self) -> bool:
+        """Whether this run created the bucket or the table: the store was empty."""
+        return any(s.setting in {"bucket", "table"} and s.action == "created" for s in self.steps)
+
     def add(self, resource: str, setting: str, action: str, detail: str = "") -> None:
         self.steps.append(Step(resource, setting, action, detail))
 
