@@ -10,7 +10,9 @@ Python, so this costs little throughput.
 Its full garbage collections are deferred too: moto keeps every object and item in one Python
 heap, and a full collection of a heap that a test suite has filled stalls every request for up to
 a second (measured by ``make bench``), which AWS does not do and which made latency assertions
-flaky.
+flaky. What moto would keep of every request served is not kept (:func:`bound_memory`): with
+full collections deferred, a `make run` grew the emulator by ~190 MB a minute, almost none of it
+data.
 
 ``AEGIS_MOTO_LATENCY_MS`` adds a round trip to every request (benchmarks only, default 0).
 
@@ -69,6 +71,8 @@ machine was invisible, and could not be started, once executions were switched o
 
 from __future__ import annotations
 
+import copy
+import datetime
 import gc
 import gzip
 import io
@@ -81,7 +85,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from html import unescape
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, unquote, urlsplit
@@ -560,6 +566,198 @@ def route_cloudformation_state_machines() -> None:
     models.stepfunctions_backends = _Configured()  # type: ignore[assignment]
 
 
+# -- memory: what moto keeps of requests it has answered -----------------------------------------
+
+# DynamoDB Streams keeps a record 24 hours, and a shard iterator expires 15 minutes after it was
+# issued (read at call time: tests shorten them)
+STREAM_RETENTION_S = 24 * 3600.0
+SHARD_ITERATOR_LIFETIME_S = 15 * 60.0
+
+
+def bound_memory() -> None:
+    """Keep what AWS keeps, not every object a request ever made.
+
+    moto's ``BaseModel`` appends every instance it makes to its class's ``instances_tracked``
+    (for moto's own dashboard, ``/moto-api/data.json``) and never lets go: each item a Query,
+    Scan or GetItem copies into its answer, each item replaced, each stream record, and each
+    whole-table copy that TransactWriteItems takes (one per item in the transaction) to roll back
+    with. None of it is garbage, so no collection frees it. The lists are made weak, so the
+    dashboard still lists what lives. A table's stream shard points back at its table: that cycle
+    kept every discarded table copy until a full collection, which this server defers, so the
+    shard's link is weak (a copied table's shard links to the copy).
+
+    Stream records older than :data:`STREAM_RETENTION_S` are trimmed and shard iterators expire
+    :data:`SHARD_ITERATOR_LIFETIME_S` after they were issued, as on AWS (moto keeps both forever).
+
+    moto runs its Flask apps in debug mode, where Flask gives each request whose form it reads a
+    class of its own (a better KeyError for a browser's form upload), which references the
+    request: a cycle per request, holding the request, its environ and its socket, that only a
+    full collection frees. That class is not made."""
+    _track_instances_weakly()
+    _make_no_class_per_request()
+    _link_stream_shards_weakly()
+    _trim_stream_records()
+    _expire_shard_iterators()
+
+
+class _Ref(weakref.ref):  # type: ignore[type-arg]
+    __slots__ = ("key",)
+    key: int
+
+
+class WeakInstances:
+    """The list-like ``instances_tracked`` moto reads (``append``, iteration, ``len``), holding
+    its instances weakly (moto's models are not all hashable, so no WeakSet)."""
+
+    __slots__ = ("__weakref__", "_gone", "_refs")
+
+    def __init__(self) -> None:
+        refs: dict[int, _Ref] = {}
+
+        def gone(ref: _Ref) -> None:
+            if refs.get(ref.key) is ref:
+                del refs[ref.key]
+
+        self._refs = refs
+        self._gone = gone
+
+    def append(self, instance: object) -> None:
+        ref = _Ref(instance, self._gone)
+        ref.key = id(instance)
+        self._refs[ref.key] = ref
+
+    def __iter__(self) -> Iterator[Any]:
+        alive = (ref() for ref in list(self._refs.values()))
+        return iter([instance for instance in alive if instance is not None])
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+
+def _track_instances_weakly() -> None:
+    from moto.core.common_models import BaseModel  # noqa: PLC0415
+
+    new = BaseModel.__new__
+
+    def tracked_weakly(cls: type, *args: Any, **kwargs: Any) -> Any:
+        # a class's list is made when the class is (some modules load on first use) and set
+        # anew by /moto-api/reset: replaced by a weak one before the first instance goes in
+        if type(cls.__dict__.get("instances_tracked")) is not WeakInstances:
+            cls.instances_tracked = WeakInstances()  # type: ignore[attr-defined]
+        return new(cls, *args, **kwargs)
+
+    BaseModel.__new__ = staticmethod(tracked_weakly)  # type: ignore[method-assign]
+
+
+def _make_no_class_per_request() -> None:
+    from flask import debughelpers  # noqa: PLC0415 (flask.wrappers imports it on each call)
+
+    def unchanged(request: Any) -> None:
+        return None
+
+    debughelpers.attach_enctype_error_multidict = unchanged
+
+
+def _link_stream_shards_weakly() -> None:
+    from moto.dynamodb.models.table import StreamShard  # noqa: PLC0415
+
+    def table(self: Any) -> Any:
+        return self._aegis_table()
+
+    def set_table(self: Any, value: Any) -> None:
+        self._aegis_table = weakref.ref(value)
+
+    def deepcopy(self: Any, memo: dict[int, Any]) -> Any:
+        # copy.deepcopy keeps a weak reference as it is: the copy of a shard copied with its
+        # table links to that table's copy (already in memo), as a strong link would
+        copied: Any = StreamShard.__new__(StreamShard)
+        memo[id(self)] = copied
+        for name, value in vars(self).items():
+            if name != "_aegis_table":
+                setattr(copied, name, copy.deepcopy(value, memo))
+        linked = self._aegis_table()
+        copied.table = memo.get(id(linked), linked)
+        return copied
+
+    StreamShard.table = property(table, set_table)  # type: ignore[assignment]
+    StreamShard.__deepcopy__ = deepcopy  # type: ignore[attr-defined]
+
+
+def _trim_stream_records() -> None:
+    from moto.core.exceptions import JsonRESTError  # noqa: PLC0415
+    from moto.core.utils import utcnow  # noqa: PLC0415 (the clock moto stamps records with)
+    from moto.dynamodb.models.table import StreamShard  # noqa: PLC0415
+
+    add, get = StreamShard.add, StreamShard.get
+
+    def add_and_trim(self: Any, old: Any, new: Any) -> None:
+        add(self, old, new)
+        items = self.items
+        cutoff = utcnow() - datetime.timedelta(seconds=STREAM_RETENTION_S)
+        trimmed = 0
+        while (
+            trimmed < len(items)
+            and items[trimmed].record["dynamodb"]["ApproximateCreationDateTime"] < cutoff
+        ):
+            trimmed += 1
+        if trimmed:
+            # records are numbered from the shard's first kept one (moto's get and iterators)
+            del items[:trimmed]
+            self.starting_sequence_number += trimmed
+
+    def get_kept(self: Any, start: int, quantity: int) -> Any:
+        if start < self.starting_sequence_number:
+            raise JsonRESTError(
+                "TrimmedDataAccessException",
+                "The operation attempted to read past the oldest stream record in a shard.",
+            )
+        return get(self, start, quantity)
+
+    StreamShard.add = add_and_trim  # type: ignore[method-assign]
+    StreamShard.get = get_kept  # type: ignore[method-assign]
+
+
+class _ExpiringIterators(OrderedDict[str, Any]):
+    """A streams backend's shard iterators, oldest first: one older than
+    :data:`SHARD_ITERATOR_LIFETIME_S` is dropped when the next is issued and is refused as
+    expired (moto raised a KeyError, a 500, for one it did not know)."""
+
+    def __setitem__(self, arn: str, iterator: Any) -> None:
+        now = time.monotonic()
+        iterator._aegis_issued = now
+        while self:
+            oldest = next(iter(self.values()))
+            if now - oldest._aegis_issued <= SHARD_ITERATOR_LIFETIME_S:
+                break
+            self.popitem(last=False)
+        super().__setitem__(arn, iterator)
+
+    def __getitem__(self, arn: str) -> Any:
+        from moto.core.exceptions import JsonRESTError  # noqa: PLC0415
+
+        iterator = self.get(arn)
+        if (
+            iterator is None
+            or time.monotonic() - iterator._aegis_issued > SHARD_ITERATOR_LIFETIME_S
+        ):
+            raise JsonRESTError(
+                "ExpiredIteratorException", "The shard iterator has expired or is not valid."
+            )
+        return iterator
+
+
+def _expire_shard_iterators() -> None:
+    from moto.dynamodbstreams.models import DynamoDBStreamsBackend  # noqa: PLC0415
+
+    init = DynamoDBStreamsBackend.__init__
+
+    def expiring(self: Any, region_name: str, account_id: str) -> None:
+        init(self, region_name, account_id)
+        self.shard_iterators = _ExpiringIterators()
+
+    DynamoDBStreamsBackend.__init__ = expiring  # type: ignore[method-assign]
+
+
 def authorize_like_aws() -> None:
     from moto.iam.access_control import IAMPolicyStatement, IAMRequestBase  # noqa: PLC0415
     from moto.s3.models import FakeBucket  # noqa: PLC0415
@@ -703,6 +901,7 @@ def main(argv: list[str] | None = None) -> None:
     from moto.server import main as moto_main  # noqa: PLC0415
 
     gc.set_threshold(700, 10, 1_000_000)
+    bound_memory()
     serialize_requests(float(os.environ.get(LATENCY_ENV, "0")) / 1000)
     honour_copy_if_none_match()
     route_cloudformation_state_machines()
