@@ -1,7 +1,7 @@
 """Build the Step Functions task function's code: ``dist/aegis-orchestrator-task.zip``.
 
 What goes in is exactly the locked runtime of the ``aegis-orchestrator`` package (``uv export
---package aegis-orchestrator --no-dev --frozen``), installed for Lambda's ``python3.11`` on x86_64
+--package aegis-orchestrator --no-dev --frozen``), installed for Lambda's ``python3.13`` on x86_64
 from wheels only (so a build machine of any kind makes the same zip): the workspace members it
 depends on are built as wheels first and installed as ordinary packages, never as links into this
 checkout. No test or development tool (pytest, moto, testcontainers, the devstack) is in the lock's
@@ -35,7 +35,7 @@ DEFAULT_OUT = ROOT / "dist" / "aegis-orchestrator-task.zip"
 BUILD = ROOT / ".lambda-build"
 UV_TMP = ROOT / ".uv-tmp"
 PLATFORM = "x86_64-manylinux2014"
-PYTHON_VERSION = "3.11"
+PYTHON_VERSION = "3.13"
 # top-level names that must never be shipped (test and development tools)
 FORBIDDEN = ("pytest", "_pytest", "moto", "testcontainers", "aegis_devstack", "mypy", "ruff")
 # Lambda's limit on the unzipped code of a function (250 MB)

@@ -214,7 +214,7 @@ def test_the_functions_timeout_covers_every_task_step(template: dict[str, Any]) 
 def test_the_function_and_its_role(template: dict[str, Any]) -> None:
     resources = template["Resources"]
     fn = resources["TaskFunction"]["Properties"]
-    assert (fn["Runtime"], fn["Handler"]) == ("python3.11", "aegis_orchestrator.sfn_task.handler")
+    assert (fn["Runtime"], fn["Handler"]) == ("python3.13", "aegis_orchestrator.sfn_task.handler")
     assert fn["Code"] == {"S3Bucket": {"Ref": "CodeBucket"}, "S3Key": {"Ref": "CodeKey"}}
     assert fn["VpcConfig"]["Fn::If"][0] == "InVpc"
     assert template["Parameters"]["SlackWebhookUrl"]["NoEcho"] is True
@@ -331,7 +331,7 @@ async def test_the_template_deploys_on_the_emulator(
         config = (await lam.get_function(FunctionName=function))["Configuration"]
         assert outputs["TaskFunctionArn"] == config["FunctionArn"]
         assert (config["Runtime"], config["Handler"]) == (
-            "python3.11",
+            "python3.13",
             "aegis_orchestrator.sfn_task.handler",
         )
         variables = config["Environment"]["Variables"]

@@ -2,7 +2,7 @@
 
 The template holds:
 
-- the task function (``aegis_orchestrator.sfn_task.handler``, Python 3.11, code from the S3
+- the task function (``aegis_orchestrator.sfn_task.handler``, Python 3.13, code from the S3
   object ``CodeBucket``/``CodeKey`` that ``make lambda`` builds), with the orchestrator's settings
   as environment variables (read-model table, region, NATS, Slack, the job egress allow-list and
   one ``AEGIS_JOB_*`` variable per name the jobs' ENVIRONMENT params read), in a VPC when
@@ -36,7 +36,7 @@ from aegis_orchestration.model import Job, StepType
 from aegis_orchestration.params import ENV_PREFIX, environment_names
 
 HANDLER = "aegis_orchestrator.sfn_task.handler"
-RUNTIME = "python3.11"
+RUNTIME = "python3.13"
 DEFAULT_FUNCTION_NAME = "aegis-orchestrator-task"
 DEFAULT_STATE_MACHINE_PREFIX = "aegis-job-"
 DEFAULT_ORCHESTRATOR_ROLE = "aegis-orchestrator-task"  # deploy/infra/foundation.yaml's role
