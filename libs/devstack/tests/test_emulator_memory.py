@@ -48,6 +48,18 @@ def _rss_kb(pid: int) -> int:
         return int(statm.read().split()[1]) * 4  # resident pages of 4 KiB
 
 
+def _peak_rss_kb(pid: int) -> int:
+    """The process's resident high-water mark (VmHWM) since it was last reset."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc/<pid>/status")
+
+
+def _reset_peak_rss(pid: int) -> None:
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # 5: reset the peak RSS (proc(5))
+
+
 def _client(url: str, service: str) -> Any:
     return boto3.client(
         service,
@@ -68,9 +80,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
         running.stop()
 
 
-def _create_table(ddb: Any) -> None:
+def _create_table(ddb: Any, name: str = TABLE) -> None:
     ddb.create_table(
-        TableName=TABLE,
+        TableName=name,
         AttributeDefinitions=[
             {"AttributeName": name, "AttributeType": "S"}
             for name in ("pk", "sk", "fleet_pk", "fleet_sk")
@@ -209,3 +221,113 @@ def test_stream_records_are_trimmed_and_shard_iterators_expire(short_lived: str)
     with pytest.raises(ClientError) as expired:
         streams.get_records(ShardIterator=old)
     assert expired.value.response["Error"]["Code"] == "ExpiredIteratorException"
+
+
+# -- transactions: what they touch, not the whole table -----------------------------------------
+
+BIG = 3_000  # items (and stream records) of the table the transactions run on: ~1 KB each
+# the heap a transaction of 5 items may need beyond what was resident: a copy of the table and
+# its stream would be tens of MB
+PEAK_BOUND_KB = 4_096
+
+
+def _records(streams: Any, arn: str) -> list[dict[str, Any]]:
+    shard = streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"][0]["ShardId"]
+    it = streams.get_shard_iterator(StreamArn=arn, ShardId=shard, ShardIteratorType="TRIM_HORIZON")
+    return list(streams.get_records(ShardIterator=it["ShardIterator"], Limit=1000)["Records"])
+
+
+def test_a_transaction_needs_memory_for_its_items_not_for_the_table(server: MotoServer) -> None:
+    ddb, name = _client(server.url, "dynamodb"), "aegis-transact-peak"
+    _create_table(ddb, name)
+    for first in range(0, BIG, 25):
+        ddb.batch_write_item(
+            RequestItems={
+                name: [
+                    {"PutRequest": {"Item": {**_key(n), "reasons": {"S": "r" * 900}}}}
+                    for n in range(first, first + 25)
+                ]
+            }
+        )
+
+    def claim(round_: int) -> None:
+        ddb.transact_write_items(
+            TransactItems=[
+                {
+                    "Update": {
+                        "TableName": name,
+                        "Key": _key(round_ * 5 + n),
+                        "UpdateExpression": "SET claimed = :r",
+                        "ExpressionAttributeValues": {":r": {"N": str(round_)}},
+                    }
+                }
+                for n in range(5)
+            ]
+        )
+
+    for round_ in range(3):  # warm up
+        claim(round_)
+    pid = server.process.pid
+    before = _rss_kb(pid)
+    _reset_peak_rss(pid)
+    for round_ in range(3, 23):
+        claim(round_)
+    peak = _peak_rss_kb(pid)
+    assert peak - before < PEAK_BOUND_KB, (
+        f"20 transactions of 5 items on a table of {BIG} items raised the emulator's peak "
+        f"resident memory {peak - before} KB above the {before} KB resident before them"
+    )
+
+
+def test_a_cancelled_transaction_leaves_its_items_and_the_stream_as_they_were(
+    server: MotoServer,
+) -> None:
+    ddb, streams, name = (
+        _client(server.url, "dynamodb"),
+        _client(server.url, "dynamodbstreams"),
+        "aegis-transact-rollback",
+    )
+    _create_table(ddb, name)
+    arn = ddb.describe_table(TableName=name)["Table"]["LatestStreamArn"]
+    ddb.put_item(TableName=name, Item={**_key(1), "v": {"N": "1"}})
+    written = _records(streams, arn)
+
+    def transaction(check: dict[str, Any]) -> None:
+        ddb.transact_write_items(
+            TransactItems=[
+                {"Put": {"TableName": name, "Item": {**_key(2), "v": {"N": "1"}}}},
+                {
+                    "Update": {
+                        "TableName": name,
+                        "Key": _key(1),
+                        "UpdateExpression": "SET v = v + :one",
+                        "ExpressionAttributeValues": {":one": {"N": "1"}},
+                    }
+                },
+                {
+                    "ConditionCheck": {
+                        "TableName": name,
+                        "Key": check,
+                        "ConditionExpression": "attribute_exists(pk)",
+                    }
+                },
+            ]
+        )
+
+    with pytest.raises(ClientError) as cancelled:
+        transaction(check=_key(3))  # no such item: the transaction is cancelled
+    assert cancelled.value.response["Error"]["Code"] == "TransactionCanceledException"
+    assert ddb.get_item(TableName=name, Key=_key(1))["Item"]["v"] == {"N": "1"}
+    assert "Item" not in ddb.get_item(TableName=name, Key=_key(2))
+    assert _records(streams, arn) == written
+
+    ddb.put_item(TableName=name, Item=_key(3))
+    written = _records(streams, arn)
+    transaction(check=_key(3))
+    assert ddb.get_item(TableName=name, Key=_key(1))["Item"]["v"] == {"N": "2"}
+    assert ddb.get_item(TableName=name, Key=_key(2))["Item"]["v"] == {"N": "1"}
+    after = _records(streams, arn)
+    assert after[: len(written)] == written
+    numbers = [int(r["dynamodb"]["SequenceNumber"]) for r in after]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+    assert [r["eventName"] for r in after[len(written) :]] == ["INSERT", "MODIFY"]
