@@ -10,7 +10,7 @@ UV := $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
 VENV := .venv
 STAMP := $(VENV)/.synced
 
-.PHONY: help install run status bench test test-at faketime lint fmt unit integration up down clean browser
+.PHONY: help install run status bench test test-at lint fmt unit integration up down clean browser
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -75,27 +75,22 @@ PYTEST_DIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist lo
 test: lint browser $(KUBECTL) ## lint, then the whole suite: unit, integration, e2e against real servers
 	$(PYTEST_RUN) $(PYTEST_DIST); status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
 
-# The suite with the machine's clock moved to AT (UTC): Debian's libfaketime around pytest and
-# every process it starts (moto_server, Mosquitto, the services, Chromium; NATS, a Go program,
-# keeps the real clock), offset by the same amount so that they all agree. No test may depend
-# on the calendar: this proves it on a day the suite was never written for.
-AT ?= $(shell date -u -d '+1 year' '+%Y-%m-%d %H:%M:%S')
-test-at: lint browser faketime $(KUBECTL) ## the whole suite with the clock moved (AT='2028-02-29 23:50'; default a year ahead)
+# The suite with the clock moved to AT (UTC, or relative: '+1 year'): every Python process it
+# starts (pytest, the emulator, the services, the commands) loads tests/tools/clockshift, which
+# moves its wall clock by the same offset (time-machine; the monotonic clock stays, so timeouts
+# wait as they should). Mosquitto, NATS and Chromium keep the machine's clock. No test may depend
+# on the calendar: this proves it on days the suite was never written for.
+AT ?= +1 year
+# time-machine is imported before pytest, which would rewrite its plugin module's asserts
+CLOCKSHIFT_WARNING := -W "ignore:Module already imported so cannot be rewritten; time_machine:pytest.PytestAssertRewriteWarning"
+test-at: lint browser $(KUBECTL) ## the whole suite with the clock moved (AT='2028-02-29 23:50' or '+2 years'; default '+1 year')
 	@offset=$$(( $$(date -u -d '$(AT)' +%s) - $$(date -u +%s) )) || exit 2; \
-	echo "make test-at: the clock moved by $$offset s, to $$(faketime -f "+$$offset" date -u)"; \
-	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP) && TMPDIR=$(TEST_TMP) faketime -f "+$$offset" \
-	  $(VENV)/bin/pytest --basetemp=$(PYTEST_TMP) $(PYTEST_DIST); \
+	export AEGIS_TEST_CLOCK_OFFSET_S=$$offset PYTHONPATH=$(CURDIR)/tests/tools/clockshift; \
+	$(VENV)/bin/python -c "import datetime; print('make test-at: every Python clock moved by', \
+	  $$offset, 's; in Python it is now', datetime.datetime.now(datetime.UTC))"; \
+	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP) && TMPDIR=$(TEST_TMP) \
+	  $(VENV)/bin/pytest $(CLOCKSHIFT_WARNING) --basetemp=$(PYTEST_TMP) $(PYTEST_DIST); \
 	status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
-
-faketime: ## Debian's faketime (apt-get, as root; only when missing), for make test-at
-	@if ! command -v faketime >/dev/null; then \
-	  if [ "$$(id -u)" != 0 ]; then \
-	    echo "make faketime: faketime is missing; as root: apt-get install -y faketime" >&2; exit 1; \
-	  fi; \
-	  export DEBIAN_FRONTEND=noninteractive; \
-	  apt-get install -y -q --no-install-recommends faketime \
-	    || { apt-get update -q && apt-get install -y -q --no-install-recommends faketime; }; \
-	fi
 
 unit: $(STAMP) $(KUBECTL) ## only the tests that need no server
 	$(PYTEST_RUN) -m "not integration and not e2e"; status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status

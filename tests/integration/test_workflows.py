@@ -21,7 +21,8 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
-PINNED = re.compile(r"[\w.-]+/[\w.-]+@v\d+(\.\d+){0,2}")
+# a release tag, or (what a tag cannot be moved under) the full commit of one
+PINNED = re.compile(r"[\w.-]+/[\w.-]+@(v\d+(\.\d+){0,2}|[0-9a-f]{40})")
 
 
 def schema() -> dict[str, Any]:

@@ -34,7 +34,7 @@ from aegis_contracts.cloud import CloudCheck, CloudSnapshot
 from aegis_contracts.events import ObjectCreated
 from aegis_contracts.state import Level
 from aegis_contracts.subjects import object_created_subject
-from aegis_contracts.times import format_ts
+from aegis_contracts.times import format_ts, utc_now
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port
 from aegis_devstack.testing.clock import FakeClock
@@ -585,7 +585,9 @@ async def test_a_shutdown_while_slack_is_slow_still_sends_exactly_one_message(
     try:
         async with replicas(s) as (apps, client):
             webhook.hold()
-            event = await put_state(foundation, "factory-a", T0, [FIRE])
+            # the replicas run on the real clock, whose leases and ack waits pass as time does:
+            # a state of now (alert items expire a while after their state)
+            event = await put_state(foundation, "factory-a", utc_now(), [FIRE])
             await publish(client, object_created_subject("state_snapshot"), event, msg_id=None)
             await eventually(lambda: len(webhook.waiting) == 1, within=10, what="the post at Slack")
             (posting,) = [a for a in apps if a.dispatcher and a.dispatcher._settling]
@@ -668,7 +670,8 @@ async def test_a_replica_killed_while_slack_is_slow_is_completed_by_the_other_ex
         try:
             await ensure_streams(client)
             webhook.hold()
-            event = await put_state(foundation, "factory-a", T0, [FIRE, TEMPERATURE])
+            # real processes on the real clock: a state of now
+            event = await put_state(foundation, "factory-a", utc_now(), [FIRE, TEMPERATURE])
             await publish(client, object_created_subject("state_snapshot"), event, msg_id=None)
             await eventually(lambda: len(webhook.waiting) == 1, within=15, what="the held post")
         finally:
