@@ -85,7 +85,7 @@ AT ?= +1 year
 CLOCKSHIFT_WARNING := -W "ignore:Module already imported so cannot be rewritten; time_machine:pytest.PytestAssertRewriteWarning"
 test-at: lint browser $(KUBECTL) ## the whole suite with the clock moved (AT='2028-02-29 23:50' or '+2 years'; default '+1 year')
 	@offset=$$(( $$(date -u -d '$(AT)' +%s) - $$(date -u +%s) )) || exit 2; \
-	export AEGIS_TEST_CLOCK_OFFSET_S=$$offset PYTHONPATH=$(CURDIR)/tests/tools/clockshift; \
+	export TEST_CLOCK_OFFSET_S=$$offset PYTHONPATH=$(CURDIR)/tests/tools/clockshift; \
 	$(VENV)/bin/python -c "import datetime; print('make test-at: every Python clock moved by', \
 	  $$offset, 's; in Python it is now', datetime.datetime.now(datetime.UTC))"; \
 	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP) && TMPDIR=$(TEST_TMP) \
