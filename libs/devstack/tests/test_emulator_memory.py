@@ -233,8 +233,16 @@ PEAK_BOUND_KB = 4_096
 
 def _records(streams: Any, arn: str) -> list[dict[str, Any]]:
     shard = streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"][0]["ShardId"]
-    it = streams.get_shard_iterator(StreamArn=arn, ShardId=shard, ShardIteratorType="TRIM_HORIZON")
-    return list(streams.get_records(ShardIterator=it["ShardIterator"], Limit=1000)["Records"])
+    iterator = streams.get_shard_iterator(
+        StreamArn=arn, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
+    )["ShardIterator"]
+    records: list[dict[str, Any]] = []
+    while True:
+        page = streams.get_records(ShardIterator=iterator, Limit=1000)
+        if not page["Records"]:
+            return records
+        records += page["Records"]
+        iterator = page["NextShardIterator"]
 
 
 def test_a_transaction_needs_memory_for_its_items_not_for_the_table(server: MotoServer) -> None:
@@ -331,3 +339,45 @@ def test_a_cancelled_transaction_leaves_its_items_and_the_stream_as_they_were(
     numbers = [int(r["dynamodb"]["SequenceNumber"]) for r in after]
     assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
     assert [r["eventName"] for r in after[len(written) :]] == ["INSERT", "MODIFY"]
+
+
+# -- stream records: what an item's images take, not a dict per attribute -----------------------
+
+UPDATES = 1_500
+# resident memory a write's stream record may add: a LATEST row's two images are ~4 KB of JSON;
+# as moto's nested dicts they took ~30 KB
+BOUND_KB_PER_RECORD = 8.0
+
+
+def _latest_row(n: int) -> dict[str, Any]:
+    """A LATEST-like row: ~60 attributes, sensors and detections nested."""
+    sensors = {f"sensor_{i:02d}": {"N": str(20 + (n + i) % 7)} for i in range(30)}
+    detections = [
+        {"M": {"label": {"S": "person"}, "confidence": {"N": str(0.5 + i / 100)}}} for i in range(8)
+    ]
+    row: dict[str, Any] = {**_key(0), "sensors": {"M": sensors}, "detections": {"L": detections}}
+    row |= {f"field_{i:02d}": {"S": f"value-{n}-{i}"} for i in range(20)}
+    return row
+
+
+def test_a_stream_record_takes_about_the_size_of_its_images(server: MotoServer) -> None:
+    ddb, name = _client(server.url, "dynamodb"), "aegis-stream-records"
+    _create_table(ddb, name)
+    for n in range(50):  # warm up
+        ddb.put_item(TableName=name, Item=_latest_row(n))
+    pid = server.process.pid
+    before = _rss_kb(pid)
+    for n in range(UPDATES):  # each replaces the row: one MODIFY record with both images
+        ddb.put_item(TableName=name, Item=_latest_row(n))
+    per_record = (_rss_kb(pid) - before) / UPDATES
+    assert per_record < BOUND_KB_PER_RECORD, (
+        f"{UPDATES} writes of one row grew the emulator {per_record:.1f} KB each"
+    )
+    arn = ddb.describe_table(TableName=name)["Table"]["LatestStreamArn"]
+    streams = _client(server.url, "dynamodbstreams")
+    records = _records(streams, arn)
+    assert len(records) == 50 + UPDATES
+    last = records[-1]
+    assert last["eventName"] == "MODIFY"
+    assert last["dynamodb"]["NewImage"] == _latest_row(UPDATES - 1)
+    assert last["dynamodb"]["OldImage"] == _latest_row(UPDATES - 2)

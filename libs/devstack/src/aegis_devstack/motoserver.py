@@ -78,6 +78,7 @@ import gzip
 import io
 import json
 import os
+import pickle
 import re
 import sys
 import threading
@@ -86,6 +87,7 @@ import urllib.error
 import urllib.request
 import uuid
 import weakref
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from html import unescape
@@ -586,7 +588,10 @@ def bound_memory() -> None:
     kept every discarded table copy until a full collection, which this server defers, so the
     shard's link is weak (a copied table's shard links to the copy).
 
-    Stream records older than :data:`STREAM_RETENTION_S` are trimmed and shard iterators expire
+    A stream record keeps the item's old and new images, in moto as nested dicts of every
+    attribute (~40 KB for a LATEST row, most of the emulator's memory in a `make run`); it is
+    kept packed (pickled, compressed) and unpacked when read. Stream records older than
+    :data:`STREAM_RETENTION_S` are trimmed and shard iterators expire
     :data:`SHARD_ITERATOR_LIFETIME_S` after they were issued, as on AWS (moto keeps both forever).
 
     moto runs its Flask apps in debug mode, where Flask gives each request whose form it reads a
@@ -602,6 +607,7 @@ def bound_memory() -> None:
     _track_instances_weakly()
     _make_no_class_per_request()
     _link_stream_shards_weakly()
+    _pack_stream_records()
     _trim_stream_records()
     _expire_shard_iterators()
     _transactions_keep_only_what_they_touch()
@@ -690,6 +696,31 @@ def _link_stream_shards_weakly() -> None:
     StreamShard.__deepcopy__ = deepcopy  # type: ignore[attr-defined]
 
 
+def _pack_stream_records() -> None:
+    from moto.dynamodb.models.table import StreamRecord  # noqa: PLC0415
+
+    init = StreamRecord.__init__
+
+    def record(self: Any) -> Any:
+        # while moto's __init__ builds it: the dict itself; after: a copy from the packed bytes
+        building = self.__dict__.get("_building")
+        if building is not None:
+            return building
+        return pickle.loads(zlib.decompress(self._packed))  # noqa: S301 (our own bytes)
+
+    def set_record(self: Any, value: Any) -> None:
+        self.__dict__["_building"] = value
+
+    def packed(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        built = self.__dict__.pop("_building")
+        self.created = built["dynamodb"]["ApproximateCreationDateTime"]
+        self._packed = zlib.compress(pickle.dumps(built, protocol=pickle.HIGHEST_PROTOCOL), 1)
+
+    StreamRecord.record = property(record, set_record)  # type: ignore[assignment]
+    StreamRecord.__init__ = packed  # type: ignore[method-assign]
+
+
 def _trim_stream_records() -> None:
     from moto.core.exceptions import JsonRESTError  # noqa: PLC0415
     from moto.core.utils import utcnow  # noqa: PLC0415 (the clock moto stamps records with)
@@ -702,10 +733,7 @@ def _trim_stream_records() -> None:
         items = self.items
         cutoff = utcnow() - datetime.timedelta(seconds=STREAM_RETENTION_S)
         trimmed = 0
-        while (
-            trimmed < len(items)
-            and items[trimmed].record["dynamodb"]["ApproximateCreationDateTime"] < cutoff
-        ):
+        while trimmed < len(items) and items[trimmed].created < cutoff:
             trimmed += 1
         if trimmed:
             # records are numbered from the shard's first kept one (moto's get and iterators)
