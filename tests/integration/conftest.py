@@ -27,9 +27,17 @@ FireAlert = Callable[..., AlertState]
 MakeCerts = Callable[[Path], None]
 
 
+# The certificates are valid from a fixed day long past to RFC 5280's "no expiration date", not
+# around Python's now: Mosquitto, nats-server and OpenSSL in every client check them against the
+# machine's clock, which `make test-at` does not move, so a validity made from a moved now would
+# be "not yet valid" (or expired) to them.
+CERT_NOT_VALID_BEFORE = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+CERT_NOT_VALID_AFTER = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)
+
+
 def make_ca_and_server_cert(folder: Path) -> None:
-    """ca.crt, and server.crt/server.key for 127.0.0.1 and localhost, signed by that CA."""
-    now = dt.datetime.now(dt.UTC)
+    """ca.crt, and server.crt/server.key for 127.0.0.1 and localhost, signed by that CA, valid
+    on any clock of the machine and of the tests."""
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "aegis test CA")])
     ca = (
@@ -38,8 +46,8 @@ def make_ca_and_server_cert(folder: Path) -> None:
         .issuer_name(ca_name)
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
+        .not_valid_before(CERT_NOT_VALID_BEFORE)
+        .not_valid_after(CERT_NOT_VALID_AFTER)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -59,8 +67,8 @@ def make_ca_and_server_cert(folder: Path) -> None:
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
+        .not_valid_before(CERT_NOT_VALID_BEFORE)
+        .not_valid_after(CERT_NOT_VALID_AFTER)
         .add_extension(
             x509.SubjectAlternativeName(
                 [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
