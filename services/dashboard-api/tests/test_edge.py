@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from aegis_dashboard_api.access import token_digest
+from aegis_dashboard_api.access import TokenSet, token_digest
 from aegis_dashboard_api.app import create_app, server_config
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_devstack.localservers import free_port
@@ -195,6 +195,29 @@ async def test_revoking_a_token_in_the_tokens_file_ends_its_open_streams(
             await asyncio.sleep(0.3)
             assert (await client.get("/api/fleet", headers=kept)).status_code == 200
             assert (await client.get("/api/fleet", headers=gone)).status_code == 401
+
+
+def test_a_tokens_file_caught_mid_rewrite_revokes_nothing(tmp_path: Path) -> None:
+    """A file rewritten in place is empty, then half-written, for a moment (the server's look
+    can fall between the truncation and the write): a change is taken only once the file is the
+    same at two looks in a row."""
+    keep, revoke = "kept-token", "revoked-token"
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{token_digest(keep)}\n{token_digest(revoke)}\n")
+    allowed = TokenSet([token_digest(TOKEN)], tokens)
+    assert allowed.allowed(keep) and allowed.allowed(revoke)  # taken at once at start
+
+    tokens.write_text("")  # truncated, not written yet
+    assert not allowed.reload()
+    tokens.write_text(token_digest(keep)[:40])  # half-written
+    assert not allowed.reload()
+    assert allowed.allowed(keep) and allowed.allowed(revoke) and allowed.allowed(TOKEN)
+
+    tokens.write_text(f"{token_digest(keep)}\n")  # written: taken at the next look
+    assert not allowed.reload()
+    assert allowed.reload()
+    assert allowed.allowed(keep) and not allowed.allowed(revoke) and allowed.allowed(TOKEN)
+    assert not allowed.reload()  # nothing changed since
 
 
 def test_metrics_are_on_the_health_port_by_route_template_and_not_on_the_api_port(

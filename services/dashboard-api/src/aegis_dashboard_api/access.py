@@ -52,20 +52,26 @@ class TokenSet:
     """The digests that are allowed now: those of ``AEGIS_DASHBOARD_TOKENS`` plus those listed in
     ``AEGIS_DASHBOARD_TOKENS_FILE`` (one per line, ``#`` comments), which :meth:`reload` reads
     again when it changed (a Kubernetes Secret mounted as a file is updated in place). Removing
-    a digest revokes its token: requests are refused and open live streams end."""
+    a digest revokes its token: requests are refused and open live streams end.
+
+    A change is taken once the file has stayed as it is from one look to the next: a file
+    rewritten in place is empty (truncated) or half-written for a moment, and taken then it
+    would revoke every token it lists. The file as it is at start is taken at once."""
 
     def __init__(self, fixed: Sequence[str], file: Path | None = None) -> None:
         self.fixed = tuple(d.lower() for d in fixed)
         self.file = file
-        self._seen: tuple[int, int] | None = None
+        self._seen: tuple[int, int] | None = None  # the file as it was last taken
+        self._changed: tuple[int, int] | None = None  # as it was at the last look, not yet taken
         self.digests: tuple[str, ...] = self.fixed
-        self.reload()
+        self.reload(settled=True)
 
     def allowed(self, token: str | None) -> bool:
         return allowed(token, self.digests)
 
-    def reload(self) -> bool:
-        """Read the file again if it changed; True when the allowed digests changed."""
+    def reload(self, *, settled: bool = False) -> bool:
+        """Read the file again if it changed and has not changed since the previous look (or
+        ``settled``: take it as it is); True when the allowed digests changed."""
         if self.file is None:
             return False
         try:
@@ -76,8 +82,12 @@ class TokenSet:
         else:
             seen, error = (stat.st_mtime_ns, stat.st_size), None
         if seen == self._seen:
+            self._changed = None
             return False
-        self._seen = seen
+        if not settled and seen != self._changed:
+            self._changed = seen  # still being written, maybe: taken at the next look
+            return False
+        self._seen, self._changed = seen, None
         if error is None:
             try:
                 listed = parse_digests(self.file.read_text())
