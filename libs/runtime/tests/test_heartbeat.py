@@ -11,6 +11,7 @@ import pytest
 from faststream.nats import NatsBroker
 
 from aegis_contracts.events import Heartbeat
+from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.broker import create_broker, ensure_streams
 from aegis_runtime.heartbeat import (
@@ -84,3 +85,21 @@ async def test_beats_are_read_back_per_replica_and_a_stop_is_announced(
     assert not is_alive(final[one.instance], final[one.instance].at)
     assert final[two.instance].stopping is False
     assert is_alive(final[two.instance], datetime.now(UTC))
+
+
+async def test_a_stop_announced_in_the_millisecond_of_a_beat_is_not_dropped_as_its_duplicate(
+    broker: NatsBroker, unique_id: str
+) -> None:
+    """A stop that comes while a periodic beat is being sent is announced in the same
+    millisecond: its message is a message of its own, not a duplicate of that beat."""
+    service = f"svc-{unique_id}".lower()[:40]
+
+    async def readiness() -> dict[str, bool]:
+        return {"nats": True}
+
+    clock = FakeClock(datetime.now(UTC))  # stands still: both in one millisecond
+    one = HeartbeatPublisher(broker, service=service, readiness=readiness, clock=clock)
+    assert not (await one.beat()).stopping
+    assert (await one.announce_stopping()).stopping
+    [last] = await last_heartbeats(broker, service)
+    assert last.stopping is True and last.at == one.started_at

@@ -69,6 +69,9 @@ class HeartbeatPublisher:
         self.subject = heartbeat_subject(service, self.instance)
         # set by :meth:`announce_stopping`: every later beat says so, the periodic ones too
         self.stopping = False
+        # numbers the beats' message ids: two beats in one millisecond (a stop during a
+        # periodic beat) are two messages, not a duplicate JetStream drops
+        self.beats = 0
 
     @classmethod
     def for_service(
@@ -98,6 +101,8 @@ class HeartbeatPublisher:
     async def beat(self, *, stopping: bool = False) -> Heartbeat:
         checks = await self.readiness()
         at = truncate_ms(self.clock())
+        self.beats += 1
+        msg_id = f"{self.subject}@{format_ts(at)}#{self.beats}"
         heartbeat = Heartbeat(
             service=self.service,
             instance=self.instance,
@@ -109,9 +114,7 @@ class HeartbeatPublisher:
             stopping=stopping or self.stopping,
             version=self.version,
         )
-        await publish(
-            self.broker, self.subject, heartbeat, msg_id=f"{self.subject}@{format_ts(at)}"
-        )
+        await publish(self.broker, self.subject, heartbeat, msg_id=msg_id)
         return heartbeat
 
     async def run(self, stop: asyncio.Event) -> None:
