@@ -275,6 +275,9 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
     assert ddb.get("Query@fleet", 0) > 0 and ddb.get("BatchGetItem", 0) > 0, ddb
 
 
+BACKLOG = 60  # raw messages waiting for the processor when the first run is stopped
+
+
 async def outstanding(nats_url: str) -> dict[str, int]:
     """Per AEGIS stream, the messages its consumers have not yet acknowledged (pending plus
     delivered but unacknowledged), summed over its consumers."""
@@ -326,11 +329,12 @@ async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_noth
                 await eventually(data_flows, within=60, interval=1, what="the first run's data")
                 # a backlog: more than ingest and the processor take in at once
                 topic = topic_for(f"burst-{unique_id}"[:40].lower(), "factory_state")
-                burst = [(topic, device_message(f"burst-{unique_id}", n)) for n in range(150)]
+                burst = [(topic, device_message(f"burst-{unique_id}", n)) for n in range(300)]
                 await publish_all(private_mosquitto.url, burst)
 
+                # more than the processor has in flight, which a graceful stop still finishes
                 async def queue_holds_work() -> bool:
-                    return (await outstanding(private_nats.url))["AEGIS_RAW"] > 0
+                    return (await outstanding(private_nats.url))["AEGIS_RAW"] >= BACKLOG
 
                 await eventually(queue_holds_work, within=30, interval=0.2, what="a backlog")
                 up.send_signal(signal.SIGINT)
