@@ -17,6 +17,7 @@ from aegis_devstack.testing.emulator import (
     RequestCounts,
     arequest_counts,
     areset_request_counts,
+    fleet_table,
     request_counts,
     reset_request_counts,
 )
@@ -67,28 +68,7 @@ async def stored(emulator: str, clients: Clients) -> Clients:
     await clients.s3.create_bucket(
         Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION}
     )
-    await clients.dynamodb.create_table(
-        TableName=TABLE,
-        AttributeDefinitions=[
-            {"AttributeName": name, "AttributeType": "S"}
-            for name in ("pk", "sk", "fleet_pk", "fleet_sk")
-        ],
-        KeySchema=[
-            {"AttributeName": "pk", "KeyType": "HASH"},
-            {"AttributeName": "sk", "KeyType": "RANGE"},
-        ],
-        GlobalSecondaryIndexes=[
-            {
-                "IndexName": "fleet",
-                "KeySchema": [
-                    {"AttributeName": "fleet_pk", "KeyType": "HASH"},
-                    {"AttributeName": "fleet_sk", "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "KEYS_ONLY"},
-            }
-        ],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    await clients.dynamodb.create_table(**fleet_table(TABLE, projection="KEYS_ONLY"))
     for n in range(5):
         item = {"pk": {"S": "site#1"}, "sk": {"S": f"device#{n}"}, "note": {"S": "x" * 50}}
         if n < 2:

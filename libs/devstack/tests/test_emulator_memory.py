@@ -28,6 +28,7 @@ from aegis_devstack.localservers import (
     start_moto_server,
     wait_for_port,
 )
+from aegis_devstack.testing.emulator import fleet_table
 
 pytestmark = [
     pytest.mark.integration,
@@ -81,29 +82,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
 
 
 def _create_table(ddb: Any, name: str = TABLE) -> None:
-    ddb.create_table(
-        TableName=name,
-        AttributeDefinitions=[
-            {"AttributeName": name, "AttributeType": "S"}
-            for name in ("pk", "sk", "fleet_pk", "fleet_sk")
-        ],
-        KeySchema=[
-            {"AttributeName": "pk", "KeyType": "HASH"},
-            {"AttributeName": "sk", "KeyType": "RANGE"},
-        ],
-        GlobalSecondaryIndexes=[
-            {
-                "IndexName": "fleet",
-                "KeySchema": [
-                    {"AttributeName": "fleet_pk", "KeyType": "HASH"},
-                    {"AttributeName": "fleet_sk", "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "ALL"},
-            }
-        ],
-        BillingMode="PAY_PER_REQUEST",
-        StreamSpecification={"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"},
-    )
+    ddb.create_table(**fleet_table(name, stream=True))
 
 
 def _key(n: int) -> dict[str, Any]:

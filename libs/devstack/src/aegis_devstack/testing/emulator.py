@@ -19,12 +19,47 @@ __all__ = [
     "RequestCounts",
     "arequest_counts",
     "areset_request_counts",
+    "fleet_table",
     "lambda_functions",
     "register_lambda",
     "request_counts",
     "reset_request_counts",
     "unregister_lambda",
 ]
+
+
+def fleet_table(name: str, *, projection: str = "ALL", stream: bool = False) -> dict[str, Any]:
+    """CreateTable arguments for a table of the read model's shape: pk/sk strings and the "fleet"
+    index on fleet_pk/fleet_sk (``projection``), on demand; ``stream``: NEW_AND_OLD_IMAGES."""
+    spec: dict[str, Any] = {
+        "TableName": name,
+        "AttributeDefinitions": [
+            {"AttributeName": attr, "AttributeType": "S"}
+            for attr in ("pk", "sk", "fleet_pk", "fleet_sk")
+        ],
+        "KeySchema": [
+            {"AttributeName": "pk", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+        "GlobalSecondaryIndexes": [
+            {
+                "IndexName": "fleet",
+                "KeySchema": [
+                    {"AttributeName": "fleet_pk", "KeyType": "HASH"},
+                    {"AttributeName": "fleet_sk", "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": projection},
+            }
+        ],
+        "BillingMode": "PAY_PER_REQUEST",
+    }
+    if stream:
+        spec["StreamSpecification"] = {
+            "StreamEnabled": True,
+            "StreamViewType": "NEW_AND_OLD_IMAGES",
+        }
+    return spec
+
 
 COUNTS_PATH = "/_aegis/requests"  # aegis_devstack.motoserver.COUNTS_PATH
 RESET_PATH = "/_aegis/requests/reset"
