@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from aegis_devstack.localservers import (
     start_private_mosquitto,
     start_private_nats,
 )
+from aegis_devstack.testing.emulator import request_counts
 from aegis_storage.clients import AwsClients, AwsConfig, open_client, open_clients
 
 AEGIS = str(Path(sys.executable).parent / "aegis")
@@ -47,9 +47,8 @@ BUCKET, TABLE = "aegis-bench-emulator", "AEGIS-bench-emulator"
 
 def served(url: str) -> int:
     """Requests the emulator has answered (every service, every operation)."""
-    with urllib.request.urlopen(f"{url}/_aegis/requests", timeout=30) as resp:
-        counts = json.load(resp)["requests"]
-    return sum(op["count"] for ops in counts.values() for op in ops.values())
+    counts = request_counts(url, timeout=30)
+    return sum(counts.total(service) for service in counts.requests)
 
 
 async def stream_records(clients: AwsClients) -> int:
