@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 from aiobotocore.session import get_session
+from botocore.exceptions import ClientError
 
 from aegis_aggregator.aggregate import JOB as AGGREGATE_JOB
 from aegis_aggregator.aggregate import Aggregator, Source
@@ -241,6 +242,8 @@ PROCESSED = f"processed/{F}/factory_state/yyyy=2026/mm=11/dd=30/hh=12/m-00000001
 SNAPSHOT = f"processed/{F}/state_snapshot/yyyy=2026/mm=11/dd=30/hh=12/2026-11-30T12:00:00.000Z.json"
 REPORT = f"reports/daily/yyyy=2026/mm=11/dd=29/{F}/report.md"
 IMAGE = f"image_snapshot/factory_id={F}/yyyy=2026/mm=11/dd=30/hh=12/cam-1.jpg"
+INCIDENT_ID = "20261130-0123abcd"
+INCIDENT = f"incidents/{F}/yyyy=2026/mm=11/dd=30/{INCIDENT_ID}.json"
 LEGACY = "datasets/factory-iam/old.json"
 WINDOW_OBJECT = f"processed_agg/{F}/metrics_5m/yyyy=2026/mm=11/dd=30/hh=12/mm=00.json"
 
@@ -532,6 +535,23 @@ async def test_alert_dispatcher(as_service):
     await denied(me.readmodel.factory_latest_items())
 
 
+async def test_alert_dispatcher_keeps_incidents_and_writes_each_record_once(as_service):
+    me = await as_service("alert-dispatcher")
+    await me.readmodel.put_item(item(f"INCIDENT#{INCIDENT_ID}", "INCIDENT"), if_absent=True)
+    assert await me.readmodel.index_members("INCIDENT") is not None
+    await me.store.put_immutable(INCIDENT, b'{"closed": true}')
+    assert await me.store.get_json(INCIDENT) == {"closed": True}
+    # the record cannot be replaced: without If-None-Match, with another value, nor deleted
+    await denied(me.store.put_bytes(INCIDENT, b"{}"))
+    s3 = me.clients.s3
+    with pytest.raises(ClientError, match="AccessDenied"):
+        await s3.put_object(Bucket=BUCKET, Key=INCIDENT, Body=b"{}", IfNoneMatch='"abc"')
+    with pytest.raises(ClientError, match="AccessDenied"):
+        await s3.delete_object(Bucket=BUCKET, Key=INCIDENT)
+    assert await me.store.get_json(INCIDENT) == {"closed": True}
+    await denied(me.readmodel.put_item(item(f"FACTORY#{F}", "LATEST")))
+
+
 async def test_reporter(as_service):
     me = await as_service("reporter")
     assert PROCESSED in await me.store.list_keys(f"processed/{F}/")
@@ -619,6 +639,16 @@ async def test_dashboard_only_reads(as_service):
     await denied(me.readmodel.put_item(item(f"FACTORY#{F}", "LATEST")))
     await denied(me.readmodel.delete_item(f"FACTORY#{F}", "LATEST"))
     await denied(me.store.get_bytes(RAW))
+
+
+async def test_the_dashboard_writes_incidents_and_slack_nonces_only(as_service):
+    me = await as_service("dashboard-api")
+    await me.readmodel.put_item(item(f"INCIDENT#{INCIDENT_ID}", "INCIDENT"))
+    await me.readmodel.put_item(item("SLACK#nonce", "x"), if_absent=True)
+    await denied(me.readmodel.put_item(item(f"ALERT#{F}", "CRITICAL#FIRE#STATE")))
+    await denied(me.readmodel.put_item(item("JOB#registry", "JOB#x")))
+    await denied(me.readmodel.delete_item(f"INCIDENT#{INCIDENT_ID}", "INCIDENT"))
+    await denied(me.store.put_immutable(INCIDENT, b"{}"))
 
 
 async def test_simulator_uploads_images_only(as_service):

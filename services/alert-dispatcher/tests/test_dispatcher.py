@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import json
 import os
@@ -29,7 +30,7 @@ from aegis_alert_dispatcher.dispatcher import AlertBusy, Dispatcher, Result
 from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_alert_dispatcher.slack import SlackWebhook
 from aegis_cli.app import app as cli_app
-from aegis_contracts import keys
+from aegis_contracts import incidents, keys
 from aegis_contracts.cloud import CloudCheck, CloudSnapshot
 from aegis_contracts.events import ObjectCreated
 from aegis_contracts.state import Level
@@ -44,6 +45,8 @@ from aegis_devstack.testing.webhook import ABANDONED, FakeWebhook
 from aegis_runtime.broker import create_broker, ensure_streams, publish
 from aegis_runtime.health import answers_ready
 from aegis_runtime.logging import configure
+from aegis_storage.errors import Conflict
+from aegis_storage.incidents import IncidentStore
 
 pytestmark = pytest.mark.integration
 
@@ -163,7 +166,7 @@ async def test_fire_sends_once_then_cooldown_then_again_then_one_resolved(
     assert headlines(webhook)[2:] == ["RESOLVED · factory-a · FIRE_DETECTED"]
     body = webhook.delivered[0]
     assert "measured 0.93, threshold 0.8" in json.dumps(body)
-    assert body["blocks"][3]["elements"][0]["url"] == "http://dash.example/factories/factory-a"
+    assert body["blocks"][3]["elements"][-1]["url"] == "http://dash.example/factories/factory-a"
     assert [a["action"] for a in rec.announced] == ["fire", "fire", "resolve"]
     item = await foundation.readmodel.get_item(
         keys.alert_pk("factory-a"), keys.alert_sk("CRITICAL", "FIRE_DETECTED", "STATE")
@@ -806,3 +809,78 @@ async def test_an_intent_left_by_a_dead_replica_is_completed_by_another_after_it
     assert outcomes == ["completed_sent"] * 2 + ["suppressed_cooldown"] * 2
     (done,) = await intent_items(foundation, "factory-a")
     assert done["state"] == "sent" and done["version"] == left["version"] + 2
+
+
+# -- incidents ----------------------------------------------------------------------------------
+
+
+def ack_buttons(body: dict[str, Any]) -> list[str]:
+    actions = next(b for b in body["blocks"] if b["type"] == "actions")
+    return [
+        e["value"] for e in actions["elements"] if e.get("action_id", "").startswith("aegis_ack")
+    ]
+
+
+async def test_a_fire_opens_one_incident_its_messages_name_and_its_resolve_archives_once(
+    foundation, webhook, session
+) -> None:
+    d = make(foundation, webhook, session, Recorded())
+    store = IncidentStore(foundation.readmodel, foundation.store)
+    await d.handle(await put_state(foundation, "factory-a", T0, [FIRE]))
+    (opened,) = await store.open(now=T0)
+    assert (opened.scope, opened.reason, opened.severity, opened.state) == (
+        "factory-a",
+        "FIRE_DETECTED",
+        "CRITICAL",
+        "triggered",
+    )
+    assert ack_buttons(webhook.delivered[0]) == [opened.incident_id]
+    # the reminder after the cooldown speaks for the same incident
+    await d.handle(await put_state(foundation, "factory-a", T0 + timedelta(minutes=5), [FIRE]))
+    assert ack_buttons(webhook.delivered[1]) == [opened.incident_id]
+    await d.handle(await put_state(foundation, "factory-a", T0 + timedelta(minutes=6), []))
+    assert ack_buttons(webhook.delivered[2]) == []  # a RESOLVED message has nothing to acknowledge
+    closed = await store.get(opened.incident_id)
+    assert closed is not None and closed.state == "resolved" and closed.resolved_by == "aegis"
+    assert closed.archived_key == keys.incident_record_key("factory-a", T0, opened.incident_id)
+    assert await store.open(now=T0 + timedelta(minutes=6)) == []
+    record = await foundation.store.get_json(closed.archived_key)
+    assert [(e["kind"], e.get("outcome")) for e in record["timeline"]] == [
+        ("triggered", None),
+        ("notified", "sent"),
+        ("notified", "sent"),
+        ("resolved", None),
+        ("notified", "sent"),
+    ]
+    assert record["time_to_resolve_s"] == 360.0 and record["time_to_acknowledge_s"] is None
+    with pytest.raises(Conflict):  # the record is written once
+        await foundation.store.put_immutable(closed.archived_key, b"{}")
+
+
+async def test_an_acknowledged_incident_gets_no_reminder_but_a_worse_severity_speaks(
+    foundation, webhook, session
+) -> None:
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec)
+    store = IncidentStore(foundation.readmodel, foundation.store)
+    smoke = FIRE | {"severity": "WARNING", "code": "SMOKE"}
+    await d.handle(await put_state(foundation, "factory-b", T0, [smoke]))
+    (opened,) = await store.open(now=T0)
+    ack = functools.partial(
+        incidents.acknowledge, by="kim", via="cli", at=T0 + timedelta(minutes=1)
+    )
+    acked, changed = await store.change(opened.incident_id, ack)
+    assert changed and acked.acknowledged_by == "kim"
+    # after the WARNING cooldown: no reminder, twice
+    for minutes in (16, 32):
+        at = T0 + timedelta(minutes=minutes)
+        await d.handle(await put_state(foundation, "factory-b", at, [smoke]))
+    assert len(webhook.delivered) == 1
+    assert [r.outcome for r in rec.results[-2:]] == ["suppressed_acknowledged"] * 2
+    # the same reason turns CRITICAL: that is news, for the same incident
+    worse = smoke | {"severity": "CRITICAL"}
+    await d.handle(await put_state(foundation, "factory-b", T0 + timedelta(minutes=33), [worse]))
+    assert headlines(webhook)[1] == "CRITICAL (escalated from WARNING) · factory-b · SMOKE"
+    now = await store.get(opened.incident_id)
+    assert now is not None and (now.severity, now.state) == ("CRITICAL", "acknowledged")
+    assert ack_buttons(webhook.delivered[1]) == [opened.incident_id]

@@ -107,6 +107,7 @@ LIVE_FEED = (
     f"{OBJECT_CREATED}.metrics_5m",
     f"{OBJECT_CREATED}.reports",
     ALERT_SENT,
+    f"{CHANGES}.incident",
 )
 
 IDENTITIES: dict[str, Identity] = {
@@ -133,6 +134,7 @@ IDENTITIES: dict[str, Identity] = {
         (
             ALERT_SENT,
             f"{CHANGES}.alert",
+            f"{CHANGES}.incident",
             *_own("alert-dispatcher"),
             *_consumes("AEGIS_EVENTS"),
             *_consumes("AEGIS_DLQ"),
@@ -187,8 +189,8 @@ IDENTITIES: dict[str, Identity] = {
             "$JS.API.STREAM.MSG.GET.AEGIS_EVENTS",
         ),
     ),
-    # the live feed: plain subscriptions, nothing published
-    "dashboard-api": Identity("dashboard-api", (), subscribe=LIVE_FEED),
+    # the live feed: plain subscriptions; announces the incidents people acknowledge or resolve
+    "dashboard-api": Identity("dashboard-api", (f"{CHANGES}.incident",), subscribe=LIVE_FEED),
 }
 
 

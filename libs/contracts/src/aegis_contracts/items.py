@@ -112,6 +112,8 @@ class AlertState(_Item):
     resolved_at: Timestamp | None = None
     sent_count: int = 0
     pending: str | None = None
+    # the incident this alert speaks for (one per scope, stream and reason while it fires)
+    incident_id: str | None = None
     ttl: int
 
 
@@ -126,6 +128,7 @@ class IntentAlert(BaseModel):
     action: Literal["fire", "escalate", "resolve"]
     claimed_version: int
     before: dict[str, Any] | None = None
+    incident_id: str | None = None
 
 
 class AlertIntent(_Item):
@@ -150,6 +153,64 @@ class AlertIntent(_Item):
     posts: int = Field(default=0, ge=0)
     settled_at: Timestamp | None = None
     ttl: int
+
+
+IncidentStateName = Literal["triggered", "acknowledged", "resolved"]
+
+
+class IncidentEvent(BaseModel):
+    """One line of an incident's timeline: what happened, when, who did it and through what.
+
+    ``kind``: ``triggered``, ``severity_raised``, ``notified`` (a receiver was sent a message:
+    ``receiver`` and ``outcome`` say which and how it went), ``escalated``, ``acknowledged``,
+    ``resolved``, ``silenced``, ``unsilenced``, ``archived``, ``note``. ``by`` is a person
+    (Slack user, dashboard identity, CLI user) or ``aegis``; ``via`` is where it came from
+    (``slack``, ``dashboard``, ``cli``, ``data``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: Timestamp
+    kind: str
+    by: str = "aegis"
+    via: str = "data"
+    receiver: str | None = None
+    outcome: str | None = None
+    level: int | None = None
+    detail: str = ""
+
+
+class Incident(_Item):
+    """``INCIDENT#{incident_id}`` / ``INCIDENT``: one firing alert of a scope (a factory or
+    ``cloud-infra``) and reason, from the first message until it is resolved: triggered,
+    acknowledged (by whom, when, from where), escalated (``level``), resolved (by the data, or by
+    a person with a note), and the timeline of everything that happened to it. ``version`` grows
+    with every change; every writer changes it only if the version is still the one it read.
+    Open, it has no ``ttl``; once resolved its record is written to S3
+    (``archived_key``) and the item expires ``ttl`` later."""
+
+    incident_id: str
+    scope: str
+    stream: str
+    reason: str
+    severity: Literal["WARNING", "CRITICAL"]
+    state: IncidentStateName = "triggered"
+    version: int = Field(default=1, ge=1)
+    triggered_at: Timestamp
+    acknowledged_at: Timestamp | None = None
+    acknowledged_by: str | None = None
+    acknowledged_via: str | None = None
+    resolved_at: Timestamp | None = None
+    resolved_by: str | None = None
+    resolved_via: str | None = None
+    resolution_note: str | None = None
+    level: int = Field(default=0, ge=0)
+    escalated_at: Timestamp | None = None
+    last_notified_at: Timestamp | None = None
+    notifications: int = Field(default=0, ge=0)
+    detail: str = ""
+    timeline: list[IncidentEvent] = Field(default_factory=list)
+    archived_key: str | None = None
+    ttl: int | None = None
 
 
 class AlertObservation(_Item):

@@ -32,6 +32,7 @@ PROCESSED_PREFIX = "processed/"
 PROCESSED_AGG_PREFIX = "processed_agg/"
 IMAGE_SNAPSHOT_PREFIX = "image_snapshot/"
 REPORTS_DAILY_PREFIX = "reports/daily/"
+INCIDENTS_PREFIX = "incidents/"
 LEGACY_LATEST_PREFIX = "latest/"
 CLOUD_INFRA = "cloud_infra"
 # the report target and alert scope of the cloud infrastructure; refused as a factory id
@@ -218,6 +219,27 @@ def report_hourly_key(report_date: date, target: str, kst_hour: int) -> str:
     return f"{report_prefix(report_date, target)}intermediate/hourly/hh={kst_hour:02d}.json"
 
 
+_INCIDENT_ID = re.compile(r"\d{8}-[0-9a-f]{8}")
+
+
+def incident_id(value: str) -> str:
+    """An incident id: ``{yyyymmdd}-{8 hex}``, the UTC day it was triggered and a hash."""
+    return _word(_INCIDENT_ID, value, "incident_id")
+
+
+def incident_record_key(scope: str, triggered_at: datetime, incident: str) -> str:
+    """``incidents/{scope}/yyyy=/mm=/dd=/{incident_id}.json``: the closed incident's record,
+    written once (if-none-match) and never expired; the day is the UTC day it was triggered."""
+    return (
+        f"{INCIDENTS_PREFIX}{report_target(scope)}/{Partition.of(triggered_at).day_path}/"
+        f"{incident_id(incident)}.json"
+    )
+
+
+def incident_day_prefix(scope: str, day: date) -> str:
+    return f"{INCIDENTS_PREFIX}{report_target(scope)}/{day_path(day)}/"
+
+
 def graph_bucket_start(value: datetime) -> datetime:
     """A 5-minute window start; anything not on the grid is refused rather than silently moved."""
     v = ensure_utc(value)
@@ -254,6 +276,7 @@ class KeyFamily(StrEnum):
     PROCESSED_AGG = "processed_agg"
     IMAGE_SNAPSHOT = "image_snapshot"
     REPORT = "report"
+    INCIDENT = "incident"
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +295,7 @@ class KeyInfo:
     target: str | None = None
     artifact: str | None = None
     supplement: int | None = None
+    incident_id: str | None = None
 
 
 _DAY = r"yyyy=(?P<y>\d{4})/mm=(?P<m>\d{2})/dd=(?P<d>\d{2})"
@@ -305,6 +329,12 @@ _PATTERNS: tuple[tuple[KeyFamily, re.Pattern[str]], ...] = (
     (
         KeyFamily.REPORT,
         re.compile(rf"reports/daily/{_DAY}/(?P<target>[a-z0-9][a-z0-9-]{{0,62}})/(?P<art>.+)"),
+    ),
+    (
+        KeyFamily.INCIDENT,
+        re.compile(
+            rf"incidents/(?P<target>[a-z0-9][a-z0-9-]{{0,62}})/{_DAY}/(?P<inc>\d{{8}}-[0-9a-f]{{8}})\.json"
+        ),
     ),
 )
 
@@ -351,6 +381,7 @@ def _info(family: KeyFamily, m: re.Match[str]) -> KeyInfo:
         target=g.get("target"),
         artifact=g.get("art"),
         supplement=int(g["n"]) if g.get("n") else None,
+        incident_id=g.get("inc"),
     )
 
 
@@ -391,6 +422,9 @@ def _rebuild(info: KeyInfo) -> str:  # noqa: PLR0911 - one return per family rea
             if hourly:
                 return report_hourly_key(info.day, info.target, int(hourly.group(1)))
             return report_key(info.day, info.target, info.artifact)
+        case KeyFamily.INCIDENT:
+            assert info.target and info.incident_id
+            return incident_record_key(info.target, info.at, info.incident_id)
     raise AssertionError(info.family)  # pragma: no cover
 
 
@@ -473,6 +507,16 @@ def alert_intent_sk(status: str, snapshot_at: datetime) -> str:
     return f"{INTENT_PREFIX}{_word(_STATUS, status, 'status')}#{format_ts(snapshot_at)}"
 
 
+# ``INCIDENT#{incident_id}`` / ``INCIDENT``: one incident, open or recently closed (the closed
+# record lives on in S3, ``incidents/``); the open ones are listed through the fleet index
+INCIDENT_PK_PREFIX = "INCIDENT#"
+INCIDENT_SK = "INCIDENT"
+
+
+def incident_pk(incident: str) -> str:
+    return f"{INCIDENT_PK_PREFIX}{incident_id(incident)}"
+
+
 def claim_pk(job: str) -> str:
     """``CLAIM#{job}``: one item per (job, window) so N replicas run each window once."""
     return f"{CLAIM_PK_PREFIX}{_word(re.compile(r'[a-z][a-z0-9_-]{0,63}'), job, 'job')}"
@@ -502,7 +546,8 @@ FLEET_SHARDS = 8
 FLEET_LATEST = "LATEST"
 FLEET_FIRING = "FIRING"
 FLEET_LATE = "LATE"
-FLEET_KINDS = (FLEET_LATEST, FLEET_FIRING, FLEET_LATE)
+FLEET_INCIDENT = "INCIDENT"
+FLEET_KINDS = (FLEET_LATEST, FLEET_FIRING, FLEET_LATE, FLEET_INCIDENT)
 FLEET_ATTRIBUTES = frozenset({FLEET_PK, FLEET_SK})
 
 
@@ -526,10 +571,15 @@ def fleet_partitions(kind: str) -> list[str]:
     return [fleet_partition(kind, n) for n in range(FLEET_SHARDS)]
 
 
-def fleet_index_keys(pk: str, sk: str, *, firing: object = None) -> dict[str, str] | None:
+def fleet_index_keys(
+    pk: str, sk: str, *, firing: object = None, archived: object = None
+) -> dict[str, str] | None:
     """The index attributes an item carries, or None when it stays out of the index: a FACTORY
     LATEST always; an alert state (``ALERT#{scope}`` / ``{severity}#{reason}#{status}``) while
-    ``firing`` is True; a factory-hour's late-data marker; nothing else."""
+    ``firing`` is True; a factory-hour's late-data marker; an incident until its record is
+    archived (``archived`` is falsy: open, or resolved and not yet written to S3); nothing else."""
+    if pk.startswith(INCIDENT_PK_PREFIX) and sk == INCIDENT_SK and not archived:
+        return {FLEET_PK: fleet_partition(FLEET_INCIDENT, fleet_shard(pk)), FLEET_SK: pk}
     if pk.startswith("FACTORY#") and sk == LATEST_SK:
         return {FLEET_PK: fleet_partition(FLEET_LATEST, fleet_shard(pk)), FLEET_SK: pk}
     if pk.startswith("FACTORY#") and sk.startswith(LATE_PREFIX):
@@ -669,6 +719,8 @@ def change_entity(pk: str, sk: str) -> str | None:  # noqa: PLR0911 - one return
         return "alert" if sk.count("#") == 2 and sk.split("#", 1)[0] in SEVERITIES else None
     if pk == CLOUD_PK:
         return "cloud_infra" if sk == LATEST_SK else None
+    if pk.startswith(INCIDENT_PK_PREFIX):
+        return "incident" if sk == INCIDENT_SK else None
     if pk == JOB_REGISTRY_PK and sk.startswith(JOB_SK_PREFIX):
         return "orch_job"
     return None

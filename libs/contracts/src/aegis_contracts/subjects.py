@@ -57,6 +57,9 @@ CHANGE_ENTITIES: dict[str, tuple[str, ...]] = {
     "cloud_infra": ("INSERT", "MODIFY"),
     # a registered job (``JOB#registry`` / ``JOB#{id}``); ``aegis jobs delete`` is a soft delete
     "orch_job": ("INSERT", "MODIFY"),
+    # an incident (``INCIDENT#{id}`` / ``INCIDENT``): triggered, notified, acknowledged,
+    # escalated, resolved, archived (the dispatcher, and a person through the dashboard or CLI)
+    "incident": ("INSERT", "MODIFY"),
 }
 
 

@@ -325,6 +325,22 @@ CHANNELS: tuple[Channel, ...] = (
         readers=(_ON_CHANGES,),
     ),
     Channel(
+        id="incidentChanges",
+        address=change_subject("incident"),
+        title="Changes of an incident",
+        description=(
+            "An incident: `INCIDENT#{incident_id}` / `INCIDENT`, triggered, notified, "
+            "escalated, acknowledged, resolved and archived (old and new images; the old one "
+            "is absent only when a transaction wrote it without it)."
+        ),
+        message=ChangeEvent,
+        senders=(
+            Use("alert-dispatcher", "Each change the dispatcher makes to an incident."),
+            Use("dashboard-api", "An incident a person acknowledged or resolved."),
+        ),
+        readers=(_ON_CHANGES, Use(_FEED, "Open incidents shown live.", via="subscription")),
+    ),
+    Channel(
         id="cloudInfraChanges",
         address=change_subject("cloud_infra"),
         title="Changes of the cloud LATEST",

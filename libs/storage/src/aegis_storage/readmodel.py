@@ -150,7 +150,10 @@ def indexed(attributes: Mapping[str, Any]) -> dict[str, Any]:
     pk, sk = (attributes.get(name, {}).get("S") for name in ("pk", "sk"))
     if pk and sk:
         firing = attributes.get("firing", {}).get("BOOL")
-        for name, value in (keys.fleet_index_keys(pk, sk, firing=firing) or {}).items():
+        archived = attributes.get("archived_key", {}).get("S")
+        for name, value in (
+            keys.fleet_index_keys(pk, sk, firing=firing, archived=archived) or {}
+        ).items():
             out[name] = {"S": value}
     return out
 

@@ -34,12 +34,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import functools
 import hashlib
 import json
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -53,11 +54,12 @@ from aegis_alert_dispatcher.decide import (
     AlertKey,
     Decision,
     Policy,
+    Severity,
     Stream,
     decide,
 )
 from aegis_alert_dispatcher.slack import AlertEntry, AlertMessage, Delivery, Undeliverable
-from aegis_contracts import keys, msgids
+from aegis_contracts import incidents, keys, msgids
 from aegis_contracts.cloud import CloudSnapshot
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import ObjectCreated
@@ -66,6 +68,7 @@ from aegis_contracts.items import (
     AlertIntent,
     AlertObservation,
     AlertState,
+    Incident,
     IntentAlert,
 )
 from aegis_contracts.keys import KeyFamily
@@ -73,7 +76,8 @@ from aegis_contracts.state import Reason
 from aegis_contracts.times import Clock, format_ts, parse_ts
 from aegis_contracts.ttl import TtlSettings
 from aegis_runtime.broker import current_message, delivery
-from aegis_storage.errors import Conflict, NotFound, Transient
+from aegis_storage.errors import Conflict, NotFound, StorageError, Transient
+from aegis_storage.incidents import IncidentStore
 from aegis_storage.readmodel import Put, ReadModel
 from aegis_storage.s3 import ObjectStore
 
@@ -176,6 +180,9 @@ BUSY_MIN_RETRY_S = 1.0
 # the message again, so it is worth a few seconds)
 CONFIRM_ATTEMPTS = 6
 CONFIRM_FIRST_DELAY = 0.05
+# a message whose incidents a person changes while it is being recorded is decided again this
+# many times before the event is retried
+SEND_ATTEMPTS = 5
 # a settled intent is kept this long (a duplicate of its snapshot finds it), not the alert TTL
 SETTLED_INTENT_KEPT = timedelta(hours=1)
 
@@ -208,6 +215,8 @@ class Dispatcher:
         on_result: Callable[[Result], None] | None = None,
         lease: timedelta = timedelta(seconds=120),
         instance: str | None = None,
+        incident_store: IncidentStore | None = None,
+        receiver_name: str = "slack",
     ) -> None:
         self.store = store
         self.readmodel = readmodel
@@ -222,6 +231,8 @@ class Dispatcher:
         self.on_result = on_result
         self.lease = lease
         self.instance = instance or instance_name()
+        self.incidents = incident_store or IncidentStore(readmodel, store)
+        self.receiver_name = receiver_name
         # posts (and their confirmations) in progress: they outlive a cancelled handler
         self._settling: set[asyncio.Task[tuple[str, str]]] = set()
         # handlers cancelled (a shutdown) while their post was in progress, which it outlived
@@ -306,7 +317,7 @@ class Dispatcher:
             else:
                 results.append(self._record(await self._quiet(snapshot, d), snapshot, key=key))
         if sends:
-            for result in await self._send(snapshot, sends):
+            for result in await self._send(snapshot, sends, states):
                 results.append(self._record(result, snapshot, key=key))
         return results
 
@@ -421,23 +432,154 @@ class Dispatcher:
         (a handler called directly, without a queue, gets a message of its own)."""
         return f"{self.instance}|{current_message() or uuid.uuid4().hex}|{delivery()}"
 
-    async def _send(self, snapshot: Snapshot, decisions: list[Decision]) -> list[Result]:
-        """Record the decision's one message as an intent (claiming its alerts), then post it."""
+    async def _incidents_for(
+        self,
+        snapshot: Snapshot,
+        decisions: list[Decision],
+        states: Mapping[AlertKey, AlertState],
+    ) -> dict[str, tuple[Incident | None, Incident]]:
+        """Per reason code sent: the incident as stored (None: new) and as it will be once the
+        message is recorded. A reason that fires with no open incident opens one (the same id on
+        every replica); WARNING -> CRITICAL raises its severity; a RESOLVE resolves it."""
+        out: dict[str, tuple[Incident | None, Incident]] = {}
+        for code in sorted({d.code for d in decisions}):
+            mine = [d for d in decisions if d.code == code]
+            known = {
+                s.incident_id
+                for (_, c), s in states.items()
+                if c == code and s.incident_id and (s.firing or s.pending)
+            }
+            current: Incident | None = None
+            for incident_id in sorted(known):
+                found = await self.incidents.get(incident_id)
+                if found is not None and found.state != "resolved":
+                    current = found
+                    break
+            resolving = all(d.action is Action.RESOLVE for d in mine)
+            if resolving:
+                if current is None:
+                    continue  # fired before incidents were kept, or closed by a person
+                resolved = incidents.resolve(current, at=snapshot.at)
+                if resolved is not None:
+                    out[code] = (current, resolved)
+                continue
+            worst: Severity = (
+                "CRITICAL" if any(d.severity == "CRITICAL" for d in mine) else "WARNING"
+            )
+            if current is None:
+                detail = "; ".join(r.detail for d in mine for r in d.reasons)
+                opened = incidents.open_incident(
+                    scope=snapshot.scope,
+                    stream=snapshot.stream.value,
+                    reason=code,
+                    severity=worst,
+                    at=snapshot.at,
+                    detail=detail,
+                )
+                stored = await self.incidents.get(opened.incident_id)  # a redelivery wrote it
+                out[code] = (stored, stored or opened)
+                continue
+            out[code] = (current, incidents.raise_severity(current, worst, snapshot.at))
+        return out
+
+    async def _send(
+        self,
+        snapshot: Snapshot,
+        decisions: list[Decision],
+        states: Mapping[AlertKey, AlertState],
+    ) -> list[Result]:
+        """Record the decision's one message as an intent (claiming its alerts and changing
+        their incidents in the same transaction), then post it. A conflict that is not another
+        replica's intent (a person acknowledged an incident meanwhile) is decided again."""
+        intent_sk = keys.alert_intent_sk(snapshot.stream.value, snapshot.at)
+        for _ in range(SEND_ATTEMPTS):
+            changes = await self._incidents_for(snapshot, decisions, states)
+            quiet = [d for d in decisions if self._acknowledged_refire(d, changes)]
+            sends = [d for d in decisions if d not in quiet]
+            results = [await self._quiet_acknowledged(snapshot, d) for d in quiet]
+            if not sends:
+                return results
+            try:
+                intent = await self._record_intent(snapshot, sends, changes)
+            except Conflict:
+                existing = await self.readmodel.get_item(keys.alert_pk(snapshot.scope), intent_sk)
+                if existing is not None:
+                    return results + [
+                        Result(
+                            "claimed_elsewhere",
+                            d.action,
+                            d.severity,
+                            d.code,
+                            "another replica has it",
+                        )
+                        for d in sends
+                    ]
+                continue  # an incident changed under it (an acknowledgement): decide again
+            outcome, why = await self._settle_outliving_cancel(intent)
+            return results + [
+                Result(outcome, d.action, d.severity, d.code, why or d.why) for d in sends
+            ]
+        raise Transient(f"{snapshot.scope}: its incidents kept changing while being notified")
+
+    @staticmethod
+    def _acknowledged_refire(
+        d: Decision, changes: Mapping[str, tuple[Incident | None, Incident]]
+    ) -> bool:
+        """A reason still firing after its cooldown whose incident a person acknowledged: no
+        reminder (the person is on it); a worse severity still speaks."""
+        change = changes.get(d.code)
+        return (
+            d.action is Action.FIRE
+            and change is not None
+            and change[0] is not None
+            and change[0].state == "acknowledged"
+            and change[1] is change[0]
+        )
+
+    async def _quiet_acknowledged(self, snapshot: Snapshot, d: Decision) -> Result:
+        """The cooldown starts again as if sent, so the next snapshot does not ask again."""
+        assert d.state is not None
+        new = self._state(snapshot, d, last_sent_at=snapshot.at)
+        done = await self._swap(new, d.state)
+        why = "its incident is acknowledged"
+        return Result(
+            "suppressed_acknowledged" if done else "claimed_elsewhere",
+            d.action,
+            d.severity,
+            d.code,
+            why,
+        )
+
+    async def _record_intent(
+        self,
+        snapshot: Snapshot,
+        decisions: list[Decision],
+        changes: Mapping[str, tuple[Incident | None, Incident]],
+    ) -> AlertIntent:
         now = self.clock()
         pk = keys.alert_pk(snapshot.scope)
         intent_sk = keys.alert_intent_sk(snapshot.stream.value, snapshot.at)
         aid = attempt_id(snapshot.scope, snapshot.stream, snapshot.at)
+
+        def incident_of(code: str) -> str | None:
+            change = changes.get(code)
+            return change[1].incident_id if change else None
+
         message = AlertMessage(
             scope=snapshot.scope,
             stream=snapshot.stream,
             snapshot_at=snapshot.at,
-            entries=tuple(AlertEntry(d.action, d.severity, d.code, d.reasons) for d in decisions),
+            entries=tuple(
+                AlertEntry(d.action, d.severity, d.code, d.reasons, incident_of(d.code))
+                for d in decisions
+            ),
             attempt_id=aid,
         )
         puts: list[Put] = []
         alerts: list[IntentAlert] = []
         for d in decisions:
             old = d.state
+            incident = incident_of(d.code)
             if d.action is Action.RESOLVE:
                 claimed = self._state(
                     snapshot, d, firing=False, resolved_at=snapshot.at, pending=intent_sk
@@ -450,6 +592,7 @@ class Dispatcher:
                     fired_at=old.fired_at if old and old.firing and old.fired_at else snapshot.at,
                     resolved_at=None,
                     pending=intent_sk,
+                    incident_id=incident or (old.incident_id if old else None),
                 )
             puts.append(Put(claimed, before=old, **_unchanged(old)))
             alerts.append(
@@ -458,6 +601,7 @@ class Dispatcher:
                     action=d.action.value,
                     claimed_version=claimed.version,
                     before=old.model_dump(mode="json") if old else None,
+                    incident_id=incident,
                 )
             )
             for other in d.also_clears:  # the lower severities of a resolved reason
@@ -467,6 +611,16 @@ class Dispatcher:
                         self._state(snapshot, quiet, firing=False, resolved_at=snapshot.at),
                         before=other,
                         **_unchanged(other),
+                    )
+                )
+        for stored, new in changes.values():
+            if new is not stored and any(d.code == new.reason for d in decisions):
+                puts.append(
+                    Put(
+                        new,
+                        before=stored,
+                        if_absent=stored is None,
+                        expected=None if stored is None else {"version": stored.version},
                     )
                 )
         intent = AlertIntent(
@@ -483,15 +637,8 @@ class Dispatcher:
             payload=json.dumps(message.payload(self.dashboard_url), ensure_ascii=False),
             ttl=self.ttl.alert_expiry(snapshot.at),
         )
-        try:
-            await self.readmodel.put_items([Put(intent, if_absent=True), *puts])
-        except Conflict:
-            return [
-                Result("claimed_elsewhere", d.action, d.severity, d.code, "another replica has it")
-                for d in decisions
-            ]
-        outcome, why = await self._settle_outliving_cancel(intent)
-        return [Result(outcome, d.action, d.severity, d.code, why or d.why) for d in decisions]
+        await self.readmodel.put_items([Put(intent, if_absent=True), *puts])
+        return intent
 
     async def _complete(self, intents: list[AlertIntent], *, now: datetime) -> list[Result]:
         """Finish the intents an earlier handler left ``sending``: those whose lease is over, and
@@ -660,6 +807,10 @@ class Dispatcher:
         except Conflict:
             log.warning("alert_intent_settled_elsewhere", attempt_id=intent.attempt_id)
             return "claimed_elsewhere"
+        outcome = (
+            UNDELIVERABLE if not delivered else "sent" if self.sender is not None else "logged_only"
+        )
+        await self._note_incidents(intent, outcome, now=now)
         if not delivered:
             return UNDELIVERABLE
         for alert in intent.alerts:
@@ -678,6 +829,54 @@ class Dispatcher:
                 msgids.alert_sent(intent.pk, alert.sk, alert.claimed_version),
             )
         return "sent" if self.sender is not None else "logged_only"
+
+    async def _note_incidents(self, intent: AlertIntent, outcome: str, *, now: datetime) -> None:
+        """Each incident of a settled message gets a timeline line (who was told, how it went);
+        a resolved one then gets its S3 record. A failure here is logged, not retried by
+        redelivery: the message itself is settled (the record is written later by
+        :meth:`archive_resolved`)."""
+        resolved: set[str] = set()
+        for incident_id in sorted({a.incident_id for a in intent.alerts if a.incident_id}):
+            actions = {a.action for a in intent.alerts if a.incident_id == incident_id}
+            if actions == {Action.RESOLVE.value}:
+                resolved.add(incident_id)
+            what = "resolved" if actions == {Action.RESOLVE.value} else "firing"
+            note = functools.partial(
+                incidents.notified,
+                at=now,
+                receiver=self.receiver_name,
+                outcome=outcome,
+                detail=f"{what} message {intent.attempt_id}",
+            )
+            try:
+                await self.incidents.change(incident_id, note)
+            except (StorageError, ContractError) as err:
+                log.warning("incident_note_failed", incident_id=incident_id, error=str(err))
+        for incident_id in sorted(resolved):
+            try:
+                await self.incidents.archive(incident_id, now=now)
+            except StorageError as err:
+                log.warning("incident_archive_failed", incident_id=incident_id, error=str(err))
+
+    async def archive_resolved(self, *, older_than: timedelta = timedelta(minutes=2)) -> int:
+        """Write the records of resolved incidents whose archiving was cut short (a crash, an
+        S3 error): those resolved at least ``older_than`` ago. Returns how many."""
+        now = self.clock()
+        done = 0
+        for incident in await self.incidents.listed(now=now):
+            if incident.state != "resolved" or incident.resolved_at is None:
+                continue
+            if now - incident.resolved_at < older_than:
+                continue
+            try:
+                await self.incidents.archive(incident.incident_id, now=now)
+            except StorageError as err:
+                log.warning(
+                    "incident_archive_failed", incident_id=incident.incident_id, error=str(err)
+                )
+                continue
+            done += 1
+        return done
 
 
 def _unchanged(old: AlertState | None) -> dict[str, Any]:

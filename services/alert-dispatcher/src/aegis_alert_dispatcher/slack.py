@@ -34,6 +34,11 @@ TITLE = {
     Action.RESOLVE: "RESOLVED",
 }
 MAX_REASONS = 10
+# Block Kit: an actions block holds at most 25 elements; the dashboard link is one of them
+MAX_ACK_BUTTONS = 20
+ACTIONS_BLOCK = "aegis_actions"
+ACK_ACTION = "aegis_ack"
+OPEN_ACTION = "aegis_open"
 
 
 def _escape(text: str) -> str:
@@ -70,6 +75,8 @@ class AlertEntry:
     severity: str
     code: str
     reasons: tuple[Reason, ...] = ()
+    # the incident it speaks for: its Acknowledge button names it
+    incident_id: str | None = None
 
     @property
     def rank(self) -> tuple[bool, bool, str]:
@@ -118,6 +125,31 @@ class AlertMessage:
                 lines.append(f"*{entry.code}*")
         return "\n".join(lines)
 
+    def _ack_buttons(self) -> list[dict[str, Any]]:
+        """One Acknowledge button per incident still firing in the message (Slack sends the
+        click, signed, to the dashboard's ``/slack/interactions``)."""
+        seen: list[AlertEntry] = []
+        for entry in self.entries:
+            if entry.action is Action.RESOLVE or not entry.incident_id:
+                continue
+            if any(e.incident_id == entry.incident_id for e in seen):
+                continue
+            seen.append(entry)
+        many = len(seen) > 1
+        return [
+            {
+                "type": "button",
+                "text": {
+                    "type": "plain_text",
+                    "text": f"Acknowledge {e.code}"[:75] if many else "Acknowledge",
+                },
+                "style": "primary",
+                "action_id": f"{ACK_ACTION}:{e.incident_id}",
+                "value": e.incident_id,
+            }
+            for e in seen[:MAX_ACK_BUTTONS]
+        ]
+
     def payload(self, dashboard_url: str) -> dict[str, Any]:
         """The webhook body: Block Kit blocks, and ``text`` for notifications and old clients."""
         lead = self.lead
@@ -153,12 +185,15 @@ class AlertMessage:
                 {"type": "section", "text": {"type": "mrkdwn", "text": self._body()[:3000]}},
                 {
                     "type": "actions",
+                    "block_id": ACTIONS_BLOCK,
                     "elements": [
+                        *self._ack_buttons(),
                         {
                             "type": "button",
                             "text": {"type": "plain_text", "text": "Open in the AEGIS dashboard"},
                             "url": link,
-                        }
+                            "action_id": OPEN_ACTION,
+                        },
                     ],
                 },
                 {"type": "context", "elements": [{"type": "mrkdwn", "text": context[:3000]}]},
