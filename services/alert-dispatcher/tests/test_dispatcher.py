@@ -884,3 +884,45 @@ async def test_an_acknowledged_incident_gets_no_reminder_but_a_worse_severity_sp
     now = await store.get(opened.incident_id)
     assert now is not None and (now.severity, now.state) == ("CRITICAL", "acknowledged")
     assert ack_buttons(webhook.delivered[1]) == [opened.incident_id]
+
+
+async def test_aegis_incidents_lists_shows_acknowledges_and_resolves_as_the_cli_user(
+    foundation, webhook, session, aws_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = make(foundation, webhook, session, Recorded())
+    await d.handle(await put_state(foundation, "factory-c", T0, [FIRE]))
+    for name, value in {
+        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+        "AEGIS_BUCKET": foundation.bucket,
+        "AEGIS_TABLE": foundation.table,
+    }.items():
+        monkeypatch.setenv(name, value)
+    runner = CliRunner()
+
+    async def aegis(*args: str) -> Any:
+        return await asyncio.to_thread(runner.invoke, cli_app, ["incidents", *args])
+
+    listed = await aegis("list", "--json", "--factory", "factory-c")
+    assert listed.exit_code == 0, listed.output
+    (incident,) = json.loads(listed.output)["incidents"]
+    iid = incident["incident_id"]
+    assert (await aegis("ack", iid, "--as", "kim", "--note", "on site")).exit_code == 0
+    again = await aegis("ack", iid, "--as", "lee")
+    assert again.exit_code == 0 and "acknowledged already" in again.output
+    assert (await aegis("resolve", iid, "--as", "kim")).exit_code == 2  # the note is required
+    assert (await aegis("resolve", iid, "--as", "kim", "--note", "drill")).exit_code == 0
+    refused = await aegis("ack", iid)
+    assert refused.exit_code == 1 and "resolved" in refused.output
+    shown = json.loads((await aegis("show", iid, "--json")).output)
+    assert (shown["acknowledged_by"], shown["acknowledged_via"]) == ("cli:kim", "cli")
+    assert (shown["resolved_by"], shown["resolution_note"]) == ("cli:kim", "drill")
+    assert [e["kind"] for e in shown["timeline"]] == [
+        "triggered",
+        "notified",
+        "acknowledged",
+        "resolved",
+    ]
+    text = (await aegis("show", iid)).output
+    assert "acknowledged" in text and "cli:kim via cli" in text
+    assert (await aegis("show", "20261130-00000000")).exit_code == 1
+    assert (await aegis("show", "nonsense")).exit_code == 2

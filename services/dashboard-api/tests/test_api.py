@@ -316,6 +316,10 @@ async def test_openapi_documents_every_endpoint(client: httpx.AsyncClient) -> No
         "/api/factories/{factory_id}/images",
         "/api/reports",
         "/api/reports/{report_date}/{target}",
+        "/api/incidents",
+        "/api/incidents/{incident_id}",
+        "/api/incidents/{incident_id}/ack",
+        "/api/incidents/{incident_id}/resolve",
     }
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,11 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from aegis_dashboard_api.access import TokenSet, token_digest
-from aegis_dashboard_api.app import create_app, server_config
+from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_devstack.localservers import free_port
 from aegis_devstack.testing.storage import Foundation
@@ -31,7 +29,7 @@ Serve = Callable[..., Any]
 
 
 @pytest.fixture
-def serve(aws_endpoint: str, foundation: Foundation) -> Serve:
+def serve(aws_endpoint: str, foundation: Foundation, uvicorn_served: Any) -> Serve:
     """``with serve(**settings) as base_url``: the dashboard on a free port, as main() runs it."""
 
     @contextmanager
@@ -48,19 +46,8 @@ def serve(aws_endpoint: str, foundation: Foundation) -> Serve:
             }
             | overrides
         )
-        server = uvicorn.Server(server_config(create_app(settings), settings))
-        thread = threading.Thread(target=server.run, name="dashboard-edge", daemon=True)
-        thread.start()
-        for _ in range(400):
-            if server.started:
-                break
-            threading.Event().wait(0.05)
-        assert server.started, "the dashboard did not start"
-        try:
-            yield f"http://127.0.0.1:{settings.dashboard_port}"
-        finally:
-            server.should_exit = True
-            thread.join(20)
+        with uvicorn_served(create_app(settings), settings) as base:
+            yield base
 
     return run
 

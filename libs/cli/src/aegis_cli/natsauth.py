@@ -107,7 +107,6 @@ LIVE_FEED = (
     f"{OBJECT_CREATED}.metrics_5m",
     f"{OBJECT_CREATED}.reports",
     ALERT_SENT,
-    f"{CHANGES}.incident",
 )
 
 IDENTITIES: dict[str, Identity] = {

@@ -334,11 +334,8 @@ CHANNELS: tuple[Channel, ...] = (
             "is absent only when a transaction wrote it without it)."
         ),
         message=ChangeEvent,
-        senders=(
-            Use("alert-dispatcher", "Each change the dispatcher makes to an incident."),
-            Use("dashboard-api", "An incident a person acknowledged or resolved."),
-        ),
-        readers=(_ON_CHANGES, Use(_FEED, "Open incidents shown live.", via="subscription")),
+        senders=(Use("alert-dispatcher", "Each change the dispatcher makes to an incident."),),
+        readers=(_ON_CHANGES,),
     ),
     Channel(
         id="cloudInfraChanges",

@@ -19,7 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from sse_starlette import EventSourceResponse
 
 from aegis_contracts.times import Clock, utc_now
-from aegis_dashboard_api import pages
+from aegis_dashboard_api import incidents, pages
 from aegis_dashboard_api.access import QueryTokenMiddleware, TokenSet, request_token
 from aegis_dashboard_api.feed import LiveFeed
 from aegis_dashboard_api.live import Hub, stream
@@ -150,8 +150,8 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=s.cors_origins,
-            allow_methods=["GET"],
-            allow_headers=["Authorization"],
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
         )
 
     @app.exception_handler(ApiError)
@@ -182,6 +182,8 @@ def create_app(
     pages.install(app)
     app.include_router(live_router)
     app.include_router(router, prefix="/api", dependencies=[Depends(require_token)])
+    app.include_router(incidents.router, prefix="/api", dependencies=[Depends(require_token)])
+    app.include_router(incidents.slack_router)  # Slack's signature, not a token
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=pages.STATIC_DIR), name="static")
     # counted under the route the router matched, whatever the middlewares around it do

@@ -6,7 +6,9 @@ in the images) beside ``/healthz`` and ``/readyz``, not on the public API port.
   (``/api/factories/{factory_id}``, never the path a client sent: one series per route);
 * ``aegis_http_request_seconds{route}``: time until the response started (a live stream counts
   until its headers, not for as long as it stays open);
-* ``aegis_live_clients``: live streams open now.
+* ``aegis_live_clients``: live streams open now;
+* ``aegis_slack_interactions_refused_total{why}``: Slack interaction requests refused (signature
+  or timestamp, replay, payload, incident).
 """
 
 from __future__ import annotations
@@ -46,6 +48,15 @@ class DashboardMetrics:
         )
         clients = self.metrics.gauge("live_clients", "Live event streams open now.")
         clients.set_function(lambda: len(hub.listeners))
+        self.slack_refusals = self.metrics.counter(
+            "slack_interactions_refused_total",
+            "Slack interaction requests refused: signature (or timestamp), replay, payload, "
+            "incident (unknown or resolved).",
+            ("why",),
+        )
+
+    def slack_refused(self, why: str) -> None:
+        self.slack_refusals.labels(why=why).inc()
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
         """Pure ASGI (a live stream passes through untouched): counts each HTTP request once

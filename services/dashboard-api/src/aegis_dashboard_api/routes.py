@@ -40,6 +40,7 @@ from aegis_dashboard_api.models import (
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_storage.clients import AwsClients
 from aegis_storage.errors import NotFound
+from aegis_storage.incidents import IncidentStore
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
@@ -59,6 +60,7 @@ class Reader:
         self.clients, self.settings, self.clock = clients, settings, clock
         self.readmodel = ReadModel(self.clients.dynamodb, self.settings.table)
         self.store = ObjectStore(self.clients.s3, self.settings.bucket)
+        self.incidents = IncidentStore(self.readmodel, self.store)
         # the fleet is one listing (the fleet index, then the LATEST items) shared by every open
         # screen, at most once per dashboard_fleet_cache_s
         self._fleet: list[Item] | None = None

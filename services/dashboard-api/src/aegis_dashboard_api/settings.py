@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from aegis_dashboard_api.access import is_digest
 from aegis_runtime.settings import AegisSettings
@@ -107,6 +107,18 @@ class DashboardSettings(AegisSettings):
         "X-Forwarded-Proto are believed: behind a TLS-terminating load balancer list it, so the "
         "sign-in cookie is Secure and each user is limited as themselves. None: no forwarded "
         "header is believed.",
+    )
+
+    slack_signing_secret: SecretStr | None = Field(
+        default=None,
+        description="The Slack app's signing secret: `POST /slack/interactions` (the Acknowledge "
+        "button of an alert) takes only requests Slack signed with it, within five minutes of "
+        "their timestamp, each once. Unset: that route answers 404.",
+    )
+    slack_response_url_prefix: str = Field(
+        default="https://hooks.slack.com/",
+        description="Where a Slack interaction's `response_url` must point for the dashboard to "
+        "update the message (shows who acknowledged); any other URL is not called.",
     )
 
     @field_validator("dashboard_tokens")
