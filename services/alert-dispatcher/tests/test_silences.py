@@ -72,6 +72,7 @@ def silence(*matchers: str, start: datetime = T0, end: datetime = T0 + H, **kw: 
         ("factory=a=b", Label.FACTORY, Op.EQ, "a=b"),
         ("factory=~a|b", Label.FACTORY, Op.RE, "a|b"),
         ("factory==x", Label.FACTORY, Op.EQ, "=x"),
+        ('factory="~x"', Label.FACTORY, Op.EQ, "~x"),  # unquoted, "=~x" would be a regex
     ],
 )
 def test_parse(text: str, field: Label, op: Op, value: str) -> None:
@@ -89,6 +90,7 @@ def test_parse(text: str, field: Label, op: Op, value: str) -> None:
         ("plant=x", "no label 'plant' \\(one of factory, reason, severity, source\\)"),
         ("factory=~(", "factory=~\\(: invalid regular expression: missing \\)"),
         ("reason!~[a-", "invalid regular expression"),
+        ("reason=~[[A]", "invalid regular expression: Possible nested set"),
         ("severity=critical", "severity is WARNING or CRITICAL"),
         ("severity!=INFO", "severity is WARNING or CRITICAL"),
         ("factory=~" + "a" * 257, "at most 256 characters"),
@@ -125,7 +127,7 @@ def test_matches(matcher: str, value: str, expected: bool) -> None:
     assert Matcher.parse(matcher).matches(value) is expected
 
 
-_values = st.text(st.sampled_from("ab-.*+?|()[]^$\\"), max_size=8)
+_values = st.text(st.sampled_from('ab-.*+?|()[]^$\\~=!" '), max_size=8)
 
 
 @given(st.sampled_from(list(Label)), _values, _values)
@@ -133,7 +135,9 @@ def test_negations_are_complements(field: Label, value: str, probe: str) -> None
     if field is Label.SEVERITY:
         value = "CRITICAL"
     eq = Matcher(field=field, op=Op.EQ, value=value)
-    assert eq.matches(probe) != Matcher(field=field, op=Op.NE, value=value).matches(probe)
+    ne = Matcher(field=field, op=Op.NE, value=value)
+    assert eq.matches(probe) != ne.matches(probe)
+    assert Matcher.parse(str(eq)) == eq and Matcher.parse(str(ne)) == ne
     try:
         regex = Matcher(field=field, op=Op.RE, value=value)
     except ValidationError:

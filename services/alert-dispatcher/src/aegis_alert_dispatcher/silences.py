@@ -15,6 +15,7 @@ held back and still firing are owed a notification (:func:`notification_owed`).
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -52,7 +53,7 @@ class Op(StrEnum):
     NRE = "!~"
 
 
-# the operators, longest first, so that "=~" is not read as "=" and a value starting with "~"
+# the two-character operators first: "a=~b" is a regex, not "=" with the value "~b" (quote it)
 _MATCHER = re.compile(r"\s*([A-Za-z_]+)\s*(=~|!~|!=|=)\s*(.*?)\s*", re.DOTALL)
 
 
@@ -91,8 +92,11 @@ class Matcher(BaseModel):
     def _check(self) -> Self:
         if self.op in (Op.RE, Op.NRE):
             try:
-                self._regex = re.compile(self.value)
-            except re.error as err:
+                with warnings.catch_warnings():
+                    # "[[", "--" in a set...: Python warns their meaning will change; refuse them
+                    warnings.simplefilter("error")
+                    self._regex = re.compile(self.value)
+            except (re.error, Warning) as err:
                 raise ValueError(f"{self}: invalid regular expression: {err}") from None
         elif self.field is Label.SEVERITY and self.value not in SEVERITIES:
             raise ValueError(f"{self}: severity is WARNING or CRITICAL (upper case)")
@@ -121,7 +125,11 @@ class Matcher(BaseModel):
     def __str__(self) -> str:
         """The text :meth:`parse` reads back (the value quoted when it would not survive)."""
         value = self.value
-        if value != value.strip() or (len(value) >= 2 and value[0] == value[-1] == '"'):
+        if (
+            value != value.strip()
+            or (len(value) >= 2 and value[0] == value[-1] == '"')
+            or (self.op is Op.EQ and value.startswith("~"))
+        ):
             value = f'"{value}"'
         return f"{self.field.value}{self.op.value}{value}"
 
@@ -237,8 +245,7 @@ def could_cover_critical(silence: Silence) -> bool:
 
 
 def _restricts(matcher: Matcher) -> bool:
-    probes = _PROBES.get(matcher.field)
-    return probes is None or not all(matcher.matches(p) for p in probes)
+    return not all(matcher.matches(p) for p in _PROBES[matcher.field])
 
 
 def matches_everything(silence: Silence) -> bool:
