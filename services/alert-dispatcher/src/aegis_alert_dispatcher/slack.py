@@ -3,14 +3,14 @@
 The sender retries 429 and 5xx answers and network errors with exponential backoff and full
 jitter, waiting at least what ``Retry-After`` asks; other 4xx answers are permanent (a revoked or
 mistyped webhook). After the last attempt it raises :class:`Undeliverable`, and the caller
-dead-letters the alert with everything needed to send it again.
+dead-letters the alert with everything needed to send it again. The retry loop is the one every
+receiver shares (:mod:`aegis_alert_dispatcher.delivery`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import Awaitable, Callable
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,10 +18,18 @@ from typing import Any
 import aiohttp
 
 from aegis_alert_dispatcher.decide import Action, Stream
+from aegis_alert_dispatcher.delivery import (
+    Delivery,
+    OnAttempt,
+    RetryPolicy,
+    Sleep,
+    Undeliverable,
+    deliver,
+    post_json,
+)
 from aegis_contracts.keys import CLOUD_INFRA_TARGET
 from aegis_contracts.state import Reason
 from aegis_contracts.times import KST
-from aegis_runtime.redact import redact_text
 
 ICON = {
     "CRITICAL": ":red_circle:",
@@ -39,6 +47,20 @@ MAX_ACK_BUTTONS = 20
 ACTIONS_BLOCK = "aegis_actions"
 ACK_ACTION = "aegis_ack"
 OPEN_ACTION = "aegis_open"
+
+# the outcome types live with the retry loop every receiver shares; importable from here as before
+__all__ = [
+    "ICON",
+    "MAX_REASONS",
+    "TITLE",
+    "AlertEntry",
+    "AlertMessage",
+    "Delivery",
+    "SlackWebhook",
+    "Undeliverable",
+    "dashboard_link",
+    "reason_line",
+]
 
 
 def _escape(text: str) -> str:
@@ -201,26 +223,10 @@ class AlertMessage:
         }
 
 
-class Undeliverable(Exception):
-    """The webhook refused the message for good, or every attempt failed."""
-
-    def __init__(self, detail: str, *, attempts: int, status: int | None) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.attempts = attempts
-        self.status = status
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    attempts: int
-    status: int
-
-
-Sleep = Callable[[float], Awaitable[None]]
-
-
 class SlackWebhook:
+    """A Slack incoming webhook: ``send`` POSTs a Block Kit payload, retried as
+    :func:`~aegis_alert_dispatcher.delivery.deliver` does."""
+
     def __init__(
         self,
         url: str,
@@ -232,79 +238,38 @@ class SlackWebhook:
         max_retry_after: float = 120.0,
         timeout: float = 10.0,
         sleep: Sleep = asyncio.sleep,
-        on_attempt: Callable[[int | None], None] | None = None,
+        on_attempt: OnAttempt | None = None,
     ) -> None:
         self.url = url
         self.session = session
-        self.max_attempts = max_attempts
-        self.first_delay = first_delay
-        self.max_delay = max_delay
-        self.max_retry_after = max_retry_after
-        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.policy = RetryPolicy(
+            max_attempts=max_attempts,
+            first_delay=first_delay,
+            max_delay=max_delay,
+            max_retry_after=max_retry_after,
+            timeout=timeout,
+        )
         self.sleep = sleep
         self.on_attempt = on_attempt
 
     def backoff(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(max, first * 2^(attempt-1))]."""
-        ceiling = min(self.max_delay, self.first_delay * 2 ** (attempt - 1))
-        return random.uniform(0, ceiling)  # noqa: S311 (jitter, not cryptography)
+        return self.policy.backoff(attempt)
 
     async def send(self, payload: dict[str, Any], *, deadline: float | None = None) -> Delivery:
         """POST ``payload`` until Slack takes it. ``deadline`` (``loop.time()``): no attempt runs
         past it, so whoever holds the alert's lease is done before another may take it over."""
-        loop = asyncio.get_running_loop()
-        status: int | None = None
-        detail = ""
-        attempts = 0
-        for attempt in range(1, self.max_attempts + 1):
-            left = None if deadline is None else deadline - loop.time()
-            if left is not None and left <= 0:
-                detail = f"the send's lease ran out; last: {detail or 'none'}"
-                break
-            attempts = attempt
-            timeout = (
-                self.timeout
-                if left is None
-                else aiohttp.ClientTimeout(total=min(self.timeout.total or left, left))
-            )
-            retry_after: float | None = None
-            try:
-                async with self.session.post(self.url, json=payload, timeout=timeout) as resp:
-                    status = resp.status
-                    if self.on_attempt:
-                        self.on_attempt(status)
-                    if 200 <= status < 300:
-                        # taken: what the body says does not matter (and must not fail the send)
-                        return Delivery(attempt, status)
-                    text = (await resp.read())[:200].decode(errors="replace")
-                    detail = f"HTTP {status}: {text}"
-                    if status != 429 and status < 500:
-                        raise Undeliverable(detail, attempts=attempt, status=status)
-                    retry_after = _retry_after(resp.headers.get("Retry-After"))
-            except (aiohttp.ClientError, TimeoutError) as err:
-                # aiohttp names the URL in some errors (a mistyped webhook): its path is the secret
-                status, detail = None, redact_text(f"{type(err).__name__}: {err}")
-                if self.on_attempt:
-                    self.on_attempt(None)
-            if attempt == self.max_attempts:
-                break
-            delay = self.backoff(attempt)
-            if retry_after is not None:
-                delay = max(delay, min(retry_after, self.max_retry_after))
-            if deadline is not None and loop.time() + delay >= deadline:
-                detail = f"the send's lease ends before the next attempt; last: {detail}"
-                break
-            await self.sleep(delay)
-        raise Undeliverable(
-            f"gave up after {attempts} attempts: {detail}", attempts=attempts, status=status
+        body = json.dumps(payload).encode()
+        url = self.url  # read at send time: the webhook can be replaced on a live sender
+
+        async def attempt(within: float) -> Delivery:
+            return await post_json(self.session, url, body, within=within)
+
+        return await deliver(
+            attempt,
+            self.policy,
+            deadline=deadline,
+            sleep=self.sleep,
+            on_attempt=self.on_attempt,
+            secrets=(url,),
         )
-
-
-def _retry_after(value: str | None) -> float | None:
-    """``Retry-After`` in seconds (Slack sends seconds; an HTTP date is not worth parsing here)."""
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
