@@ -162,6 +162,67 @@ async def deliver(
     )
 
 
+class RetryingSender:
+    """What every receiver's ``send`` keeps: its retry policy, the sleep between attempts (tests
+    inject one) and a callback told each attempt's status (``None``: no answer)."""
+
+    def __init__(
+        self,
+        *,
+        policy: RetryPolicy | None = None,
+        sleep: Sleep = asyncio.sleep,
+        on_attempt: OnAttempt | None = None,
+    ) -> None:
+        self.policy = policy or RetryPolicy()
+        self.sleep = sleep
+        self.on_attempt = on_attempt
+
+    async def _deliver(
+        self, attempt: Attempt, deadline: float | None, secrets: Iterable[str] = ()
+    ) -> Delivery:
+        return await deliver(
+            attempt,
+            self.policy,
+            deadline=deadline,
+            sleep=self.sleep,
+            on_attempt=self.on_attempt,
+            secrets=secrets,
+        )
+
+
+class JsonPoster(RetryingSender):
+    """A sender that POSTs JSON to one URL (:func:`post_json`, retried by :func:`deliver`)."""
+
+    def __init__(
+        self,
+        url: str,
+        session: aiohttp.ClientSession,
+        *,
+        policy: RetryPolicy | None = None,
+        sleep: Sleep = asyncio.sleep,
+        on_attempt: OnAttempt | None = None,
+    ) -> None:
+        super().__init__(policy=policy, sleep=sleep, on_attempt=on_attempt)
+        self.url = url
+        self.session = session
+
+    async def _post(
+        self,
+        body: bytes,
+        deadline: float | None,
+        secrets: Iterable[str] = (),
+        headers: Callable[[], Mapping[str, str]] | None = None,
+    ) -> Delivery:
+        """``body`` until it is taken; ``headers`` are made anew for each attempt."""
+        url = self.url  # read at send time: the URL can be replaced on a live sender
+
+        async def attempt(within: float) -> Delivery:
+            sent = headers() if headers else None
+            return await post_json(self.session, url, body, within=within, headers=sent)
+
+        return await self._deliver(attempt, deadline, secrets)
+
+
 async def post_json(
     session: aiohttp.ClientSession,
     url: str,

@@ -20,12 +20,11 @@ import aiohttp
 from aegis_alert_dispatcher.decide import Action, Stream
 from aegis_alert_dispatcher.delivery import (
     Delivery,
+    JsonPoster,
     OnAttempt,
     RetryPolicy,
     Sleep,
     Undeliverable,
-    deliver,
-    post_json,
 )
 from aegis_contracts.keys import CLOUD_INFRA_TARGET
 from aegis_contracts.state import Reason
@@ -223,7 +222,7 @@ class AlertMessage:
         }
 
 
-class SlackWebhook:
+class SlackWebhook(JsonPoster):
     """A Slack incoming webhook: ``send`` POSTs a Block Kit payload, retried as
     :func:`~aegis_alert_dispatcher.delivery.deliver` does."""
 
@@ -240,17 +239,14 @@ class SlackWebhook:
         sleep: Sleep = asyncio.sleep,
         on_attempt: OnAttempt | None = None,
     ) -> None:
-        self.url = url
-        self.session = session
-        self.policy = RetryPolicy(
+        policy = RetryPolicy(
             max_attempts=max_attempts,
             first_delay=first_delay,
             max_delay=max_delay,
             max_retry_after=max_retry_after,
             timeout=timeout,
         )
-        self.sleep = sleep
-        self.on_attempt = on_attempt
+        super().__init__(url, session, policy=policy, sleep=sleep, on_attempt=on_attempt)
 
     def backoff(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(max, first * 2^(attempt-1))]."""
@@ -258,18 +254,6 @@ class SlackWebhook:
 
     async def send(self, payload: dict[str, Any], *, deadline: float | None = None) -> Delivery:
         """POST ``payload`` until Slack takes it. ``deadline`` (``loop.time()``): no attempt runs
-        past it, so whoever holds the alert's lease is done before another may take it over."""
-        body = json.dumps(payload).encode()
-        url = self.url  # read at send time: the webhook can be replaced on a live sender
-
-        async def attempt(within: float) -> Delivery:
-            return await post_json(self.session, url, body, within=within)
-
-        return await deliver(
-            attempt,
-            self.policy,
-            deadline=deadline,
-            sleep=self.sleep,
-            on_attempt=self.on_attempt,
-            secrets=(url,),
-        )
+        past it, so whoever holds the alert's lease is done before another may take it over. The
+        webhook's URL is its secret: it never shows in an error."""
+        return await self._post(json.dumps(payload).encode(), deadline, (self.url,))
