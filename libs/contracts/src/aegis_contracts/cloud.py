@@ -5,12 +5,18 @@ code and the value it measured. A :class:`CloudSnapshot` is one collector run: t
 ``processed/cloud_infra/{tier}/…/{updated_at}.json``, the ``fast``/``slow`` field of CLOUD#infra
 LATEST and the ``snapshot`` of its HISTORY items. Its ``reasons`` are the checks that are not ok,
 in the same shape as a factory's risk reasons, so the alert dispatcher treats both alike.
+
+A check's ``status`` is what the collector reports, after its alerting rule: a failure is reported
+(WARNING/CRITICAL) only once it lasted the rule's ``for`` duration, and stays reported until the
+check passed for the rule's clear duration. ``alerting`` says where the check stands (starting,
+pending, firing, clearing) and carries what the next run needs to go on counting.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,12 +31,50 @@ OK = "OK"
 CHECK_NAME = r"^[a-z][a-z0-9_]{0,31}(:[A-Za-z0-9_.@/=-]{1,96})?$"
 
 
+class CheckState(StrEnum):
+    """Where a check stands in its alerting rule.
+
+    ``ok``: passing. ``starting``: what it checks has not started yet, or is being replaced by a
+    new replica (informational, never a reason). ``pending``: failing for less than its ``for``
+    duration (not a reason yet). ``firing``: failing for at least ``for``: reported.
+    ``clearing``: passing again after firing, for less than the clear duration: still reported."""
+
+    OK = "ok"
+    STARTING = "starting"
+    PENDING = "pending"
+    FIRING = "firing"
+    CLEARING = "clearing"
+
+
+class CheckAlerting(BaseModel):
+    """A check's alerting rule state: what this run measured and since when it has been failing
+    or passing, so the next run (this collector after a restart, or another replica) goes on
+    counting from the previous snapshot."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    state: CheckState
+    # what the check itself found this run, before the rule (NORMAL while clearing)
+    observed: Level = Level.NORMAL
+    # the first run of the current unbroken failure (pending, firing, clearing)
+    failing_since: Timestamp | None = None
+    # the first passing run after firing (clearing)
+    passing_since: Timestamp | None = None
+    for_s: float = Field(default=0, ge=0)
+    clear_s: float = Field(default=0, ge=0)
+    # how often a firing check passed and failed again before it cleared
+    flaps: int = Field(default=0, ge=0)
+
+
 class CloudCheck(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=CHECK_NAME)
+    # the reported status: WARNING/CRITICAL only while the check's rule fires (see ``alerting``)
     status: Level
-    # OK when the status is NORMAL, else what is wrong: CONSUMER_STALLED, SERVICE_DOWN, …
+    # OK when nothing is wrong; what is wrong while firing (CONSUMER_STALLED, SERVICE_DOWN, …);
+    # with a NORMAL status, another code is information, not a reason: what is pending
+    # (SERVICE_DOWN, not yet for long enough) or starting (SERVICE_STARTING)
     reason: str = Field(pattern=r"^[A-Z][A-Z0-9_]{0,63}$")
     value: float | None = None
     unit: str | None = Field(default=None, max_length=16)
@@ -40,6 +84,8 @@ class CloudCheck(BaseModel):
     # num_ack_pending, num_waiting) and what the next run compares against (its ack floor, the
     # dead-letter total), since a collector's only memory is its previous snapshot
     measures: dict[str, float] = Field(default_factory=dict)
+    # the alerting rule's state; None in a check not (yet) through the rule
+    alerting: CheckAlerting | None = None
 
     @classmethod
     def ok(
