@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 import structlog
 
+from aegis_cloud_collector import rules
 from aegis_cloud_collector.collector import Collector, Probe, TierMetrics
 from aegis_cloud_collector.mqtt_sys import SysMonitor
 from aegis_cloud_collector.probes import FastProbes, ObjectCounter, SlowProbes
@@ -102,7 +103,24 @@ class CollectorApp(ServiceApp):
             owner=self.owner,
             metrics=self.tier_metrics,
             timeout=self.settings.collector_check_timeout_s,
+            timing=timing(self.settings, interval),
         )
+
+
+# a previous snapshot older than this many of its tier's intervals (the collector was stopped) does
+# not carry its rules' state over: the runs in between were not made
+MAX_GAP_INTERVALS = 3
+
+
+def timing(settings: CollectorSettings, interval: timedelta) -> rules.Timing:
+    """The alerting rules' durations of a tier that runs every ``interval``."""
+    return rules.Timing(
+        for_s=settings.cloud_for_s,
+        clear_s=settings.cloud_clear_s,
+        max_gap_s=MAX_GAP_INTERVALS * interval.total_seconds(),
+        for_by_reason=settings.cloud_for_by_reason,
+        clear_by_reason=settings.cloud_clear_by_reason,
+    )
 
 
 def create_app(

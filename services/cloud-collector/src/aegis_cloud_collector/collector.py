@@ -1,5 +1,12 @@
-"""One collector tier (fast or slow): claim the window, run every probe concurrently, file the
-snapshot (S3 object, CLOUD#infra HISTORY and the tier's LATEST fields), announce the object.
+"""One collector tier (fast or slow): claim the window, run every probe concurrently, put each
+check through its alerting rule (:mod:`aegis_cloud_collector.rules`: ``for``, clear, starting),
+file the snapshot (S3 object, CLOUD#infra HISTORY and the tier's LATEST fields), announce the
+object.
+
+The rules' state (since when each check has been failing or passing) is in the snapshot itself:
+the next run reads it back from the tier's LATEST, so it survives a restart of the collector and
+is shared by its replicas. A collector that was stopped for longer than a few intervals starts
+its rules afresh (see :mod:`aegis_cloud_collector.rules`).
 
 Each window is claimed with a conditional write (``CLAIM#cloud-{tier}``), so N replicas run it once.
 Missed windows are not caught up: a collector measures the present, so the next window's run is
@@ -21,6 +28,7 @@ import pydantic
 import structlog
 from pydantic import BaseModel
 
+from aegis_cloud_collector import rules
 from aegis_cloud_collector.domain import failed_check
 from aegis_cloud_collector.settings import Tier
 from aegis_contracts import keys, msgids
@@ -52,10 +60,12 @@ LEVEL_VALUE = {Level.NORMAL: 0, Level.WARNING: 1, Level.CRITICAL: 2}
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """What a probe gets: the run's time and the previous snapshot of its tier (its memory)."""
+    """What a probe gets: the run's time, the previous snapshot of its tier (its memory) and
+    when this collector started (what has not been seen since is starting, for a grace)."""
 
     now: datetime
     previous: CloudSnapshot | None
+    started_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +172,7 @@ class Collector:
         owner: str,
         metrics: TierMetrics,
         timeout: float = 10.0,
+        timing: rules.Timing | None = None,
     ) -> None:
         self.tier = tier
         self.probes = probes
@@ -174,6 +185,9 @@ class Collector:
         self.owner = owner
         self.metrics = metrics
         self.timeout = timeout
+        # None: checks are reported as measured (no for, no clear)
+        self.timing = timing
+        self.started_at = truncate_ms(clock())
         self.job = f"cloud-{tier}"
         self._last: datetime | None = None
 
@@ -192,9 +206,12 @@ class Collector:
     async def collect(self, now: datetime) -> CloudSnapshot:
         """Run every probe concurrently (each bounded by ``timeout``) and build the snapshot."""
         started = time.perf_counter()
-        context = Context(now=now, previous=await self.previous())
+        previous = await self.previous()
+        context = Context(now=now, previous=previous, started_at=self.started_at)
         results = await asyncio.gather(*(self._run(probe, context) for probe in self.probes))
         checks = [check for result in results for check in result]
+        if self.timing is not None:
+            checks = rules.evaluate(checks, previous, now, self.timing)
         return CloudSnapshot.of(
             self.tier,
             now,
@@ -236,6 +253,8 @@ class Collector:
             status=snapshot.status.value,
             checks=len(snapshot.checks),
             reasons=[r.code for r in snapshot.reasons],
+            pending=rules.pending(snapshot.checks),
+            starting=rules.starting(snapshot.checks),
             duration_ms=snapshot.duration_ms,
         )
         return snapshot

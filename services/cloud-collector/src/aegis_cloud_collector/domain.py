@@ -23,12 +23,16 @@ from aegis_runtime.heartbeat import freshest_by_service, is_alive
 from aegis_storage.bootstrap import drift
 
 CHECK_FAILED = "CHECK_FAILED"
+# codes of a check whose subject is starting: information with a NORMAL status, never a reason
+SERVICE_STARTING = "SERVICE_STARTING"
+MQTT_STARTING = "MQTT_STARTING"
+STARTING_CODES = frozenset({SERVICE_STARTING, MQTT_STARTING})
 DETAIL_MAX = 512
 GRAPH_WINDOW = timedelta(minutes=5)
 GRAPH_WINDOWS_SHOWN = 12
 
 
-def _detail(text: str) -> str:
+def clip_detail(text: str) -> str:
     return text if len(text) <= DETAIL_MAX else text[: DETAIL_MAX - 1] + "…"
 
 
@@ -50,7 +54,7 @@ def _check(
         value=value,
         unit=unit,
         threshold=threshold,
-        detail=_detail(detail),
+        detail=clip_detail(detail),
         measures=dict(measures or {}),
     )
 
@@ -74,12 +78,14 @@ SYS_UPTIME = "$SYS/broker/uptime"
 @dataclass(frozen=True, slots=True)
 class SysState:
     """What the $SYS subscription has seen: connection, seconds since the last message (None:
-    none yet on this connection), the last value of each topic."""
+    none since the subscription started), the last value of each topic, and for how long the
+    subscription has been running (None: unknown)."""
 
     connected: bool
     silent_for_s: float | None
     values: Mapping[str, str] = field(default_factory=dict)
     error: str | None = None
+    running_for_s: float | None = None
 
 
 def _number(text: str | None) -> float | None:
@@ -91,8 +97,23 @@ def _number(text: str | None) -> float | None:
         return None
 
 
-def mqtt_check(state: SysState, *, sys_interval_s: float) -> CloudCheck:
+def mqtt_check(state: SysState, *, sys_interval_s: float, grace_s: float = 0.0) -> CloudCheck:
+    """MQTT_UNREACHABLE (critical) when not connected, MQTT_SYS_SILENT (warning) when no $SYS
+    message came for three intervals. Before the first $SYS message, within ``grace_s`` of the
+    subscription's start (the collector's, or the broker's own start), MQTT_STARTING instead."""
     name = "mqtt"
+    running = state.running_for_s
+    if state.silent_for_s is None and running is not None and running <= grace_s:
+        return _check(
+            name,
+            Level.NORMAL,
+            MQTT_STARTING,
+            value=running,
+            unit="s",
+            detail=f"no $SYS message yet, {running:.0f} s after the subscription started ("
+            + ("connected" if state.connected else f"{state.error or 'not connected yet'}")
+            + ")",
+        )
     if not state.connected:
         return _check(
             name,
@@ -298,13 +319,53 @@ def dead_letter_checks(
 # -- fast (4): service heartbeats ---------------------------------------------------------------
 
 
+def _not_started(
+    last: Heartbeat | None,
+    now: datetime,
+    watching_since: datetime | None,
+    grace: timedelta,
+) -> str | None:
+    """Why a service without a live replica counts as starting (None: it does not): its last
+    replica stopped cleanly within ``grace`` (a replacement is on its way), or it has not been
+    seen since the collector started, within ``grace`` of that start."""
+    if last is not None and last.stopping and now - last.at <= grace:
+        return (
+            f"its last replica stopped cleanly {(now - last.at).total_seconds():.0f} s ago; "
+            "waiting for its replacement"
+        )
+    if watching_since is None or now - watching_since > grace:
+        return None
+    if last is None or last.at < watching_since:
+        return (
+            "no heartbeat yet since the collector started "
+            f"{(now - watching_since).total_seconds():.0f} s ago"
+        )
+    return None
+
+
+def _replicas_text(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+
+
 def service_checks(
-    beats: Sequence[Heartbeat], expected: Iterable[str], now: datetime, *, missed: float = 3.0
+    beats: Sequence[Heartbeat],
+    expected: Iterable[str],
+    now: datetime,
+    *,
+    missed: float = 3.0,
+    watching_since: datetime | None = None,
+    grace_s: float = 0.0,
 ) -> list[CloudCheck]:
     """One check per expected or seen service. No live replica: SERVICE_DOWN (critical; value =
     seconds since the last beat), except a service nobody expects whose last replica stopped
-    cleanly. A live replica that is not ready: SERVICE_NOT_READY (warning). Value: live replicas."""
+    cleanly. A live replica that is not ready: SERVICE_NOT_READY (warning). Value: live replicas.
+
+    Starting is not down (SERVICE_STARTING, NORMAL): within ``grace_s``, a service not seen since
+    the collector started (``watching_since``) or whose last replica stopped cleanly (being
+    replaced), and a replica not ready since its own start. A replica that is not ready while
+    a newer one runs is draining (its replacement took over): not a failure either."""
     wanted = set(expected)
+    grace = timedelta(seconds=grace_s)
     grouped = freshest_by_service(list(beats))
     checks = []
     for service in sorted(wanted | set(grouped)):
@@ -315,6 +376,19 @@ def service_checks(
             last = replicas[0] if replicas else None
             if last is not None and last.stopping and service not in wanted:
                 checks.append(CloudCheck.ok(name, 0, "replicas", detail="stopped cleanly"))
+                continue
+            why = _not_started(last, now, watching_since, grace)
+            if why is not None:
+                checks.append(
+                    _check(
+                        name,
+                        Level.NORMAL,
+                        SERVICE_STARTING,
+                        value=0,
+                        unit="replicas",
+                        detail=f"{service}: {why}",
+                    )
+                )
                 continue
             age = None if last is None else (now - last.at).total_seconds()
             checks.append(
@@ -330,8 +404,13 @@ def service_checks(
                 )
             )
             continue
-        not_ready = [b for b in alive if not b.ready]
-        measures = {"ready": len(alive) - len(not_ready)}
+        ready = [b for b in alive if b.ready]
+        warming = [b for b in alive if not b.ready and now - b.started_at <= grace]
+        newest = max(b.started_at for b in alive)
+        draining = [b for b in alive if not b.ready and b not in warming and b.started_at < newest]
+        not_ready = [b for b in alive if not b.ready and b not in warming and b not in draining]
+        counts = {"ready": len(ready), "starting": len(warming), "draining": len(draining)}
+        measures = {k: n for k, n in counts.items() if n or k == "ready"}
         if not_ready:
             failing = sorted({c for b in not_ready for c, ok in b.checks.items() if not ok})
             checks.append(
@@ -346,8 +425,23 @@ def service_checks(
                     measures=measures,
                 )
             )
+        elif not ready:
+            checks.append(
+                _check(
+                    name,
+                    Level.NORMAL,
+                    SERVICE_STARTING,
+                    value=len(alive),
+                    unit="replicas",
+                    detail=f"{service}: {_replicas_text(counts)}",
+                    measures=measures,
+                )
+            )
         else:
-            checks.append(CloudCheck.ok(name, len(alive), "replicas", measures=measures))
+            detail = "" if len(ready) == len(alive) else f"{service}: {_replicas_text(counts)}"
+            checks.append(
+                CloudCheck.ok(name, len(alive), "replicas", detail=detail, measures=measures)
+            )
     return checks
 
 

@@ -47,6 +47,8 @@ class SysMonitor:
         self.last_message_at: float | None = None
         self.values: dict[str, str] = {}
         self.error: str | None = None
+        # when run() started (monotonic): the collector's start, for MQTT_STARTING
+        self.started_at: float | None = None
 
     def state(self) -> SysState:
         return SysState(
@@ -56,9 +58,12 @@ class SysMonitor:
             else self.monotonic() - self.last_message_at,
             values=dict(self.values),
             error=self.error,
+            running_for_s=None if self.started_at is None else self.monotonic() - self.started_at,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.started_at is None:
+            self.started_at = self.monotonic()
         while not stop.is_set():
             listen = asyncio.create_task(self._listen(), name="mqtt-sys-listen")
             stopper = asyncio.create_task(stop.wait())

@@ -72,7 +72,13 @@ class FastProbes:
     async def mqtt(self, context: Context) -> list[CloudCheck]:
         assert self.monitor is not None
         state = self.monitor.state()
-        return [domain.mqtt_check(state, sys_interval_s=self.settings.mqtt_sys_interval_s)]
+        return [
+            domain.mqtt_check(
+                state,
+                sys_interval_s=self.settings.mqtt_sys_interval_s,
+                grace_s=self.settings.cloud_startup_grace_s,
+            )
+        ]
 
     async def jetstream(self, context: Context) -> list[CloudCheck]:
         s = self.settings
@@ -136,6 +142,8 @@ class FastProbes:
             self.settings.expected_services,
             context.now,
             missed=self.settings.heartbeat_missed,
+            watching_since=context.started_at,
+            grace_s=self.settings.cloud_startup_grace_s,
         )
 
     async def storage(self, context: Context) -> list[CloudCheck]:

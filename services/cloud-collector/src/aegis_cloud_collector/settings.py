@@ -3,15 +3,61 @@ to exist. Lists are comma-separated in the environment (``AEGIS_EXPECTED_SERVICE
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from aegis_runtime.settings import AegisSettings
 
 Tier = Literal["fast", "slow"]
 CommaList = Annotated[list[str], NoDecode]
+CodeSeconds = Annotated[dict[str, float], NoDecode]
+
+# how long each reason must last before it is reported, where it differs from AEGIS_CLOUD_FOR_S:
+# a heartbeat is every 10 s and counts as missed after 30 s, so a replica restarted by its
+# orchestrator is back well within a minute; $SYS comes every 10 s and is silent after 30 s, and a
+# broker restart takes its clients a reconnect or two; DEAD_LETTERS counts letters new since the
+# previous run (an event, not a state) and DYNAMODB_SYSTEM_ERRORS is already a 5-minute sum
+FOR_BY_REASON: dict[str, float] = {
+    "SERVICE_DOWN": 60,
+    "SERVICE_NOT_READY": 60,
+    "MQTT_SYS_SILENT": 90,
+    "DEAD_LETTERS": 0,
+    "DYNAMODB_SYSTEM_ERRORS": 0,
+}
+# how long a firing reason must pass before it is no longer reported, where it differs from
+# AEGIS_CLOUD_CLEAR_S: new dead letters are reported in the run that saw them only
+CLEAR_BY_REASON: dict[str, float] = {"DEAD_LETTERS": 0}
+
+
+def _code_seconds(value: object, what: str) -> object:
+    """``CODE=seconds,CODE=seconds`` or a JSON object (the environment's forms) to a dict."""
+    if not isinstance(value, str):
+        return value
+    if value.strip().startswith("{"):
+        return json.loads(value)
+    found: dict[str, float] = {}
+    for part in (p.strip() for p in value.split(",")):
+        if not part:
+            continue
+        code, sep, seconds = part.partition("=")
+        try:
+            found[code.strip()] = float(seconds)
+        except ValueError:
+            sep = ""
+        if not sep or not code.strip():
+            raise ValueError(f"{what}: {part!r} is not CODE=seconds")
+    return found
+
+
+def _checked_seconds(value: dict[str, float], what: str) -> dict[str, float]:
+    for code, seconds in value.items():
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]{0,63}", code) or seconds < 0:
+            raise ValueError(f"{what}: {code}={seconds:g} is not a reason code and seconds >= 0")
+    return value
 
 
 class CollectorSettings(AegisSettings):
@@ -46,6 +92,44 @@ class CollectorSettings(AegisSettings):
         gt=0,
         description="The broker's `sys_interval`, seconds (Mosquitto's default: 10): no `$SYS` "
         "message for three of them is MQTT_SYS_SILENT.",
+    )
+
+    # alerting rules: how long a failure lasts before it is reported, and a recovery before not
+    cloud_for_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Seconds a check must fail, run after run, before its reason is reported "
+        "(WARNING/CRITICAL); until then it is pending: shown in the snapshot, never alerted. "
+        "Fast checks run every minute: 60 s fires at the second failing run in a row (a slow "
+        "check's second run, five minutes after its first). Per reason: "
+        "`AEGIS_CLOUD_FOR_BY_REASON`.",
+    )
+    cloud_for_by_reason: CodeSeconds = Field(
+        default_factory=lambda: dict(FOR_BY_REASON),
+        description="The `for` duration of particular reasons: a JSON object or comma-separated "
+        "`CODE=seconds` (`SERVICE_DOWN=120,STORAGE_SLOW=300`); the codes given replace their "
+        "defaults, the others keep them.",
+    )
+    cloud_clear_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="Seconds a firing check must pass, run after run, before its reason is no "
+        "longer reported (120 s: from a fast check's third passing run, a slow one's second): "
+        "a check that flaps keeps firing, and is alerted and resolved once. Per reason: "
+        "`AEGIS_CLOUD_CLEAR_BY_REASON`.",
+    )
+    cloud_clear_by_reason: CodeSeconds = Field(
+        default_factory=lambda: dict(CLEAR_BY_REASON),
+        description="The clear duration of particular reasons: a JSON object or comma-separated "
+        "`CODE=seconds`; the codes given replace their defaults, the others keep them.",
+    )
+    cloud_startup_grace_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="Seconds something that has just started counts as STARTING, not down: a "
+        "service not seen since the collector started (and the broker's `$SYS` before its "
+        "first message), a replica since its own start, the replacement of a replica that "
+        "stopped cleanly since that stop. After it, the `for` duration of the failure counts.",
     )
 
     # JetStream
@@ -138,6 +222,21 @@ class CollectorSettings(AegisSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("cloud_for_by_reason", "cloud_clear_by_reason", mode="before")
+    @classmethod
+    def _seconds_by_code(cls, value: object, info: ValidationInfo) -> object:
+        return _code_seconds(value, f"AEGIS_{str(info.field_name).upper()}")
+
+    @field_validator("cloud_for_by_reason")
+    @classmethod
+    def _for_defaults(cls, value: dict[str, float]) -> dict[str, float]:
+        return _checked_seconds({**FOR_BY_REASON, **value}, "AEGIS_CLOUD_FOR_BY_REASON")
+
+    @field_validator("cloud_clear_by_reason")
+    @classmethod
+    def _clear_defaults(cls, value: dict[str, float]) -> dict[str, float]:
+        return _checked_seconds({**CLEAR_BY_REASON, **value}, "AEGIS_CLOUD_CLEAR_BY_REASON")
 
     @field_validator("expected_consumers")
     @classmethod
