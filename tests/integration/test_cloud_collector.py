@@ -49,6 +49,14 @@ class FakeClock:
         self.now += timedelta(seconds=seconds)
 
 
+NO_RULES: dict[str, Any] = {
+    "cloud_for_s": 0,
+    "cloud_clear_s": 0,
+    "cloud_for_by_reason": "SERVICE_DOWN=0,SERVICE_NOT_READY=0,MQTT_SYS_SILENT=0",
+    "cloud_startup_grace_s": 0,
+}
+
+
 def collector_settings(
     foundation: Foundation, aws_endpoint: str, nats: str, **overrides: Any
 ) -> CollectorSettings:
@@ -61,6 +69,9 @@ def collector_settings(
         "expected_consumers": ["AEGIS_RAW/processor"],
         "mqtt_sys_interval_s": 5,  # the private Mosquitto's
         "storage_slow_ms": 5000,  # a shared 2-core machine: latency is not under test here
+        # the checks as measured, each run on its own: these tests are about the probes and the
+        # filing (the rules' for, clear and start-up grace have tests of their own)
+        **NO_RULES,
         **overrides,
     }
     return CollectorSettings(**values)
@@ -245,6 +256,54 @@ async def test_two_replicas_run_each_window_once(
     )
     assert len(history) == 2
     assert len(await foundation.store.list_keys(keys.cloud_infra_prefix("fast"))) == 2
+
+
+async def test_start_up_is_not_reported_and_a_restart_goes_on_from_the_read_model(
+    foundation: Foundation, aws_endpoint: str, private_nats: ManagedServer
+) -> None:
+    """With the rules' defaults: the first run, before anything else is up, reports nothing; a
+    service that never comes is pending after the start-up grace; a collector restarted then
+    reads where the rule stood from CLOUD#infra LATEST and fires it at the end of its ``for``."""
+    clock = FakeClock(T0)
+    settings = CollectorSettings(
+        aws_endpoint_url=aws_endpoint,
+        bucket=foundation.bucket,
+        table=foundation.table,
+        nats_url=private_nats.url,
+        collector_tiers=["fast"],
+        expected_services=["watched"],
+        storage_slow_ms=5000,
+    )
+    grace = settings.cloud_startup_grace_s
+
+    def watched(snapshot: CloudSnapshot | None) -> tuple[str, str | None]:
+        check = snapshot.check("service:watched") if snapshot else None
+        assert check is not None and check.alerting is not None
+        return check.reason, check.alerting.state
+
+    async with running(settings, clock) as first:
+        fast = first.collectors["fast"]
+        start = await fast.tick()
+        # nothing is up: no $SYS subscription, no durable consumer, no heartbeat; all failing,
+        # none reported
+        assert start is not None and start.reasons == [] and start.status is Level.NORMAL
+        assert watched(start) == ("SERVICE_STARTING", "starting")
+        assert {c.alerting.state for c in start.checks if c.alerting} == {
+            "ok",
+            "starting",
+            "pending",
+        }
+        clock.advance(grace + 30)
+        pending = await fast.tick()
+        assert pending is not None and "service:watched" not in [r.source for r in pending.reasons]
+        assert watched(pending) == ("SERVICE_DOWN", "pending")
+    clock.advance(30)
+    async with running(settings, clock) as restarted:  # not seen since *its* start: starting
+        fast = restarted.collectors["fast"]
+        clock.advance(30)
+        fired = await fast.tick()
+        assert watched(fired) == ("SERVICE_DOWN", "firing")
+        assert ("CRITICAL", "SERVICE_DOWN") in [(r.severity, r.code) for r in fired.reasons]  # type: ignore[union-attr]
 
 
 async def test_a_failing_or_hanging_probe_does_not_kill_the_tick(foundation: Foundation) -> None:
