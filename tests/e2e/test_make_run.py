@@ -4,11 +4,13 @@ first snapshots. On an emulator of its own, whose request counts show that over 
 (bootstrap, every service's first ticks, the dashboard, `aegis status`) nothing scanned the
 table: every listing went through the fleet index. Then, while a device publishes, the processor
 and then ingest are SIGKILLed: aegis up restarts each (and says so), the rest keeps running, and
-every message is in raw/ and processed/ once, the last one in LATEST."""
+every message is in raw/ and processed/ once, the last one in LATEST. And while it starts, the
+cloud collector pages nothing: its first runs come before the other services are up."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +26,20 @@ import httpx
 import nats
 import pytest
 
+from aegis_contracts.cloud import CheckState, CloudSnapshot
 from aegis_contracts.ids import topic_for
+from aegis_contracts.keys import CLOUD_INFRA_TARGET
+from aegis_contracts.state import Level
 from aegis_contracts.subjects import STREAMS
 from aegis_contracts.times import parse_ts
 from aegis_devstack.localservers import ManagedServer, free_port, start_moto_server
 from aegis_devstack.stack import DASHBOARD_TOKEN_FILE, local_dashboard_token
 from aegis_devstack.testing.emulator import arequest_counts
 from aegis_devstack.testing.waiting import eventually
+from aegis_devstack.testing.webhook import FakeWebhook
 from aegis_storage.clients import AwsConfig, open_clients
+from aegis_storage.errors import StorageError
+from aegis_storage.readmodel import ReadModel
 
 from .conftest import publish_all
 
@@ -381,3 +389,71 @@ async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_noth
     printed = log_path.read_text()
     said = "aegis up: the store started empty, so the queue starts empty with it: messages purged:"
     assert said in printed, printed[-3000:]
+
+
+async def test_aegis_up_pages_nothing_about_the_cloud_while_it_starts(
+    private_mosquitto: ManagedServer,
+    private_nats: ManagedServer,
+    own_emulator: ManagedServer,
+    unique_id: str,
+    webhook: FakeWebhook,
+    tmp_path: Path,
+) -> None:
+    """The fast collector runs every 10 s here, so several of its runs see the stack start (the
+    collector starts with the late services, before they beat); with a webhook set, none of its
+    start-up findings becomes a message: they are starting or pending, never a reason."""
+    env = up_env(own_emulator.url, private_mosquitto, private_nats, unique_id, free_port()) | {
+        "AEGIS_SLACK_WEBHOOK_URL": webhook.url,
+        "AEGIS_COLLECTOR_FAST_INTERVAL_S": "10",
+    }
+    log = (tmp_path / "up.log").open("wb")
+    up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
+        [AEGIS, "up"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    snapshots: list[CloudSnapshot] = []
+    try:
+        async with open_clients(AwsConfig(endpoint_url=own_emulator.url)) as clients:
+            readmodel = ReadModel(clients.dynamodb, env["AEGIS_TABLE"])
+
+            async def all_up_twice() -> bool:
+                """Every service of the stack ok in the last two fast runs."""
+                nonlocal snapshots
+                with contextlib.suppress(StorageError):  # the table is not there yet
+                    now = datetime.now(UTC)
+                    items = await readmodel.cloud_history(
+                        "fast", now - timedelta(minutes=10), now, now=now
+                    )
+                    snapshots = [CloudSnapshot.model_validate(i["snapshot"]) for i in items]
+                last = snapshots[-2:]
+                return len(last) == 2 and all(
+                    c.status is Level.NORMAL and c.reason == "OK"
+                    for s in last
+                    for c in s.checks
+                    if c.name.startswith("service:")
+                )
+
+            try:
+                await eventually(all_up_twice, within=120, interval=2, what="every service up")
+            except AssertionError as err:
+                log.flush()
+                tail = (tmp_path / "up.log").read_text()[-4000:]
+                raise AssertionError(f"{err}\n--- aegis up, last lines ---\n{tail}") from None
+            # the dispatcher has had every one of those runs' events: give it the last one's
+            await asyncio.sleep(5)
+        assert up.poll() is None
+    finally:
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(60)
+        log.close()
+    assert code == 0, (tmp_path / "up.log").read_text()[-3000:]
+    seen = {
+        (c.name, c.alerting.state)
+        for s in snapshots
+        for c in s.checks
+        if c.alerting and c.alerting.state in {CheckState.STARTING, CheckState.PENDING}
+    }
+    print(f"{len(snapshots)} fast runs; starting or pending on the way: {sorted(seen)}")
+    assert all(s.reasons == [] for s in snapshots), [s.reasons for s in snapshots if s.reasons]
+    cloud = [r.body for r in webhook.requests if CLOUD_INFRA_TARGET in json.dumps(r.body)]
+    assert cloud == [], cloud
+    assert seen, "no run saw the stack start: the test shows nothing"
