@@ -201,7 +201,9 @@ def record(incident: Incident) -> dict[str, Any]:
         raise ContractError(
             "incident_open", f"incident {incident.incident_id} is {incident.state}, not resolved"
         )
-    body = incident.model_dump(mode="json", exclude={"pk", "sk", "version", "ttl", "archived_key"})
+    body = incident.model_dump(
+        mode="json", exclude={"pk", "sk", "version", "ttl", "archived_key", "outbox"}
+    )
     body["time_to_acknowledge_s"] = seconds_between(incident.triggered_at, incident.acknowledged_at)
     body["time_to_resolve_s"] = seconds_between(incident.triggered_at, incident.resolved_at)
     body["record_key"] = record_key(incident)

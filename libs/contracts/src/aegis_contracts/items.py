@@ -179,6 +179,21 @@ class IncidentEvent(BaseModel):
     detail: str = ""
 
 
+class IncidentOutbox(BaseModel):
+    """A notification of an incident that a dispatcher replica claimed and is sending: to whom,
+    for which level, by whom until when. A replica that finds it past ``lease_until`` (its owner
+    died) takes it over and sends it; the one that sends it clears it with the outcomes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    attempt_id: str
+    kind: Literal["escalate", "renotify", "failover"]
+    level: int = Field(ge=0)
+    receivers: list[str]
+    owner: str
+    lease_until: Timestamp
+
+
 class Incident(_Item):
     """``INCIDENT#{incident_id}`` / ``INCIDENT``: one firing alert of a scope (a factory or
     ``cloud-infra``) and reason, from the first message until it is resolved: triggered,
@@ -209,6 +224,7 @@ class Incident(_Item):
     notifications: int = Field(default=0, ge=0)
     detail: str = ""
     timeline: list[IncidentEvent] = Field(default_factory=list)
+    outbox: IncidentOutbox | None = None
     archived_key: str | None = None
     ttl: int | None = None
 

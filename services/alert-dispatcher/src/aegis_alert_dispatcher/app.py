@@ -18,6 +18,15 @@ from aegis_alert_dispatcher.dispatcher import (
     Result,
     dead_letter_body,
 )
+from aegis_alert_dispatcher.escalation import EscalationConfig, load_escalation
+from aegis_alert_dispatcher.escalator import Escalator
+from aegis_alert_dispatcher.receivers import (
+    Receiver,
+    ReceiverConfigError,
+    SnsClientPool,
+    build_receiver,
+    parse_receiver_config,
+)
 from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_alert_dispatcher.slack import SlackWebhook
 from aegis_contracts.events import ObjectCreated, SystemEvent
@@ -25,7 +34,7 @@ from aegis_contracts.subjects import OBJECT_CREATED, STREAMS, system_subject
 from aegis_contracts.times import Clock, utc_now
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime.broker import dead_letter, durable_pull
-from aegis_runtime.lifecycle import run_service
+from aegis_runtime.lifecycle import run_service, start_background
 from aegis_runtime.service import ServiceApp
 from aegis_storage.clients import AwsClients
 from aegis_storage.readmodel import ReadModel
@@ -54,7 +63,16 @@ class DispatcherApp(ServiceApp):
             "POSTs to the Slack webhook by HTTP status.",
             ("status",),
         )
+        self.incidents_swept = self.metrics.counter(
+            "incident_sweeps_total",
+            "What the sweep over open incidents did: escalate, renotify, failover, taken_over, "
+            "archived, claimed_elsewhere.",
+            ("outcome",),
+        )
         self.dispatcher: Dispatcher | None = None
+        self.escalator: Escalator | None = None
+        # the escalation file is read at start: a file with a mistake stops the service at once
+        self.escalation = load_escalation(settings.escalation_file, validate_receiver=_typed)
 
         @durable_pull(
             self.broker,
@@ -137,8 +155,31 @@ class DispatcherApp(ServiceApp):
             on_result=self._count,
             lease=timedelta(seconds=s.send_lease_s),
         )
+        sns = await stack.enter_async_context(SnsClientPool(s.aws()))
+        receivers = build_receivers(
+            self.escalation, session=session, sns_clients=sns, on_attempt=self._count_attempt
+        )
+        self.escalator = Escalator(
+            store=self.dispatcher.incidents,
+            config=self.escalation,
+            receivers=receivers,
+            clock=self.clock,
+            dashboard_url=s.dashboard_url,
+            instance=self.dispatcher.instance,
+            lease=timedelta(seconds=s.notification_lease_s),
+            on_swept=lambda swept: self.incidents_swept.labels(outcome=swept.outcome).inc(),
+        )
+        escalator = self.escalator
+        start_background(
+            stack,
+            lambda stop: escalator.run(stop, every_s=s.escalation_tick_s),
+            "incident-sweep",
+        )
         log.info(
-            "alert_dispatcher_started", webhook=bool(webhook), triggers=s.alert_trigger_prefixes
+            "alert_dispatcher_started",
+            webhook=bool(webhook),
+            triggers=s.alert_trigger_prefixes,
+            receivers={name: r is not None for name, r in receivers.items()},
         )
 
     async def _drain(self) -> None:
@@ -149,6 +190,36 @@ class DispatcherApp(ServiceApp):
     async def stop(self) -> None:
         await super().stop()
         self.dispatcher = None
+
+
+def _typed(name: str, raw: dict[str, Any]) -> None:
+    """A receiver table of the escalation file, checked as its type says (at start-up)."""
+    parse_receiver_config(raw)
+
+
+def build_receivers(
+    config: EscalationConfig,
+    *,
+    session: aiohttp.ClientSession,
+    sns_clients: SnsClientPool,
+    on_attempt: Any = None,
+) -> dict[str, Receiver | None]:
+    """Every receiver of the escalation file; one whose secret's variable is unset is None (its
+    notifications are logged only, as alerts are without a webhook) and said once at start."""
+    built: dict[str, Receiver | None] = {}
+    for name, raw in config.receivers.items():
+        try:
+            built[name] = build_receiver(
+                name,
+                parse_receiver_config(raw),
+                session=session,
+                sns_clients=sns_clients,
+                on_attempt=on_attempt,
+            )
+        except ReceiverConfigError as err:
+            log.warning("receiver_not_configured", receiver=name, why=str(err))
+            built[name] = None
+    return built
 
 
 def main() -> None:

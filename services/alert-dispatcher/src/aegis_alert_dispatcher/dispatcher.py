@@ -834,7 +834,7 @@ class Dispatcher:
         """Each incident of a settled message gets a timeline line (who was told, how it went);
         a resolved one then gets its S3 record. A failure here is logged, not retried by
         redelivery: the message itself is settled (the record is written later by
-        :meth:`archive_resolved`)."""
+        :mod:`aegis_alert_dispatcher.escalator`'s sweep)."""
         resolved: set[str] = set()
         for incident_id in sorted({a.incident_id for a in intent.alerts if a.incident_id}):
             actions = {a.action for a in intent.alerts if a.incident_id == incident_id}
@@ -857,26 +857,6 @@ class Dispatcher:
                 await self.incidents.archive(incident_id, now=now)
             except StorageError as err:
                 log.warning("incident_archive_failed", incident_id=incident_id, error=str(err))
-
-    async def archive_resolved(self, *, older_than: timedelta = timedelta(minutes=2)) -> int:
-        """Write the records of resolved incidents whose archiving was cut short (a crash, an
-        S3 error): those resolved at least ``older_than`` ago. Returns how many."""
-        now = self.clock()
-        done = 0
-        for incident in await self.incidents.listed(now=now):
-            if incident.state != "resolved" or incident.resolved_at is None:
-                continue
-            if now - incident.resolved_at < older_than:
-                continue
-            try:
-                await self.incidents.archive(incident.incident_id, now=now)
-            except StorageError as err:
-                log.warning(
-                    "incident_archive_failed", incident_id=incident.incident_id, error=str(err)
-                )
-                continue
-            done += 1
-        return done
 
 
 def _unchanged(old: AlertState | None) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Self
 
 from pydantic import AliasChoices, Field, model_validator
@@ -94,6 +95,28 @@ class DispatcherSettings(AegisSettings):
         "less than `AEGIS_ALERT_ACK_WAIT_S`, so that a redelivered event always finds the "
         "earlier delivery over. Unset: 120, or 80 % of `AEGIS_ALERT_ACK_WAIT_S` when that is "
         "shorter.",
+    )
+
+    escalation_file: Path | None = Field(
+        default=None,
+        description="The escalation policies (receivers, policies and their levels, routes), a "
+        "TOML file; docs/alerting.md describes it. Unset: the packaged `escalation.toml` "
+        "(Slack at once; a CRITICAL nobody acknowledges posted again after 5 minutes, then "
+        "every 30).",
+    )
+    escalation_tick_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="Seconds between two sweeps of the open incidents (escalations, reminders, "
+        "fallback receivers, archiving): how late an escalation may be at most.",
+    )
+    notification_lease_s: float = Field(
+        default=30.0,
+        ge=5,
+        le=600,
+        description="Seconds a replica holds an escalation or reminder it is sending; after "
+        "that (its replica died) any replica sends it.",
     )
 
     @model_validator(mode="after")

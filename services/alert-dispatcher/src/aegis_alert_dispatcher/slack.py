@@ -257,3 +257,74 @@ class SlackWebhook(JsonPoster):
         past it, so whoever holds the alert's lease is done before another may take it over. The
         webhook's URL is its secret: it never shows in an error."""
         return await self._post(json.dumps(payload).encode(), deadline, (self.url,))
+
+
+INCIDENT_TITLE = {
+    "escalate": "ESCALATED to level {level} · {severity}",
+    "renotify": "STILL {severity}, unacknowledged",
+    "failover": "{severity}",
+}
+
+
+def incident_headline(*, kind: str, level: int, severity: str, scope: str, reason: str) -> str:
+    what = INCIDENT_TITLE.get(kind, "{severity}").format(level=level, severity=severity)
+    target = "cloud infrastructure" if scope == CLOUD_INFRA_TARGET else scope
+    return f"{what} · {target} · {reason}"
+
+
+def incident_payload(
+    *,
+    incident_id: str,
+    kind: str,
+    level: int,
+    severity: str,
+    scope: str,
+    reason: str,
+    triggered_at: datetime,
+    now: datetime,
+    detail: str,
+    dashboard_url: str,
+) -> dict[str, Any]:
+    """The Block Kit message of an incident's later notification (an escalation, a reminder, a
+    fallback receiver's copy): how long it has been unacknowledged, its Acknowledge button."""
+    headline = incident_headline(
+        kind=kind, level=level, severity=severity, scope=scope, reason=reason
+    )
+    icon = ICON.get(severity, ICON["WARNING"])
+    kst = triggered_at.astimezone(KST).strftime("%Y-%m-%d %H:%M:%S KST")
+    minutes = max(0, int((now - triggered_at).total_seconds() // 60))
+    body = f"Triggered {kst}, *unacknowledged for {minutes} min*."
+    if detail:
+        body += f"\n{_escape(detail)}"
+    return {
+        "text": f"{icon} AEGIS {headline}",
+        "blocks": [
+            {"type": "header", "text": {"type": "plain_text", "text": f"AEGIS {headline}"[:150]}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": body[:3000]}},
+            {
+                "type": "actions",
+                "block_id": ACTIONS_BLOCK,
+                "elements": [
+                    {
+                        "type": "button",
+                        "text": {"type": "plain_text", "text": "Acknowledge"},
+                        "style": "primary",
+                        "action_id": f"{ACK_ACTION}:{incident_id}",
+                        "value": incident_id,
+                    },
+                    {
+                        "type": "button",
+                        "text": {"type": "plain_text", "text": "Open in the AEGIS dashboard"},
+                        "url": dashboard_link(dashboard_url, scope),
+                        "action_id": OPEN_ACTION,
+                    },
+                ],
+            },
+            {
+                "type": "context",
+                "elements": [
+                    {"type": "mrkdwn", "text": f"incident `{incident_id}` · level {level}"}
+                ],
+            },
+        ],
+    }

@@ -1,0 +1,337 @@
+"""The sweep over open incidents: escalation on time, reminders, fallback receivers, archiving.
+
+Every replica runs it every ``AEGIS_ESCALATION_TICK_S``. It holds no timer of its own: what is due
+is read from the incidents themselves (their level, when they were triggered and last notified,
+what their policy says), so a replica killed while an escalation was pending loses nothing; the
+next sweep of any replica finds it due.
+
+One notification of an incident is sent once because it is claimed before it is sent: the claim
+writes an **outbox** on the incident (the receivers, the level, an attempt id, the owner and a
+short lease) on the version read, so of two replicas one wins and the other moves on. After the
+sends, the outbox is cleared with a timeline line per receiver. An outbox whose lease is over
+(its owner died mid-send, or its owner is this host's previous process) is taken over and sent
+by whichever replica sees it first; only a process killed during the post itself can make a
+receiver see one notification twice.
+
+Per incident, in order:
+
+- resolved and not archived for ``archive_after``: its S3 record is written;
+- an outbox: taken over when its lease is over, else left to its owner;
+- acknowledged: nothing more (escalation stops, reminders end);
+- its last notification failed at every receiver tried since the last one delivered: the
+  policy's fallback receivers at once (:func:`escalation.failover`), then the others; when every
+  receiver of the policy has failed, all of them again with back-off (never parked);
+- else the policy's next step when it is due: an escalation to the next level, or a level's
+  reminder (``repeat``). Level 0 is the first message, sent by the snapshot that fired it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import structlog
+
+from aegis_alert_dispatcher import escalation
+from aegis_alert_dispatcher.delivery import Undeliverable
+from aegis_alert_dispatcher.escalation import EscalationConfig, StepKind
+from aegis_alert_dispatcher.receivers import Notification, Receiver
+from aegis_alert_dispatcher.slack import dashboard_link, incident_headline, incident_payload
+from aegis_contracts import incidents
+from aegis_contracts.items import Incident, IncidentOutbox
+from aegis_contracts.times import Clock, format_ts
+from aegis_storage.errors import Conflict, StorageError
+from aegis_storage.incidents import IncidentStore
+
+log = structlog.get_logger(__name__)
+
+DELIVERED = ("sent", "logged_only")
+# every receiver of a policy failed: all of them again after this, doubling, at most the cap
+RETRY_FIRST = timedelta(seconds=30)
+RETRY_CAP = timedelta(minutes=10)
+
+
+@dataclass(frozen=True, slots=True)
+class Swept:
+    """What one sweep did to one incident (``outcome``: archived, escalate, renotify,
+    failover, taken_over, claimed_elsewhere)."""
+
+    incident_id: str
+    outcome: str
+    level: int = 0
+    receivers: tuple[str, ...] = ()
+    results: tuple[tuple[str, str], ...] = ()
+
+
+def failed_since_delivered(incident: Incident) -> tuple[list[str], int, datetime | None]:
+    """The receivers whose notifications failed since the last one delivered (in order), how
+    many attempts that was, and when the last was."""
+    failed: list[str] = []
+    attempts = 0
+    last: datetime | None = None
+    for event in reversed(incident.timeline):
+        if event.kind != "notified" or event.receiver is None:
+            continue
+        if event.outcome in DELIVERED:
+            break
+        attempts += 1
+        last = last or event.at
+        if event.receiver not in failed:
+            failed.insert(0, event.receiver)
+    return failed, attempts, last
+
+
+def same_host_earlier_process(owner: str, instance: str) -> bool:
+    """``owner`` (host:pid) is an earlier process of this host: a restarted replica (one per
+    pod or task) knows it is dead and takes over what it held at once."""
+    host, _, pid = owner.rpartition(":")
+    mine, _, my_pid = instance.rpartition(":")
+    return bool(host) and host == mine and pid != my_pid
+
+
+class Escalator:
+    def __init__(
+        self,
+        *,
+        store: IncidentStore,
+        config: EscalationConfig,
+        receivers: Mapping[str, Receiver | None],
+        clock: Clock,
+        dashboard_url: str,
+        instance: str | None = None,
+        lease: timedelta = timedelta(seconds=30),
+        archive_after: timedelta = timedelta(minutes=2),
+        on_swept: Callable[[Swept], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.receivers = receivers
+        self.clock = clock
+        self.dashboard_url = dashboard_url
+        self.instance = instance or f"{socket.gethostname()}:0"
+        self.lease = lease
+        self.archive_after = archive_after
+        self.on_swept = on_swept
+
+    async def run(self, stop: asyncio.Event, *, every_s: float) -> None:
+        """Sweep every ``every_s`` until ``stop``; a failed sweep is logged and the next one
+        tries again."""
+        while not stop.is_set():
+            try:
+                await self.sweep()
+            except StorageError as err:
+                log.warning("incident_sweep_failed", error=str(err))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=every_s)
+
+    async def sweep(self) -> list[Swept]:
+        now = self.clock()
+        done: list[Swept] = []
+        for incident in await self.store.listed(now=now):
+            swept = await self._one(incident, now)
+            if swept is not None:
+                done.append(swept)
+                log.info(
+                    "incident_swept",
+                    incident_id=swept.incident_id,
+                    outcome=swept.outcome,
+                    level=swept.level,
+                    receivers=list(swept.receivers),
+                    results=dict(swept.results),
+                )
+                if self.on_swept:
+                    self.on_swept(swept)
+        return done
+
+    async def _one(self, incident: Incident, now: datetime) -> Swept | None:
+        if incident.state == "resolved":
+            return await self._archive(incident, now)
+        if incident.outbox is not None:
+            return await self._take_over(incident, now)
+        if incident.state == "acknowledged":
+            return None
+        policy = escalation.policy_for(self.config, incident.scope, incident.severity)
+        outbox = self._failover(policy, incident, now) or self._due(policy, incident, now)
+        if outbox is None:
+            return None
+        claimed = incident
+        if outbox.kind == "escalate":
+            detail = f"unacknowledged {self._minutes(incident, now)} min"
+            claimed = incidents.escalated(incident, level=outbox.level, at=now, detail=detail)
+        claimed = claimed.model_copy(update={"outbox": outbox, "version": incident.version + 1})
+        try:
+            await self.store.save(claimed, incident)
+        except Conflict:  # another replica claimed it, or a person acknowledged it meanwhile
+            return Swept(incident.incident_id, "claimed_elsewhere", incident.level)
+        return await self._deliver(claimed, outbox.kind)
+
+    async def _archive(self, incident: Incident, now: datetime) -> Swept | None:
+        if incident.resolved_at is None or now - incident.resolved_at < self.archive_after:
+            return None  # the dispatcher archives it itself once the RESOLVED message is settled
+        await self.store.archive(incident.incident_id, now=now)
+        return Swept(incident.incident_id, "archived", incident.level)
+
+    @staticmethod
+    def _minutes(incident: Incident, now: datetime) -> int:
+        return int((now - incident.triggered_at).total_seconds() // 60)
+
+    def _outbox(
+        self, incident: Incident, kind: str, level: int, receivers: list[str], now: datetime
+    ) -> IncidentOutbox:
+        seed = f"{incident.incident_id}|{kind}|{level}|{incident.version}"
+        return IncidentOutbox(
+            attempt_id=hashlib.sha256(seed.encode()).hexdigest()[:16],
+            kind=kind,
+            level=level,
+            receivers=receivers,
+            owner=self.instance,
+            lease_until=now + self.lease,
+        )
+
+    def _failover(
+        self, policy: escalation.Policy, incident: Incident, now: datetime
+    ) -> IncidentOutbox | None:
+        failed, attempts, last = failed_since_delivered(incident)
+        if not failed:
+            return None
+        others = escalation.failover(policy, failed=failed)
+        if others:
+            return self._outbox(incident, "failover", incident.level, others, now)
+        # every receiver of the policy failed: all again, with back-off
+        wait = min(RETRY_CAP, RETRY_FIRST * 2 ** max(0, attempts - len(policy.receivers)))
+        if last is not None and now - last < wait:
+            return None
+        return self._outbox(incident, "failover", incident.level, list(policy.receivers), now)
+
+    def _due(
+        self, policy: escalation.Policy, incident: Incident, now: datetime
+    ) -> IncidentOutbox | None:
+        step = escalation.next_step(
+            policy,
+            triggered_at=incident.triggered_at,
+            level_reached=incident.level,
+            last_notified_at=incident.last_notified_at,
+            acknowledged=False,
+            resolved=False,
+            now=now,
+        )
+        if step is None or step.due_at > now or step.kind is StepKind.NOTIFY:
+            return None
+        kind = "escalate" if step.kind is StepKind.ESCALATE else "renotify"
+        return self._outbox(incident, kind, step.level, list(step.receivers), now)
+
+    async def _take_over(self, incident: Incident, now: datetime) -> Swept | None:
+        outbox = incident.outbox
+        assert outbox is not None
+        if outbox.lease_until > now and not same_host_earlier_process(outbox.owner, self.instance):
+            return None
+        taken = incident.model_copy(
+            update={
+                "version": incident.version + 1,
+                "outbox": outbox.model_copy(
+                    update={"owner": self.instance, "lease_until": now + self.lease}
+                ),
+            }
+        )
+        try:
+            await self.store.save(taken, incident)
+        except Conflict:
+            return Swept(incident.incident_id, "claimed_elsewhere", incident.level)
+        log.warning(
+            "incident_notification_taken_over",
+            incident_id=incident.incident_id,
+            previous_owner=outbox.owner,
+            attempt_id=outbox.attempt_id,
+        )
+        swept = await self._deliver(taken, outbox.kind)
+        return Swept(swept.incident_id, "taken_over", swept.level, swept.receivers, swept.results)
+
+    def _notification(
+        self, incident: Incident, outbox: IncidentOutbox, now: datetime
+    ) -> Notification:
+        minutes = self._minutes(incident, now)
+        headline = incident_headline(
+            kind=outbox.kind,
+            level=outbox.level,
+            severity=incident.severity,
+            scope=incident.scope,
+            reason=incident.reason,
+        )
+        return Notification(
+            incident_id=incident.incident_id,
+            scope=incident.scope,
+            severity=incident.severity,
+            kind="escalate" if outbox.kind == "escalate" else "renotify",
+            level=outbox.level,
+            title=f"AEGIS {headline}",
+            text=f"Triggered {format_ts(incident.triggered_at)}, unacknowledged for {minutes} "
+            f"min. {incident.detail}".strip(),
+            slack_payload=incident_payload(
+                incident_id=incident.incident_id,
+                kind=outbox.kind,
+                level=outbox.level,
+                severity=incident.severity,
+                scope=incident.scope,
+                reason=incident.reason,
+                triggered_at=incident.triggered_at,
+                now=now,
+                detail=incident.detail,
+                dashboard_url=self.dashboard_url,
+            ),
+            link=dashboard_link(self.dashboard_url, incident.scope),
+            attempt_id=outbox.attempt_id,
+            at=now,
+        )
+
+    async def _deliver(self, incident: Incident, kind: str) -> Swept:
+        """Send the incident's outbox to each of its receivers, then clear it with a timeline
+        line per receiver (only if it is still this outbox)."""
+        outbox = incident.outbox
+        assert outbox is not None
+        now = self.clock()
+        notification = self._notification(incident, outbox, now)
+        loop = asyncio.get_running_loop()
+        left = (outbox.lease_until - now).total_seconds()
+        deadline = loop.time() + left - min(5.0, left * 0.2)
+        results: list[tuple[str, str, str]] = []
+        for name in outbox.receivers:
+            receiver = self.receivers.get(name)
+            if receiver is None:
+                log.warning("incident_not_sent_no_receiver", receiver=name, text=notification.title)
+                results.append((name, "logged_only", "receiver not configured: logged only"))
+                continue
+            try:
+                await receiver.send(notification, deadline=deadline)
+            except Undeliverable as err:
+                results.append((name, "undeliverable", err.detail))
+            else:
+                results.append((name, "sent", ""))
+        done = self.clock()
+
+        def settle(current: Incident) -> Incident | None:
+            if current.outbox is None or current.outbox.attempt_id != outbox.attempt_id:
+                return None  # settled already (a takeover that finished first)
+            new = current
+            for name, outcome, detail in results:
+                new = incidents.notified(
+                    new,
+                    at=done,
+                    receiver=name,
+                    outcome=outcome,
+                    detail=f"{kind} level {outbox.level}" + (f": {detail}" if detail else ""),
+                )
+            return new.model_copy(update={"outbox": None})
+
+        await self.store.change(incident.incident_id, settle)
+        return Swept(
+            incident.incident_id,
+            kind,
+            outbox.level,
+            tuple(outbox.receivers),
+            tuple((name, outcome) for name, outcome, _ in results),
+        )

@@ -1,0 +1,297 @@
+"""The sweep over open incidents against the real S3/DynamoDB emulator and local HTTP stand-ins
+for Slack and a fallback receiver, time driven by a clock the test moves: escalation on time,
+acknowledging stops it, two replicas escalate once, a dead replica's claim is sent once by
+another, a failing receiver falls back at once, resolved incidents are archived."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import aiohttp
+import pytest
+
+from aegis_alert_dispatcher.escalation import EscalationConfig, load_escalation, parse_escalation
+from aegis_alert_dispatcher.escalator import Escalator, Swept
+from aegis_alert_dispatcher.receivers import Receiver, SlackWebhookReceiver
+from aegis_alert_dispatcher.slack import SlackWebhook
+from aegis_contracts import incidents
+from aegis_contracts.items import Incident, IncidentOutbox
+from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.storage import Foundation
+from aegis_devstack.testing.webhook import FakeWebhook, serving
+from aegis_storage.incidents import IncidentStore
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
+FALLBACK = """
+[receivers.slack]
+type = "slack_webhook"
+url_env = "AEGIS_SLACK_WEBHOOK_URL"
+
+[receivers.pager]
+type = "slack_webhook"
+url_env = "PAGER_URL"
+
+[policies.critical]
+fallback = "pager"
+
+[[policies.critical.levels]]
+after = "0s"
+receivers = ["slack"]
+
+[[policies.critical.levels]]
+after = "5m"
+receivers = ["slack"]
+
+[policies.warning]
+
+[[policies.warning.levels]]
+after = "0s"
+receivers = ["slack"]
+
+[defaults]
+critical = "critical"
+warning = "warning"
+"""
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+@pytest.fixture
+async def pager() -> AsyncIterator[FakeWebhook]:
+    fake = FakeWebhook()
+    app = aiohttp.web.Application()
+    app.router.add_post("/{tail:.*}", fake._handle)
+    async with serving(app) as base:
+        fake.url = f"{base}/pager"
+        yield fake
+
+
+def slack_receiver(name: str, url: str, session: aiohttp.ClientSession) -> Receiver:
+    return SlackWebhookReceiver(
+        name, SlackWebhook(url, session, first_delay=0.01, max_attempts=2, timeout=5)
+    )
+
+
+def escalator(
+    f: Foundation,
+    receivers: dict[str, Receiver | None],
+    clock: FakeClock,
+    *,
+    config: EscalationConfig | None = None,
+    instance: str = "host-a:1",
+    swept: list[Swept] | None = None,
+) -> Escalator:
+    return Escalator(
+        store=IncidentStore(f.readmodel, f.store),
+        config=config or load_escalation(None),
+        receivers=receivers,
+        clock=clock,
+        dashboard_url="http://dash.example",
+        instance=instance,
+        on_swept=swept.append if swept is not None else None,
+    )
+
+
+async def fired(f: Foundation, scope: str, *, outcome: str = "sent") -> Incident:
+    """An incident as the dispatcher leaves it after its first message (level 0)."""
+    opened = incidents.open_incident(
+        scope=scope, stream="STATE", reason="GAS_LEAK", severity="CRITICAL", at=T0
+    )
+    told = incidents.notified(opened, at=T0, receiver="slack", outcome=outcome)
+    await IncidentStore(f.readmodel).save(told, None)
+    return told
+
+
+def titles(webhook: FakeWebhook) -> list[str]:
+    return [str(body["text"]).split(" AEGIS ", 1)[1] for body in webhook.delivered]
+
+
+async def test_an_unacknowledged_critical_escalates_on_time_repeats_and_stops_when_acknowledged(
+    foundation: Foundation, webhook: FakeWebhook, session: aiohttp.ClientSession, unique_id: str
+) -> None:
+    clock = FakeClock(T0)
+    e = escalator(foundation, {"slack": slack_receiver("slack", webhook.url, session)}, clock)
+    gas = await fired(foundation, unique_id)
+    clock.now = T0 + timedelta(minutes=4, seconds=59)
+    await e.sweep()
+    assert webhook.delivered == []  # not yet
+    clock.now = T0 + timedelta(minutes=5)
+    await e.sweep()
+    await e.sweep()  # due once, sent once
+    assert titles(webhook) == [f"ESCALATED to level 1 · CRITICAL · {unique_id} · GAS_LEAK"]
+    body = webhook.delivered[0]
+    assert gas.incident_id in str(body)  # the Acknowledge button names it
+    now = await IncidentStore(foundation.readmodel).get(gas.incident_id)
+    assert now is not None and now.level == 1 and now.outbox is None
+    assert [(e.kind, e.receiver, e.outcome) for e in now.timeline[-2:]] == [
+        ("escalated", None, None),
+        ("notified", "slack", "sent"),
+    ]
+    # the packaged policy repeats level 1 every 30 minutes until acknowledged
+    clock.now = T0 + timedelta(minutes=35)
+    await e.sweep()
+    assert titles(webhook)[1] == f"STILL CRITICAL, unacknowledged · {unique_id} · GAS_LEAK"
+    ack = functools.partial(incidents.acknowledge, by="kim", via="cli", at=clock.now)
+    await IncidentStore(foundation.readmodel).change(gas.incident_id, ack)
+    clock.now = T0 + timedelta(hours=3)
+    await e.sweep()
+    assert len(webhook.delivered) == 2
+
+
+async def test_two_replicas_sweeping_at_once_escalate_once(
+    foundation: Foundation, webhook: FakeWebhook, session: aiohttp.ClientSession, unique_id: str
+) -> None:
+    clock = FakeClock(T0 + timedelta(minutes=6))
+    receivers: dict[str, Receiver | None] = {"slack": slack_receiver("slack", webhook.url, session)}
+    swept: list[Swept] = []
+    replicas = [
+        escalator(foundation, receivers, clock, instance=f"host-{n}:1", swept=swept)
+        for n in range(2)
+    ]
+    for n in range(5):
+        await fired(foundation, f"{unique_id}-{n}")
+    for _ in range(3):
+        await asyncio.gather(*(r.sweep() for r in replicas))
+    mine = sorted(t for t in titles(webhook) if unique_id in t)
+    assert mine == sorted(
+        f"ESCALATED to level 1 · CRITICAL · {unique_id}-{n} · GAS_LEAK" for n in range(5)
+    )
+    ids = {i.incident_id for i in await IncidentStore(foundation.readmodel).open(now=clock.now)}
+    escalations = [s for s in swept if s.incident_id in ids and s.outcome == "escalate"]
+    assert len(escalations) == 5  # the other replica's tries were claimed_elsewhere or nothing
+
+
+async def test_a_notification_claimed_by_a_dead_replica_is_sent_once_after_its_lease(
+    foundation: Foundation, webhook: FakeWebhook, session: aiohttp.ClientSession, unique_id: str
+) -> None:
+    """Replica A claimed the escalation (its outbox is on the incident) and died before sending.
+    Inside A's lease B leaves it; after the lease B sends it once and clears it."""
+    store = IncidentStore(foundation.readmodel)
+    gas = await fired(foundation, unique_id)
+    claimed = incidents.escalated(gas, level=1, at=T0 + timedelta(minutes=5)).model_copy(
+        update={
+            "outbox": IncidentOutbox(
+                attempt_id="a" * 16,
+                kind="escalate",
+                level=1,
+                receivers=["slack"],
+                owner="host-a:41",
+                lease_until=T0 + timedelta(minutes=5, seconds=30),
+            ),
+        }
+    )
+    await store.save(claimed, gas)
+    clock = FakeClock(T0 + timedelta(minutes=5, seconds=10))
+    receivers: dict[str, Receiver | None] = {"slack": slack_receiver("slack", webhook.url, session)}
+    b = escalator(foundation, receivers, clock, instance="host-b:7")
+    await b.sweep()
+    assert webhook.delivered == []  # A may still be sending
+    clock.now = T0 + timedelta(minutes=5, seconds=31)
+    await b.sweep()
+    await b.sweep()
+    assert titles(webhook) == [f"ESCALATED to level 1 · CRITICAL · {unique_id} · GAS_LEAK"]
+    now = await store.get(gas.incident_id)
+    assert now is not None and now.outbox is None and now.level == 1
+
+
+async def test_a_restarted_replica_takes_over_its_previous_process_claim_at_once(
+    foundation: Foundation, webhook: FakeWebhook, session: aiohttp.ClientSession, unique_id: str
+) -> None:
+    store = IncidentStore(foundation.readmodel)
+    gas = await fired(foundation, unique_id)
+    outbox = IncidentOutbox(
+        attempt_id="b" * 16,
+        kind="escalate",
+        level=1,
+        receivers=["slack"],
+        owner="pod-7:41",
+        lease_until=T0 + timedelta(minutes=6),
+    )
+    await store.save(gas.model_copy(update={"outbox": outbox, "version": gas.version + 1}), gas)
+    clock = FakeClock(T0 + timedelta(minutes=5, seconds=1))  # well inside the lease
+    receivers: dict[str, Receiver | None] = {"slack": slack_receiver("slack", webhook.url, session)}
+    await escalator(foundation, receivers, clock, instance="pod-9:41").sweep()
+    assert webhook.delivered == []  # another pod's claim: its lease stands
+    await escalator(foundation, receivers, clock, instance="pod-7:52").sweep()
+    assert len(webhook.delivered) == 1  # the same pod, a new process: the old one is dead
+
+
+async def test_a_failing_slack_falls_back_at_once_and_nothing_is_sent_twice(
+    foundation: Foundation,
+    webhook: FakeWebhook,
+    pager: FakeWebhook,
+    session: aiohttp.ClientSession,
+    unique_id: str,
+) -> None:
+    """The first message could not reach Slack (undeliverable): the next sweep sends the
+    incident to the policy's fallback receiver at once; later sweeps send nothing more."""
+    gas = await fired(foundation, unique_id, outcome="undeliverable")
+    webhook.down()
+    clock = FakeClock(T0 + timedelta(seconds=5))
+    receivers: dict[str, Receiver | None] = {
+        "slack": slack_receiver("slack", webhook.url, session),
+        "pager": slack_receiver("pager", pager.url, session),
+    }
+    e = escalator(foundation, receivers, clock, config=parse_escalation(FALLBACK))
+    for _ in range(3):
+        await e.sweep()
+        clock.advance(timedelta(seconds=5))
+    assert titles(pager) == [f"CRITICAL · {unique_id} · GAS_LEAK"]
+    assert webhook.delivered == []
+    now = await IncidentStore(foundation.readmodel).get(gas.incident_id)
+    assert now is not None and now.notifications == 1
+    assert [(e.receiver, e.outcome) for e in now.timeline if e.kind == "notified"] == [
+        ("slack", "undeliverable"),
+        ("pager", "sent"),
+    ]
+
+
+async def test_when_every_receiver_fails_it_is_retried_with_back_off_not_parked(
+    foundation: Foundation, webhook: FakeWebhook, session: aiohttp.ClientSession, unique_id: str
+) -> None:
+    await fired(foundation, unique_id, outcome="undeliverable")
+    webhook.down()
+    clock = FakeClock(T0 + timedelta(seconds=1))
+    e = escalator(foundation, {"slack": slack_receiver("slack", webhook.url, session)}, clock)
+    await e.sweep()  # only one receiver, and it failed: all again after the back-off
+    assert webhook.requests == []
+    clock.now = T0 + timedelta(seconds=31)
+    await e.sweep()
+    tried = len(webhook.requests)
+    assert tried == 2  # one notification, its two attempts
+    clock.advance(timedelta(seconds=31))
+    await e.sweep()  # 60 s now
+    assert len(webhook.requests) == tried
+    webhook.up()
+    clock.advance(timedelta(seconds=60))
+    await e.sweep()
+    assert len(webhook.delivered) == 1
+
+
+async def test_a_resolved_incident_is_archived_by_the_sweep_once_its_message_had_time(
+    foundation: Foundation, unique_id: str
+) -> None:
+    store = IncidentStore(foundation.readmodel, foundation.store)
+    gas = await fired(foundation, unique_id)
+    closed = incidents.resolve(gas, at=T0 + timedelta(minutes=1))
+    assert closed is not None
+    await store.save(closed, gas)
+    clock = FakeClock(T0 + timedelta(minutes=2))
+    e = escalator(foundation, {}, clock)
+    await e.sweep()
+    assert (await store.get(gas.incident_id)).archived_key is None  # type: ignore[union-attr]
+    clock.now = T0 + timedelta(minutes=3)
+    await e.sweep()
+    archived = await store.get(gas.incident_id)
+    assert archived is not None and archived.archived_key is not None
+    record = await foundation.store.get_json(archived.archived_key)
+    assert record["incident_id"] == gas.incident_id and record["state"] == "resolved"
