@@ -27,12 +27,16 @@ from typer.testing import CliRunner
 from aegis_alert_dispatcher.app import DispatcherApp
 from aegis_alert_dispatcher.decide import Policy
 from aegis_alert_dispatcher.dispatcher import AlertBusy, Dispatcher, Result
+from aegis_alert_dispatcher.escalation import load_escalation
+from aegis_alert_dispatcher.escalator import Escalator
+from aegis_alert_dispatcher.receivers import SlackWebhookReceiver
 from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_alert_dispatcher.slack import SlackWebhook
 from aegis_cli.app import app as cli_app
 from aegis_contracts import incidents, keys
 from aegis_contracts.cloud import CloudCheck, CloudSnapshot
 from aegis_contracts.events import ObjectCreated
+from aegis_contracts.silences import new_silence
 from aegis_contracts.state import Level
 from aegis_contracts.subjects import object_created_subject
 from aegis_contracts.times import format_ts, utc_now
@@ -47,6 +51,7 @@ from aegis_runtime.health import answers_ready
 from aegis_runtime.logging import configure
 from aegis_storage.errors import Conflict
 from aegis_storage.incidents import IncidentStore
+from aegis_storage.silences import SilenceStore
 
 pytestmark = pytest.mark.integration
 
@@ -926,3 +931,91 @@ async def test_aegis_incidents_lists_shows_acknowledges_and_resolves_as_the_cli_
     assert "acknowledged" in text and "cli:kim via cli" in text
     assert (await aegis("show", "20261130-00000000")).exit_code == 1
     assert (await aegis("show", "nonsense")).exit_code == 2
+
+
+async def test_a_silence_records_the_incident_without_a_message_and_its_end_notifies_once(
+    foundation, webhook, session, aws_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec)
+    silences = SilenceStore(foundation.readmodel)
+    crew = new_silence(
+        matchers=["factory=factory-m"],
+        by="cli:kim",
+        now=T0 - timedelta(minutes=1),
+        reason="burner maintenance",
+        duration=timedelta(hours=1),
+    )
+    await silences.add(crew)
+    await d.handle(await put_state(foundation, "factory-m", T0, [FIRE]))
+    await d.handle(await put_state(foundation, "factory-n", T0, [FIRE]))  # not silenced
+    assert headlines(webhook) == ["CRITICAL · factory-n · FIRE_DETECTED"]
+    assert [r.outcome for r in rec.results if r.outcome.startswith("suppressed")] == [
+        "suppressed_silenced"
+    ]
+    store = IncidentStore(foundation.readmodel, foundation.store)
+    (held,) = [i for i in await store.open(now=T0) if i.scope == "factory-m"]
+    (other,) = [i for i in await store.open(now=T0) if i.scope == "factory-n"]
+    ack = functools.partial(incidents.acknowledge, by="lee", via="cli", at=T0)
+    await store.change(other.incident_id, ack)  # so that it does not escalate meanwhile
+    assert held.silenced_since is not None and held.notifications == 0
+    assert [e.kind for e in held.timeline] == ["triggered", "silenced"]
+    # still firing after the cooldown: still held back, no second "silenced" line
+    await d.handle(await put_state(foundation, "factory-m", T0 + timedelta(minutes=6), [FIRE]))
+    assert len(webhook.delivered) == 1
+    clock = FakeClock(T0 + timedelta(minutes=7))
+    sweep = Escalator(
+        store=store,
+        config=load_escalation(None),
+        receivers={"slack": SlackWebhookReceiver("slack", SlackWebhook(webhook.url, session))},
+        clock=clock,
+        dashboard_url="http://dash.example",
+        instance="host-a:1",
+    )
+    await sweep.sweep()  # the silence still holds
+    assert len(webhook.delivered) == 1
+    await silences.end(crew.id, by="cli:kim", at=clock.now)
+    await sweep.sweep()
+    await sweep.sweep()
+    assert headlines(webhook)[1:] == [
+        "CRITICAL, still firing after a silence · factory-m · FIRE_DETECTED"
+    ]
+    now = await store.get(held.incident_id)
+    assert now is not None and now.silenced_since is None and now.notifications == 1
+    assert now.level == 1  # the escalation due meanwhile is in that one message
+
+
+async def test_aegis_silences_refuses_an_unbounded_critical_silence_and_ends_one_early(
+    foundation, aws_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in {
+        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+        "AEGIS_BUCKET": foundation.bucket,
+        "AEGIS_TABLE": foundation.table,
+    }.items():
+        monkeypatch.setenv(name, value)
+    runner = CliRunner()
+
+    async def aegis(*args: str) -> Any:
+        return await asyncio.to_thread(runner.invoke, cli_app, ["silences", *args])
+
+    no_reason = await aegis("add", "-m", "factory=plant-a-1", "--for", "2h")
+    assert no_reason.exit_code == 1 and "reason" in no_reason.output
+    too_long = await aegis("add", "-m", "factory=plant-a-1", "--for", "9h", "--reason", "x")
+    assert too_long.exit_code == 1 and "8h" in too_long.output.replace(" ", "")
+    everything = await aegis("add", "-m", "factory=~.*", "--for", "1h", "--reason", "x")
+    assert everything.exit_code == 1
+    assert json.loads((await aegis("list", "--json")).output) == {"silences": []}
+    made = await aegis(
+        "add", "-m", "factory=plant-a-1", "--for", "2h", "--reason", "valve swap", "--json"
+    )
+    assert made.exit_code == 0, made.output
+    silence = json.loads(made.output)
+    assert silence["created_by"].startswith("cli:")
+    (listed,) = json.loads((await aegis("list", "--json")).output)["silences"]
+    assert listed["id"] == silence["id"]
+    assert (await aegis("expire", silence["id"], "--as", "lee")).exit_code == 0
+    assert json.loads((await aegis("list", "--json")).output) == {"silences": []}
+    (ended,) = json.loads((await aegis("list", "--ended", "--json")).output)["silences"]
+    assert ended["ended_by"] == "cli:lee"
+    assert (await aegis("expire", "s-000000000000")).exit_code == 1

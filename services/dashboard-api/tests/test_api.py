@@ -320,6 +320,8 @@ async def test_openapi_documents_every_endpoint(client: httpx.AsyncClient) -> No
         "/api/incidents/{incident_id}",
         "/api/incidents/{incident_id}/ack",
         "/api/incidents/{incident_id}/resolve",
+        "/api/silences",
+        "/api/silences/{silence_id}",
     }
 
 

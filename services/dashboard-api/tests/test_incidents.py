@@ -286,3 +286,37 @@ async def test_a_forged_a_stale_and_a_replayed_slack_request_are_refused_and_cha
     assert untouched is not None and untouched.version == other.version
     acked = await IncidentStore(foundation.readmodel).get(gas.incident_id)
     assert acked is not None and acked.version == gas.version + 1
+
+
+async def test_a_silence_is_created_listed_and_ended_and_the_guard_refuses_with_reasons(
+    client: httpx.AsyncClient, foundation: Foundation, unique_id: str
+) -> None:
+    refused = await client.post(
+        "/api/silences", headers=AUTH, json={"matchers": ["factory=~.*"], "duration": "12h"}
+    )
+    assert refused.status_code == 422 and refused.json()["error"] == "silence_refused"
+    problems = " ".join(refused.json()["problems"])
+    assert "reason" in problems and "8h" in problems.replace(" ", "")
+    bad = await client.post(
+        "/api/silences", headers=AUTH, json={"matchers": ["factory=~("], "duration": "1h"}
+    )
+    assert bad.status_code == 422
+    made = await client.post(
+        "/api/silences",
+        headers=AUTH,
+        json={"matchers": [f"factory={unique_id}"], "duration": "2h", "reason": "relining"},
+    )
+    assert made.status_code == 201, made.text
+    silence = made.json()
+    assert silence["created_by"] == f"token:{token_digest(TOKEN)[:8]}"
+    assert silence["ends_at"].startswith("2026-11-30T05:00:00")
+    listed = (await client.get("/api/silences", headers=AUTH)).json()["silences"]
+    assert [s["id"] for s in listed] == [silence["id"]]
+    ended = await client.delete(f"/api/silences/{silence['id']}", headers=AUTH)
+    assert ended.status_code == 200 and ended.json()["expired_at"] is not None
+    assert (await client.get("/api/silences", headers=AUTH)).json()["silences"] == []
+    assert (await client.delete("/api/silences/s-000000000000", headers=AUTH)).status_code == 404
+    for method, path in (("GET", "/api/silences"), ("DELETE", f"/api/silences/{silence['id']}")):
+        assert (await client.request(method, path)).status_code == 401
+    unauthorised = await client.post("/api/silences", json={"matchers": ["factory=x"]})
+    assert unauthorised.status_code == 401

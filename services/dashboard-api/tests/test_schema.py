@@ -16,6 +16,7 @@ import pytest
 import schemathesis
 import uvicorn
 from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from aegis_contracts import keys
 from aegis_contracts.keys import ReportArtifact
@@ -107,7 +108,11 @@ schema = schemathesis.openapi.from_dict(
 @schema.parametrize()
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_every_operation_conforms_to_the_schema(case: schemathesis.Case, base_url: str) -> None:
-    case.call_and_validate(base_url=base_url, headers=AUTH)
+    # a new silence that fits the schema may still be refused by the safety guard (a CRITICAL
+    # silence without a reason, or longer than 8 hours): a 422 there is the guard, documented
+    guarded = case.method == "POST" and case.path == "/api/silences"
+    excluded = [positive_data_acceptance] if guarded else []
+    case.call_and_validate(base_url=base_url, headers=AUTH, excluded_checks=excluded)
 
 
 def test_the_served_schema_is_the_one_tested(base_url: str) -> None:

@@ -172,7 +172,16 @@ def notified(
         event,
         last_notified_at=at if delivered else incident.last_notified_at,
         notifications=incident.notifications + int(delivered),
+        silenced_since=None if delivered else incident.silenced_since,
     )
+
+
+def silenced(incident: Incident, *, at: datetime, by: list[str]) -> Incident:
+    """A silence held back a notification of it (the first time since it was last notified)."""
+    if incident.silenced_since is not None:
+        return incident
+    event = IncidentEvent(at=at, kind="silenced", detail=f"held back by {', '.join(by)}")
+    return _next(incident, event, silenced_since=at)
 
 
 def escalated(incident: Incident, *, level: int, at: datetime, detail: str = "") -> Incident:

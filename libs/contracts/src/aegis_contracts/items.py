@@ -187,7 +187,7 @@ class IncidentOutbox(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     attempt_id: str
-    kind: Literal["escalate", "renotify", "failover"]
+    kind: Literal["escalate", "renotify", "failover", "unsilenced"]
     level: int = Field(ge=0)
     receivers: list[str]
     owner: str
@@ -225,6 +225,8 @@ class Incident(_Item):
     detail: str = ""
     timeline: list[IncidentEvent] = Field(default_factory=list)
     outbox: IncidentOutbox | None = None
+    # a silence held back a notification of it since then (None: nothing held back)
+    silenced_since: Timestamp | None = None
     archived_key: str | None = None
     ttl: int | None = None
 

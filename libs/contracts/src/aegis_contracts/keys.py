@@ -513,6 +513,16 @@ INCIDENT_PK_PREFIX = "INCIDENT#"
 INCIDENT_SK = "INCIDENT"
 
 
+# ``SILENCE`` / ``{silence_id}``: every silence in one partition (a few hundred at most; the
+# dispatcher reads them all in one query when it is about to notify)
+SILENCE_PK = "SILENCE"
+_SILENCE_ID = re.compile(r"s-[0-9a-f]{12}")
+
+
+def silence_id(value: str) -> str:
+    return _word(_SILENCE_ID, value, "silence_id")
+
+
 def incident_pk(incident: str) -> str:
     return f"{INCIDENT_PK_PREFIX}{incident_id(incident)}"
 

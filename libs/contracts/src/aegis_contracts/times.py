@@ -165,3 +165,32 @@ Timestamp = Annotated[
     AfterValidator(_as_utc),
     PlainSerializer(format_ts, return_type=str, when_used="json"),
 ]
+
+
+MAX_DURATION = timedelta(days=7)
+_DURATION = re.compile(r"(?:(\d{1,6})d)?(?:(\d{1,6})h)?(?:(\d{1,6})m)?(?:(\d{1,6})s)?")
+
+
+def parse_duration(text: object) -> timedelta:
+    """``"90s"``, ``"5m"``, ``"1h30m"``, ``"2d"``: units d, h, m, s in that order, at most 7 days."""
+    if not isinstance(text, str):
+        raise ValueError(f"a duration is a string like '5m' or '1h30m', got {text!r}")  # noqa: TRY004
+    found = _DURATION.fullmatch(text.strip())
+    if not text.strip() or found is None:
+        raise ValueError(f"{text!r} is not a duration like '0s', '5m' or '1h30m' (units d h m s)")
+    days, hours, minutes, seconds = (int(part or 0) for part in found.groups())
+    value = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    if value > MAX_DURATION:
+        raise ValueError(f"{text!r} is longer than {format_duration(MAX_DURATION)}")
+    return value
+
+
+def format_duration(value: timedelta) -> str:
+    """The shortest text :func:`parse_duration` reads back (``0s`` for zero; whole seconds)."""
+    seconds = int(value.total_seconds())
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"

@@ -72,6 +72,7 @@ from aegis_contracts.items import (
     IntentAlert,
 )
 from aegis_contracts.keys import KeyFamily
+from aegis_contracts.silences import Silence, silenced_by
 from aegis_contracts.state import Reason
 from aegis_contracts.times import Clock, format_ts, parse_ts
 from aegis_contracts.ttl import TtlSettings
@@ -80,6 +81,7 @@ from aegis_storage.errors import Conflict, NotFound, StorageError, Transient
 from aegis_storage.incidents import IncidentStore
 from aegis_storage.readmodel import Put, ReadModel
 from aegis_storage.s3 import ObjectStore
+from aegis_storage.silences import SilenceStore
 
 log = structlog.get_logger(__name__)
 
@@ -183,6 +185,7 @@ CONFIRM_FIRST_DELAY = 0.05
 # a message whose incidents a person changes while it is being recorded is decided again this
 # many times before the event is retried
 SEND_ATTEMPTS = 5
+SILENCES_CACHE_S = 5.0
 # a settled intent is kept this long (a duplicate of its snapshot finds it), not the alert TTL
 SETTLED_INTENT_KEPT = timedelta(hours=1)
 
@@ -232,6 +235,8 @@ class Dispatcher:
         self.lease = lease
         self.instance = instance or instance_name()
         self.incidents = incident_store or IncidentStore(readmodel, store)
+        # read only when a notification is about to go out; a new silence counts within seconds
+        self.silences = SilenceStore(readmodel, cache_s=SILENCES_CACHE_S)
         self.receiver_name = receiver_name
         # posts (and their confirmations) in progress: they outlive a cancelled handler
         self._settling: set[asyncio.Task[tuple[str, str]]] = set()
@@ -499,6 +504,15 @@ class Dispatcher:
             results = [await self._quiet_acknowledged(snapshot, d) for d in quiet]
             if not sends:
                 return results
+            held = await self._silenced(sends, changes)
+            if held:
+                try:
+                    results += await self._hold(snapshot, sends, held, changes)
+                except Conflict:
+                    continue  # an incident or alert changed meanwhile: decide again
+                sends = [d for d in sends if d.code not in held]
+                if not sends:
+                    return results
             try:
                 intent = await self._record_intent(snapshot, sends, changes)
             except Conflict:
@@ -520,6 +534,89 @@ class Dispatcher:
                 Result(outcome, d.action, d.severity, d.code, why or d.why) for d in sends
             ]
         raise Transient(f"{snapshot.scope}: its incidents kept changing while being notified")
+
+    async def _silenced(
+        self, decisions: list[Decision], changes: Mapping[str, tuple[Incident | None, Incident]]
+    ) -> dict[str, list[str]]:
+        """The reason codes whose notification a silence holds back now, with the silences'
+        ids. A RESOLVE is held back only when nobody was ever told of the incident."""
+        held: dict[str, list[str]] = {}
+        silences: list[Silence] | None = None
+        now = self.clock()
+        for d in decisions:
+            change = changes.get(d.code)
+            if change is None or d.code in held:
+                continue
+            incident = change[1]
+            if d.action is Action.RESOLVE:
+                if incident.silenced_since is not None and incident.notifications == 0:
+                    held[d.code] = ["(silenced while it fired)"]
+                continue
+            if silences is None:
+                silences = await self.silences.listed(now=now)
+            covering = silenced_by(silences, incidents.labels(incident), now)
+            if covering:
+                held[d.code] = [s.id for s in covering]
+        return held
+
+    async def _hold(
+        self,
+        snapshot: Snapshot,
+        decisions: list[Decision],
+        held: Mapping[str, list[str]],
+        changes: Mapping[str, tuple[Incident | None, Incident]],
+    ) -> list[Result]:
+        """Record what a silence holds back as if it had been sent, with no message: the alert
+        states (so the cooldown runs) and the incident, marked silenced. One transaction."""
+        now = self.clock()
+        puts: list[Put] = []
+        results: list[Result] = []
+        for d in decisions:
+            if d.code not in held:
+                continue
+            old = d.state
+            incident = changes[d.code][1].incident_id
+            if d.action is Action.RESOLVE:
+                state = self._state(snapshot, d, firing=False, resolved_at=snapshot.at)
+            else:
+                state = self._state(
+                    snapshot,
+                    d,
+                    firing=True,
+                    fired_at=old.fired_at if old and old.firing and old.fired_at else snapshot.at,
+                    resolved_at=None,
+                    last_sent_at=snapshot.at,
+                    pending=None,
+                    incident_id=incident,
+                )
+            puts.append(Put(state, before=old, **_unchanged(old)))
+            for other in d.also_clears:
+                quiet = Decision(Action.DOWNGRADE, other.severity, other.reason, state=other)
+                puts.append(
+                    Put(
+                        self._state(snapshot, quiet, firing=False, resolved_at=snapshot.at),
+                        before=other,
+                        **_unchanged(other),
+                    )
+                )
+            why = f"silenced by {', '.join(held[d.code])}"
+            results.append(Result("suppressed_silenced", d.action, d.severity, d.code, why))
+        for code, silence_ids in held.items():
+            stored, new = changes[code]
+            if new.state != "resolved":
+                new = incidents.silenced(new, at=now, by=silence_ids)
+            if new is stored:
+                continue
+            puts.append(
+                Put(
+                    new,
+                    before=stored,
+                    if_absent=stored is None,
+                    expected=None if stored is None else {"version": stored.version},
+                )
+            )
+        await self.readmodel.put_items(puts)
+        return results
 
     @staticmethod
     def _acknowledged_refire(

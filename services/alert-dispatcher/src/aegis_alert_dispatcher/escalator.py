@@ -18,6 +18,8 @@ Per incident, in order:
 - resolved and not archived for ``archive_after``: its S3 record is written;
 - an outbox: taken over when its lease is over, else left to its owner;
 - acknowledged: nothing more (escalation stops, reminders end);
+- a silence covers it: what would be sent now is held back and the incident marked silenced;
+  once no silence covers it any more, the receivers of the levels it reached hear of it once;
 - its last notification failed at every receiver tried since the last one delivered: the
   policy's fallback receivers at once (:func:`escalation.failover`), then the others; when every
   receiver of the policy has failed, all of them again with back-off (never parked);
@@ -44,9 +46,11 @@ from aegis_alert_dispatcher.receivers import Notification, Receiver
 from aegis_alert_dispatcher.slack import dashboard_link, incident_headline, incident_payload
 from aegis_contracts import incidents
 from aegis_contracts.items import Incident, IncidentOutbox
+from aegis_contracts.silences import Silence, silenced_by
 from aegis_contracts.times import Clock, format_ts
 from aegis_storage.errors import Conflict, StorageError
 from aegis_storage.incidents import IncidentStore
+from aegis_storage.silences import SilenceStore
 
 log = structlog.get_logger(__name__)
 
@@ -59,7 +63,7 @@ RETRY_CAP = timedelta(minutes=10)
 @dataclass(frozen=True, slots=True)
 class Swept:
     """What one sweep did to one incident (``outcome``: archived, escalate, renotify,
-    failover, taken_over, claimed_elsewhere)."""
+    failover, unsilenced, silenced, taken_over, claimed_elsewhere)."""
 
     incident_id: str
     outcome: str
@@ -117,6 +121,7 @@ class Escalator:
         self.lease = lease
         self.archive_after = archive_after
         self.on_swept = on_swept
+        self.silences = SilenceStore(store.readmodel)
 
     async def run(self, stop: asyncio.Event, *, every_s: float) -> None:
         """Sweep every ``every_s`` until ``stop``; a failed sweep is logged and the next one
@@ -132,8 +137,10 @@ class Escalator:
     async def sweep(self) -> list[Swept]:
         now = self.clock()
         done: list[Swept] = []
-        for incident in await self.store.listed(now=now):
-            swept = await self._one(incident, now)
+        listed = await self.store.listed(now=now)
+        silences = await self.silences.listed(now=now) if listed else []
+        for incident in listed:
+            swept = await self._one(incident, now, silences)
             if swept is not None:
                 done.append(swept)
                 log.info(
@@ -148,7 +155,9 @@ class Escalator:
                     self.on_swept(swept)
         return done
 
-    async def _one(self, incident: Incident, now: datetime) -> Swept | None:
+    async def _one(
+        self, incident: Incident, now: datetime, silences: list[Silence]
+    ) -> Swept | None:
         if incident.state == "resolved":
             return await self._archive(incident, now)
         if incident.outbox is not None:
@@ -156,11 +165,32 @@ class Escalator:
         if incident.state == "acknowledged":
             return None
         policy = escalation.policy_for(self.config, incident.scope, incident.severity)
-        outbox = self._failover(policy, incident, now) or self._due(policy, incident, now)
+        covering = silenced_by(silences, incidents.labels(incident), now)
+        if incident.silenced_since is not None and not covering:
+            outbox: IncidentOutbox | None = self._unsilenced(policy, incident, now)
+        else:
+            outbox = self._failover(policy, incident, now) or self._due(policy, incident, now)
         if outbox is None:
             return None
+        if covering:  # due, but a silence holds it back: recorded, not sent
+            return await self._hold(incident, outbox, [s.id for s in covering], now)
+        return await self._claim(incident, outbox, now)
+
+    async def _hold(
+        self, incident: Incident, outbox: IncidentOutbox, silence_ids: list[str], now: datetime
+    ) -> Swept | None:
+        if incident.silenced_since is not None:
+            return None  # held back already
+        held = incidents.silenced(incident, at=now, by=silence_ids)
+        try:
+            await self.store.save(held, incident)
+        except Conflict:
+            return Swept(incident.incident_id, "claimed_elsewhere", incident.level)
+        return Swept(incident.incident_id, "silenced", incident.level, tuple(outbox.receivers))
+
+    async def _claim(self, incident: Incident, outbox: IncidentOutbox, now: datetime) -> Swept:
         claimed = incident
-        if outbox.kind == "escalate":
+        if outbox.kind == "escalate" or outbox.level > incident.level:
             detail = f"unacknowledged {self._minutes(incident, now)} min"
             claimed = incidents.escalated(incident, level=outbox.level, at=now, detail=detail)
         claimed = claimed.model_copy(update={"outbox": outbox, "version": incident.version + 1})
@@ -207,6 +237,20 @@ class Escalator:
         if last is not None and now - last < wait:
             return None
         return self._outbox(incident, "failover", incident.level, list(policy.receivers), now)
+
+    def _unsilenced(
+        self, policy: escalation.Policy, incident: Incident, now: datetime
+    ) -> IncidentOutbox:
+        """A silence held a notification back and covers it no more: the receivers of every
+        level it has reached, or is due to reach by now, hear of it once (not the level it
+        had, then at once the escalation the silence held back)."""
+        due = escalation.due_levels(
+            policy, triggered_at=incident.triggered_at, level_reached=incident.level, now=now
+        )
+        target = max(incident.level, *due) if due else incident.level
+        reached = policy.levels[: min(target, len(policy.levels) - 1) + 1]
+        receivers = list(dict.fromkeys(r for level in reached for r in level.receivers))
+        return self._outbox(incident, "unsilenced", target, receivers, now)
 
     def _due(
         self, policy: escalation.Policy, incident: Incident, now: datetime

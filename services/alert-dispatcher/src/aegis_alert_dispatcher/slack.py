@@ -263,6 +263,7 @@ INCIDENT_TITLE = {
     "escalate": "ESCALATED to level {level} · {severity}",
     "renotify": "STILL {severity}, unacknowledged",
     "failover": "{severity}",
+    "unsilenced": "{severity}, still firing after a silence",
 }
 
 

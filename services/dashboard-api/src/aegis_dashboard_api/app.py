@@ -13,13 +13,16 @@ from typing import Any
 import structlog
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from aegis_contracts.times import Clock, utc_now
-from aegis_dashboard_api import incidents, pages
+from aegis_dashboard_api import incidents, pages, silences
 from aegis_dashboard_api.access import QueryTokenMiddleware, TokenSet, request_token
 from aegis_dashboard_api.feed import LiveFeed
 from aegis_dashboard_api.live import Hub, stream
@@ -34,6 +37,8 @@ from aegis_storage.clients import AwsClients, open_clients
 from aegis_storage.errors import StorageError
 
 log = structlog.get_logger(__name__)
+
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
 async def require_token(request: Request) -> None:
@@ -150,7 +155,7 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=s.cors_origins,
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
         )
 
@@ -160,6 +165,24 @@ def create_app(
         return JSONResponse(
             {"error": exc.error, "message": exc.message}, status_code=exc.status, headers=headers
         )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route of the path only; a path with a
+            # route per method (GET and POST /api/silences) must name them all
+            allowed = [
+                method
+                for method in HTTP_METHODS
+                if any(
+                    route.matches({**request.scope, "method": method})[0] is Match.FULL
+                    for route in request.app.routes
+                )
+            ]
+            if allowed:
+                headers = dict(exc.headers or {}) | {"Allow": ", ".join(allowed)}
+                exc = StarletteHTTPException(405, exc.detail, headers=headers)
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(StorageError)
     async def storage_error(_: Request, exc: StorageError) -> JSONResponse:
@@ -183,6 +206,7 @@ def create_app(
     app.include_router(live_router)
     app.include_router(router, prefix="/api", dependencies=[Depends(require_token)])
     app.include_router(incidents.router, prefix="/api", dependencies=[Depends(require_token)])
+    app.include_router(silences.router, prefix="/api", dependencies=[Depends(require_token)])
     app.include_router(incidents.slack_router)  # Slack's signature, not a token
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=pages.STATIC_DIR), name="static")

@@ -15,6 +15,7 @@ held back and still firing are owed a notification (:func:`notification_owed`).
 from __future__ import annotations
 
 import re
+import secrets
 import warnings
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
@@ -335,3 +336,52 @@ def notification_owed(
     if notified_after_silence_at is not None and notified_after_silence_at >= silenced_since:
         return False
     return not silenced_by(silences, labels, at)
+
+
+def new_silence_id() -> str:
+    """``s-`` and 12 random hex digits: what a new silence is called."""
+    return f"s-{secrets.token_hex(6)}"
+
+
+def new_silence(
+    *,
+    matchers: Iterable[str],
+    by: str,
+    now: datetime,
+    reason: str = "",
+    starts_at: datetime | None = None,
+    ends_at: datetime | None = None,
+    duration: timedelta | None = None,
+    max_critical: timedelta = MAX_CRITICAL,
+) -> Silence:
+    """A new silence from what a person typed (matchers as text, an end or a duration), checked
+    by the guard: :class:`SilenceRefused` lists every problem at once."""
+    problems: list[str] = []
+    parsed: list[Matcher] = []
+    for text in matchers:
+        try:
+            parsed.append(Matcher.parse(text))
+        except MatcherError as err:
+            problems.append(str(err))
+    if not parsed and not problems:
+        problems.append("a silence needs at least one matcher")
+    if (ends_at is None) == (duration is None):
+        problems.append("give an end time or a duration (one of them)")
+    if problems:
+        raise SilenceRefused(problems)
+    start = starts_at or now
+    end = ends_at if ends_at is not None else start + (duration or timedelta(0))
+    try:
+        silence = Silence(
+            id=new_silence_id(),
+            matchers=tuple(parsed),
+            starts_at=start,
+            ends_at=end,
+            created_by=by,
+            reason=reason.strip(),
+            created_at=now,
+        )
+    except ValueError as err:
+        raise SilenceRefused([str(err)]) from None
+    check_new_silence(silence, now=now, max_critical=max_critical)
+    return silence

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from aegis_alert_dispatcher.silences import (
+from aegis_contracts.silences import (
     Label,
     Matcher,
     MatcherError,
