@@ -142,6 +142,16 @@ def make(
     )
 
 
+def cli_env(monkeypatch: pytest.MonkeyPatch, f: Foundation, aws_endpoint: str) -> None:
+    """What ``aegis`` commands read to reach the test's bucket and table."""
+    for name, value in {
+        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+        "AEGIS_BUCKET": f.bucket,
+        "AEGIS_TABLE": f.table,
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
 def headlines(webhook: FakeWebhook) -> list[str]:
     return [str(body["text"]).split(" AEGIS ", 1)[1].split(" at ")[0] for body in webhook.delivered]
 
@@ -896,12 +906,7 @@ async def test_aegis_incidents_lists_shows_acknowledges_and_resolves_as_the_cli_
 ) -> None:
     d = make(foundation, webhook, session, Recorded())
     await d.handle(await put_state(foundation, "factory-c", T0, [FIRE]))
-    for name, value in {
-        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
-        "AEGIS_BUCKET": foundation.bucket,
-        "AEGIS_TABLE": foundation.table,
-    }.items():
-        monkeypatch.setenv(name, value)
+    cli_env(monkeypatch, foundation, aws_endpoint)
     runner = CliRunner()
 
     async def aegis(*args: str) -> Any:
@@ -988,12 +993,7 @@ async def test_a_silence_records_the_incident_without_a_message_and_its_end_noti
 async def test_aegis_silences_refuses_an_unbounded_critical_silence_and_ends_one_early(
     foundation, aws_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name, value in {
-        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
-        "AEGIS_BUCKET": foundation.bucket,
-        "AEGIS_TABLE": foundation.table,
-    }.items():
-        monkeypatch.setenv(name, value)
+    cli_env(monkeypatch, foundation, aws_endpoint)
     runner = CliRunner()
 
     async def aegis(*args: str) -> Any:

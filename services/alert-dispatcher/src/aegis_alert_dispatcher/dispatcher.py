@@ -574,49 +574,56 @@ class Dispatcher:
         for d in decisions:
             if d.code not in held:
                 continue
-            old = d.state
-            incident = changes[d.code][1].incident_id
-            if d.action is Action.RESOLVE:
-                state = self._state(snapshot, d, firing=False, resolved_at=snapshot.at)
-            else:
-                state = self._state(
-                    snapshot,
-                    d,
-                    firing=True,
-                    fired_at=old.fired_at if old and old.firing and old.fired_at else snapshot.at,
-                    resolved_at=None,
-                    last_sent_at=snapshot.at,
-                    pending=None,
-                    incident_id=incident,
-                )
-            puts.append(Put(state, before=old, **_unchanged(old)))
-            for other in d.also_clears:
-                quiet = Decision(Action.DOWNGRADE, other.severity, other.reason, state=other)
-                puts.append(
-                    Put(
-                        self._state(snapshot, quiet, firing=False, resolved_at=snapshot.at),
-                        before=other,
-                        **_unchanged(other),
-                    )
-                )
+            state = self._next_state(
+                snapshot, d, changes[d.code][1].incident_id, pending=None, sent=True
+            )
+            puts.append(Put(state, before=d.state, **_unchanged(d.state)))
+            puts.extend(self._cleared(snapshot, d))
             why = f"silenced by {', '.join(held[d.code])}"
             results.append(Result("suppressed_silenced", d.action, d.severity, d.code, why))
         for code, silence_ids in held.items():
             stored, new = changes[code]
             if new.state != "resolved":
                 new = incidents.silenced(new, at=now, by=silence_ids)
-            if new is stored:
-                continue
-            puts.append(
-                Put(
-                    new,
-                    before=stored,
-                    if_absent=stored is None,
-                    expected=None if stored is None else {"version": stored.version},
-                )
-            )
+            if new is not stored:
+                puts.append(_incident_put(stored, new))
         await self.readmodel.put_items(puts)
         return results
+
+    def _next_state(
+        self,
+        snapshot: Snapshot,
+        d: Decision,
+        incident_id: str | None,
+        *,
+        pending: str | None,
+        sent: bool,
+    ) -> AlertState:
+        """The alert state a decision leaves: resolved, or firing for its incident (``sent``:
+        counted as sent now, for a message a silence held back)."""
+        old = d.state
+        if d.action is Action.RESOLVE:
+            return self._state(snapshot, d, firing=False, resolved_at=snapshot.at, pending=pending)
+        extra: dict[str, Any] = {"last_sent_at": snapshot.at} if sent else {}
+        return self._state(
+            snapshot,
+            d,
+            firing=True,
+            fired_at=old.fired_at if old and old.firing and old.fired_at else snapshot.at,
+            resolved_at=None,
+            pending=pending,
+            incident_id=incident_id or (old.incident_id if old else None),
+            **extra,
+        )
+
+    def _cleared(self, snapshot: Snapshot, d: Decision) -> list[Put]:
+        """The lower severities a RESOLVE clears with it, quietly."""
+        puts = []
+        for other in d.also_clears:
+            quiet = Decision(Action.DOWNGRADE, other.severity, other.reason, state=other)
+            new = self._state(snapshot, quiet, firing=False, resolved_at=snapshot.at)
+            puts.append(Put(new, before=other, **_unchanged(other)))
+        return puts
 
     @staticmethod
     def _acknowledged_refire(
@@ -677,20 +684,7 @@ class Dispatcher:
         for d in decisions:
             old = d.state
             incident = incident_of(d.code)
-            if d.action is Action.RESOLVE:
-                claimed = self._state(
-                    snapshot, d, firing=False, resolved_at=snapshot.at, pending=intent_sk
-                )
-            else:
-                claimed = self._state(
-                    snapshot,
-                    d,
-                    firing=True,
-                    fired_at=old.fired_at if old and old.firing and old.fired_at else snapshot.at,
-                    resolved_at=None,
-                    pending=intent_sk,
-                    incident_id=incident or (old.incident_id if old else None),
-                )
+            claimed = self._next_state(snapshot, d, incident, pending=intent_sk, sent=False)
             puts.append(Put(claimed, before=old, **_unchanged(old)))
             alerts.append(
                 IntentAlert(
@@ -701,25 +695,10 @@ class Dispatcher:
                     incident_id=incident,
                 )
             )
-            for other in d.also_clears:  # the lower severities of a resolved reason
-                quiet = Decision(Action.DOWNGRADE, other.severity, other.reason, state=other)
-                puts.append(
-                    Put(
-                        self._state(snapshot, quiet, firing=False, resolved_at=snapshot.at),
-                        before=other,
-                        **_unchanged(other),
-                    )
-                )
+            puts.extend(self._cleared(snapshot, d))
         for stored, new in changes.values():
             if new is not stored and any(d.code == new.reason for d in decisions):
-                puts.append(
-                    Put(
-                        new,
-                        before=stored,
-                        if_absent=stored is None,
-                        expected=None if stored is None else {"version": stored.version},
-                    )
-                )
+                puts.append(_incident_put(stored, new))
         intent = AlertIntent(
             pk=pk,
             sk=intent_sk,
@@ -954,6 +933,16 @@ class Dispatcher:
                 await self.incidents.archive(incident_id, now=now)
             except StorageError as err:
                 log.warning("incident_archive_failed", incident_id=incident_id, error=str(err))
+
+
+def _incident_put(stored: Incident | None, new: Incident) -> Put:
+    """Write ``new`` only if the incident is still as read (absent when None)."""
+    return Put(
+        new,
+        before=stored,
+        if_absent=stored is None,
+        expected=None if stored is None else {"version": stored.version},
+    )
 
 
 def _unchanged(old: AlertState | None) -> dict[str, Any]:
