@@ -539,6 +539,10 @@ async def test_alert_dispatcher_keeps_incidents_and_writes_each_record_once(as_s
     me = await as_service("alert-dispatcher")
     await me.readmodel.put_item(item(f"INCIDENT#{INCIDENT_ID}", "INCIDENT"), if_absent=True)
     assert await me.readmodel.index_members("INCIDENT") is not None
+    assert await me.readmodel.batch_get([(f"INCIDENT#{INCIDENT_ID}", "INCIDENT")])
+    await me.readmodel.put_item(item("REPLICA#alert-dispatcher", "host:1"))
+    await denied(me.readmodel.put_item(item("REPLICA#processor", "host:1")))
+    await denied(me.readmodel.batch_get([(f"FACTORY#{F}", "LATEST")]))
     await me.store.put_immutable(INCIDENT, b'{"closed": true}')
     assert await me.store.get_json(INCIDENT) == {"closed": True}
     # the record cannot be replaced: without If-None-Match, with another value, nor deleted

@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 from aegis_alert_dispatcher.app import DispatcherApp
 from aegis_alert_dispatcher.decide import Policy
 from aegis_alert_dispatcher.dispatcher import AlertBusy, Dispatcher, Result
+from aegis_alert_dispatcher.escalation import default_escalation_text as load_escalation_text
 from aegis_alert_dispatcher.escalation import load_escalation
 from aegis_alert_dispatcher.escalator import Escalator
 from aegis_alert_dispatcher.receivers import SlackWebhookReceiver
@@ -647,6 +648,16 @@ async def test_a_shutdown_while_slack_is_slow_still_sends_exactly_one_message(
         webhook.release()
 
 
+# how the survivor learns of the death: the queue redelivers the event (a short ack wait and
+# lease), or, with the defaults (ack wait 300 s, lease 120 s), the killed replica's heartbeat
+# runs out and the survivor's sweep takes its message over long before the lease would
+TAKEOVERS = {
+    "redelivery": {"AEGIS_ALERT_ACK_WAIT_S": "3", "AEGIS_ALERT_SEND_LEASE_S": "2.5"},
+    "heartbeat": {"AEGIS_ESCALATION_TICK_S": "1"},
+}
+
+
+@pytest.mark.parametrize("takeover", sorted(TAKEOVERS))
 async def test_a_replica_killed_while_slack_is_slow_is_completed_by_the_other_exactly_once(
     foundation: Foundation,
     aws_endpoint: str,
@@ -654,12 +665,14 @@ async def test_a_replica_killed_while_slack_is_slow_is_completed_by_the_other_ex
     webhook: FakeWebhook,
     unique_id: str,
     tmp_path: Path,
+    takeover: str,
 ) -> None:
     """Two real dispatcher processes. The one posting is SIGKILLed while Slack holds its post and
-    the intent item says ``sending``; the JetStream redelivery reaches the other, which completes
-    the intent: one message. The killed post never got an answer; the stand-in counts it as
-    abandoned (a real Slack might still show it: then as a second copy with the same alert id,
-    which is the at-least-once window the module docstring names, and which this asserts)."""
+    the intent item says ``sending``; the other completes the intent (the JetStream redelivery
+    reaches it, or its sweep sees the sender's heartbeat run out): one message. The killed post
+    never got an answer; the stand-in counts it as abandoned (a real Slack might still show it:
+    then as a second copy with the same alert id, which is the at-least-once window the module
+    docstring names, and which this asserts)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")} | {
         "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
         "AEGIS_BUCKET": foundation.bucket,
@@ -668,9 +681,8 @@ async def test_a_replica_killed_while_slack_is_slow_is_completed_by_the_other_ex
         "AEGIS_SLACK_WEBHOOK_URL": webhook.url,
         "AEGIS_ALERT_DURABLE": f"alerts-{unique_id}",
         "AEGIS_ALERT_FETCH_TIMEOUT_S": "0.5",
-        "AEGIS_ALERT_ACK_WAIT_S": "3",
-        "AEGIS_ALERT_SEND_LEASE_S": "2.5",
         "AEGIS_LOG_FORMAT": "json",
+        **TAKEOVERS[takeover],
     }
     script = Path(sys.executable).parent / "aegis-alert-dispatcher"
     ports = [free_port(), free_port()]
@@ -710,8 +722,11 @@ async def test_a_replica_killed_while_slack_is_slow_is_completed_by_the_other_ex
             found = await intent_items(foundation, "factory-a")
             return [i["state"] for i in found] == ["sent"]
 
-        await eventually(sent, within=20, what="the intent completed by the survivor")
+        await eventually(sent, within=30, what="the intent completed by the survivor")
+        lease_until = intent["lease_until"]
         (intent,) = await intent_items(foundation, "factory-a")
+        if takeover == "heartbeat":  # taken over because the sender died, not for its lease
+            assert intent["settled_at"] < lease_until
         (survivor,) = procs
         assert intent["owner"].split("|")[0].endswith(f":{survivor}")
         assert [r.status for r in webhook.requests] == [ABANDONED, 200]
@@ -1019,3 +1034,83 @@ async def test_aegis_silences_refuses_an_unbounded_critical_silence_and_ends_one
     (ended,) = json.loads((await aegis("list", "--ended", "--json")).output)["silences"]
     assert ended["ended_by"] == "cli:lee"
     assert (await aegis("expire", "s-000000000000")).exit_code == 1
+
+
+async def test_an_escalation_due_while_its_only_replica_was_killed_is_sent_once_by_the_next(
+    foundation: Foundation,
+    aws_endpoint: str,
+    private_nats,
+    webhook: FakeWebhook,
+    unique_id: str,
+    tmp_path: Path,
+) -> None:
+    """The escalation timer is the incident itself, not a replica's: the only dispatcher is
+    SIGKILLed while an unacknowledged CRITICAL waits for its level 1 (8 s after the trigger, a
+    file of the test's), a new process started after it fell due sends it once."""
+    policies = tmp_path / "escalation.toml"
+    policies.write_text(
+        load_escalation_text()
+        .replace('after = "5m"', 'after = "8s"')
+        .replace('repeat = "30m"', 'repeat = "1h"')
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")} | {
+        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+        "AEGIS_BUCKET": foundation.bucket,
+        "AEGIS_TABLE": foundation.table,
+        "AEGIS_NATS_URL": private_nats.url,
+        "AEGIS_SLACK_WEBHOOK_URL": webhook.url,
+        "AEGIS_ALERT_DURABLE": f"alerts-{unique_id}",
+        "AEGIS_ALERT_FETCH_TIMEOUT_S": "0.5",
+        "AEGIS_ESCALATION_FILE": str(policies),
+        "AEGIS_ESCALATION_TICK_S": "1",
+        "AEGIS_LOG_FORMAT": "json",
+    }
+    script = Path(sys.executable).parent / "aegis-alert-dispatcher"
+    store = IncidentStore(foundation.readmodel)
+    first = spawn(script, env | {"AEGIS_HEALTH_PORT": str(free_port())}, tmp_path / "a.log")
+    procs = [first]
+    try:
+        client = create_broker(
+            settings_for(foundation, aws_endpoint, private_nats.url, webhook, unique_id),
+            name="alerts-test-client",
+        )
+        try:
+            await ensure_streams(client)
+            event = await put_state(foundation, "factory-e", utc_now(), [FIRE])
+            await publish(client, object_created_subject("state_snapshot"), event, msg_id=None)
+            await eventually(lambda: len(webhook.delivered) == 1, within=30, what="level 0")
+        finally:
+            await client.stop()
+        (waiting,) = await store.open(now=utc_now())
+        first.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(first.wait, 10)
+        # the fault hit with the escalation outstanding: level 0 sent, level 1 not yet due
+        now = await store.get(waiting.incident_id)
+        assert now is not None and now.level == 0 and now.outbox is None
+        assert utc_now() < waiting.triggered_at + timedelta(seconds=8)
+        await eventually(
+            lambda: utc_now() > waiting.triggered_at + timedelta(seconds=8),
+            within=15,
+            what="level 1 due while no dispatcher runs",
+        )
+        assert len(webhook.delivered) == 1
+        second = spawn(script, env | {"AEGIS_HEALTH_PORT": str(free_port())}, tmp_path / "b.log")
+        procs.append(second)
+        await eventually(lambda: len(webhook.delivered) == 2, within=30, what="level 1")
+        for _ in range(3):  # more sweeps: nothing more
+            await asyncio.sleep(1)
+        assert headlines_of(webhook.delivered[1:]) == [
+            "ESCALATED to level 1 · CRITICAL · factory-e · FIRE_DETECTED"
+        ]
+        escalated = await store.get(waiting.incident_id)
+        assert escalated is not None and escalated.level == 1
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            await asyncio.to_thread(proc.wait, 30)
+
+
+def headlines_of(bodies: list[dict[str, Any]]) -> list[str]:
+    return [str(body["text"]).split(" AEGIS ", 1)[1] for body in bodies]

@@ -9,16 +9,21 @@ import asyncio
 import functools
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import aiohttp
 import pytest
 
+from aegis_alert_dispatcher.decide import Policy, Stream
+from aegis_alert_dispatcher.dispatcher import Dispatcher, Snapshot
 from aegis_alert_dispatcher.escalation import EscalationConfig, load_escalation, parse_escalation
 from aegis_alert_dispatcher.escalator import Escalator, Swept
 from aegis_alert_dispatcher.receivers import Receiver, SlackWebhookReceiver
 from aegis_alert_dispatcher.slack import SlackWebhook
 from aegis_contracts import incidents
 from aegis_contracts.items import Incident, IncidentOutbox
+from aegis_contracts.state import Reason
+from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.webhook import FakeWebhook, serving
@@ -295,3 +300,68 @@ async def test_a_resolved_incident_is_archived_by_the_sweep_once_its_message_had
     assert archived is not None and archived.archived_key is not None
     record = await foundation.store.get_json(archived.archived_key)
     assert record["incident_id"] == gas.incident_id and record["state"] == "resolved"
+
+
+async def test_slack_down_for_ten_minutes_the_fallback_hears_each_notification_once(
+    foundation: Foundation,
+    webhook: FakeWebhook,
+    pager: FakeWebhook,
+    session: aiohttp.ClientSession,
+    unique_id: str,
+) -> None:
+    """Slack answers 503 throughout. The first message fails, the policy has a fallback: it is
+    not dead-lettered, the next sweep gives it to the pager; the snapshots that follow (every
+    30 s, still firing) send nothing of their own; the escalation at 5 minutes fails on Slack and
+    reaches the pager too. Each notification reaches the pager once."""
+    webhook.down()
+    config = parse_escalation(FALLBACK)
+    clock = FakeClock(T0)
+    dead: list[dict[str, Any]] = []
+
+    async def dead_letter(record: dict[str, Any], detail: str, message_id: str) -> None:
+        dead.append(record)
+
+    async def announce(detail: dict[str, Any], msg_id: str) -> None:
+        return None
+
+    slack = SlackWebhook(webhook.url, session, first_delay=0.01, max_attempts=2, timeout=5)
+    d = Dispatcher(
+        store=foundation.store,
+        readmodel=foundation.readmodel,
+        sender=slack,
+        dead_letter=dead_letter,
+        announce=announce,
+        policy=Policy(),
+        ttl=TtlSettings(),
+        dashboard_url="http://dash.example",
+        clock=clock,
+        escalation=config,
+    )
+    receivers: dict[str, Receiver | None] = {
+        "slack": SlackWebhookReceiver("slack", slack),
+        "pager": slack_receiver("pager", pager.url, session),
+    }
+    e = escalator(foundation, receivers, clock, config=config)
+    fire = Reason(code="GAS_LEAK", severity="CRITICAL", detail="CO 410 ppm")
+    outcomes: list[str] = []
+    for step in range(21):  # 10 minutes, a snapshot every 30 s and a sweep after each
+        clock.now = T0 + timedelta(seconds=30 * step)
+        snapshot = Snapshot(unique_id, Stream.STATE, clock.now, (fire,))
+        outcomes += [r.outcome for r in await d.handle_snapshot(snapshot)]
+        await e.sweep()
+    assert dead == []
+    assert outcomes[0] == "failing_over"
+    assert set(outcomes[1:]) == {"suppressed_cooldown", "suppressed_policy"}
+    assert [str(b["text"]).split(" AEGIS ", 1)[1] for b in pager.delivered] == [
+        f"CRITICAL · {unique_id} · GAS_LEAK",  # the first message, at once
+        f"CRITICAL · {unique_id} · GAS_LEAK",  # level 1 at 5 minutes, Slack failing again
+    ]
+    (incident,) = await IncidentStore(foundation.readmodel).open(now=clock.now)
+    told = [(x.receiver, x.outcome, x.level) for x in incident.timeline if x.kind == "notified"]
+    assert told == [
+        ("slack", "undeliverable", 0),
+        ("pager", "sent", 0),
+        ("slack", "undeliverable", 1),
+        ("pager", "sent", 1),
+    ]
+    assert webhook.delivered == []

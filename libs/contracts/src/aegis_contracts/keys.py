@@ -523,6 +523,15 @@ def silence_id(value: str) -> str:
     return _word(_SILENCE_ID, value, "silence_id")
 
 
+# ``REPLICA#{service}`` / ``{host:pid}``: a replica says it is alive until ``alive_until``; what
+# it holds is taken over by another once that has passed
+REPLICA_PK_PREFIX = "REPLICA#"
+
+
+def replica_pk(service: str) -> str:
+    return f"{REPLICA_PK_PREFIX}{_word(re.compile(r'[a-z][a-z0-9-]{0,47}'), service, 'service')}"
+
+
 def incident_pk(incident: str) -> str:
     return f"{INCIDENT_PK_PREFIX}{incident_id(incident)}"
 
@@ -582,14 +591,22 @@ def fleet_partitions(kind: str) -> list[str]:
 
 
 def fleet_index_keys(
-    pk: str, sk: str, *, firing: object = None, archived: object = None
+    pk: str, sk: str, *, firing: object = None, archived: object = None, state: object = None
 ) -> dict[str, str] | None:
     """The index attributes an item carries, or None when it stays out of the index: a FACTORY
     LATEST always; an alert state (``ALERT#{scope}`` / ``{severity}#{reason}#{status}``) while
     ``firing`` is True; a factory-hour's late-data marker; an incident until its record is
-    archived (``archived`` is falsy: open, or resolved and not yet written to S3); nothing else."""
+    archived (``archived`` is falsy: open, or resolved and not yet written to S3), and an alert
+    message while it is being sent (``state`` is ``sending``), both in the INCIDENT partitions
+    the dispatchers' sweep reads; nothing else."""
     if pk.startswith(INCIDENT_PK_PREFIX) and sk == INCIDENT_SK and not archived:
         return {FLEET_PK: fleet_partition(FLEET_INCIDENT, fleet_shard(pk)), FLEET_SK: pk}
+    if pk.startswith("ALERT#") and sk.startswith(INTENT_PREFIX) and state == "sending":
+        # an alert message being sent: the dispatchers' sweep finds one whose sender died
+        return {
+            FLEET_PK: fleet_partition(FLEET_INCIDENT, fleet_shard(pk)),
+            FLEET_SK: f"{pk}#{sk}",
+        }
     if pk.startswith("FACTORY#") and sk == LATEST_SK:
         return {FLEET_PK: fleet_partition(FLEET_LATEST, fleet_shard(pk)), FLEET_SK: pk}
     if pk.startswith("FACTORY#") and sk.startswith(LATE_PREFIX):

@@ -9,7 +9,7 @@ incidents, and resolved ones whose record is not yet in S3, are listed through t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -56,11 +56,15 @@ class IncidentStore:
         item = await self.readmodel.get_item(keys.incident_pk(incident_id), keys.INCIDENT_SK)
         return None if item is None else self.parse(item)
 
-    async def listed(self, *, now: datetime) -> list[Incident]:
+    async def listed(
+        self, *, now: datetime, members: Sequence[tuple[str, str]] | None = None
+    ) -> list[Incident]:
         """Every incident in the index: the open ones and the resolved ones not yet archived,
-        oldest first."""
+        oldest first (``members``: the index entries, when the caller read them already)."""
+        if members is None:
+            members = await self.readmodel.index_members(keys.FLEET_INCIDENT)
         found = await self.readmodel.batch_get(
-            await self.readmodel.index_members(keys.FLEET_INCIDENT)
+            [(pk, sk) for pk, sk in members if pk.startswith(keys.INCIDENT_PK_PREFIX)]
         )
         parsed = [self.parse(i) for i in found if live(i, now)]
         return sorted(

@@ -151,9 +151,9 @@ def indexed(attributes: Mapping[str, Any]) -> dict[str, Any]:
     if pk and sk:
         firing = attributes.get("firing", {}).get("BOOL")
         archived = attributes.get("archived_key", {}).get("S")
-        for name, value in (
-            keys.fleet_index_keys(pk, sk, firing=firing, archived=archived) or {}
-        ).items():
+        state = attributes.get("state", {}).get("S")
+        found = keys.fleet_index_keys(pk, sk, firing=firing, archived=archived, state=state)
+        for name, value in (found or {}).items():
             out[name] = {"S": value}
     return out
 

@@ -3,6 +3,8 @@ heartbeat), a durable pull consumer of ObjectCreated events and an aiohttp sessi
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from typing import Any
@@ -29,6 +31,7 @@ from aegis_alert_dispatcher.receivers import (
 )
 from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_alert_dispatcher.slack import SlackWebhook
+from aegis_contracts import keys
 from aegis_contracts.events import ObjectCreated, SystemEvent
 from aegis_contracts.subjects import OBJECT_CREATED, STREAMS, system_subject
 from aegis_contracts.times import Clock, utc_now
@@ -37,6 +40,7 @@ from aegis_runtime.broker import dead_letter, durable_pull
 from aegis_runtime.lifecycle import run_service, start_background
 from aegis_runtime.service import ServiceApp
 from aegis_storage.clients import AwsClients
+from aegis_storage.errors import StorageError
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
@@ -154,6 +158,7 @@ class DispatcherApp(ServiceApp):
             triggers=s.alert_trigger_prefixes,
             on_result=self._count,
             lease=timedelta(seconds=s.send_lease_s),
+            escalation=self.escalation,
         )
         sns = await stack.enter_async_context(SnsClientPool(s.aws()))
         receivers = build_receivers(
@@ -169,18 +174,42 @@ class DispatcherApp(ServiceApp):
             lease=timedelta(seconds=s.notification_lease_s),
             on_swept=lambda swept: self.incidents_swept.labels(outcome=swept.outcome).inc(),
         )
-        escalator = self.escalator
-        start_background(
-            stack,
-            lambda stop: escalator.run(stop, every_s=s.escalation_tick_s),
-            "incident-sweep",
-        )
+        start_background(stack, self._heartbeats, "replica-heartbeat")
+        start_background(stack, self._sweeps, "incident-sweep")
         log.info(
             "alert_dispatcher_started",
             webhook=bool(webhook),
             triggers=s.alert_trigger_prefixes,
             receivers={name: r is not None for name, r in receivers.items()},
         )
+
+    async def _heartbeats(self, stop: asyncio.Event) -> None:
+        """This replica is alive: every third of ``alive_for`` (a missed one is tried again)."""
+        dispatcher = self.dispatcher
+        assert dispatcher is not None
+        every = dispatcher.alive_for.total_seconds() / 3
+        while not stop.is_set():
+            try:
+                await dispatcher.heartbeat()
+            except StorageError as err:
+                log.warning("replica_heartbeat_failed", error=str(err))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=every)
+
+    async def _sweeps(self, stop: asyncio.Event) -> None:
+        """Every ``AEGIS_ESCALATION_TICK_S``: one read of the index entries the sweep watches,
+        then the messages whose sender stopped, then the open incidents."""
+        dispatcher, escalator = self.dispatcher, self.escalator
+        assert dispatcher is not None and escalator is not None
+        while not stop.is_set():
+            try:
+                members = await dispatcher.readmodel.index_members(keys.FLEET_INCIDENT)
+                await dispatcher.complete_abandoned(members)
+                await escalator.sweep(members)
+            except StorageError as err:
+                log.warning("incident_sweep_failed", error=str(err))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.settings.escalation_tick_s)
 
     async def _drain(self) -> None:
         await self.broker.stop()

@@ -58,6 +58,8 @@ from aegis_alert_dispatcher.decide import (
     Stream,
     decide,
 )
+from aegis_alert_dispatcher.escalation import EscalationConfig, dead_lettered, policy_for
+from aegis_alert_dispatcher.escalator import same_host_earlier_process
 from aegis_alert_dispatcher.slack import AlertEntry, AlertMessage, Delivery, Undeliverable
 from aegis_contracts import incidents, keys, msgids
 from aegis_contracts.cloud import CloudSnapshot
@@ -94,6 +96,8 @@ SERVICE = "alert-dispatcher"
 # concurrent snapshots of one stream racing to move its cursor (a handful at most)
 CURSOR_ATTEMPTS = 20
 UNDELIVERABLE = "undeliverable"
+# a post that failed while the policy has another receiver: the sweep fails over to it
+FAILING_OVER = "failing_over"
 
 
 def triggered(key: str, patterns: Sequence[str]) -> bool:
@@ -220,6 +224,8 @@ class Dispatcher:
         instance: str | None = None,
         incident_store: IncidentStore | None = None,
         receiver_name: str = "slack",
+        alive_for: timedelta = timedelta(seconds=6),
+        escalation: EscalationConfig | None = None,
     ) -> None:
         self.store = store
         self.readmodel = readmodel
@@ -238,6 +244,9 @@ class Dispatcher:
         # read only when a notification is about to go out; a new silence counts within seconds
         self.silences = SilenceStore(readmodel, cache_s=SILENCES_CACHE_S)
         self.receiver_name = receiver_name
+        self.alive_for = alive_for
+        # the policies: which failed posts another receiver takes (None: every one dead-lettered)
+        self.escalation = escalation
         # posts (and their confirmations) in progress: they outlive a cancelled handler
         self._settling: set[asyncio.Task[tuple[str, str]]] = set()
         # handlers cancelled (a shutdown) while their post was in progress, which it outlived
@@ -499,9 +508,9 @@ class Dispatcher:
         intent_sk = keys.alert_intent_sk(snapshot.stream.value, snapshot.at)
         for _ in range(SEND_ATTEMPTS):
             changes = await self._incidents_for(snapshot, decisions, states)
-            quiet = [d for d in decisions if self._acknowledged_refire(d, changes)]
-            sends = [d for d in decisions if d not in quiet]
-            results = [await self._quiet_acknowledged(snapshot, d) for d in quiet]
+            reminders = [(d, why) for d in decisions if (why := self._reminder(d, changes))]
+            sends = [d for d in decisions if all(d is not r for r, _ in reminders)]
+            results = [await self._quiet_reminder(snapshot, d, why) for d, why in reminders]
             if not sends:
                 return results
             held = await self._silenced(sends, changes)
@@ -625,34 +634,32 @@ class Dispatcher:
             puts.append(Put(new, before=other, **_unchanged(other)))
         return puts
 
-    @staticmethod
-    def _acknowledged_refire(
-        d: Decision, changes: Mapping[str, tuple[Incident | None, Incident]]
-    ) -> bool:
-        """A reason still firing after its cooldown whose incident a person acknowledged: no
-        reminder (the person is on it); a worse severity still speaks."""
+    def _reminder(
+        self, d: Decision, changes: Mapping[str, tuple[Incident | None, Incident]]
+    ) -> str | None:
+        """Why a reason still firing after its cooldown gets no message from this snapshot, or
+        None: its incident is acknowledged (a person is on it), or the escalation policy sends
+        its reminders (escalation and ``repeat``: one schedule, not two). A worse severity, or
+        a reason whose incident was closed by hand, still speaks."""
         change = changes.get(d.code)
-        return (
-            d.action is Action.FIRE
-            and change is not None
-            and change[0] is not None
-            and change[0].state == "acknowledged"
-            and change[1] is change[0]
-        )
+        if d.action is not Action.FIRE or d.state is None or change is None:
+            return None
+        stored, new = change
+        if stored is None or new is not stored:
+            return None
+        if stored.state == "acknowledged":
+            return "its incident is acknowledged"
+        if self.escalation is not None and d.state.firing:
+            return "its escalation policy sends the reminders"
+        return None
 
-    async def _quiet_acknowledged(self, snapshot: Snapshot, d: Decision) -> Result:
+    async def _quiet_reminder(self, snapshot: Snapshot, d: Decision, why: str) -> Result:
         """The cooldown starts again as if sent, so the next snapshot does not ask again."""
         assert d.state is not None
         new = self._state(snapshot, d, last_sent_at=snapshot.at)
         done = await self._swap(new, d.state)
-        why = "its incident is acknowledged"
-        return Result(
-            "suppressed_acknowledged" if done else "claimed_elsewhere",
-            d.action,
-            d.severity,
-            d.code,
-            why,
-        )
+        outcome = "suppressed_acknowledged" if "acknowledged" in why else "suppressed_policy"
+        return Result(outcome if done else "claimed_elsewhere", d.action, d.severity, d.code, why)
 
     async def _record_intent(
         self,
@@ -730,36 +737,93 @@ class Dispatcher:
             redelivered = redelivered and int(owner_delivery) < this_delivery
             if intent.lease_until > now and not redelivered:
                 continue
-            taken = intent.model_copy(
-                update={
-                    "owner": self._owner(),
-                    "lease_until": now + self.lease,
-                    "version": intent.version + 1,
-                }
-            )
-            try:
-                await self.readmodel.put_item(taken, expected={"version": intent.version})
-            except Conflict:
-                continue  # another handler took it over first
-            log.warning(
-                "alert_intent_taken_over",
-                intent=intent.sk,
-                attempt_id=intent.attempt_id,
-                previous_owner=intent.owner,
-                lease_over=intent.lease_until <= now,
-            )
-            outcome, why = await self._settle_outliving_cancel(taken)
-            for alert in intent.alerts:
-                severity, code, _ = alert.sk.split("#")
-                results.append(
-                    Result(
-                        f"completed_{outcome}",
-                        Action(alert.action),
-                        severity,
-                        code,
-                        why or f"intent {intent.attempt_id} left by {intent.owner}",
-                    )
+            results += await self._take_over(intent, now)
+        return results
+
+    async def _take_over(self, intent: AlertIntent, now: datetime) -> list[Result]:
+        """Own an intent another handler left (on its version: of two takers one wins), then
+        post and confirm it."""
+        taken = intent.model_copy(
+            update={
+                "owner": self._owner(),
+                "lease_until": now + self.lease,
+                "version": intent.version + 1,
+            }
+        )
+        try:
+            await self.readmodel.put_item(taken, expected={"version": intent.version})
+        except Conflict:
+            return []  # another handler took it over first
+        log.warning(
+            "alert_intent_taken_over",
+            intent=intent.sk,
+            attempt_id=intent.attempt_id,
+            previous_owner=intent.owner,
+            lease_over=intent.lease_until <= now,
+        )
+        outcome, why = await self._settle_outliving_cancel(taken)
+        results = []
+        for alert in intent.alerts:
+            severity, code, _ = alert.sk.split("#")
+            results.append(
+                Result(
+                    f"completed_{outcome}",
+                    Action(alert.action),
+                    severity,
+                    code,
+                    why or f"intent {intent.attempt_id} left by {intent.owner}",
                 )
+            )
+        return results
+
+    # -- replicas -------------------------------------------------------------------------------
+
+    async def heartbeat(self) -> None:
+        """Say this replica is alive for :attr:`alive_for`; what it holds is taken over by
+        another replica soon after it stops saying so (a SIGKILL, a lost node)."""
+        now = self.clock()
+        await self.readmodel.put_item(
+            {
+                "pk": keys.replica_pk(SERVICE),
+                "sk": self.instance,
+                "alive_until": format_ts(now + self.alive_for),
+                "ttl": int((now + timedelta(days=1)).timestamp()),
+            }
+        )
+
+    async def _dead(self, instance: str, now: datetime) -> bool:
+        """``instance`` has stopped: it is this host's earlier process, or its last heartbeat
+        ran out. One that never sent a heartbeat is judged by its lease alone."""
+        if instance == self.instance:
+            return False
+        if same_host_earlier_process(instance, self.instance):
+            return True
+        item = await self.readmodel.get_item(keys.replica_pk(SERVICE), instance)
+        return item is not None and str(item.get("alive_until", "")) <= format_ts(now)
+
+    async def complete_abandoned(self, members: Sequence[tuple[str, str]]) -> list[Result]:
+        """Take over and finish the alert messages whose sender stopped mid-send: ``members``
+        are the sweep's index entries (those of ALERT# intents are messages being sent). Any
+        replica does it within a heartbeat and a sweep of the sender's end, not after the lease
+        sized for slow posts."""
+        now = self.clock()
+        wanted = [(pk, sk) for pk, sk in members if pk.startswith("ALERT#")]
+        if not wanted:
+            return []
+        results: list[Result] = []
+        for item in await self.readmodel.batch_get(wanted, consistent=True):
+            try:
+                intent = AlertIntent.model_validate(item)
+            except pydantic.ValidationError as err:
+                log.warning("alert_item_unreadable", sk=item.get("sk"), error=str(err))
+                continue
+            if intent.state != "sending":
+                continue
+            sender = intent.owner.split("|", 1)[0]
+            if intent.lease_until > now and not await self._dead(sender, now):
+                continue
+            for result in await self._take_over(intent, now):
+                results.append(self._record(result, scope=intent.scope, intent=intent.sk))
         return results
 
     async def _settle_outliving_cancel(self, intent: AlertIntent) -> tuple[str, str]:
@@ -794,6 +858,11 @@ class Dispatcher:
         try:
             await self.sender.send(payload, deadline=deadline)
         except Undeliverable as err:
+            if self._another_receiver_takes(intent):
+                # the sweep sends the incidents to the policy's fallback receiver at once; the
+                # alerts count as notified (their cooldown runs), nothing is dead-lettered
+                outcome = await self._confirm(intent, delivered=True, told=UNDELIVERABLE)
+                return FAILING_OVER if outcome == "sent" else outcome, err.detail
             first = intent.alerts[0]
             await self.dead_letter(
                 {
@@ -815,12 +884,29 @@ class Dispatcher:
             return UNDELIVERABLE, err.detail
         return await self._confirm(intent, delivered=True), ""
 
-    async def _confirm(self, intent: AlertIntent, *, delivered: bool) -> str:
+    def _another_receiver_takes(self, intent: AlertIntent) -> bool:
+        """The message names incidents still firing and their policy has a receiver besides the
+        one that failed: an alert is dead-lettered only when every receiver of its policy has
+        failed."""
+        if self.escalation is None:
+            return False
+        for alert in intent.alerts:
+            if alert.incident_id is None or alert.action == Action.RESOLVE.value:
+                continue
+            severity: Severity = "CRITICAL" if alert.sk.startswith("CRITICAL#") else "WARNING"
+            policy = policy_for(self.escalation, intent.scope, severity)
+            if not dead_lettered(policy, failed={self.receiver_name}):
+                return True
+        return False
+
+    async def _confirm(
+        self, intent: AlertIntent, *, delivered: bool, told: str | None = None
+    ) -> str:
         """Settle the intent in one transaction (retried on DynamoDB errors): ``sent`` and each
         alert's confirmed send, or ``undeliverable`` and each alert as it was before the claim."""
         for attempt in range(1, CONFIRM_ATTEMPTS + 1):
             try:
-                return await self._write_settled(intent, delivered=delivered)
+                return await self._write_settled(intent, delivered=delivered, told=told)
             except Transient as err:
                 if attempt == CONFIRM_ATTEMPTS:
                     raise
@@ -828,7 +914,11 @@ class Dispatcher:
                 await asyncio.sleep(CONFIRM_FIRST_DELAY * 2 ** (attempt - 1))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _write_settled(self, intent: AlertIntent, *, delivered: bool) -> str:
+    async def _write_settled(
+        self, intent: AlertIntent, *, delivered: bool, told: str | None = None
+    ) -> str:
+        """``told``: what the incidents' timelines say of the receiver, when it is not what
+        ``delivered`` says (a failed post whose incidents another receiver takes)."""
         now = self.clock()
         puts = [
             Put(
@@ -883,7 +973,7 @@ class Dispatcher:
         except Conflict:
             log.warning("alert_intent_settled_elsewhere", attempt_id=intent.attempt_id)
             return "claimed_elsewhere"
-        outcome = (
+        outcome = told or (
             UNDELIVERABLE if not delivered else "sent" if self.sender is not None else "logged_only"
         )
         await self._note_incidents(intent, outcome, now=now)
@@ -899,7 +989,7 @@ class Dispatcher:
                     "action": alert.action,
                     "stream": status,
                     "snapshot_at": format_ts(intent.snapshot_at),
-                    "delivered": self.sender is not None,
+                    "delivered": self.sender is not None and told is None,
                     "attempt_id": intent.attempt_id,
                 },
                 msgids.alert_sent(intent.pk, alert.sk, alert.claimed_version),

@@ -30,10 +30,9 @@ Per incident, in order:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -48,7 +47,7 @@ from aegis_contracts import incidents
 from aegis_contracts.items import Incident, IncidentOutbox
 from aegis_contracts.silences import Silence, silenced_by
 from aegis_contracts.times import Clock, format_ts
-from aegis_storage.errors import Conflict, StorageError
+from aegis_storage.errors import Conflict
 from aegis_storage.incidents import IncidentStore
 from aegis_storage.silences import SilenceStore
 
@@ -123,21 +122,12 @@ class Escalator:
         self.on_swept = on_swept
         self.silences = SilenceStore(store.readmodel)
 
-    async def run(self, stop: asyncio.Event, *, every_s: float) -> None:
-        """Sweep every ``every_s`` until ``stop``; a failed sweep is logged and the next one
-        tries again."""
-        while not stop.is_set():
-            try:
-                await self.sweep()
-            except StorageError as err:
-                log.warning("incident_sweep_failed", error=str(err))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=every_s)
-
-    async def sweep(self) -> list[Swept]:
+    async def sweep(self, members: Sequence[tuple[str, str]] | None = None) -> list[Swept]:
+        """One pass over the open incidents (``members``: the index entries, when the caller
+        read them already)."""
         now = self.clock()
         done: list[Swept] = []
-        listed = await self.store.listed(now=now)
+        listed = await self.store.listed(now=now, members=members)
         silences = await self.silences.listed(now=now) if listed else []
         for incident in listed:
             swept = await self._one(incident, now, silences)
