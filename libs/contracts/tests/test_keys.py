@@ -90,6 +90,10 @@ S3_CASES = [
         "reports/daily/yyyy=2026/mm=01/dd=01/cloud-infra/cloud-infra-daily-summary.json",
     ),
     (
+        lambda: keys.report_fleet_key(date(2026, 11, 30)),
+        "reports/daily/yyyy=2026/mm=11/dd=30/fleet-incidents-summary.json",
+    ),
+    (
         lambda: keys.report_hourly_key(date(2026, 11, 30), "factory-b", 0),
         "reports/daily/yyyy=2026/mm=11/dd=30/factory-b/intermediate/hourly/hh=00.json",
     ),
@@ -357,6 +361,7 @@ def test_no_message_id_names_a_seal_or_a_supplement(mid):
         "processed_agg/factory-a/metrics_5m/yyyy=2026/mm=11/dd=30/hh=10/mm=03.json",
         "raw/../factory-a/factory_state/yyyy=2026/mm=11/dd=30/msg-0001-abcd.json",
         "reports/daily/yyyy=2026/mm=11/dd=30/factory-a/notes.txt",
+        "reports/daily/yyyy=2026/mm=11/dd=30/notes.json",
         "",
     ],
 )

@@ -203,6 +203,16 @@ def report_prefix(report_date: date, target: str | None = None) -> str:
     return prefix if target is None else f"{prefix}{report_target(target)}/"
 
 
+# the fleet's alert incidents of one KST day, across every target: beside the targets' folders
+REPORT_FLEET_INCIDENTS = "fleet-incidents-summary.json"
+
+
+def report_fleet_key(report_date: date) -> str:
+    """``reports/daily/yyyy=/mm=/dd=/fleet-incidents-summary.json``: the day's alert incidents
+    of the whole fleet (counts, MTTA and MTTR per target and in total)."""
+    return f"{report_prefix(report_date)}{REPORT_FLEET_INCIDENTS}"
+
+
 def report_key(report_date: date, target: str, artifact: ReportArtifact | str) -> str:
     """``reports/daily/yyyy=/mm=/dd=/{target}/{artifact}``; the date is the KST report date."""
     try:
@@ -330,6 +340,7 @@ _PATTERNS: tuple[tuple[KeyFamily, re.Pattern[str]], ...] = (
         KeyFamily.REPORT,
         re.compile(rf"reports/daily/{_DAY}/(?P<target>[a-z0-9][a-z0-9-]{{0,62}})/(?P<art>.+)"),
     ),
+    (KeyFamily.REPORT, re.compile(rf"reports/daily/{_DAY}/(?P<art>fleet-incidents-summary\.json)")),
     (
         KeyFamily.INCIDENT,
         re.compile(
@@ -385,6 +396,16 @@ def _info(family: KeyFamily, m: re.Match[str]) -> KeyInfo:
     )
 
 
+def _rebuild_report(info: KeyInfo) -> str:
+    assert info.day is not None and info.artifact
+    if info.target is None:
+        return report_fleet_key(info.day)
+    hourly = re.fullmatch(r"intermediate/hourly/hh=(\d{2})\.json", info.artifact)
+    if hourly:
+        return report_hourly_key(info.day, info.target, int(hourly.group(1)))
+    return report_key(info.day, info.target, info.artifact)
+
+
 def _rebuild(info: KeyInfo) -> str:  # noqa: PLR0911 - one return per family reads best
     assert info.at is not None and info.day is not None
     match info.family:
@@ -417,11 +438,7 @@ def _rebuild(info: KeyInfo) -> str:  # noqa: PLR0911 - one return per family rea
             assert info.factory_id and info.filename
             return image_snapshot_key(info.factory_id, info.at, info.filename)
         case KeyFamily.REPORT:
-            assert info.target and info.artifact
-            hourly = re.fullmatch(r"intermediate/hourly/hh=(\d{2})\.json", info.artifact)
-            if hourly:
-                return report_hourly_key(info.day, info.target, int(hourly.group(1)))
-            return report_key(info.day, info.target, info.artifact)
+            return _rebuild_report(info)
         case KeyFamily.INCIDENT:
             assert info.target and info.incident_id
             return incident_record_key(info.target, info.at, info.incident_id)
