@@ -244,6 +244,8 @@ REPORT = f"reports/daily/yyyy=2026/mm=11/dd=29/{F}/report.md"
 IMAGE = f"image_snapshot/factory_id={F}/yyyy=2026/mm=11/dd=30/hh=12/cam-1.jpg"
 INCIDENT_ID = "20261130-0123abcd"
 INCIDENT = f"incidents/{F}/yyyy=2026/mm=11/dd=30/{INCIDENT_ID}.json"
+# a closed record already there (seeded): what the reporter reads
+CLOSED_INCIDENT = f"incidents/{F}/yyyy=2026/mm=11/dd=29/20261129-0123abcd.json"
 LEGACY = "datasets/factory-iam/old.json"
 WINDOW_OBJECT = f"processed_agg/{F}/metrics_5m/yyyy=2026/mm=11/dd=30/hh=12/mm=00.json"
 
@@ -268,7 +270,7 @@ async def credentials(iam_endpoint: str) -> dict[str, tuple[str, str]]:
         admin = await _clients(stack, cfg, ("test", "test"))
         await bootstrap(admin, bucket=BUCKET, table=TABLE)
         store = ObjectStore(admin.s3, BUCKET)
-        for key in (RAW, PROCESSED, SNAPSHOT, REPORT, IMAGE, LEGACY):
+        for key in (RAW, PROCESSED, SNAPSHOT, REPORT, IMAGE, LEGACY, CLOSED_INCIDENT):
             await store.put_bytes(key, b'{"seed": true}')
         await ReadModel(admin.dynamodb, TABLE).put_item(
             {"pk": f"FACTORY#{F}", "sk": "LATEST", "updated_at": "2026-11-30T12:00:00.000Z"}
@@ -566,6 +568,17 @@ async def test_reporter(as_service):
     await denied(me.store.get_bytes(RAW))
     await denied(me.store.get_bytes(IMAGE))
     assert await me.readmodel.fleet_ids() == [F]
+    # the closed incidents' records: listed and read, never written or removed
+    assert CLOSED_INCIDENT in await me.store.list_keys(f"incidents/{F}/yyyy=2026/mm=11/dd=29/")
+    assert await me.store.get_json(CLOSED_INCIDENT) == {"seed": True}
+    await denied(me.store.put_bytes(CLOSED_INCIDENT, b"{}"))
+    await denied(me.store.put_immutable(INCIDENT.replace("0123abcd", "0123abce"), b"{}"))
+    with pytest.raises(ClientError, match="AccessDenied"):
+        await me.clients.s3.delete_object(Bucket=BUCKET, Key=CLOSED_INCIDENT)
+    # the fleet's alert incidents beside the targets' folders
+    await me.store.put_bytes(
+        "reports/daily/yyyy=2026/mm=11/dd=29/fleet-incidents-summary.json", b"{}"
+    )
 
 
 async def test_orchestrator(as_service):

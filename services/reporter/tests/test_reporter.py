@@ -241,7 +241,7 @@ async def test_a_day_with_known_incidents_matches_brute_force_and_reruns_byte_id
     meta_doc = json.loads(files["generation-metadata.json"])
     assert meta_doc["inputs"]["objects"] == 2 * len(recs)
     assert meta_doc["inputs"]["missing_hours"] == [4, *range(6, 24)]
-    assert meta_doc["generator"] == {"name": "template", "version": "1"}
+    assert meta_doc["generator"] == {"name": "template", "version": "2"}
     assert [s for s, _ in events.sent] == [
         "aegis.objects.created.reports",
         "aegis.events.report_generated",

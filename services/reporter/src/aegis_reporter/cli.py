@@ -2,7 +2,8 @@
 
 Runs the same code as the service for ``--date`` (or ``--today``: the day so far), or for every
 date of ``--from``..``--to`` (a backfill, with a progress bar on stderr), for every factory with
-data that day and ``cloud-infra``, or only the ``--factory`` targets; no claim is taken, and a
+data or alert incidents that day and ``cloud-infra`` (then the fleet's alert incidents,
+fleet-incidents-summary.json), or only the ``--factory`` targets; no claim is taken, and a
 re-run rewrites the same bytes (hourly intermediates whose input is unchanged are reused).
 ObjectCreated and ``report_generated`` events are published unless ``--no-events``.
 Exit codes: :mod:`aegis_cli.exitcodes`.
@@ -162,6 +163,7 @@ def report(  # noqa: PLR0917 - a Typer command: one parameter per option
 def _target_json(run: TargetRun) -> dict[str, Any]:
     row = asdict(run)
     row["day"] = run.day.isoformat()
+    del row["alerts"]  # in the summary; the fleet's totals are made from it
     return row
 
 
@@ -208,9 +210,12 @@ async def _run(
                 for day in days:
                     runs: list[dict[str, Any]] = []
                     done.append({"date": day.isoformat(), "targets": runs})
+                    live = await reporter.live_incidents()
+                    sections: dict[str, dict[str, Any]] = {}
                     for target in chosen:
                         bar.describe(f"{day} {target}")
-                        run = await reporter.run_target(day, target)
+                        run = await reporter.run_target(day, target, live=live)
+                        sections[run.target] = run.alerts
                         runs.append(_target_json(run))
                         bar.advance()
                         if run.report_key is None:
@@ -222,6 +227,10 @@ async def _run(
                             f"{len(run.hours_read)}, reused {len(run.hours_reused)}; "
                             f"{run.generator} -> s3://{s.bucket}/{run.report_key}"
                         )
+                    if not targets:  # the whole fleet: its alert incidents' totals too
+                        key = await reporter.write_fleet(day, sections)
+                        done[-1]["fleet_key"] = key
+                        say(f"{day}  fleet alert incidents -> s3://{s.bucket}/{key}")
     finally:
         if broker is not None:
             await broker.stop()

@@ -470,6 +470,13 @@ def report_context(summary: Mapping[str, Any]) -> dict[str, Any]:
                 "starts at the first record at WARNING or above, ends at the first record below "
                 "it; 'ongoing' when still open at the end of the report"
             ),
+            "alert_incident": (
+                "alert_incidents lists what was paged: one firing alert from its trigger until "
+                "it was resolved, who acknowledged it and through what, and who was notified; "
+                "'open' when not yet resolved at report time. mtta_s is the mean time to "
+                "acknowledge over the acknowledged ones (unacknowledged ones are left out and "
+                "counted as unacknowledged); mttr_s the mean time to resolve over the resolved ones"
+            ),
         },
         "facts": dict(summary),
     }

@@ -19,14 +19,16 @@ from aegis_storage.clients import AwsConfig, open_client
 
 log = structlog.get_logger(__name__)
 
-TEMPLATE_VERSION = "1"
+TEMPLATE_VERSION = "2"
 SYSTEM_PROMPT = (
     "You write the daily safety report of one factory (or of the cloud infrastructure) for its "
     "operators, in Markdown that reads well in a terminal and a browser. Use only the facts in "
     "the JSON you are given; never invent a figure. Start with a one-line status, then the risk "
     "timeline, incidents (KST times and durations), sensors, AI detections, data completeness "
     "(missing hours are missing, not zero), edge infrastructure and image snapshots; for the "
-    "cloud infrastructure: availability per check, incidents, worst latencies and drift."
+    "cloud infrastructure: availability per check, incidents, worst latencies and drift. Then "
+    "the alert incidents: each one, who acknowledged it and how fast, MTTA and MTTR (say which "
+    "incidents were never acknowledged or are still open)."
 )
 
 

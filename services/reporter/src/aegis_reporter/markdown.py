@@ -155,6 +155,72 @@ def _incidents(facts: Mapping[str, Any], *, tier: bool = False) -> list[str]:
     return [*lines, *table(header, _incident_rows(found, tier)), ""]
 
 
+def _answer(r: Mapping[str, Any]) -> str:
+    if not r["acknowledged"]:
+        return "unacknowledged"
+    via = f" via {r['acknowledged_via']}" if r["acknowledged_via"] else ""
+    return f"{r['acknowledged_by']}{via} after {duration(r['time_to_acknowledge_s'])}"
+
+
+def _resolution(r: Mapping[str, Any]) -> str:
+    if r["open"]:
+        return f"open ({r['state']})"
+    by = (
+        "the data" if r["resolved_via"] == "data" else f"{r['resolved_by']} via {r['resolved_via']}"
+    )
+    return f"after {duration(r['time_to_resolve_s'])} by {by}"
+
+
+def _told(r: Mapping[str, Any]) -> str:
+    told = ", ".join(f"{name} x{n}" for name, n in r["receivers"].items()) or "nobody"
+    failed = f"; {r['failed_notifications']} failed" if r["failed_notifications"] else ""
+    return f"{r['notifications']}: {told}{failed}"
+
+
+def mean_line(alerts: Mapping[str, Any]) -> str:
+    """``MTTA 4m 00s over 2 acknowledged (1 unacknowledged, left out); MTTR ...``."""
+    c = alerts["counts"]
+    mtta = "—" if alerts["mtta_s"] is None else duration(alerts["mtta_s"])
+    mttr = "—" if alerts["mttr_s"] is None else duration(alerts["mttr_s"])
+    return (
+        f"MTTA {mtta} over {alerts['mtta_over']} acknowledged ({c['unacknowledged']} "
+        f"unacknowledged, left out); MTTR {mttr} over {alerts['mttr_over']} resolved "
+        f"({c['open']} still open)."
+    )
+
+
+def _alert_incidents(facts: Mapping[str, Any]) -> list[str]:
+    """What was paged that day and how it was answered."""
+    alerts = facts.get("alert_incidents")
+    lines = ["## Alert incidents", ""]
+    if not alerts or not alerts["items"]:
+        return [*lines, "No alert was paged.", ""]
+    c = alerts["counts"]
+    lines += [
+        f"{c['total']} incident(s): {c['critical']} critical, {c['warning']} warning; "
+        f"{c['open']} open, {c['resolved']} resolved; {c['escalated']} escalated.",
+        "",
+        mean_line(alerts),
+        "",
+    ]
+    rows = [
+        [
+            str(n),
+            when(r["triggered_kst"], r["triggered_utc"]),
+            r["severity"],
+            r["reason"],
+            _answer(r),
+            _resolution(r),
+            r["resolution_note"] or "—",
+            _told(r),
+        ]
+        for n, r in enumerate(alerts["items"], 1)
+    ]
+    header = ["#", "triggered KST (UTC)", "severity", "reason", "acknowledged", "resolved"]
+    header += ["note", "notifications"]
+    return [*lines, *table(header, rows), ""]
+
+
 def _gaps(complete: Mapping[str, Any]) -> list[str]:
     if not complete["gaps"]:
         return [f"No gap longer than {num(complete['gap_threshold_s'], 0)} s.", ""]
@@ -194,6 +260,7 @@ def render_factory(context: Mapping[str, Any]) -> str:
     ]
     lines += [*table(["KST hour", "worst level", "max score", "factory_state"], rows), ""]
     lines += _incidents(f)
+    lines += _alert_incidents(f)
 
     lines += ["## Sensors", ""]
     if f["sensors"]:
@@ -298,6 +365,7 @@ def render_cloud(context: Mapping[str, Any]) -> str:
     ]
     lines += [*table(["tier", "runs", "statuses", "first KST", "last KST"], rows), ""]
     lines += _incidents(f, tier=True)
+    lines += _alert_incidents(f)
     lines += ["## Availability per check", ""]
     rows = [
         [

@@ -8,6 +8,11 @@ write the intermediate at once. A run killed halfway therefore resumes at the fi
 not written, and late data changes the listing of its hour, which is then folded again. Memory
 holds one hour's records at a time and the 24 folds, never the day's objects.
 
+The day's alert incidents of the target (:mod:`aegis_reporter.incidents`: closed records from
+``incidents/``, open ones from the read model) join the summary as ``alert_incidents``; a
+target with neither data nor incidents that day gets no report. After every target,
+``fleet-incidents-summary.json`` beside the targets' folders has the fleet's totals.
+
 Then factory-daily-summary.json / cloud-infra-daily-summary.json, report-context.json,
 report.md (from the context only, by the configured generator) and generation-metadata.json;
 an ObjectCreated for report.md and a ``report_generated`` system event. Every artifact but the
@@ -36,6 +41,7 @@ import structlog
 from aegis_contracts import keys, msgids
 from aegis_contracts.cloud import CloudSnapshot
 from aegis_contracts.events import ObjectCreated, SystemEvent
+from aegis_contracts.items import Incident
 from aegis_contracts.keys import CLOUD_INFRA_TARGET, CloudTier, ReportArtifact
 from aegis_contracts.subjects import object_created_subject, system_subject
 from aegis_contracts.times import Clock, format_ts, kst_day_bounds, kst_report_date, truncate_ms
@@ -54,8 +60,10 @@ from aegis_folds.sketch import DEFAULT_ALPHA
 from aegis_folds.windows import current_windows, hour_entries
 from aegis_reporter.day import DayWindow, cloud_summary, factory_summary, report_context
 from aegis_reporter.generators import ReportGenerator, TemplateGenerator
+from aegis_reporter.incidents import day_incidents, fleet_summary, section, with_section
 from aegis_runtime.heartbeat import instance_id
 from aegis_storage.errors import NotFound
+from aegis_storage.incidents import IncidentStore
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectInfo, ObjectStore
 
@@ -108,7 +116,10 @@ class TargetRun:
     report_key: str | None = None
     worst_level: str | None = None
     incidents: int = 0
+    alert_incidents: int = 0
     generator: str = ""
+    # the summary's alert_incidents, for the fleet's totals
+    alerts: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 class Reporter:
@@ -132,6 +143,7 @@ class Reporter:
     ) -> None:
         self.store = store
         self.readmodel = readmodel
+        self.incidents = IncidentStore(readmodel, store)
         self.publish = publish
         self.clock = clock
         self.generator = generator or TemplateGenerator()
@@ -196,14 +208,35 @@ class Reporter:
     async def run_day(self, day: date, targets: list[str] | None = None) -> list[TargetRun]:
         """Report ``day`` for ``targets`` (default: all); a target without data that day gets
         no report. Today's date gives a report of the day so far."""
-        runs = []
+        live = await self.live_incidents()
+        everyone = targets is None
+        runs, sections = [], {}
         for target in targets or await self.targets():
-            run = await self.run_target(day, keys.report_target(target))
+            run = await self.run_target(day, keys.report_target(target), live=live)
+            sections[run.target] = run.alerts
             if run.report_key is not None:
                 runs.append(run)
+        if everyone:
+            await self.write_fleet(day, sections)
         return runs
 
-    async def run_target(self, day: date, target: str) -> TargetRun:
+    async def live_incidents(self) -> list[Incident]:
+        """The incidents of the read model now: open, or resolved without a record yet."""
+        return await self.incidents.listed(now=truncate_ms(self.clock()))
+
+    async def write_fleet(self, day: date, sections: dict[str, dict[str, Any]]) -> str:
+        """``fleet-incidents-summary.json`` from the targets' ``alert_incidents``."""
+        window = DayWindow.of(day, truncate_ms(self.clock()))
+        key = keys.report_fleet_key(day)
+        body = fleet_summary(window, {t: s for t, s in sections.items() if s})
+        await self.store.put_bytes(key, artifact_bytes(body))
+        log.info("fleet_incidents_written", report_date=day.isoformat(), key=key)
+        return key
+
+    async def run_target(
+        self, day: date, target: str, *, live: list[Incident] | None = None
+    ) -> TargetRun:
+        """Report one target; ``live``: the read model's incidents (read now when not given)."""
         started_at = truncate_ms(self.clock())
         t0 = time.perf_counter()
         window = DayWindow.of(day, started_at)
@@ -234,12 +267,14 @@ class Reporter:
                 {"kst_hour": h, "objects": listing.count, "digest": listing.digest, "key": key}
             )
         run.objects = sum(per_dataset.values())
-        if not hours:
+        run.alerts = await self._alerts(target, window, live)
+        if not hours and not run.alerts["items"]:
             log.info("report_skipped_no_data", report_date=day.isoformat(), target=target)
             return run
         t_folded = time.perf_counter()
 
         summary, summary_artifact = self._summary(target, window, hours)
+        summary = with_section(summary, run.alerts)
         context = report_context(summary)
         generated = await self.generator.generate(context)
         t_generated = time.perf_counter()
@@ -298,6 +333,7 @@ class Reporter:
         run.report_key = report_key
         run.worst_level = summary["headline"]["worst_level"]
         run.incidents = summary["headline"]["incidents"]
+        run.alert_incidents = summary["headline"]["alert_incidents"]
         run.generator = str(generated.info.get("name", ""))
         log.info(
             "report_written",
@@ -308,9 +344,22 @@ class Reporter:
             hours_reused=len(run.hours_reused),
             worst_level=run.worst_level,
             incidents=run.incidents,
+            alert_incidents=run.alert_incidents,
             generator=run.generator,
         )
         return run
+
+    async def _alerts(
+        self, target: str, window: DayWindow, live: list[Incident] | None
+    ) -> dict[str, Any]:
+        """The summary's ``alert_incidents`` of ``target`` that day."""
+        found, unreadable = await day_incidents(
+            self.incidents,
+            target,
+            window,
+            await self.live_incidents() if live is None else live,
+        )
+        return section(found, unreadable)
 
     def _summary(
         self, target: str, window: DayWindow, hours: dict[int, Hour]
