@@ -22,6 +22,7 @@ from aegis_alert_dispatcher.dispatcher import (
 )
 from aegis_alert_dispatcher.escalation import EscalationConfig, load_escalation
 from aegis_alert_dispatcher.escalator import Escalator
+from aegis_alert_dispatcher.incident_metrics import IncidentMetrics
 from aegis_alert_dispatcher.receivers import (
     Receiver,
     ReceiverConfigError,
@@ -72,6 +73,9 @@ class DispatcherApp(ServiceApp):
             "What the sweep over open incidents did: escalate, renotify, failover, taken_over, "
             "archived, claimed_elsewhere.",
             ("outcome",),
+        )
+        self.incident_metrics = IncidentMetrics(
+            self.metrics, clock=self.clock, refresh_s=settings.incident_metrics_refresh_s
         )
         self.dispatcher: Dispatcher | None = None
         self.escalator: Escalator | None = None
@@ -159,6 +163,9 @@ class DispatcherApp(ServiceApp):
             on_result=self._count,
             lease=timedelta(seconds=s.send_lease_s),
             escalation=self.escalation,
+            incident_store=self.incident_metrics.watch(
+                clients, table=s.table, bucket=s.bucket, changes=self.publish_change
+            ),
         )
         sns = await stack.enter_async_context(SnsClientPool(s.aws()))
         receivers = build_receivers(
@@ -176,6 +183,7 @@ class DispatcherApp(ServiceApp):
         )
         start_background(stack, self._heartbeats, "replica-heartbeat")
         start_background(stack, self._sweeps, "incident-sweep")
+        start_background(stack, self.incident_metrics.run, "incident-metrics")
         log.info(
             "alert_dispatcher_started",
             webhook=bool(webhook),

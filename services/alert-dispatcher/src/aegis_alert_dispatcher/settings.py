@@ -111,6 +111,13 @@ class DispatcherSettings(AegisSettings):
         description="Seconds between two sweeps of the open incidents (escalations, reminders, "
         "fallback receivers, archiving): how late an escalation may be at most.",
     )
+    incident_metrics_refresh_s: float = Field(
+        default=30.0,
+        ge=1,
+        le=600,
+        description="Seconds between two reads of the open incidents for /metrics "
+        "(`aegis_incidents_open`); a scrape never reads the table.",
+    )
     notification_lease_s: float = Field(
         default=30.0,
         ge=5,
