@@ -188,8 +188,8 @@ IDENTITIES: dict[str, Identity] = {
             "$JS.API.STREAM.MSG.GET.AEGIS_EVENTS",
         ),
     ),
-    # the live feed: plain subscriptions; announces the incidents people acknowledge or resolve
-    "dashboard-api": Identity("dashboard-api", (f"{CHANGES}.incident",), subscribe=LIVE_FEED),
+    # the live feed: plain subscriptions, nothing published
+    "dashboard-api": Identity("dashboard-api", (), subscribe=LIVE_FEED),
 }
 
 
