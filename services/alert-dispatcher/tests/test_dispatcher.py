@@ -976,8 +976,9 @@ async def test_a_silence_records_the_incident_without_a_message_and_its_end_noti
     store = IncidentStore(foundation.readmodel, foundation.store)
     (held,) = [i for i in await store.open(now=T0) if i.scope == "factory-m"]
     (other,) = [i for i in await store.open(now=T0) if i.scope == "factory-n"]
-    ack = functools.partial(incidents.acknowledge, by="lee", via="cli", at=T0)
-    await store.change(other.incident_id, ack)  # so that it does not escalate meanwhile
+    # acknowledged in Slack, so that it neither escalates meanwhile nor posts its acknowledgement
+    ack = functools.partial(incidents.acknowledge, by="lee", via="slack", at=T0)
+    await store.change(other.incident_id, ack)
     assert held.silenced_since is not None and held.notifications == 0
     assert [e.kind for e in held.timeline] == ["triggered", "silenced"]
     # still firing after the cooldown: still held back, no second "silenced" line

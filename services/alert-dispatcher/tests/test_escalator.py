@@ -116,6 +116,33 @@ async def fired(f: Foundation, scope: str, *, outcome: str = "sent") -> Incident
     return told
 
 
+async def nothing(*args: Any) -> None:
+    return None
+
+
+def dispatcher(
+    f: Foundation,
+    sender: SlackWebhook,
+    clock: FakeClock,
+    config: EscalationConfig,
+    *,
+    dead_letter: Any = nothing,
+) -> Dispatcher:
+    """A dispatcher handling snapshots directly (no queue), with the escalation file's policies."""
+    return Dispatcher(
+        store=f.store,
+        readmodel=f.readmodel,
+        sender=sender,
+        dead_letter=dead_letter,
+        announce=nothing,
+        policy=Policy(),
+        ttl=TtlSettings(),
+        dashboard_url="http://dash.example",
+        clock=clock,
+        escalation=config,
+    )
+
+
 def titles(webhook: FakeWebhook) -> list[str]:
     return [str(body["text"]).split(" AEGIS ", 1)[1] for body in webhook.delivered]
 
@@ -149,7 +176,9 @@ async def test_an_unacknowledged_critical_escalates_on_time_repeats_and_stops_wh
     await IncidentStore(foundation.readmodel).change(gas.incident_id, ack)
     clock.now = T0 + timedelta(hours=3)
     await e.sweep()
-    assert len(webhook.delivered) == 2
+    await e.sweep()
+    # no more escalation nor reminder: only, once, who is on it (the policy's ack_notify)
+    assert titles(webhook)[2:] == [f"ACKNOWLEDGED · CRITICAL · {unique_id} · GAS_LEAK"]
 
 
 async def test_two_replicas_sweeping_at_once_escalate_once(
@@ -321,22 +350,8 @@ async def test_slack_down_for_ten_minutes_the_fallback_hears_each_notification_o
     async def dead_letter(record: dict[str, Any], detail: str, message_id: str) -> None:
         dead.append(record)
 
-    async def announce(detail: dict[str, Any], msg_id: str) -> None:
-        return None
-
     slack = SlackWebhook(webhook.url, session, first_delay=0.01, max_attempts=2, timeout=5)
-    d = Dispatcher(
-        store=foundation.store,
-        readmodel=foundation.readmodel,
-        sender=slack,
-        dead_letter=dead_letter,
-        announce=announce,
-        policy=Policy(),
-        ttl=TtlSettings(),
-        dashboard_url="http://dash.example",
-        clock=clock,
-        escalation=config,
-    )
+    d = dispatcher(foundation, slack, clock, config, dead_letter=dead_letter)
     receivers: dict[str, Receiver | None] = {
         "slack": SlackWebhookReceiver("slack", slack),
         "pager": slack_receiver("pager", pager.url, session),
@@ -365,3 +380,46 @@ async def test_slack_down_for_ten_minutes_the_fallback_hears_each_notification_o
         ("pager", "sent", 1),
     ]
     assert webhook.delivered == []
+
+
+@pytest.mark.parametrize(("via", "told"), [("dashboard", 1), ("cli", 1), ("slack", 0)])
+async def test_an_acknowledgement_is_told_once_to_the_receivers_reached_but_slack_by_slack(
+    foundation: Foundation,
+    webhook: FakeWebhook,
+    session: aiohttp.ClientSession,
+    unique_id: str,
+    via: str,
+    told: int,
+) -> None:
+    """``ack_notify``: the receivers that heard of the incident hear once who is on it; an
+    acknowledgement made in Slack updated the Slack message itself, so no Slack post."""
+    gas = await fired(foundation, unique_id)
+    ack = functools.partial(incidents.acknowledge, by="kim", via=via, at=T0 + timedelta(minutes=1))
+    await IncidentStore(foundation.readmodel).change(gas.incident_id, ack)
+    clock = FakeClock(T0 + timedelta(minutes=1))
+    e = escalator(foundation, {"slack": slack_receiver("slack", webhook.url, session)}, clock)
+    for _ in range(3):
+        await e.sweep()
+        clock.advance(timedelta(minutes=10))  # and never an escalation
+    assert titles(webhook) == [f"ACKNOWLEDGED · CRITICAL · {unique_id} · GAS_LEAK"] * told
+    if told:
+        assert "acknowledged by kim" in str(webhook.delivered[0])
+        assert "aegis_ack" not in str(webhook.delivered[0])  # nothing left to acknowledge
+
+
+async def test_a_policy_that_does_not_tell_of_resolutions_resolves_quietly(
+    foundation: Foundation, webhook: FakeWebhook, session: aiohttp.ClientSession, unique_id: str
+) -> None:
+    config = parse_escalation(
+        FALLBACK.replace("[policies.warning]", "[policies.warning]\nresolve_notify = false")
+    )
+    clock = FakeClock(T0)
+
+    d = dispatcher(foundation, SlackWebhook(webhook.url, session, first_delay=0.01), clock, config)
+    smoke = Reason(code="SMOKE", severity="WARNING", detail="smoke on cam-2")
+    await d.handle_snapshot(Snapshot(unique_id, Stream.STATE, T0, (smoke,)))
+    clock.now = T0 + timedelta(minutes=1)
+    results = await d.handle_snapshot(Snapshot(unique_id, Stream.STATE, clock.now, ()))
+    assert [r.outcome for r in results] == ["suppressed_policy"]
+    assert titles(webhook) == [f"WARNING · {unique_id} · SMOKE at 2026-11-30 12:00:00 KST"]
+    assert await IncidentStore(foundation.readmodel).open(now=clock.now) == []

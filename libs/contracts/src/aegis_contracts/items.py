@@ -187,7 +187,7 @@ class IncidentOutbox(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     attempt_id: str
-    kind: Literal["escalate", "renotify", "failover", "unsilenced"]
+    kind: Literal["escalate", "renotify", "failover", "unsilenced", "acknowledge"]
     level: int = Field(ge=0)
     receivers: list[str]
     owner: str
@@ -227,6 +227,8 @@ class Incident(_Item):
     outbox: IncidentOutbox | None = None
     # a silence held back a notification of it since then (None: nothing held back)
     silenced_since: Timestamp | None = None
+    # the receivers reached were told of the acknowledgement (the policy's ack_notify)
+    ack_notified_at: Timestamp | None = None
     archived_key: str | None = None
     ttl: int | None = None
 

@@ -190,6 +190,7 @@ CONFIRM_FIRST_DELAY = 0.05
 # many times before the event is retried
 SEND_ATTEMPTS = 5
 SILENCES_CACHE_S = 5.0
+QUIET_RESOLVE = "its policy does not tell of resolutions (resolve_notify = false)"
 # a settled intent is kept this long (a duplicate of its snapshot finds it), not the alert TTL
 SETTLED_INTENT_KEPT = timedelta(hours=1)
 
@@ -548,7 +549,8 @@ class Dispatcher:
         self, decisions: list[Decision], changes: Mapping[str, tuple[Incident | None, Incident]]
     ) -> dict[str, list[str]]:
         """The reason codes whose notification a silence holds back now, with the silences'
-        ids. A RESOLVE is held back only when nobody was ever told of the incident."""
+        ids. A RESOLVE is held back when nobody was ever told of the incident, or when its
+        policy says resolutions are not told (``resolve_notify = false``)."""
         held: dict[str, list[str]] = {}
         silences: list[Silence] | None = None
         now = self.clock()
@@ -560,6 +562,10 @@ class Dispatcher:
             if d.action is Action.RESOLVE:
                 if incident.silenced_since is not None and incident.notifications == 0:
                     held[d.code] = ["(silenced while it fired)"]
+                elif self.escalation is not None and not (
+                    policy_for(self.escalation, incident.scope, incident.severity).resolve_notify
+                ):
+                    held[d.code] = [QUIET_RESOLVE]
                 continue
             if silences is None:
                 silences = await self.silences.listed(now=now)
@@ -588,6 +594,11 @@ class Dispatcher:
             )
             puts.append(Put(state, before=d.state, **_unchanged(d.state)))
             puts.extend(self._cleared(snapshot, d))
+            if held[d.code] == [QUIET_RESOLVE]:
+                results.append(
+                    Result("suppressed_policy", d.action, d.severity, d.code, QUIET_RESOLVE)
+                )
+                continue
             why = f"silenced by {', '.join(held[d.code])}"
             results.append(Result("suppressed_silenced", d.action, d.severity, d.code, why))
         for code, silence_ids in held.items():

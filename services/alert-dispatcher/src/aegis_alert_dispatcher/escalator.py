@@ -35,13 +35,14 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import structlog
 
 from aegis_alert_dispatcher import escalation
 from aegis_alert_dispatcher.delivery import Undeliverable
 from aegis_alert_dispatcher.escalation import EscalationConfig, StepKind
-from aegis_alert_dispatcher.receivers import Notification, Receiver
+from aegis_alert_dispatcher.receivers import Notification, NotificationKind, Receiver
 from aegis_alert_dispatcher.slack import dashboard_link, incident_headline, incident_payload
 from aegis_contracts import incidents
 from aegis_contracts.items import Incident, IncidentOutbox
@@ -54,6 +55,11 @@ from aegis_storage.silences import SilenceStore
 log = structlog.get_logger(__name__)
 
 DELIVERED = ("sent", "logged_only")
+# the receivers' word for what an outbox sends (a fallback's or a silence's copy is a reminder)
+NOTIFICATION_KIND: dict[str, NotificationKind] = {
+    "escalate": "escalate",
+    "acknowledge": "acknowledge",
+}
 # every receiver of a policy failed: all of them again after this, doubling, at most the cap
 RETRY_FIRST = timedelta(seconds=30)
 RETRY_CAP = timedelta(minutes=10)
@@ -152,9 +158,10 @@ class Escalator:
             return await self._archive(incident, now)
         if incident.outbox is not None:
             return await self._take_over(incident, now)
-        if incident.state == "acknowledged":
-            return None
         policy = escalation.policy_for(self.config, incident.scope, incident.severity)
+        if incident.state == "acknowledged":
+            told = self._acknowledgement(policy, incident, now)
+            return None if told is None else await self._claim(incident, told, now)
         covering = silenced_by(silences, incidents.labels(incident), now)
         if incident.silenced_since is not None and not covering:
             outbox: IncidentOutbox | None = self._unsilenced(policy, incident, now)
@@ -228,6 +235,27 @@ class Escalator:
             return None
         return self._outbox(incident, "failover", incident.level, list(policy.receivers), now)
 
+    def _acknowledgement(
+        self, policy: escalation.Policy, incident: Incident, now: datetime
+    ) -> IncidentOutbox | None:
+        """The receivers reached hear once that someone is on it (``ack_notify``); a Slack
+        webhook is left out when the acknowledgement came from Slack (the message itself was
+        updated there)."""
+        if incident.ack_notified_at is not None or incident.notifications == 0:
+            return None
+        receivers = escalation.update_receivers(
+            policy, level_reached=incident.level, update=escalation.Update.ACKNOWLEDGED
+        )
+        if incident.acknowledged_via == "slack":
+            receivers = [
+                name
+                for name in receivers
+                if getattr(self.receivers.get(name), "kind", "") != "slack_webhook"
+            ]
+        if not receivers:
+            return None
+        return self._outbox(incident, "acknowledge", incident.level, receivers, now)
+
     def _unsilenced(
         self, policy: escalation.Policy, incident: Incident, now: datetime
     ) -> IncidentOutbox:
@@ -289,6 +317,7 @@ class Escalator:
         self, incident: Incident, outbox: IncidentOutbox, now: datetime
     ) -> Notification:
         minutes = self._minutes(incident, now)
+        acked = incident.acknowledged_by if outbox.kind == "acknowledge" else None
         headline = incident_headline(
             kind=outbox.kind,
             level=outbox.level,
@@ -300,11 +329,16 @@ class Escalator:
             incident_id=incident.incident_id,
             scope=incident.scope,
             severity=incident.severity,
-            kind="escalate" if outbox.kind == "escalate" else "renotify",
+            kind=NOTIFICATION_KIND.get(outbox.kind, "renotify"),
             level=outbox.level,
             title=f"AEGIS {headline}",
-            text=f"Triggered {format_ts(incident.triggered_at)}, unacknowledged for {minutes} "
-            f"min. {incident.detail}".strip(),
+            text=(
+                f"Triggered {format_ts(incident.triggered_at)}, acknowledged by {acked}. "
+                if acked
+                else f"Triggered {format_ts(incident.triggered_at)}, unacknowledged for "
+                f"{minutes} min. "
+            )
+            + incident.detail,
             slack_payload=incident_payload(
                 incident_id=incident.incident_id,
                 kind=outbox.kind,
@@ -316,6 +350,7 @@ class Escalator:
                 now=now,
                 detail=incident.detail,
                 dashboard_url=self.dashboard_url,
+                acknowledged_by=acked,
             ),
             link=dashboard_link(self.dashboard_url, incident.scope),
             attempt_id=outbox.attempt_id,
@@ -359,7 +394,10 @@ class Escalator:
                     outcome=outcome,
                     detail=f"{kind} level {outbox.level}" + (f": {detail}" if detail else ""),
                 )
-            return new.model_copy(update={"outbox": None})
+            cleared: dict[str, Any] = {"outbox": None}
+            if outbox.kind == "acknowledge":
+                cleared["ack_notified_at"] = done
+            return new.model_copy(update=cleared)
 
         await self.store.change(incident.incident_id, settle)
         return Swept(

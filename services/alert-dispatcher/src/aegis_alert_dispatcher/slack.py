@@ -264,6 +264,7 @@ INCIDENT_TITLE = {
     "renotify": "STILL {severity}, unacknowledged",
     "failover": "{severity}",
     "unsilenced": "{severity}, still firing after a silence",
+    "acknowledge": "ACKNOWLEDGED · {severity}",
 }
 
 
@@ -285,6 +286,7 @@ def incident_payload(
     now: datetime,
     detail: str,
     dashboard_url: str,
+    acknowledged_by: str | None = None,
 ) -> dict[str, Any]:
     """The Block Kit message of an incident's later notification (an escalation, a reminder, a
     fallback receiver's copy): how long it has been unacknowledged, its Acknowledge button."""
@@ -294,9 +296,25 @@ def incident_payload(
     icon = ICON.get(severity, ICON["WARNING"])
     kst = triggered_at.astimezone(KST).strftime("%Y-%m-%d %H:%M:%S KST")
     minutes = max(0, int((now - triggered_at).total_seconds() // 60))
-    body = f"Triggered {kst}, *unacknowledged for {minutes} min*."
+    if acknowledged_by:
+        body = f"Triggered {kst}, *acknowledged by {_escape(acknowledged_by)}* after {minutes} min."
+    else:
+        body = f"Triggered {kst}, *unacknowledged for {minutes} min*."
     if detail:
         body += f"\n{_escape(detail)}"
+    ack_button: list[dict[str, Any]] = (
+        []
+        if acknowledged_by
+        else [
+            {
+                "type": "button",
+                "text": {"type": "plain_text", "text": "Acknowledge"},
+                "style": "primary",
+                "action_id": f"{ACK_ACTION}:{incident_id}",
+                "value": incident_id,
+            }
+        ]
+    )
     return {
         "text": f"{icon} AEGIS {headline}",
         "blocks": [
@@ -306,13 +324,7 @@ def incident_payload(
                 "type": "actions",
                 "block_id": ACTIONS_BLOCK,
                 "elements": [
-                    {
-                        "type": "button",
-                        "text": {"type": "plain_text", "text": "Acknowledge"},
-                        "style": "primary",
-                        "action_id": f"{ACK_ACTION}:{incident_id}",
-                        "value": incident_id,
-                    },
+                    *ack_button,
                     {
                         "type": "button",
                         "text": {"type": "plain_text", "text": "Open in the AEGIS dashboard"},
