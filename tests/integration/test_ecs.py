@@ -201,7 +201,7 @@ def test_only_the_services_that_need_a_secret_get_it() -> None:
     assert granted["ingest"] == {"AEGIS_MQTT_USERNAME", "AEGIS_MQTT_PASSWORD"}
     assert granted["cloud-collector"] == {"AEGIS_MQTT_USERNAME", "AEGIS_MQTT_PASSWORD"}
     assert granted["alert-dispatcher"] == granted["orchestrator"] == {"AEGIS_SLACK_WEBHOOK_URL"}
-    assert granted["dashboard-api"] == {"AEGIS_DASHBOARD_TOKENS"}
+    assert granted["dashboard-api"] == {"AEGIS_DASHBOARD_TOKENS", "AEGIS_SLACK_SIGNING_SECRET"}
     assert not granted["processor"] | granted["aggregator"] | granted["reporter"]
 
 
