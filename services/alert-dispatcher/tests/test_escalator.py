@@ -423,3 +423,30 @@ async def test_a_policy_that_does_not_tell_of_resolutions_resolves_quietly(
     assert [r.outcome for r in results] == ["suppressed_policy"]
     assert titles(webhook) == [f"WARNING · {unique_id} · SMOKE at 2026-11-30 12:00:00 KST"]
     assert await IncidentStore(foundation.readmodel).open(now=clock.now) == []
+
+
+async def test_the_other_receivers_of_level_0_hear_of_the_first_message_at_the_next_sweep(
+    foundation: Foundation,
+    webhook: FakeWebhook,
+    pager: FakeWebhook,
+    session: aiohttp.ClientSession,
+    unique_id: str,
+) -> None:
+    config = parse_escalation(
+        FALLBACK.replace('fallback = "pager"\n', "").replace(
+            'after = "0s"\nreceivers = ["slack"]\n\n[[policies.critical.levels]]',
+            'after = "0s"\nreceivers = ["slack", "pager"]\n\n[[policies.critical.levels]]',
+            1,
+        )
+    )
+    await fired(foundation, unique_id)  # Slack took the first message
+    clock = FakeClock(T0 + timedelta(seconds=3))
+    receivers: dict[str, Receiver | None] = {
+        "slack": slack_receiver("slack", webhook.url, session),
+        "pager": slack_receiver("pager", pager.url, session),
+    }
+    e = escalator(foundation, receivers, clock, config=config)
+    for _ in range(3):
+        await e.sweep()
+    assert titles(pager) == [f"CRITICAL · {unique_id} · GAS_LEAK"]
+    assert webhook.delivered == []  # Slack is not sent it twice

@@ -21,6 +21,20 @@
    abandoned when the service stops: cancellation waits for the post and its confirmation.
 7. Every decision is logged with its reason and counted; a sent alert is announced as a system
    event (``aegis.events.alert_sent``) for the orchestrator.
+8. Incidents. Each reason that fires opens an incident (``INCIDENT#{id}``), written in the same
+   transaction as the message's intent; WARNING -> CRITICAL raises it; a RESOLVE resolves it.
+   Each settled message is a line of its incidents' timelines; a resolved incident's record is
+   then written to S3 once. While an incident is open, a reason still firing after its cooldown
+   sends nothing of its own: an acknowledged incident needs no reminder, and an open one gets
+   its reminders from its escalation policy (:mod:`aegis_alert_dispatcher.escalator`).
+9. Silences. Before a message is recorded, the silences covering its incidents are read (at most
+   every few seconds): what they cover is recorded without a message (the incident marked
+   silenced, the alert's cooldown running) and notified by the sweep once they end.
+10. A post that fails while the incident's policy has another receiver is not dead-lettered: its
+   alerts count as notified and the sweep hands the incident to the fallback receiver at once.
+   Each replica says it is alive (:meth:`Dispatcher.heartbeat`); the sweep finishes the message
+   of a replica that stopped saying so (:meth:`Dispatcher.complete_abandoned`), long before the
+   message's lease would let a handler of its scope take it over.
 
 Guarantee: every decided message is confirmed once or dead-lettered. Slack's incoming webhook has
 no idempotency key, so delivery to Slack is at-least-once: a second copy (same attempt id, shown in

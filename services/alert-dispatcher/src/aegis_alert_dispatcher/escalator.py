@@ -20,6 +20,8 @@ Per incident, in order:
 - acknowledged: nothing more (escalation stops, reminders end);
 - a silence covers it: what would be sent now is held back and the incident marked silenced;
   once no silence covers it any more, the receivers of the levels it reached hear of it once;
+- a receiver of a level it reached has not been sent it at all (the first message goes out
+  with the snapshot through Slack; a pager of level 0 hears of it at the next sweep);
 - its last notification failed at every receiver tried since the last one delivered: the
   policy's fallback receivers at once (:func:`escalation.failover`), then the others; when every
   receiver of the policy has failed, all of them again with back-off (never parked);
@@ -166,7 +168,11 @@ class Escalator:
         if incident.silenced_since is not None and not covering:
             outbox: IncidentOutbox | None = self._unsilenced(policy, incident, now)
         else:
-            outbox = self._failover(policy, incident, now) or self._due(policy, incident, now)
+            outbox = (
+                self._failover(policy, incident, now)
+                or self._unreached(policy, incident, now)
+                or self._due(policy, incident, now)
+            )
         if outbox is None:
             return None
         if covering:  # due, but a silence holds it back: recorded, not sent
@@ -255,6 +261,25 @@ class Escalator:
         if not receivers:
             return None
         return self._outbox(incident, "acknowledge", incident.level, receivers, now)
+
+    def _unreached(
+        self, policy: escalation.Policy, incident: Incident, now: datetime
+    ) -> IncidentOutbox | None:
+        """Receivers of the levels reached that have not been sent this incident at all: the
+        first message goes out through the dispatcher's own Slack sender with the snapshot; the
+        other receivers of level 0 (a pager at once) hear of it from the next sweep."""
+        if incident.notifications == 0:
+            return None  # nothing went out yet: the first message (or its failover) comes first
+        tried = {e.receiver for e in incident.timeline if e.kind == "notified" and e.receiver}
+        reached = policy.levels[: min(incident.level, len(policy.levels) - 1) + 1]
+        missing = [
+            name
+            for name in dict.fromkeys(r for level in reached for r in level.receivers)
+            if name not in tried
+        ]
+        if not missing:
+            return None
+        return self._outbox(incident, "failover", incident.level, missing, now)
 
     def _unsilenced(
         self, policy: escalation.Policy, incident: Incident, now: datetime
