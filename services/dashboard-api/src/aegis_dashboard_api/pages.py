@@ -1,6 +1,11 @@
 """The web page: server-rendered HTML (Jinja2) over the same reads as the API, a small script
 (static/app.js) that keeps it live from ``/api/live``, and uPlot vendored for the charts.
 
+The open incidents (``/incidents``, and a banner per incident on its factory's page) are
+rendered here too; the script reads the same list again as an HTML fragment
+(``/incidents/list``) every few seconds while the page is visible, and acknowledges and resolves
+through the JSON API (``/api/incidents/{id}/ack|resolve``).
+
 Paths are the ones the alert dispatcher links to (``/factories/{f}``, ``/cloud``). A browser
 signs in once (the form, or a ``?token=`` link that is turned into the cookie and dropped from
 the address); without a valid token every page is the sign-in form with status 401 and no data.
@@ -12,11 +17,12 @@ import hashlib
 import json
 import math
 import time
-from datetime import date, timedelta
+from collections.abc import Iterable
+from datetime import date, datetime, timedelta
 from functools import cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 from zoneinfo import ZoneInfo
 
 import jinja2
@@ -31,7 +37,8 @@ from markupsafe import Markup, escape
 
 from aegis_contracts import keys
 from aegis_contracts.errors import ContractError
-from aegis_contracts.times import kst_report_date, parse_ts
+from aegis_contracts.items import Incident
+from aegis_contracts.times import format_ts, kst_report_date, parse_ts
 from aegis_dashboard_api.access import (
     COOKIE,
     COOKIE_MAX_AGE_S,
@@ -52,6 +59,9 @@ LEVEL_ORDER = {"CRITICAL": 0, "WARNING": 1, "NORMAL": 2}
 # when the page calls a factory's data stale / offline (the processor's STALE_DATA and
 # FACTORY_OFFLINE thresholds)
 STALE_AFTER_S, OFFLINE_AFTER_S = 60, 300
+SEVERITY_ORDER = {"CRITICAL": 0, "WARNING": 1}
+# how often an open incidents list (or a factory's banners) is read again while it is visible
+INCIDENTS_REFRESH_S = 5
 
 templates = Jinja2Templates(
     env=jinja2.Environment(
@@ -98,12 +108,15 @@ def safe_next(value: str | None) -> str:
 
 def time_tag(value: object) -> Markup:
     """``<time>``: KST shown, UTC in the title (hover) and the datetime attribute."""
-    if not isinstance(value, str):
+    if isinstance(value, datetime):
+        at = value
+    elif not isinstance(value, str):
         return Markup("&ndash;")
-    try:
-        at = parse_ts(value)
-    except ValueError:
-        return escape(value)
+    else:
+        try:
+            at = parse_ts(value)
+        except ValueError:
+            return escape(value)
     kst = at.astimezone(KST).strftime("%Y-%m-%d %H:%M:%S KST")
     utc = at.strftime("%Y-%m-%dT%H:%M:%SZ")
     return Markup(  # noqa: S704 - every value inside is escaped
@@ -119,9 +132,45 @@ def number(value: object) -> str:
     return f"{round(float(value), 2):,}".removesuffix(".0")
 
 
+def duration(seconds: object, lang: Lang = "en") -> str:
+    """A span of time as app.js writes it: ``45 s``, ``12 min``, ``5 h 3 min``, ``3 d 4 h``
+    (``45초``, ``12분``, ``5시간 3분``, ``3일 4시간``)."""
+    if not isinstance(seconds, int | float):
+        return "\u2013"
+    s = max(0, int(seconds))
+    ko = lang == "ko"
+    unit = {"s": "초", "min": "분", "h": "시간", "d": "일"} if ko else {}
+
+    def part(n: int, u: str) -> str:
+        return f"{n}{unit[u]}" if ko else f"{n} {u}"
+
+    if s < 60:
+        return part(s, "s")
+    if s < 3600:
+        return part(s // 60, "min")
+    if s < 48 * 3600:
+        hours, minutes = divmod(s // 60, 60)
+        return part(hours, "h") + (" " + part(minutes, "min") if minutes else "")
+    days, hours = divmod(s // 3600, 24)
+    return part(days, "d") + (" " + part(hours, "h") if hours else "")
+
+
+def iso(value: object) -> str:
+    """A datetime as the page's data attributes hold it (UTC, ``…Z``); '' for anything else."""
+    return format_ts(value) if isinstance(value, datetime) else ""
+
+
+def scope_href(scope: str) -> str:
+    """Where an alert or incident scope is shown: its factory's page, or the cloud page."""
+    return "/cloud" if scope == keys.CLOUD_INFRA_TARGET else f"/factories/{quote(scope, safe='')}"
+
+
 templates.env.filters["time"] = time_tag
 templates.env.filters["num"] = number
+templates.env.filters["iso"] = iso
 templates.env.globals["static_url"] = static_url
+templates.env.globals["duration"] = duration
+templates.env.globals["scope_href"] = scope_href
 
 
 def freshness(age_s: float | None) -> str:
@@ -171,6 +220,7 @@ def render(
         "labels": t,
         "staleAfterS": STALE_AFTER_S,
         "offlineAfterS": OFFLINE_AFTER_S,
+        "incidentsRefreshS": INCIDENTS_REFRESH_S,
         **context.pop("config", {}),
     }
     response: Response = templates.TemplateResponse(
@@ -293,12 +343,60 @@ async def factory_page(request: Request, factory_id: str) -> Response:
             "entry": entry,
             "latest": latest,
             "alerts": alerts,
+            **await incidents_context(request, factory_id, "banners"),
             "window": window,
             "windows": WINDOWS,
             "freshness": freshness,
             "config": {"factoryId": factory_id, "window": window},
         },
     )
+
+
+def worst_first(found: Iterable[Incident]) -> list[Incident]:
+    """CRITICAL before WARNING, then the oldest first."""
+    return sorted(
+        found,
+        key=lambda i: (SEVERITY_ORDER.get(i.severity, len(SEVERITY_ORDER)), i.triggered_at, i.pk),
+    )
+
+
+async def incidents_context(request: Request, factory: str | None, view: str) -> dict[str, Any]:
+    """What the incident list (``view`` list) or a factory's banners (``banners``) show: the
+    open incidents, worst first, with the time they are counted from."""
+    reader = _reader(request)
+    now = reader.clock()
+    found = await reader.incidents.open(now=now)
+    if factory is not None:
+        found = [i for i in found if i.scope == factory]
+    source = "/incidents/list?" + urlencode(
+        {"view": view, **({"factory": factory} if factory is not None else {})}
+    )
+    counts = {sev: sum(1 for i in found if i.severity == sev) for sev in SEVERITY_ORDER}
+    return {
+        "incidents": worst_first(found),
+        "incident_counts": counts,
+        "incidents_now": now,
+        "incidents_view": view,
+        "incidents_src": source,
+    }
+
+
+@router.get("/incidents", response_class=HTMLResponse)
+async def incidents_page(request: Request) -> Response:
+    await authorize_page(request)
+    factory = request.query_params.get("factory") or None
+    return render(request, "incidents.html", await incidents_context(request, factory, "list"))
+
+
+@router.get("/incidents/list", response_class=HTMLResponse)
+async def incidents_fragment(request: Request) -> Response:
+    """The list (or a factory's banners) alone, for the script to read again: the same HTML as
+    in the page, so it is rendered (and escaped) in one place."""
+    await authorize_page(request)
+    factory = request.query_params.get("factory") or None
+    view = "banners" if request.query_params.get("view") == "banners" else "list"
+    context = await incidents_context(request, factory, view)
+    return render(request, "incidents_fragment.html", context)
 
 
 @router.get("/cloud", response_class=HTMLResponse)

@@ -103,6 +103,7 @@
       clock.title = now.toISOString().replace(/\.\d{3}Z$/, "Z") + " UTC";
     }
     document.querySelectorAll(".age[data-at]").forEach(refreshAge);
+    refreshSince();
   }
 
   // "12 s ago" and the stale/offline chip of one freshness element
@@ -429,6 +430,7 @@
 
   // -- cloud page --------------------------------------------------------------------------------
 
+
   async function loadCloud() {
     const data = await getJSON("/api/cloud");
     for (const tier of ["fast", "slow"]) {
@@ -466,6 +468,236 @@
     }
   }
 
+
+  // -- incidents: the list, a factory's banners, Acknowledge and Resolve ---------------------
+  // The rows are rendered by the server (the same template as the first load) and read again
+  // from /incidents/list every CFG.incidentsRefreshS while the page is visible: acknowledgements
+  // made in Slack or on another screen reach no event this page hears. A row is replaced only
+  // when its version changed, keeping an open timeline and a note being typed.
+
+  // "how long open" counts on the server's clock: the offset of this browser's clock from it
+  let serverSkew = 0;
+  function setSkew(iso) {
+    const d = parseTs(iso);
+    if (d) serverSkew = d.getTime() - Date.now();
+  }
+
+  // as pages.duration writes it: 45 s, 12 min, 5 h 3 min, 3 d 4 h
+  function durationText(seconds) {
+    const s = Math.max(0, Math.floor(seconds));
+    const ko = CFG.lang === "ko";
+    const part = (n, u) => ko ? n + { s: "초", min: "분", h: "시간", d: "일" }[u] : n + " " + u;
+    if (s < 60) return part(s, "s");
+    if (s < 3600) return part(Math.floor(s / 60), "min");
+    if (s < 48 * 3600) {
+      const m = Math.floor(s / 60);
+      return part(Math.floor(m / 60), "h") + (m % 60 ? " " + part(m % 60, "min") : "");
+    }
+    const hrs = Math.floor(s / 3600);
+    return part(Math.floor(hrs / 24), "d") + (hrs % 24 ? " " + part(hrs % 24, "h") : "");
+  }
+
+  function refreshSince() {
+    const now = Date.now() + serverSkew;
+    document.querySelectorAll(".since[data-since]").forEach((el) => {
+      const d = parseTs(el.dataset.since);
+      if (d) el.textContent = durationText((now - d.getTime()) / 1000);
+    });
+  }
+
+  const STATE_GLYPH = { triggered: "●", acknowledged: "◐", resolved: "○" };
+  function stateChip(state) {
+    return h("span", { class: "state state-" + state, "data-state": state },
+      h("span", { class: "glyph", "aria-hidden": "true" }, STATE_GLYPH[state] || "?"), " ",
+      T["state_" + state] || state);
+  }
+
+  function ackLine(inc) {
+    if (!inc.acknowledged_by) return [h("span", { class: "muted" }, T.not_acknowledged)];
+    return [h("span", { class: "who" }, inc.acknowledged_by), " · ", timeTag(inc.acknowledged_at),
+      inc.acknowledged_via ? " · " + T.via + " " + inc.acknowledged_via : ""];
+  }
+
+  function say(row, kind, text, extra) {
+    const out = row.querySelector(".outcome");
+    if (!out) return;
+    out.dataset.kind = kind;
+    out.replaceChildren(text, ...(extra ? [" ", extra] : []));
+  }
+
+  function signInLink() {
+    return h("a", { href: "/login?next=" + encodeURIComponent(location.pathname + location.search) }, T.sign_in_again);
+  }
+
+  // what the API answered, shown in the row at once (the next read brings the new timeline)
+  function showIncident(row, inc) {
+    row.dataset.state = inc.state;
+    row.dataset.version = "";  // replaced by the server's row at the next read
+    row.className = row.className.replace(/\bst-\w+/, "st-" + inc.state);
+    row.querySelector(".state")?.replaceWith(stateChip(inc.state));
+    row.querySelector(".acked")?.replaceChildren(...ackLine(inc));
+    if (inc.state !== "triggered") row.querySelectorAll('form[data-action="ack"]').forEach((f) => f.remove());
+    if (inc.state === "resolved") row.querySelectorAll("form[data-action]").forEach((f) => f.remove());
+  }
+
+  function closedHere(row) {
+    // it leaves the list at the next read; until then it says what happened
+    row.dataset.state = "resolved";
+    row.className = row.className.replace(/\bst-\w+/, "st-resolved");
+    row.querySelector(".state")?.replaceWith(stateChip("resolved"));
+    row.querySelectorAll("form[data-action]").forEach((f) => f.remove());
+  }
+
+  async function onIncidentSubmit(ev) {
+    const form = ev.target.closest && ev.target.closest("form[data-action]");
+    const row = form && form.closest("[data-incident]");
+    if (!row) return;
+    ev.preventDefault();
+    const action = form.dataset.action;
+    const input = form.elements.namedItem("note");
+    const note = input ? input.value.trim() : "";
+    if (action === "resolve" && !note) {
+      input.setAttribute("aria-invalid", "true");
+      say(row, "error", T.note_required);
+      input.focus();
+      return;
+    }
+    input?.removeAttribute("aria-invalid");
+    const buttons = [...row.querySelectorAll("form[data-action] button")];
+    buttons.forEach((b) => { b.disabled = true; });
+    say(row, "busy", T.saving);
+    let resp = null, body = null;
+    try {
+      resp = await fetch("/api/incidents/" + encodeURIComponent(row.dataset.incident) + "/" + action, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        body: JSON.stringify(note ? { note } : {}),
+      });
+      body = await resp.json().catch(() => null);
+    } catch (err) {
+      resp = null;
+    } finally {
+      buttons.forEach((b) => { b.disabled = false; });
+    }
+    if (resp === null) return say(row, "error", T.err_network);
+    if (resp.status === 401) return say(row, "error", T.err_signed_out, signInLink());
+    if (resp.status === 409) { closedHere(row); return say(row, "error", T.err_resolved); }
+    if (resp.status === 404) { closedHere(row); return say(row, "error", T.err_unknown_incident); }
+    if (!resp.ok || !body || !body.incident) return say(row, "error", T.err_failed.replace("{status}", resp.status));
+    const inc = body.incident;
+    showIncident(row, inc);
+    if (input) input.value = "";
+    if (action === "ack") {
+      const who = inc.acknowledged_by || "";
+      say(row, "ok", (body.changed ? T.done_ack : T.already_ack).replace("{who}", who));
+    } else {
+      say(row, "ok", T.done_resolve.replace("{who}", inc.resolved_by || ""));
+    }
+    scheduleIncidents();  // a full period from now: the answer stays readable until then
+  }
+
+  // a row read again: keep what the person is doing in the one it replaces
+  function carryOver(prev, next) {
+    const open = prev.querySelector("details.timeline")?.open;
+    if (open) next.querySelector("details.timeline")?.setAttribute("open", "");
+    prev.querySelectorAll("form[data-action]").forEach((f) => {
+      const to = next.querySelector('form[data-action="' + f.dataset.action + '"]');
+      const from = f.elements.namedItem("note");
+      if (to && from && from.value) to.elements.namedItem("note").value = from.value;
+    });
+    const said = prev.querySelector(".outcome");
+    const out = next.querySelector(".outcome");
+    if (said && out && said.childNodes.length) {
+      out.dataset.kind = said.dataset.kind || "";
+      out.replaceChildren(...said.childNodes);
+    }
+  }
+
+  function mergeIncidents(box, fresh) {
+    const shown = new Map([...box.querySelectorAll(":scope > [data-incident]")].map((el) => [el.dataset.incident, el]));
+    const rows = [];
+    let focus = null;
+    for (const row of fresh.querySelectorAll(":scope > [data-incident]")) {
+      const prev = shown.get(row.dataset.incident);
+      shown.delete(row.dataset.incident);
+      if (prev && prev.dataset.version === row.dataset.version) { rows.push(prev); continue; }
+      const next = document.importNode(row, true);
+      if (prev) {
+        carryOver(prev, next);
+        const active = document.activeElement;
+        if (active && prev.contains(active) && active.name === "note") {
+          const form = active.closest("form[data-action]");
+          focus = next.querySelector('form[data-action="' + form.dataset.action + '"] input[name="note"]');
+        }
+        prev.replaceWith(next);
+      }
+      rows.push(next);
+    }
+    shown.forEach((el) => el.remove());  // resolved, or archived
+    box.querySelectorAll(":scope > :not([data-incident])").forEach((el) => el.remove());
+    // in the server's order, moving only what is out of place (a moved row loses focus)
+    rows.forEach((row, i) => {
+      if (box.children[i] !== row) box.insertBefore(row, box.children[i] || null);
+    });
+    if (!rows.length) {
+      const empty = fresh.querySelector(":scope > :not([data-incident])");
+      if (empty) box.append(document.importNode(empty, true));
+    }
+    if (focus) focus.focus();
+  }
+
+  let incidentsBusy = false;
+  async function refreshIncidents() {
+    const box = document.getElementById("incidents");
+    if (!box || incidentsBusy) return;
+    incidentsBusy = true;
+    const note = document.getElementById("incidents-note");
+    try {
+      const resp = await fetch(box.dataset.src, { credentials: "same-origin", headers: { Accept: "text/html" } });
+      if (resp.status === 401) {
+        if (note) { note.replaceChildren(T.list_signed_out, " ", signInLink()); note.hidden = false; }
+        return;
+      }
+      if (!resp.ok) return;  // the next round tries again
+      // parsed, never run: the server escaped every value, and the page's CSP runs no inline script
+      const doc = new DOMParser().parseFromString(await resp.text(), "text/html");
+      const fragment = doc.getElementById("incidents-fragment");
+      const fresh = doc.getElementById("incidents");
+      if (!fragment || !fresh) return;
+      setSkew(fragment.dataset.now);
+      mergeIncidents(box, fresh);
+      const summary = doc.getElementById("incidents-summary");
+      if (summary) document.getElementById("incidents-summary")?.replaceWith(document.importNode(summary, true));
+      if (note) note.hidden = true;
+      refreshSince();
+    } catch (err) {
+      console.error("incidents", err);
+    } finally {
+      incidentsBusy = false;
+    }
+  }
+
+  let incidentsTimer = null;
+  function scheduleIncidents() {
+    clearTimeout(incidentsTimer);
+    incidentsTimer = setTimeout(async () => {
+      if (document.visibilityState === "visible") await refreshIncidents();
+      scheduleIncidents();
+    }, (CFG.incidentsRefreshS || 5) * 1000);
+  }
+
+  function setupIncidents() {
+    if (!document.getElementById("incidents")) return;
+    setSkew(document.getElementById("incidents-fragment")?.dataset.now);
+    refreshSince();
+    document.addEventListener("submit", (ev) => { onIncidentSubmit(ev).catch(console.error); });
+    document.addEventListener("visibilitychange", () => {
+      if (document.visibilityState === "visible") refreshIncidents();
+    });
+    scheduleIncidents();
+  }
+
   // -- the live stream ----------------------------------------------------------------------
 
   const live = document.getElementById("live");
@@ -496,7 +728,7 @@
     on("fleet", onFleet);
     on("factory", onFactory);
     on("factory_removed", (d) => document.querySelector('#fleet [data-factory="' + CSS.escape(d.factory_id) + '"]')?.remove());
-    on("alerts", onAlerts);
+    on("alerts", (d) => { onAlerts(d); refreshIncidents(); });  // an alert sent: maybe an incident
     on("cloud", onCloud);
     on("graph", (d) => {
       if (page === "factory" && d.target === CFG.factoryId && currentWindow() !== "1h") {
@@ -514,11 +746,13 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
+    setSkew(document.getElementById("incidents-fragment")?.dataset.now);
     tick();
     setInterval(tick, 1000);
     if (page === "login") return;
     if (page === "factory") setupFactory();
     if (page === "cloud") loadCloud().catch(console.error);
+    setupIncidents();
     connect();
   });
 })();
