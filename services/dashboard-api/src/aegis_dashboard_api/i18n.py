@@ -156,6 +156,15 @@ LABELS: dict[str, dict[Lang, str]] = {
         "en": "Signed out: this list is no longer updated.",
         "ko": "로그아웃되어 목록이 갱신되지 않습니다.",
     },
+    # a cloud check's alerting rule
+    "al_starting": {"en": "Starting", "ko": "시작 중"},
+    "al_pending": {"en": "Pending", "ko": "대기"},
+    "al_firing": {"en": "Firing", "ko": "경보 중"},
+    "al_clearing": {"en": "Clearing", "ko": "해제 중"},
+    "al_failing_since": {"en": "failing since", "ko": "실패 시작"},
+    "al_passing_since": {"en": "passing since", "ko": "정상 복귀"},
+    "al_reported_after": {"en": "reported after", "ko": "보고까지"},
+    "al_cleared_after": {"en": "cleared after", "ko": "해제까지"},
 }
 
 

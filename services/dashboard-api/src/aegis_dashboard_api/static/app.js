@@ -430,6 +430,35 @@
 
   // -- cloud page --------------------------------------------------------------------------------
 
+  // a check's status as the server renders it (incident_macros.check_status): starting and
+  // pending (failing, not yet for its for duration) instead of the NORMAL badge; firing and
+  // clearing beside the reported level
+  function checkStatus(c) {
+    const al = c.alerting || {};
+    const parts = [];
+    if (c.status === "NORMAL" && (al.state === "starting" || al.state === "pending")) {
+      parts.push(h("span", { class: "badge al-badge al-" + al.state, "data-level": "NORMAL", "data-alerting": al.state },
+        h("span", { class: "glyph", "aria-hidden": "true" }, al.state === "starting" ? "◌" : "◔"),
+        h("span", { class: "lv-text" }, T["al_" + al.state])));
+    } else {
+      parts.push(badge(c.status));
+    }
+    if (c.reason !== "OK") parts.push(" ", h("code", {}, c.reason));
+    if (["pending", "firing", "clearing"].includes(al.state)) {
+      const note = h("div", { class: "al-note al-" + al.state, "data-alerting": al.state });
+      if (al.state !== "pending") note.append(h("span", { class: "al-state" }, T["al_" + al.state]), " ");
+      const muted = (...xs) => note.append(h("span", { class: "muted" }, ...xs), " ");
+      if (al.state === "clearing") {
+        if (al.passing_since) muted(T.al_passing_since + " ", timeTag(al.passing_since));
+        if (al.clear_s) muted("· " + T.al_cleared_after + " " + durationText(al.clear_s));
+      } else {
+        if (al.failing_since) muted(T.al_failing_since + " ", timeTag(al.failing_since));
+        if (al.state === "pending" && al.for_s) muted("· " + T.al_reported_after + " " + durationText(al.for_s));
+      }
+      parts.push(note);
+    }
+    return parts;
+  }
 
   async function loadCloud() {
     const data = await getJSON("/api/cloud");
@@ -460,8 +489,8 @@
           const row = document.querySelector('[data-tier="' + tier + '"] tr[data-check="' + CSS.escape(c.name) + '"]');
           if (!row) continue;
           row.className = "lv-" + c.status.toLowerCase();
-          const cell = row.children[1];
-          cell.replaceChildren(badge(c.status), c.reason !== "OK" ? " " : "", c.reason !== "OK" ? h("code", {}, c.reason) : "");
+          row.dataset.alerting = (c.alerting || {}).state || "ok";
+          row.children[1].replaceChildren(...checkStatus(c));
           row.children[2].textContent = c.value === null || c.value === undefined ? "–" : num(c.value) + " " + (c.unit || "");
         }
       }
