@@ -1,8 +1,10 @@
 """The dashboard page in headless Chromium (Debian's, driven by Playwright through its executable
 path), served by the real app on a real HTTP server over a seeded read model in the emulator,
 with live updates from real NATS: a CRITICAL state made by the processor from a raw message
-reaches the open page without a reload. Also: no token, no data (page and event stream), and a
-token given in a link never reaches a log."""
+reaches the open page without a reload. Also: no token, no data (page and event stream), a
+token given in a link never reaches a log, and the incidents as the people who answer them see
+them (the list, a factory's banners, Acknowledge and Resolve, a cloud check's alerting state), on
+a clock the test holds still."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import struct
 import time
 import zlib
@@ -27,24 +30,26 @@ from faststream.nats import NatsBroker
 from nats.js import JetStreamContext
 from playwright.async_api import BrowserContext, Page, async_playwright, expect
 
-from aegis_contracts import keys
-from aegis_contracts.cloud import CloudCheck, CloudSnapshot
+from aegis_contracts import incidents, keys
+from aegis_contracts.cloud import CheckAlerting, CheckState, CloudCheck, CloudSnapshot
 from aegis_contracts.events import ObjectCreated, RawArchived, SystemEvent
 from aegis_contracts.graph import LabelStats, RiskStats, SeriesStats, WindowStats
 from aegis_contracts.ids import SourceType
-from aegis_contracts.items import AlertState, Graph5m
+from aegis_contracts.items import AlertState, Graph5m, Incident
 from aegis_contracts.keys import ReportArtifact
 from aegis_contracts.state import Level
 from aegis_contracts.subjects import object_created_subject, raw_subject, system_subject
-from aegis_contracts.times import format_ts, kst_report_date, truncate_ms
+from aegis_contracts.times import Clock, format_ts, kst_report_date, truncate_ms, utc_now
 from aegis_dashboard_api.access import COOKIE, token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_devstack.localservers import ManagedServer, free_port
+from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.broker import create_broker, ensure_streams, publish
 from aegis_runtime.settings import AegisSettings
+from aegis_storage.incidents import IncidentStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -97,9 +102,11 @@ def dashboard_settings(
 
 
 @asynccontextmanager
-async def serving(settings: DashboardSettings, foundation: Foundation) -> AsyncIterator[Dashboard]:
-    """The app on a real HTTP server (uvicorn, with its access log on)."""
-    app = create_app(settings, clients=foundation.clients)
+async def serving(
+    settings: DashboardSettings, foundation: Foundation, clock: Clock = utc_now
+) -> AsyncIterator[Dashboard]:
+    """The app on a real HTTP server (uvicorn, with its access log on), on ``clock``."""
+    app = create_app(settings, clients=foundation.clients, clock=clock)
     port = free_port()
     config = uvicorn.Config(
         app,
@@ -783,3 +790,388 @@ async def test_the_sign_in_form(
         assert resp.headers["set-cookie"].startswith(f"{COOKIE}={TOKEN};")
     else:
         assert "set-cookie" not in resp.headers
+
+
+# -- incidents ----------------------------------------------------------------------------------
+
+ME = f"token:{token_digest(TOKEN)[:8]}"  # who this test's token is to the dashboard
+
+
+@pytest.fixture
+async def clocked(
+    foundation: Foundation, nats_url: str, aws_endpoint: str
+) -> AsyncIterator[tuple[Dashboard, FakeClock]]:
+    """The dashboard (live feed on) on a clock that stands still where the test put it."""
+    clock = FakeClock(truncate_ms(datetime.now(UTC)))
+    settings = dashboard_settings(foundation, nats_url, aws_endpoint)
+    async with serving(settings, foundation, clock) as dash:
+        await eventually(lambda: dash.app.state.feed.connected, within=15, what="the live feed")
+        yield dash, clock
+
+
+async def seed_incident(
+    foundation: Foundation,
+    scope: str,
+    reason: str,
+    severity: incidents.Severity,
+    at: datetime,
+    *,
+    detail: str = "",
+    acked_by: str | None = None,
+    notified: bool = False,
+) -> Incident:
+    """An open incident as the dispatcher stores it (acknowledged in Slack, notified, if asked)."""
+    item = incidents.open_incident(
+        scope=scope, stream="STATE", reason=reason, severity=severity, at=at, detail=detail
+    )
+    if notified:
+        item = incidents.notified(
+            item, at=at + timedelta(seconds=2), receiver="oncall-slack", outcome="sent"
+        )
+    if acked_by is not None:
+        acked = incidents.acknowledge(item, by=acked_by, via="slack", at=at + timedelta(minutes=5))
+        assert acked is not None
+        item = acked
+    await IncidentStore(foundation.readmodel).save(item, None)
+    return item
+
+
+async def stored(foundation: Foundation, incident: Incident) -> Incident:
+    found = await IncidentStore(foundation.readmodel).get(incident.incident_id)
+    assert found is not None
+    return found
+
+
+async def closed_by_the_data(foundation: Foundation, incident: Incident, at: datetime) -> None:
+    """What the dispatcher does when the data no longer reports it."""
+    await IncidentStore(foundation.readmodel).change(
+        incident.incident_id, lambda i: incidents.resolve(i, at=at)
+    )
+
+
+def card(page: Page, incident: Incident) -> Any:
+    return page.locator(f'#incidents > [data-incident="{incident.incident_id}"]')
+
+
+async def shown_ids(page: Page) -> list[str]:
+    ids = await page.locator("#incidents > [data-incident]").evaluate_all(
+        "rows => rows.map(r => r.dataset.incident)"
+    )
+    return [str(i) for i in ids]
+
+
+async def test_the_incidents_page_worst_first_acknowledge_resolve_and_kept_current(
+    foundation: Foundation, clocked: tuple[Dashboard, FakeClock], browser: BrowserContext
+) -> None:
+    dash, clock = clocked
+    now = clock()
+    device_text = 'co_ppm 60 >= 35 <img src=x onerror="window.__pwned=1">'
+    warn_old = await seed_incident(
+        foundation, "factory-b", "CO_HIGH", "WARNING", now - timedelta(hours=3), detail=device_text
+    )
+    crit_new = await seed_incident(
+        foundation, "factory-c", "FIRE_DETECTED", "CRITICAL", now - timedelta(minutes=30)
+    )
+    crit_old = await seed_incident(
+        foundation, "factory-a", "GAS_LEAK", "CRITICAL", now - timedelta(hours=2), notified=True
+    )
+    warn_acked = await seed_incident(
+        foundation,
+        "factory-d",
+        "NO_HELMET",
+        "WARNING",
+        now - timedelta(hours=1),
+        acked_by="slack:kim",
+    )
+    page = await browser.new_page()
+    await sign_in(page, dash.url, "/incidents")
+    await expect(page).to_have_url(f"{dash.url}/incidents")
+    await expect(page.locator('nav a[href="/incidents"]')).to_have_attribute("aria-current", "page")
+    # worst first: CRITICAL before WARNING, then the oldest
+    await expect(page.locator("#incidents > [data-incident]")).to_have_count(4)
+    assert await shown_ids(page) == [
+        i.incident_id for i in (crit_old, crit_new, warn_old, warn_acked)
+    ]
+    await expect(page.locator('#incidents-summary [data-count="CRITICAL"]')).to_have_text("2")
+    first = card(page, crit_old)
+    await expect(first.locator(".badge .lv-text")).to_have_text("Critical")
+    await expect(first.locator("a.scope")).to_have_attribute("href", "/factories/factory-a")
+    await expect(first.locator("code")).to_have_text("GAS_LEAK")
+    await expect(first.locator(".state")).to_have_attribute("data-state", "triggered")
+    await expect(first.locator(".since")).to_have_text("2 h")  # on the dashboard's clock
+    await expect(first.locator(".inc-level")).to_have_text("0")
+    await expect(first.locator(".acked")).to_have_text("Nobody yet")
+    slack = card(page, warn_acked)
+    await expect(slack.locator(".state")).to_have_attribute("data-state", "acknowledged")
+    await expect(slack.locator(".acked")).to_contain_text("slack:kim")
+    await expect(slack.locator('form[data-action="ack"]')).to_have_count(0)
+    # what a device wrote is shown as text, never as markup
+    await expect(card(page, warn_old).locator(".inc-detail")).to_have_text(device_text)
+    assert await page.locator("#incidents img").count() == 0
+    assert await page.evaluate("() => window.__pwned") is None
+    # the timeline: time, what, who, via, receiver, outcome
+    await first.locator("details.timeline summary").click()
+    lines = first.locator(".tl tbody tr")
+    await expect(lines).to_have_count(2)
+    await expect(lines.nth(0)).to_have_attribute("data-kind", "triggered")
+    await expect(lines.nth(1).locator("td")).to_have_text(
+        [re.compile("KST"), "Notified · level 0", "aegis", "data", "oncall-slack", "sent"]
+    )
+    await page.screenshot(path=str(screenshot_path("dashboard-incidents.png")), full_page=True)
+
+    # Acknowledge, with a note: the card says so at once, and the stored incident is changed
+    ack = first.locator('form[data-action="ack"]')
+    await ack.locator('input[name="note"]').fill("on my way")
+    await ack.locator("button").click()
+    await expect(first.locator(".outcome")).to_have_text(f"Acknowledged by {ME}")
+    await expect(first.locator(".state")).to_have_attribute("data-state", "acknowledged")
+    await expect(first.locator(".acked")).to_contain_text(ME)
+    await expect(first.locator('form[data-action="ack"]')).to_have_count(0)
+    now_stored = await stored(foundation, crit_old)
+    assert now_stored.state == "acknowledged" and now_stored.acknowledged_by == ME
+    assert now_stored.acknowledged_via == "dashboard"
+    assert now_stored.timeline[-1].detail == "on my way"
+    # the next read brings the card with its new timeline line; the timeline stays open
+    await expect(first.locator(".tl tbody tr")).to_have_count(3, timeout=15_000)
+    await expect(first.locator("details.timeline")).to_have_attribute("open", "")
+    await expect(first.locator(".outcome")).to_have_text(f"Acknowledged by {ME}")
+
+    # Resolve without a note is refused in the page: nothing is sent
+    posted: list[str] = []
+    page.on("request", lambda r: posted.append(r.url) if r.method == "POST" else None)
+    second = card(page, crit_new)
+    resolve = second.locator('form[data-action="resolve"]')
+    await resolve.locator('input[name="note"]').fill("   ")
+    await resolve.locator("button").click()
+    await expect(second.locator(".outcome")).to_have_text(
+        "Write a note saying why before resolving."
+    )
+    await expect(resolve.locator("input")).to_have_attribute("aria-invalid", "true")
+    await expect(resolve.locator("input")).to_be_focused()
+    assert posted == []
+    assert (await stored(foundation, crit_new)).version == crit_new.version
+    # with a note it is resolved, says so, and leaves the list at the next read
+    await resolve.locator('input[name="note"]').fill("false alarm: the lens was cleaned")
+    await resolve.locator("button").click()
+    await expect(second.locator(".outcome")).to_have_text(f"Resolved by {ME}: it leaves the list")
+    closed = await stored(foundation, crit_new)
+    assert closed.state == "resolved" and closed.resolved_by == ME
+    assert closed.resolution_note == "false alarm: the lens was cleaned"
+    await expect(second).to_have_count(0, timeout=15_000)
+    await expect(page.locator('#incidents-summary [data-count="CRITICAL"]')).to_have_text("1")
+
+    # the list stays current without a reload: one is closed by the data, one opens
+    await page.evaluate("() => (window.__not_reloaded = true)")
+    await closed_by_the_data(foundation, warn_old, now)
+    smoke = await seed_incident(
+        foundation, "factory-e", "SMOKE_DETECTED", "CRITICAL", now - timedelta(minutes=1)
+    )
+    await expect(card(page, smoke)).to_have_count(1, timeout=15_000)
+    await expect(card(page, warn_old)).to_have_count(0, timeout=15_000)
+    assert await shown_ids(page) == [i.incident_id for i in (crit_old, smoke, warn_acked)]
+    assert await page.evaluate("() => window.__not_reloaded") is True
+
+    # on a phone nothing runs off the side
+    await page.set_viewport_size({"width": 390, "height": 844})
+    await page.wait_for_function("() => document.documentElement.scrollWidth <= 390")
+    await page.screenshot(
+        path=str(screenshot_path("dashboard-incidents-phone.png")), full_page=True
+    )
+
+
+async def test_the_list_the_page_reads_again_is_signed_in_escaped_and_under_the_csp(
+    foundation: Foundation, clocked: tuple[Dashboard, FakeClock]
+) -> None:
+    dash, clock = clocked
+    now = clock()
+    gas = await seed_incident(
+        foundation,
+        "factory-a",
+        "GAS_LEAK",
+        "CRITICAL",
+        now - timedelta(minutes=90),
+        detail='<script>alert("x")</script>',
+    )
+    other = await seed_incident(foundation, "factory-b", "CO_HIGH", "WARNING", now)
+    async with httpx.AsyncClient(base_url=dash.url) as client:
+        signed_out = await client.get("/incidents/list")
+        assert signed_out.status_code == 401
+        assert gas.incident_id not in signed_out.text and "GAS_LEAK" not in signed_out.text
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        banners = await client.get(
+            "/incidents/list", params={"view": "banners", "factory": "factory-a"}, headers=headers
+        )
+    assert banners.status_code == 200
+    assert "script-src 'self'" in banners.headers["content-security-policy"]
+    assert f'data-incident="{gas.incident_id}"' in banners.text
+    assert other.incident_id not in banners.text  # another factory's
+    assert "<script>alert" not in banners.text and "&lt;script&gt;" in banners.text
+    assert ">1 h 30 min<" in banners.text  # on the dashboard's clock
+    assert f'data-now="{format_ts(now)}"' in banners.text
+
+
+async def test_acknowledging_a_resolved_incident_or_signed_out_is_said_in_place_in_korean(
+    foundation: Foundation, clocked: tuple[Dashboard, FakeClock], browser: BrowserContext
+) -> None:
+    dash, clock = clocked
+    now = clock()
+    gas = await seed_incident(foundation, "factory-a", "GAS_LEAK", "CRITICAL", now)
+    co = await seed_incident(foundation, "factory-b", "CO_HIGH", "WARNING", now)
+    page = await browser.new_page()
+    await sign_in(page, dash.url, "/incidents?lang=ko")
+    await expect(page.locator("h1")).to_have_text("진행 중인 사고")
+    await expect(page.locator("#live")).to_have_attribute("data-state", "open")
+    await expect(card(page, gas).locator('form[data-action="ack"] button')).to_contain_text("확인")
+    # a hidden page reads nothing again: the card stays as it was while the data closes it
+    await page.evaluate(
+        "() => Object.defineProperty(document, 'visibilityState', {get: () => 'hidden'})"
+    )
+    await closed_by_the_data(foundation, gas, now)
+    await card(page, gas).locator('form[data-action="ack"] button').click()
+    await expect(card(page, gas).locator(".outcome")).to_have_text(
+        "이미 종료된 사고입니다. 변경된 내용이 없습니다."
+    )
+    await expect(card(page, gas).locator(".state")).to_have_attribute("data-state", "resolved")
+    await expect(card(page, gas).locator("form")).to_have_count(0)
+    # signed out meanwhile (the cookie is gone): said, with the way back, and nothing changed
+    await browser.clear_cookies()
+    await card(page, co).locator('form[data-action="ack"] button').click()
+    outcome = card(page, co).locator(".outcome")
+    await expect(outcome).to_contain_text("로그아웃되었습니다")
+    await expect(outcome.locator("a")).to_have_attribute(
+        "href", "/login?next=%2Fincidents%3Flang%3Dko"
+    )
+    assert (await stored(foundation, co)).state == "triggered"
+
+
+async def test_the_factory_page_banner_of_each_open_incident_acknowledges(
+    foundation: Foundation, clocked: tuple[Dashboard, FakeClock], browser: BrowserContext
+) -> None:
+    dash, clock = clocked
+    now = clock()
+    gas_reason = {"code": "GAS_LEAK", "severity": "CRITICAL", "detail": "lel 12 >= 10"}
+    await foundation.readmodel.set_latest(
+        "factory-a", seeded_latest("CRITICAL", 92.0, [gas_reason], now)
+    )
+    co = await seed_incident(
+        foundation, "factory-a", "CO_HIGH", "WARNING", now - timedelta(minutes=40)
+    )
+    gas = await seed_incident(
+        foundation,
+        "factory-a",
+        "GAS_LEAK",
+        "CRITICAL",
+        now - timedelta(minutes=10),
+        detail="lel 12 >= 10 on line 3",
+    )
+    elsewhere = await seed_incident(foundation, "factory-b", "FIRE_DETECTED", "CRITICAL", now)
+    page = await browser.new_page()
+    await sign_in(page, dash.url, "/factories/factory-a")
+    await expect(page).to_have_url(f"{dash.url}/factories/factory-a")
+    banners = page.locator("#incidents > [data-incident]")
+    await expect(banners).to_have_count(2)
+    assert await shown_ids(page) == [gas.incident_id, co.incident_id]
+    assert elsewhere.incident_id not in await shown_ids(page)
+    banner = card(page, gas)
+    await expect(banner).to_contain_text("Open incident")
+    await expect(banner.locator("code")).to_have_text("GAS_LEAK")
+    await expect(banner.locator(".since")).to_have_text("10 min")
+    await expect(banner.locator(".state")).to_have_attribute("data-state", "triggered")
+    await page.screenshot(path=str(screenshot_path("dashboard-factory-banner.png")))
+    await banner.locator('form[data-action="ack"] button').click()
+    await expect(banner.locator(".outcome")).to_have_text(f"Acknowledged by {ME}")
+    await expect(banner.locator(".state")).to_have_attribute("data-state", "acknowledged")
+    await expect(banner.locator('form[data-action="ack"]')).to_have_count(0)
+    acked = await stored(foundation, gas)
+    assert acked.acknowledged_by == ME and acked.acknowledged_via == "dashboard"
+    await page.screenshot(path=str(screenshot_path("dashboard-factory-banner-acked.png")))
+    # resolved elsewhere: its banner goes without a reload
+    await closed_by_the_data(foundation, co, now)
+    await expect(card(page, co)).to_have_count(0, timeout=15_000)
+    await expect(banners).to_have_count(1)
+
+
+async def test_the_cloud_page_shows_where_each_check_stands_in_its_alerting_rule(
+    foundation: Foundation, clocked: tuple[Dashboard, FakeClock], browser: BrowserContext
+) -> None:
+    dash, clock = clocked
+    now = clock()
+    checks = [
+        CloudCheck(
+            name="service:processor",
+            status=Level.NORMAL,
+            reason="SERVICE_DOWN",
+            detail="no heartbeat",
+            alerting=CheckAlerting(
+                state=CheckState.PENDING,
+                observed=Level.CRITICAL,
+                failing_since=now - timedelta(seconds=20),
+                for_s=60,
+            ),
+        ),
+        CloudCheck(
+            name="consumer_lag:AEGIS_RAW/processor",
+            status=Level.WARNING,
+            reason="CONSUMER_LAG",
+            value=1500.0,
+            unit="msgs",
+            alerting=CheckAlerting(
+                state=CheckState.FIRING,
+                observed=Level.WARNING,
+                failing_since=now - timedelta(minutes=5),
+                for_s=60,
+            ),
+        ),
+        CloudCheck(
+            name="service:reporter",
+            status=Level.NORMAL,
+            reason="SERVICE_STARTING",
+            alerting=CheckAlerting(state=CheckState.STARTING),
+        ),
+        CloudCheck(
+            name="storage_canary",
+            status=Level.WARNING,
+            reason="STORAGE_SLOW",
+            alerting=CheckAlerting(
+                state=CheckState.CLEARING,
+                failing_since=now - timedelta(minutes=9),
+                passing_since=now - timedelta(seconds=30),
+                clear_s=120,
+            ),
+        ),
+        CloudCheck.ok("nats_ping", value=2.0, unit="ms").model_copy(
+            update={"alerting": CheckAlerting(state=CheckState.OK)}
+        ),
+    ]
+    snapshot = CloudSnapshot.of("fast", now, checks)
+    await foundation.readmodel.apply_cloud(snapshot, ttl=int(now.timestamp()) + 6 * 3600)
+    page = await browser.new_page()
+    await sign_in(page, dash.url, "/cloud")
+    await expect(page).to_have_url(f"{dash.url}/cloud")
+
+    def row(name: str) -> Any:
+        return page.locator(f'[data-tier="fast"] tr[data-check="{name}"]')
+
+    for rendered_by in ("the server", "the script"):
+        if rendered_by == "the script":  # the rows again from /api/cloud, as a new run would
+            await expect(row("nats_ping").locator(".run")).to_have_count(1)
+        pending = row("service:processor")
+        await expect(pending).to_have_attribute("data-alerting", "pending")
+        await expect(pending.locator(".badge")).to_have_attribute("data-alerting", "pending")
+        await expect(pending.locator(".badge")).to_have_text("◔Pending")
+        await expect(pending.locator("td.status")).not_to_contain_text("Normal")
+        await expect(pending.locator(".al-note")).to_contain_text("failing since")
+        await expect(pending.locator(".al-note time")).to_have_attribute(
+            "datetime", f"{now - timedelta(seconds=20):%Y-%m-%dT%H:%M:%SZ}"
+        )
+        await expect(pending.locator(".al-note")).to_contain_text("reported after 1 min")
+        firing = row("consumer_lag:AEGIS_RAW/processor")
+        await expect(firing.locator(".badge")).to_have_attribute("data-level", "WARNING")
+        await expect(firing.locator(".al-note .al-state")).to_have_text("Firing")
+        await expect(row("service:reporter").locator(".badge")).to_have_text("◌Starting")
+        clearing = row("storage_canary").locator(".al-note")
+        await expect(clearing).to_contain_text("Clearing")
+        await expect(clearing).to_contain_text("cleared after 2 min")
+        await expect(row("nats_ping").locator(".badge")).to_have_attribute("data-level", "NORMAL")
+        await expect(row("nats_ping").locator(".al-note")).to_have_count(0)
+    await page.screenshot(path=str(screenshot_path("dashboard-cloud-alerting.png")), full_page=True)
