@@ -561,7 +561,10 @@
   // what the API answered, shown in the row at once (the next read brings the new timeline)
   function showIncident(row, inc) {
     row.dataset.state = inc.state;
-    row.dataset.version = "";  // replaced by the server's row at the next read
+    // replaced by the server's row at the next read that has this version (a read already under
+    // way when the answer came may bring the one before: it is not taken)
+    row.dataset.version = "";
+    row.dataset.atLeast = inc.version;
     row.className = row.className.replace(/\bst-\w+/, "st-" + inc.state);
     row.querySelector(".state")?.replaceWith(stateChip(inc.state));
     row.querySelector(".acked")?.replaceChildren(...ackLine(inc));
@@ -572,6 +575,8 @@
   function closedHere(row) {
     // it leaves the list at the next read; until then it says what happened
     row.dataset.state = "resolved";
+    row.dataset.version = "";
+    row.dataset.atLeast = Number.MAX_SAFE_INTEGER;  // no read brings it back open
     row.className = row.className.replace(/\bst-\w+/, "st-resolved");
     row.querySelector(".state")?.replaceWith(stateChip("resolved"));
     row.querySelectorAll("form[data-action]").forEach((f) => f.remove());
@@ -650,7 +655,8 @@
     for (const row of fresh.querySelectorAll(":scope > [data-incident]")) {
       const prev = shown.get(row.dataset.incident);
       shown.delete(row.dataset.incident);
-      if (prev && prev.dataset.version === row.dataset.version) { rows.push(prev); continue; }
+      const stale = prev && Number(row.dataset.version) < Number(prev.dataset.atLeast || 0);
+      if (prev && (stale || prev.dataset.version === row.dataset.version)) { rows.push(prev); continue; }
       const next = document.importNode(row, true);
       if (prev) {
         carryOver(prev, next);
