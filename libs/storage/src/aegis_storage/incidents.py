@@ -9,12 +9,12 @@ incidents, and resolved ones whose record is not yet in S3, are listed through t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import pydantic
-import structlog
 
 from aegis_contracts import incidents, keys
 from aegis_contracts.items import Incident
@@ -22,7 +22,7 @@ from aegis_storage.errors import Conflict, NotFound
 from aegis_storage.readmodel import ReadModel, live
 from aegis_storage.s3 import ObjectStore, to_json_bytes
 
-log = structlog.get_logger(__name__)
+log = logging.getLogger(__name__)
 
 # a read-modify-write that keeps losing to other writers gives up after this many tries
 CHANGE_ATTEMPTS = 20
@@ -49,7 +49,7 @@ class IncidentStore:
         try:
             return Incident.model_validate(item)
         except pydantic.ValidationError as err:
-            log.warning("incident_item_unreadable", pk=item.get("pk"), error=str(err))
+            log.warning("incident_item_unreadable %s: %s", item.get("pk"), err)
             return None
 
     async def get(self, incident_id: str) -> Incident | None:
@@ -117,7 +117,7 @@ class IncidentStore:
         try:
             await self.store.put_immutable(key, to_json_bytes(incidents.record(current)))
         except Conflict as err:
-            log.warning("incident_record_kept", incident_id=incident_id, key=key, error=str(err))
+            log.warning("incident_record_kept %s %s: %s", incident_id, key, err)
         ttl = int((now + self.kept).timestamp())
 
         def mark(item: Incident) -> Incident | None:

@@ -7,19 +7,19 @@ keep what they read for a few seconds: a new silence takes effect within that ti
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import datetime, timedelta
 from typing import Any
 
 import pydantic
-import structlog
 
 from aegis_contracts import keys
 from aegis_contracts.silences import Silence, end_early
 from aegis_storage.errors import NotFound
 from aegis_storage.readmodel import ReadModel
 
-log = structlog.get_logger(__name__)
+log = logging.getLogger(__name__)
 
 KEPT_AFTER_END = timedelta(days=30)
 
@@ -57,7 +57,7 @@ class SilenceStore:
             try:
                 found.append(Silence.model_validate(fields))
             except pydantic.ValidationError as err:
-                log.warning("silence_unreadable", sk=item.get("sk"), error=str(err))
+                log.warning("silence_unreadable %s: %s", item.get("sk"), err)
         found.sort(key=lambda s: (s.starts_at, s.id))
         self._cached, self._read_at = found, started
         return found

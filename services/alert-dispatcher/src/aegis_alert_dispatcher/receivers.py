@@ -57,6 +57,7 @@ from aegis_alert_dispatcher.delivery import (
 from aegis_alert_dispatcher.slack import SlackWebhook
 from aegis_contracts.times import format_ts
 from aegis_storage.clients import AwsConfig, open_client
+from aegis_storage.errors import StorageError, Transient, translated
 
 NotificationKind = Literal["trigger", "renotify", "escalate", "acknowledge", "resolve"]
 Severity = Literal["WARNING", "CRITICAL"]
@@ -480,20 +481,16 @@ class SnsReceiver(RetryingSender):
         return await self._deliver(attempt, deadline)
 
     async def _publish(self, request: dict[str, Any]) -> Delivery:
-        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
-
         try:
             client = await self.clients(self.region)
-            answer = await client.publish(**request)
-        except ClientError as err:
-            code = str(err.response.get("Error", {}).get("Code", ""))
-            status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            detail = f"SNS Publish: {code or 'error'} (HTTP {status}): {err}"
-            if code in _SNS_TRANSIENT or (status is not None and (status == 429 or status >= 500)):
-                raise Retryable(detail, status=status) from None
-            raise Refused(detail, status=status) from None
-        except BotoCoreError as err:  # no connection, no answer in time
-            raise Retryable(f"SNS Publish: {type(err).__name__}: {err}") from None
+            with translated("SNS Publish"):
+                answer = await client.publish(**request)
+        except Transient as err:  # throttled, AWS's own failure, no connection or no answer
+            raise Retryable(str(err)) from None
+        except StorageError as err:
+            if any(f": {code}" in str(err) for code in _SNS_TRANSIENT):
+                raise Retryable(str(err)) from None
+            raise Refused(str(err)) from None
         status = int(answer.get("ResponseMetadata", {}).get("HTTPStatusCode", 200))
         return Delivery(0, status, {"message_id": answer.get("MessageId")})
 
