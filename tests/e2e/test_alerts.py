@@ -76,7 +76,7 @@ async def test_a_fire_reaches_slack_once_within_2_s_and_recovery_sends_one_resol
         and "FIRE_DETECTED" in first["text"]
     )
     assert (
-        first["blocks"][3]["elements"][0]["url"] == f"http://dashboard.example/factories/{factory}"
+        first["blocks"][3]["elements"][-1]["url"] == f"http://dashboard.example/factories/{factory}"
     )
 
     # 20 more fire snapshots inside the cooldown send nothing

@@ -237,9 +237,11 @@ async def test_a_notification_claimed_by_a_dead_replica_is_sent_once_after_its_l
     assert now is not None and now.outbox is None and now.level == 1
 
 
-async def test_a_restarted_replica_takes_over_its_previous_process_claim_at_once(
+async def test_a_claim_whose_owner_stopped_is_taken_over_before_its_lease(
     foundation: Foundation, webhook: FakeWebhook, session: aiohttp.ClientSession, unique_id: str
 ) -> None:
+    """Inside the claim's lease, another replica leaves it while its owner is alive; once the
+    owner's heartbeat has run out (it was killed), it takes the claim over at once."""
     store = IncidentStore(foundation.readmodel)
     gas = await fired(foundation, unique_id)
     outbox = IncidentOutbox(
@@ -253,10 +255,18 @@ async def test_a_restarted_replica_takes_over_its_previous_process_claim_at_once
     await store.save(gas.model_copy(update={"outbox": outbox, "version": gas.version + 1}), gas)
     clock = FakeClock(T0 + timedelta(minutes=5, seconds=1))  # well inside the lease
     receivers: dict[str, Receiver | None] = {"slack": slack_receiver("slack", webhook.url, session)}
-    await escalator(foundation, receivers, clock, instance="pod-9:41").sweep()
-    assert webhook.delivered == []  # another pod's claim: its lease stands
-    await escalator(foundation, receivers, clock, instance="pod-7:52").sweep()
-    assert len(webhook.delivered) == 1  # the same pod, a new process: the old one is dead
+    alive_until = {"pod-7:41": T0 + timedelta(minutes=5, seconds=4)}
+
+    async def owner_dead(owner: str, now: datetime) -> bool:
+        return alive_until[owner] <= now
+
+    e = escalator(foundation, receivers, clock, instance="pod-9:41")
+    e.owner_dead = owner_dead
+    await e.sweep()
+    assert webhook.delivered == []  # its owner says it is alive: the lease stands
+    clock.now = T0 + timedelta(minutes=5, seconds=5)
+    await e.sweep()
+    assert len(webhook.delivered) == 1  # its heartbeat ran out: the owner is dead
 
 
 async def test_a_failing_slack_falls_back_at_once_and_nothing_is_sent_twice(

@@ -180,6 +180,7 @@ class DispatcherApp(ServiceApp):
             instance=self.dispatcher.instance,
             lease=timedelta(seconds=s.notification_lease_s),
             on_swept=lambda swept: self.incidents_swept.labels(outcome=swept.outcome).inc(),
+            owner_dead=self.dispatcher.owner_dead,
         )
         start_background(stack, self._heartbeats, "replica-heartbeat")
         start_background(stack, self._sweeps, "incident-sweep")
@@ -192,10 +193,10 @@ class DispatcherApp(ServiceApp):
         )
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
-        """This replica is alive: every third of ``alive_for`` (a missed one is tried again)."""
+        """This replica is alive: every quarter of ``alive_for`` (a missed one is tried again)."""
         dispatcher = self.dispatcher
         assert dispatcher is not None
-        every = dispatcher.alive_for.total_seconds() / 3
+        every = dispatcher.alive_for.total_seconds() / 4
         while not stop.is_set():
             try:
                 await dispatcher.heartbeat()

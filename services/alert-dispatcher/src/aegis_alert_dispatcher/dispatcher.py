@@ -73,7 +73,6 @@ from aegis_alert_dispatcher.decide import (
     decide,
 )
 from aegis_alert_dispatcher.escalation import EscalationConfig, dead_lettered, policy_for
-from aegis_alert_dispatcher.escalator import same_host_earlier_process
 from aegis_alert_dispatcher.slack import AlertEntry, AlertMessage, Delivery, Undeliverable
 from aegis_contracts import incidents, keys, msgids
 from aegis_contracts.cloud import CloudSnapshot
@@ -239,7 +238,7 @@ class Dispatcher:
         instance: str | None = None,
         incident_store: IncidentStore | None = None,
         receiver_name: str = "slack",
-        alive_for: timedelta = timedelta(seconds=6),
+        alive_for: timedelta = timedelta(seconds=8),
         escalation: EscalationConfig | None = None,
     ) -> None:
         self.store = store
@@ -816,21 +815,23 @@ class Dispatcher:
             }
         )
 
+    async def owner_dead(self, owner: str, now: datetime) -> bool:
+        """Whether the replica that wrote ``owner`` (an intent's or a claim's) has stopped."""
+        return await self._dead(owner.split("|", 1)[0], now)
+
     async def _dead(self, instance: str, now: datetime) -> bool:
-        """``instance`` has stopped: it is this host's earlier process, or its last heartbeat
-        ran out. One that never sent a heartbeat is judged by its lease alone."""
+        """``instance`` has stopped: its last heartbeat ran out. One that never sent a heartbeat
+        (a replica of an older version) is judged by its lease alone."""
         if instance == self.instance:
             return False
-        if same_host_earlier_process(instance, self.instance):
-            return True
         item = await self.readmodel.get_item(keys.replica_pk(SERVICE), instance)
         return item is not None and str(item.get("alive_until", "")) <= format_ts(now)
 
     async def complete_abandoned(self, members: Sequence[tuple[str, str]]) -> list[Result]:
         """Take over and finish the alert messages whose sender stopped mid-send: ``members``
         are the sweep's index entries (those of ALERT# intents are messages being sent). Any
-        replica does it within a heartbeat and a sweep of the sender's end, not after the lease
-        sized for slow posts."""
+        replica does it within a heartbeat (8 s) and a sweep of the sender's end, not after the
+        lease sized for slow posts."""
         now = self.clock()
         wanted = [(pk, sk) for pk, sk in members if pk.startswith("ALERT#")]
         if not wanted:

@@ -8,10 +8,10 @@ next sweep of any replica finds it due.
 One notification of an incident is sent once because it is claimed before it is sent: the claim
 writes an **outbox** on the incident (the receivers, the level, an attempt id, the owner and a
 short lease) on the version read, so of two replicas one wins and the other moves on. After the
-sends, the outbox is cleared with a timeline line per receiver. An outbox whose lease is over
-(its owner died mid-send, or its owner is this host's previous process) is taken over and sent
-by whichever replica sees it first; only a process killed during the post itself can make a
-receiver see one notification twice.
+sends, the outbox is cleared with a timeline line per receiver. An outbox whose lease is over,
+or whose owner's heartbeat ran out (it died mid-send), is taken over and sent by whichever
+replica sees it first; only a process killed during the post itself can make a receiver see one
+notification twice.
 
 Per incident, in order:
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -97,12 +97,7 @@ def failed_since_delivered(incident: Incident) -> tuple[list[str], int, datetime
     return failed, attempts, last
 
 
-def same_host_earlier_process(owner: str, instance: str) -> bool:
-    """``owner`` (host:pid) is an earlier process of this host: a restarted replica (one per
-    pod or task) knows it is dead and takes over what it held at once."""
-    host, _, pid = owner.rpartition(":")
-    mine, _, my_pid = instance.rpartition(":")
-    return bool(host) and host == mine and pid != my_pid
+OwnerDead = Callable[[str, datetime], Awaitable[bool]]
 
 
 class Escalator:
@@ -118,6 +113,7 @@ class Escalator:
         lease: timedelta = timedelta(seconds=30),
         archive_after: timedelta = timedelta(minutes=2),
         on_swept: Callable[[Swept], None] | None = None,
+        owner_dead: OwnerDead | None = None,
     ) -> None:
         self.store = store
         self.config = config
@@ -128,6 +124,8 @@ class Escalator:
         self.lease = lease
         self.archive_after = archive_after
         self.on_swept = on_swept
+        # whether a claim's owner has stopped (its heartbeat ran out): taken over before its lease
+        self.owner_dead = owner_dead
         self.silences = SilenceStore(store.readmodel)
 
     async def sweep(self, members: Sequence[tuple[str, str]] | None = None) -> list[Swept]:
@@ -315,7 +313,9 @@ class Escalator:
     async def _take_over(self, incident: Incident, now: datetime) -> Swept | None:
         outbox = incident.outbox
         assert outbox is not None
-        if outbox.lease_until > now and not same_host_earlier_process(outbox.owner, self.instance):
+        if outbox.lease_until > now and not (
+            self.owner_dead is not None and await self.owner_dead(outbox.owner, now)
+        ):
             return None
         taken = incident.model_copy(
             update={
