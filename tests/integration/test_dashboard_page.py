@@ -1018,13 +1018,14 @@ async def test_acknowledging_a_resolved_incident_or_signed_out_is_said_in_place_
     gas = await seed_incident(foundation, "factory-a", "GAS_LEAK", "CRITICAL", now)
     co = await seed_incident(foundation, "factory-b", "CO_HIGH", "WARNING", now)
     page = await browser.new_page()
+    # the list is never read again (its reads fail, from before the page loads, so no read is
+    # under way when the data closes the incident): the card stays as the page first showed it,
+    # as on a page that had not read the list since
+    await page.route("**/incidents/list*", lambda route: route.abort())
     await sign_in(page, dash.url, "/incidents?lang=ko")
     await expect(page.locator("h1")).to_have_text("진행 중인 사고")
     await expect(page.locator("#live")).to_have_attribute("data-state", "open")
     await expect(card(page, gas).locator('form[data-action="ack"] button')).to_contain_text("확인")
-    # the list is not read again (its reads fail): the card stays as it was while the data
-    # closes the incident, as on a page that had not read it yet
-    await page.route("**/incidents/list*", lambda route: route.abort())
     await closed_by_the_data(foundation, gas, now)
     await card(page, gas).locator('form[data-action="ack"] button').click()
     await expect(card(page, gas).locator(".outcome")).to_have_text(
