@@ -312,8 +312,8 @@ async def test_when_every_receiver_fails_it_is_retried_with_back_off_not_parked(
     await e.sweep()
     tried = len(webhook.requests)
     assert tried == 2  # one notification, its two attempts
-    clock.advance(timedelta(seconds=31))
-    await e.sweep()  # 60 s now
+    clock.advance(timedelta(seconds=29))
+    await e.sweep()  # the second failure doubled the wait to 30 s: not yet
     assert len(webhook.requests) == tried
     webhook.up()
     clock.advance(timedelta(seconds=60))
@@ -460,3 +460,41 @@ async def test_the_other_receivers_of_level_0_hear_of_the_first_message_at_the_n
         await e.sweep()
     assert titles(pager) == [f"CRITICAL · {unique_id} · GAS_LEAK"]
     assert webhook.delivered == []  # Slack is not sent it twice
+
+
+async def test_with_no_other_receiver_a_dead_lettered_fire_stays_one_incident_retried_until_sent(
+    foundation: Foundation, webhook: FakeWebhook, session: aiohttp.ClientSession, unique_id: str
+) -> None:
+    """The packaged policy has Slack only. Slack is down: the first message is dead-lettered
+    once; the fire stays one incident (later snapshots open no second one), which the sweep
+    retries with back-off and delivers once Slack is back."""
+    webhook.down()
+    clock = FakeClock(T0)
+    dead: list[dict[str, Any]] = []
+
+    async def dead_letter(record: dict[str, Any], detail: str, message_id: str) -> None:
+        dead.append(record)
+
+    slack = SlackWebhook(webhook.url, session, first_delay=0.01, max_attempts=2, timeout=5)
+    config = load_escalation(None)
+    d = dispatcher(foundation, slack, clock, config, dead_letter=dead_letter)
+    e = escalator(foundation, {"slack": SlackWebhookReceiver("slack", slack)}, clock)
+    fire = Reason(code="GAS_LEAK", severity="CRITICAL", detail="CO 410 ppm")
+    outcomes: list[str] = []
+    for step in range(12):  # 6 minutes: a snapshot every 30 s, a sweep after each
+        clock.now = T0 + timedelta(seconds=30 * step)
+        if step == 8:
+            webhook.up()
+        snapshot = Snapshot(unique_id, Stream.STATE, clock.now, (fire,))
+        outcomes += [r.outcome for r in await d.handle_snapshot(snapshot)]
+        await e.sweep()
+    assert outcomes[0] == "undeliverable" and len(dead) == 1
+    assert "undeliverable" not in outcomes[1:]  # the later snapshots post nothing of their own
+    (incident,) = await IncidentStore(foundation.readmodel).open(now=clock.now)
+    assert titles(webhook) == [
+        f"CRITICAL · {unique_id} · GAS_LEAK",  # the retry, once Slack is back
+        f"ESCALATED to level 1 · CRITICAL · {unique_id} · GAS_LEAK",  # at 5 minutes
+    ]
+    assert incident.notifications == 2
+    sent = [x for x in incident.timeline if x.kind == "notified" and x.outcome == "sent"]
+    assert len(sent) == len(webhook.delivered)  # each delivery is one line: nothing twice

@@ -140,6 +140,17 @@ async def _resend(s: DispatcherSettings, *, dry_run: bool, limit: int, attempts:
     return summary
 
 
+async def _incident_delivered_since(readmodel: ReadModel, incident_id: str, sent: object) -> object:
+    """The later of ``sent`` and the incident's last delivered notification."""
+    from aegis_contracts import keys  # noqa: PLC0415
+
+    item = await readmodel.get_item(keys.incident_pk(incident_id), keys.INCIDENT_SK)
+    notified = item.get("last_notified_at") if item else None
+    if notified and (not sent or str(notified) > str(sent)):
+        return notified
+    return sent
+
+
 async def _one(
     msg: Msg, webhook: SlackWebhook, readmodel: ReadModel, summary: Summary, *, dry_run: bool
 ) -> bool:
@@ -175,6 +186,8 @@ async def _one(
     for sk in record.get("alert_sks") or [record["alert_sk"]]:
         state = await readmodel.get_item(keys.alert_pk(record["scope"]), sk)
         sent = state.get("last_sent_at") if state else None
+        if state and state.get("incident_id"):  # its incident's sweep may have delivered it
+            sent = await _incident_delivered_since(readmodel, str(state["incident_id"]), sent)
         sent_since.append(str(sent) if sent and str(sent) > format_ts(letter.received_at) else "")
     if all(sent_since):
         summary.superseded += 1

@@ -906,7 +906,14 @@ class Dispatcher:
                 err.detail,
                 f"{intent.scope}:{intent.sk}",
             )
-            await self._confirm(intent, delivered=False)
+            if self.escalation is not None and any(
+                a.incident_id and a.action != Action.RESOLVE.value for a in intent.alerts
+            ):
+                # the sweep keeps retrying the incidents with back-off: the alerts stay theirs
+                # (released, a later snapshot would open a second incident for the same fire)
+                await self._confirm(intent, delivered=True, told=UNDELIVERABLE)
+            else:
+                await self._confirm(intent, delivered=False)
             return UNDELIVERABLE, err.detail
         return await self._confirm(intent, delivered=True), ""
 

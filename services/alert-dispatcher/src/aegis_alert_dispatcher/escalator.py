@@ -63,8 +63,8 @@ NOTIFICATION_KIND: dict[str, NotificationKind] = {
     "acknowledge": "acknowledge",
 }
 # every receiver of a policy failed: all of them again after this, doubling, at most the cap
-RETRY_FIRST = timedelta(seconds=30)
-RETRY_CAP = timedelta(minutes=10)
+RETRY_FIRST = timedelta(seconds=15)
+RETRY_CAP = timedelta(minutes=1)
 
 
 @dataclass(frozen=True, slots=True)
