@@ -673,17 +673,9 @@ async def test_a_replica_killed_while_slack_is_slow_is_completed_by_the_other_ex
     never got an answer; the stand-in counts it as abandoned (a real Slack might still show it:
     then as a second copy with the same alert id, which is the at-least-once window the module
     docstring names, and which this asserts)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")} | {
-        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
-        "AEGIS_BUCKET": foundation.bucket,
-        "AEGIS_TABLE": foundation.table,
-        "AEGIS_NATS_URL": private_nats.url,
-        "AEGIS_SLACK_WEBHOOK_URL": webhook.url,
-        "AEGIS_ALERT_DURABLE": f"alerts-{unique_id}",
-        "AEGIS_ALERT_FETCH_TIMEOUT_S": "0.5",
-        "AEGIS_LOG_FORMAT": "json",
-        **TAKEOVERS[takeover],
-    }
+    env = process_env(
+        foundation, aws_endpoint, private_nats.url, webhook, unique_id, **TAKEOVERS[takeover]
+    )
     script = Path(sys.executable).parent / "aegis-alert-dispatcher"
     ports = [free_port(), free_port()]
     procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -744,6 +736,28 @@ async def test_a_replica_killed_while_slack_is_slow_is_completed_by_the_other_ex
             proc.send_signal(signal.SIGTERM)
         for proc in procs.values():
             await asyncio.to_thread(proc.wait, 30)
+
+
+def process_env(
+    f: Foundation,
+    aws_endpoint: str,
+    nats_url: str,
+    webhook: FakeWebhook,
+    unique_id: str,
+    **more: str,
+) -> dict[str, str]:
+    """The environment of a real dispatcher process of a test (no AEGIS_* of the caller's)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")} | {
+        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+        "AEGIS_BUCKET": f.bucket,
+        "AEGIS_TABLE": f.table,
+        "AEGIS_NATS_URL": nats_url,
+        "AEGIS_SLACK_WEBHOOK_URL": webhook.url,
+        "AEGIS_ALERT_DURABLE": f"alerts-{unique_id}",
+        "AEGIS_ALERT_FETCH_TIMEOUT_S": "0.5",
+        "AEGIS_LOG_FORMAT": "json",
+        **more,
+    }
 
 
 def spawn(script: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -1054,18 +1068,15 @@ async def test_an_escalation_due_while_its_only_replica_was_killed_is_sent_once_
         .replace('after = "5m"', 'after = "8s"')
         .replace('repeat = "30m"', 'repeat = "1h"')
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")} | {
-        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
-        "AEGIS_BUCKET": foundation.bucket,
-        "AEGIS_TABLE": foundation.table,
-        "AEGIS_NATS_URL": private_nats.url,
-        "AEGIS_SLACK_WEBHOOK_URL": webhook.url,
-        "AEGIS_ALERT_DURABLE": f"alerts-{unique_id}",
-        "AEGIS_ALERT_FETCH_TIMEOUT_S": "0.5",
-        "AEGIS_ESCALATION_FILE": str(policies),
-        "AEGIS_ESCALATION_TICK_S": "1",
-        "AEGIS_LOG_FORMAT": "json",
-    }
+    env = process_env(
+        foundation,
+        aws_endpoint,
+        private_nats.url,
+        webhook,
+        unique_id,
+        AEGIS_ESCALATION_FILE=str(policies),
+        AEGIS_ESCALATION_TICK_S="1",
+    )
     script = Path(sys.executable).parent / "aegis-alert-dispatcher"
     store = IncidentStore(foundation.readmodel)
     first = spawn(script, env | {"AEGIS_HEALTH_PORT": str(free_port())}, tmp_path / "a.log")
