@@ -304,6 +304,14 @@ async def test_factory_state_yields_processed_objects_latest_history_snapshot_an
     assert by_key[snap_key].bucket == h.store.bucket
     assert by_key[snap_key].producer == "processor"
     assert by_key[fs_key].size_bytes > 0
+    # the snapshot's event carries the risk the dispatcher decides on: the first state, so no
+    # reason before it; the other objects carry none
+    basis = by_key[snap_key].alert
+    assert basis is not None and basis.at == updated_at and basis.previous_reasons == []
+    assert [(r.code, r.severity, r.detail) for r in basis.reasons] == [
+        (r["code"], r["severity"], r["detail"]) for r in latest["risk"]["reasons"]
+    ]
+    assert by_key[fs_key].alert is None and by_key[risk_key].alert is None
     await events.until(lambda: len(events.changes) >= 1)
     await events.drain()
     (change,) = events.changes  # one commit: the state with its risk, in one change

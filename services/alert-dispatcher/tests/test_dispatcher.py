@@ -36,14 +36,15 @@ from aegis_alert_dispatcher.slack import SlackWebhook
 from aegis_cli.app import app as cli_app
 from aegis_contracts import incidents, keys
 from aegis_contracts.cloud import CloudCheck, CloudSnapshot
-from aegis_contracts.events import ObjectCreated
+from aegis_contracts.events import AlertBasis, ObjectCreated
 from aegis_contracts.silences import new_silence
-from aegis_contracts.state import Level
+from aegis_contracts.state import Level, Reason
 from aegis_contracts.subjects import object_created_subject
 from aegis_contracts.times import format_ts, utc_now
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port
 from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.emulator import arequest_counts
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_devstack.testing.webhook import ABANDONED, FakeWebhook
@@ -301,6 +302,77 @@ async def test_out_of_order_and_replayed_snapshots_send_nothing_extra(
     for event in (fire, calm, old_fire, fire):  # the queue replays everything
         await d.handle(event)
     assert len(webhook.delivered) == 1
+
+
+def carried(
+    f: Foundation,
+    factory: str,
+    at: datetime,
+    reasons: list[dict[str, Any]],
+    before: list[dict[str, Any]] | None,
+) -> ObjectCreated:
+    """The ObjectCreated the processor publishes for a state snapshot, risk carried; the object
+    itself is never written, so a dispatcher that read it would find nothing."""
+    basis = AlertBasis(
+        at=at,
+        reasons=[Reason.model_validate(r) for r in reasons],
+        previous_reasons=None if before is None else [Reason.model_validate(r) for r in before],
+    )
+    key = keys.state_snapshot_key(factory, at)
+    return ObjectCreated(
+        bucket=f.bucket, key=key, size_bytes=1, producer="processor", created_at=at, alert=basis
+    )
+
+
+async def test_a_routine_snapshot_costs_no_request_and_a_carried_change_reads_no_object(
+    foundation, webhook, session, aws_endpoint
+) -> None:
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec)
+    counted = await arequest_counts(aws_endpoint)
+    for n in range(20):
+        [result] = await d.handle(
+            carried(foundation, "factory-r", T0 + timedelta(seconds=n), [], [])
+        )
+        assert result.outcome == "routine"
+    spent = await arequest_counts(aws_endpoint) - counted
+    assert spent.total("s3") == 0 and spent.total("dynamodb") == 0
+    # a fire, its resolve and a calm state whose predecessor is unknown are decided from the
+    # event alone (their objects do not exist)
+    await d.handle(carried(foundation, "factory-r", T0 + timedelta(seconds=30), [FIRE], []))
+    await d.handle(carried(foundation, "factory-r", T0 + timedelta(seconds=40), [], [FIRE]))
+    counted = await arequest_counts(aws_endpoint)
+    unknown = await d.handle(carried(foundation, "factory-r", T0 + timedelta(seconds=50), [], None))
+    spent = await arequest_counts(aws_endpoint) - counted
+    assert unknown == [] and spent.total("dynamodb") > 0 and spent.total("s3") == 0
+    assert headlines(webhook) == [
+        "CRITICAL · factory-r · FIRE_DETECTED",
+        "RESOLVED · factory-r · FIRE_DETECTED",
+    ]
+    assert await foundation.store.list_keys(keys.processed_prefix("factory-r")) == []
+
+
+async def test_a_resolve_nobody_could_receive_stays_resolved_and_is_dead_lettered(
+    foundation, webhook, session
+) -> None:
+    """The snapshots after a resolve are routine and read by nobody: a resolve that Slack
+    refused is not left to them (its message waits in the dead letters)."""
+    rec = Recorded()
+    d = make(foundation, webhook, session, rec, max_attempts=2)
+    await d.handle(await put_state(foundation, "factory-q", T0, [FIRE]))
+    webhook.down()
+    await d.handle(await put_state(foundation, "factory-q", T0 + timedelta(seconds=10), []))
+    ((record, _, _),) = rec.dead
+    assert record["action"] == "resolve"
+    webhook.up()
+    [calm] = await d.handle(carried(foundation, "factory-q", T0 + timedelta(seconds=20), [], []))
+    assert calm.outcome == "routine"
+    await d.handle(await put_state(foundation, "factory-q", T0 + timedelta(seconds=30), [FIRE]))
+    # the fire after it is a new fire, not a reason still firing
+    assert headlines(webhook) == [
+        "CRITICAL · factory-q · FIRE_DETECTED",
+        "CRITICAL · factory-q · FIRE_DETECTED",
+    ]
 
 
 async def test_objects_under_other_prefixes_are_ignored(foundation, webhook, session) -> None:

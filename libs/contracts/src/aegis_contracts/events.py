@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from aegis_contracts.ids import FactoryId, MessageId, SourceType
+from aegis_contracts.state import Reason
 from aegis_contracts.times import Timestamp
 
 
@@ -36,6 +37,26 @@ class RawArchived(_Event):
     replayed: bool = False
 
 
+class AlertBasis(_Event):
+    """What the alert decision reads from a state snapshot, carried on the snapshot's
+    ObjectCreated by the processor, which has it in hand: the dispatcher then reads no object,
+    and a snapshot with no reason whose state before had none either (routine traffic) costs it
+    no request at all.
+
+    ``previous_reasons`` are the reasons of the state this one replaced: empty for a factory's
+    first state, None when the writer could not tell (a redelivery whose predecessor is no
+    longer in the history), which the dispatcher handles as a change."""
+
+    at: Timestamp
+    reasons: list[Reason] = Field(default_factory=list)
+    previous_reasons: list[Reason] | None = None
+
+    @property
+    def routine(self) -> bool:
+        """No reason now and none before: nothing to fire, resolve or count."""
+        return not self.reasons and self.previous_reasons == []
+
+
 class ObjectCreated(_Event):
     """What S3 would send on ObjectCreated: the bucket and key, plus who wrote it."""
 
@@ -47,6 +68,9 @@ class ObjectCreated(_Event):
     created_at: Timestamp
     # written while processing a replayed message: alerts and triggers ignore it
     replayed: bool = False
+    # a state snapshot's risk, when its writer has it (the processor); S3's own notifications and
+    # the other writers leave it out and the dispatcher reads the object
+    alert: AlertBasis | None = None
 
 
 class ChangeEvent(_Event):

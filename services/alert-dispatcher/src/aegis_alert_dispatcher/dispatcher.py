@@ -2,7 +2,10 @@
 
 1. Only keys under the trigger prefixes count (default: ``processed/*/state_snapshot/``,
    ``processed/cloud_infra/fast/``, ``processed/cloud_infra/slow/``); others are ignored.
-2. The snapshot is read from S3; its scope (factory or ``cloud-infra``), stream and time found.
+2. The snapshot's scope (factory or ``cloud-infra``), stream, time and reasons: from the event
+   when the processor carried them (``alert``), else read from S3. A state snapshot with no
+   reason whose predecessor had none (routine traffic, most events) stops here: counted as
+   ``routine``, no request made, so a change of level never waits behind routine snapshots.
 3. The scope's ALERT# items are read in one query. A snapshot older than the stream's cursor
    (``CURSOR#{stream}``) is stale and ignored; otherwise the cursor moves to it (conditionally).
 4. :func:`decide` says what to do. Everything one decision sends (fire, escalate, resolve) goes
@@ -13,8 +16,9 @@
    it once, and a failure writes nothing. Then the post, then a second transaction confirms it
    (intent ``sent``; each alert's ``last_sent_at``/``sent_count``: cooldown counts confirmed sends
    only). If Slack cannot be reached within the retries and the lease, the message goes to
-   ``aegis.dlq.alert-dispatcher.undeliverable`` (``aegis alerts resend``) and the alerts are
-   released, so a later snapshot tries again.
+   ``aegis.dlq.alert-dispatcher.undeliverable`` (``aegis alerts resend``); the alerts it fired
+   are released, so a later snapshot still reporting them tries again, and those it resolved
+   stay resolved.
 6. An intent left ``sending`` (a crash, a DynamoDB error, a kill) is completed by the next handler
    of that scope and stream that finds its lease over, or at once by a redelivery of the very
    message that recorded it: it posts the recorded body and confirms. A post in progress is not
@@ -77,7 +81,7 @@ from aegis_alert_dispatcher.slack import AlertEntry, AlertMessage, Delivery, Und
 from aegis_contracts import incidents, keys, msgids
 from aegis_contracts.cloud import CloudSnapshot
 from aegis_contracts.errors import ContractError
-from aegis_contracts.events import ObjectCreated
+from aegis_contracts.events import AlertBasis, ObjectCreated
 from aegis_contracts.items import (
     AlertCursor,
     AlertIntent,
@@ -131,6 +135,13 @@ class Snapshot:
     stream: Stream
     at: datetime
     reasons: tuple[Reason, ...]
+
+
+def snapshot_of(key: str, basis: AlertBasis) -> Snapshot:
+    """A state snapshot as its ObjectCreated describes it (no read)."""
+    factory_id = keys.parse_key(key).factory_id
+    assert factory_id is not None
+    return Snapshot(factory_id, Stream.STATE, basis.at, tuple(basis.reasons))
 
 
 def read_snapshot(key: str, body: Any) -> Snapshot:
@@ -292,11 +303,21 @@ class Dispatcher:
         if event.replayed:  # ``aegis replay`` without --notify: history, not news
             why = "made by a replayed message (aegis replay without --notify)"
             return [self._record(Result("replayed", why=why), key=event.key)]
-        try:
-            body = await self.store.get_json(event.key)
-        except NotFound:
-            return [self._record(Result("ignored", why="object no longer exists"), key=event.key)]
-        snapshot = read_snapshot(event.key, body)
+        basis = event.alert
+        if basis is not None and keys.parse_key(event.key).family is KeyFamily.STATE_SNAPSHOT:
+            if basis.routine:  # most of the traffic: counted, not logged, nothing read
+                result = Result("routine", why="no reason now and none before")
+                if self.on_result:
+                    self.on_result(result)
+                return [result]
+            snapshot = snapshot_of(event.key, basis)
+        else:
+            try:
+                body = await self.store.get_json(event.key)
+            except NotFound:
+                why = "object no longer exists"
+                return [self._record(Result("ignored", why=why), key=event.key)]
+            snapshot = read_snapshot(event.key, body)
         return await self.handle_snapshot(snapshot, key=event.key)
 
     async def handle_snapshot(self, snapshot: Snapshot, *, key: str = "") -> list[Result]:
@@ -973,7 +994,10 @@ class Dispatcher:
                 continue  # expired meanwhile, or already settled
             current = AlertState.model_validate(item)
             fires = alert.action != Action.RESOLVE.value
-            if delivered:
+            # a resolve stands even when its message was not delivered (the dead letter keeps
+            # the message for ``aegis alerts resend``): the data said the reason is gone, and
+            # the snapshots after it are routine, read by nobody, so none would resolve it again
+            if delivered or not fires:
                 new = current.model_dump() | {
                     "pending": None,
                     "last_sent_at": intent.snapshot_at if fires else current.last_sent_at,

@@ -48,11 +48,11 @@ import structlog
 
 from aegis_contracts import keys, msgids
 from aegis_contracts.errors import ContractError
-from aegis_contracts.events import ChangeEvent, RawArchived
+from aegis_contracts.events import AlertBasis, ChangeEvent, RawArchived
 from aegis_contracts.items import FactoryLatest
 from aegis_contracts.keys import Dataset, ReportArtifact
 from aegis_contracts.payloads import parse_device_message
-from aegis_contracts.state import FactoryState, RiskRecord
+from aegis_contracts.state import FactoryState, Reason, RiskRecord
 from aegis_contracts.subjects import change_subject, object_created_subject
 from aegis_contracts.times import (
     Clock,
@@ -512,14 +512,17 @@ class Processor:
         """ObjectCreated for every object written, a ChangeEvent for every commit; ``replayed``
         (the message came from ``aegis replay``) marks them all, so that alerts and triggers
         leave them alone."""
-        events = [
-            Outgoing(
-                object_created_subject(_family(put.key)),
-                self.store.created(put, producer=PRODUCER, at=now, replayed=replayed),
-                msgids.object_created(put.key),
+        snapshots = {keys.state_snapshot_key(factory_id, c.at): c for c in commits}
+        events = []
+        for put in created:
+            event = self.store.created(put, producer=PRODUCER, at=now, replayed=replayed)
+            if (commit := snapshots.get(put.key)) is not None:
+                event = event.model_copy(update={"alert": alert_basis(commit)})
+            events.append(
+                Outgoing(
+                    object_created_subject(_family(put.key)), event, msgids.object_created(put.key)
+                )
             )
-            for put in created
-        ]
         pk = keys.factory_pk(factory_id)
         for change in commits:
             new = change.new
@@ -541,6 +544,19 @@ class Processor:
                 )
             )
         await self.publish(events)
+
+
+def alert_basis(commit: Commit) -> AlertBasis:
+    """The risk the dispatcher decides on, from the commit in hand (see :class:`AlertBasis`)."""
+
+    def reasons(image: dict[str, Any]) -> list[Reason]:
+        return [Reason.model_validate(r) for r in (image.get("risk") or {}).get("reasons") or []]
+
+    if commit.old is not None:
+        previous: list[Reason] | None = reasons(commit.old)
+    else:  # the first state, or a redelivery whose predecessor left the history window
+        previous = None if commit.new.get("prev_updated_at") else []
+    return AlertBasis(at=commit.at, reasons=reasons(commit.new), previous_reasons=previous)
 
 
 def _family(key: str) -> str:
