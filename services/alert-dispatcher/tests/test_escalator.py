@@ -143,6 +143,17 @@ def dispatcher(
     )
 
 
+def pager_at_level_0() -> EscalationConfig:
+    """CRITICAL: Slack and the pager at once, no fallback."""
+    return parse_escalation(
+        FALLBACK.replace('fallback = "pager"\n', "").replace(
+            'after = "0s"\nreceivers = ["slack"]\n\n[[policies.critical.levels]]',
+            'after = "0s"\nreceivers = ["slack", "pager"]\n\n[[policies.critical.levels]]',
+            1,
+        )
+    )
+
+
 def titles(webhook: FakeWebhook) -> list[str]:
     return [str(body["text"]).split(" AEGIS ", 1)[1] for body in webhook.delivered]
 
@@ -435,31 +446,44 @@ async def test_a_policy_that_does_not_tell_of_resolutions_resolves_quietly(
     assert await IncidentStore(foundation.readmodel).open(now=clock.now) == []
 
 
-async def test_the_other_receivers_of_level_0_hear_of_the_first_message_at_the_next_sweep(
+@pytest.mark.parametrize("asked", [True, False], ids=["as_posted", "next_sweep"])
+async def test_the_other_receivers_of_level_0_hear_of_a_fire_as_posted_else_at_the_next_sweep(
     foundation: Foundation,
     webhook: FakeWebhook,
     pager: FakeWebhook,
     session: aiohttp.ClientSession,
     unique_id: str,
+    asked: bool,
 ) -> None:
-    config = parse_escalation(
-        FALLBACK.replace('fallback = "pager"\n', "").replace(
-            'after = "0s"\nreceivers = ["slack"]\n\n[[policies.critical.levels]]',
-            'after = "0s"\nreceivers = ["slack", "pager"]\n\n[[policies.critical.levels]]',
-            1,
-        )
-    )
-    await fired(foundation, unique_id)  # Slack took the first message
-    clock = FakeClock(T0 + timedelta(seconds=3))
+    """The dispatcher asks for the incident's other level-0 receivers as it posts; when it did
+    not (it died right after posting), the next sweep tells them. Either way once."""
+    config = pager_at_level_0()
+    clock = FakeClock(T0)
+    slack = SlackWebhook(webhook.url, session, first_delay=0.01, max_attempts=2, timeout=5)
+    d = dispatcher(foundation, slack, clock, config)
+    swept: list[Swept] = []
     receivers: dict[str, Receiver | None] = {
-        "slack": slack_receiver("slack", webhook.url, session),
+        "slack": SlackWebhookReceiver("slack", slack),
         "pager": slack_receiver("pager", pager.url, session),
     }
-    e = escalator(foundation, receivers, clock, config=config)
-    for _ in range(3):
+    e = escalator(foundation, receivers, clock, config=config, swept=swept)
+    d.alongside = e.notify_now if asked else None
+    fire = Reason(code="GAS_LEAK", severity="CRITICAL", detail="CO 410 ppm")
+    await d.handle_snapshot(Snapshot(unique_id, Stream.STATE, T0, (fire,)))
+    await d.drain()
+    if not asked:
+        assert pager.delivered == []
+        clock.now = T0 + timedelta(seconds=5)
         await e.sweep()
     assert titles(pager) == [f"CRITICAL · {unique_id} · GAS_LEAK"]
-    assert webhook.delivered == []  # Slack is not sent it twice
+    assert len(webhook.delivered) == 1  # Slack has the dispatcher's message only
+    assert [(x.outcome, x.receivers) for x in swept] == [("failover", ("pager",))]
+    # the sweeps after it have nothing left to tell at level 0
+    clock.now = T0 + timedelta(seconds=10)
+    assert await e.sweep() == []
+    (incident,) = await IncidentStore(foundation.readmodel).open(now=clock.now)
+    told = {x.receiver for x in incident.timeline if x.kind == "notified" and x.outcome == "sent"}
+    assert told == {"slack", "pager"} and incident.notifications == 2
 
 
 async def test_with_no_other_receiver_a_dead_lettered_fire_stays_one_incident_retried_until_sent(

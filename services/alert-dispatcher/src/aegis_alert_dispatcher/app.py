@@ -181,7 +181,10 @@ class DispatcherApp(ServiceApp):
             lease=timedelta(seconds=s.notification_lease_s),
             on_swept=lambda swept: self.incidents_swept.labels(outcome=swept.outcome).inc(),
             owner_dead=self.dispatcher.owner_dead,
+            first_receiver=self.dispatcher.receiver_name,
         )
+        # the policy's other level-0 receivers hear of a fire as its message is posted
+        self.dispatcher.alongside = self.escalator.notify_now
         start_background(stack, self._heartbeats, "replica-heartbeat")
         start_background(stack, self._sweeps, "incident-sweep")
         start_background(stack, self.incident_metrics.run, "incident-metrics")

@@ -58,7 +58,7 @@ import json
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -251,6 +251,7 @@ class Dispatcher:
         receiver_name: str = "slack",
         alive_for: timedelta = timedelta(seconds=8),
         escalation: EscalationConfig | None = None,
+        alongside: Callable[[Sequence[str]], Coroutine[Any, Any, object]] | None = None,
     ) -> None:
         self.store = store
         self.readmodel = readmodel
@@ -272,6 +273,10 @@ class Dispatcher:
         self.alive_for = alive_for
         # the policies: which failed posts another receiver takes (None: every one dead-lettered)
         self.escalation = escalation
+        # the policies' other receivers of the incidents a message fires, told at the same time
+        # as the message is posted (the sweep's claim makes it once across replicas)
+        self.alongside = alongside
+        self._alongside: set[asyncio.Task[object]] = set()
         # posts (and their confirmations) in progress: they outlive a cancelled handler
         self._settling: set[asyncio.Task[tuple[str, str]]] = set()
         # handlers cancelled (a shutdown) while their post was in progress, which it outlived
@@ -373,8 +378,29 @@ class Dispatcher:
     async def drain(self) -> None:
         """Wait for the posts in progress (and their confirmations): call before closing the
         Slack session and the storage clients."""
-        while self._settling:
-            await asyncio.gather(*self._settling, return_exceptions=True)
+        while self._settling or self._alongside:
+            await asyncio.gather(*self._settling, *self._alongside, return_exceptions=True)
+
+    def _tell_alongside(self, intent: AlertIntent) -> None:
+        """The incidents the message fires, to the policy's other level-0 receivers now, not at
+        the next sweep (a failure there is the sweep's to retry)."""
+        fired = sorted(
+            {
+                a.incident_id
+                for a in intent.alerts
+                if a.incident_id and a.action != Action.RESOLVE.value
+            }
+        )
+        if self.alongside is None or not fired:
+            return
+        task = asyncio.create_task(self.alongside(fired))
+        self._alongside.add(task)
+        task.add_done_callback(self._alongside_done)
+
+    def _alongside_done(self, task: asyncio.Task[object]) -> None:
+        self._alongside.discard(task)
+        if not task.cancelled() and (err := task.exception()) is not None:
+            log.warning("incident_alongside_failed", error=repr(err))
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -573,6 +599,7 @@ class Dispatcher:
                         for d in sends
                     ]
                 continue  # an incident changed under it (an acknowledgement): decide again
+            self._tell_alongside(intent)
             outcome, why = await self._settle_outliving_cancel(intent)
             return results + [
                 Result(outcome, d.action, d.severity, d.code, why or d.why) for d in sends

@@ -21,7 +21,8 @@ Per incident, in order:
 - a silence covers it: what would be sent now is held back and the incident marked silenced;
   once no silence covers it any more, the receivers of the levels it reached hear of it once;
 - a receiver of a level it reached has not been sent it at all (the first message goes out
-  with the snapshot through Slack; a pager of level 0 hears of it at the next sweep);
+  with the snapshot through Slack, and the dispatcher asks for this step at the same moment,
+  :meth:`Escalator.notify_now`, so a pager of level 0 hears of it then, not a sweep later);
 - its last notification failed at every receiver tried since the last one delivered: the
   policy's fallback receivers at once (:func:`escalation.failover`), then the others; when every
   receiver of the policy has failed, all of them again with back-off (never parked);
@@ -114,6 +115,7 @@ class Escalator:
         archive_after: timedelta = timedelta(minutes=2),
         on_swept: Callable[[Swept], None] | None = None,
         owner_dead: OwnerDead | None = None,
+        first_receiver: str | None = "slack",
     ) -> None:
         self.store = store
         self.config = config
@@ -127,6 +129,9 @@ class Escalator:
         # whether a claim's owner has stopped (its heartbeat ran out): taken over before its lease
         self.owner_dead = owner_dead
         self.silences = SilenceStore(store.readmodel)
+        # the receiver of the dispatcher's own first message (its Slack webhook): the others of
+        # level 0 are this sweep's to tell, at once
+        self.first_receiver = first_receiver
 
     async def sweep(self, members: Sequence[tuple[str, str]] | None = None) -> list[Swept]:
         """One pass over the open incidents (``members``: the index entries, when the caller
@@ -139,17 +144,42 @@ class Escalator:
             swept = await self._one(incident, now, silences)
             if swept is not None:
                 done.append(swept)
-                log.info(
-                    "incident_swept",
-                    incident_id=swept.incident_id,
-                    outcome=swept.outcome,
-                    level=swept.level,
-                    receivers=list(swept.receivers),
-                    results=dict(swept.results),
-                )
-                if self.on_swept:
-                    self.on_swept(swept)
+                self._report(swept)
         return done
+
+    async def notify_now(self, incident_ids: Sequence[str]) -> list[Swept]:
+        """The receivers of the levels these incidents reached that have not heard of them
+        (:meth:`_unreached`), now: the dispatcher calls it with the incidents a message fires,
+        so the policy's other level-0 receivers hear of them at the same time as the message is
+        posted, not at the next sweep. Everything else stays the sweep's."""
+        now = self.clock()
+        silences = await self.silences.listed(now=now)
+        done: list[Swept] = []
+        for incident_id in incident_ids:
+            incident = await self.store.get(incident_id)
+            if incident is None or incident.state != "triggered" or incident.outbox is not None:
+                continue
+            if silenced_by(silences, incidents.labels(incident), now):
+                continue  # held back: the dispatcher marked it, the sweep tells it when it ends
+            policy = escalation.policy_for(self.config, incident.scope, incident.severity)
+            outbox = self._unreached(policy, incident, now)
+            if outbox is not None:
+                swept = await self._claim(incident, outbox, now)
+                done.append(swept)
+                self._report(swept)
+        return done
+
+    def _report(self, swept: Swept) -> None:
+        log.info(
+            "incident_swept",
+            incident_id=swept.incident_id,
+            outcome=swept.outcome,
+            level=swept.level,
+            receivers=list(swept.receivers),
+            results=dict(swept.results),
+        )
+        if self.on_swept:
+            self.on_swept(swept)
 
     async def _one(
         self, incident: Incident, now: datetime, silences: list[Silence]
@@ -265,10 +295,11 @@ class Escalator:
     ) -> IncidentOutbox | None:
         """Receivers of the levels reached that have not been sent this incident at all: the
         first message goes out through the dispatcher's own Slack sender with the snapshot; the
-        other receivers of level 0 (a pager at once) hear of it from the next sweep."""
-        if incident.notifications == 0:
-            return None  # nothing went out yet: the first message (or its failover) comes first
+        other receivers of level 0 (a pager) at the same time (:meth:`notify_now`), or from the
+        next sweep when that did not happen."""
         tried = {e.receiver for e in incident.timeline if e.kind == "notified" and e.receiver}
+        if incident.notifications == 0 and self.first_receiver is not None:
+            tried.add(self.first_receiver)  # the first message is on its way there
         reached = policy.levels[: min(incident.level, len(policy.levels) - 1) + 1]
         missing = [
             name
