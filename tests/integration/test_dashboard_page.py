@@ -98,6 +98,8 @@ def dashboard_settings(
         nats_url=nats_url,
         dashboard_tokens=token_digest(TOKEN),
         dashboard_live_ping_s=0.5,
+        # the tests change incidents in the table directly, announced to no one: read often
+        dashboard_incidents_refresh_s=2,
     )
 
 

@@ -23,7 +23,7 @@ from aegis_aggregator.settings import AggregatorSettings
 from aegis_cli.natsauth import IDENTITIES
 from aegis_cloud_collector.app import create_app as create_collector
 from aegis_cloud_collector.settings import CollectorSettings
-from aegis_contracts import keys
+from aegis_contracts import incidents, keys
 from aegis_contracts.events import ChangeEvent, ObjectCreated, SystemEvent
 from aegis_contracts.state import Level
 from aegis_contracts.subjects import (
@@ -49,6 +49,8 @@ from aegis_reporter.app import ReporterApp
 from aegis_reporter.settings import ReporterSettings
 from aegis_runtime.broker import PublishFailed, StreamSetupFailed, ensure_streams, publish
 from aegis_runtime.service import ServiceApp
+from aegis_storage.incidents import IncidentStore
+from aegis_storage.readmodel import ReadModel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -240,15 +242,28 @@ async def test_the_live_feed_hears_every_publisher_each_under_its_identity(
         change = latest_change(foundation.table, factory, "WARNING")
         await publish(processor, change_subject("factory_latest"), change, msg_id=unique_id)
 
+        # an incident acknowledged on a dashboard: its own write, announced under its identity
+        # (the read model's change sink), heard back like the dispatcher's changes
+        dashboard_writes = IncidentStore(
+            ReadModel(foundation.clients.dynamodb, foundation.table, changes=feed.announce)
+        )
+        opened = incidents.open_incident(
+            scope=factory, stream="STATE", reason="GAS_LEAK", severity="CRITICAL", at=utc_now()
+        )
+        await dashboard_writes.save(opened, None)
+
         def all_heard() -> bool:
             events.extend(heard(listener))
-            return {"cloud", "graph", "reports", "factory"} <= {e.name for e in events}
+            wanted = {"cloud", "graph", "reports", "factory", "incident"}
+            return wanted <= {e.name for e in events}
 
         await eventually(all_heard, within=20, what="every publisher's event on the page")
     finally:
         stop.set()
         await running
     by_name = {e.name: e.data for e in events}
+    assert by_name["incident"]["incident_id"] == opened.incident_id
+    assert by_name["incident"]["state"] == "triggered"
     assert by_name["graph"] == {"target": factory, "key": graph_key}
     assert by_name["reports"] == {"target": factory, "key": report_key}
     assert by_name["factory"]["entry"]["level"] == "WARNING"
@@ -288,7 +303,8 @@ async def test_what_each_service_may_not_do_is_refused(
     (dlq,) = [spec for spec in STREAMS if spec.name == "AEGIS_DLQ"]
     with pytest.raises(StreamSetupFailed):
         await ensure_streams(reporter, [replace(dlq, max_age_seconds=dlq.max_age_seconds * 2)])
-    # the dashboard publishes nothing, and hears only its own subjects: not raw device data
+    # the dashboard announces no change but an incident's, and hears only its own subjects:
+    # not raw device data
     errors: list[Exception] = []
 
     async def on_error(err: Exception) -> None:

@@ -12,7 +12,8 @@ JetStream API (``$JS.API.STREAM.PURGE.*``). With them:
   the orchestrator its jobs and the expiries of items with a ttl, read from the table's stream);
 * every other service publishes exactly its own events (the aggregator its windows, the reporter
   its reports, the cloud collector its snapshots, the alert dispatcher ``alert_sent``, the
-  orchestrator's jobs system events of other kinds); the dashboard publishes nothing;
+  orchestrator's jobs system events of other kinds); the dashboard only the changes of the
+  incidents people acknowledge or resolve on it;
 * every service publishes its own heartbeat and dead letters, and checks the streams exist
   (``$JS.API.STREAM.INFO``), but only ``admin`` (``aegis bootstrap``, operators) creates, updates,
   purges or deletes streams: services run with ``AEGIS_NATS_MANAGE_STREAMS=false``;
@@ -107,6 +108,7 @@ LIVE_FEED = (
     f"{OBJECT_CREATED}.metrics_5m",
     f"{OBJECT_CREATED}.reports",
     ALERT_SENT,
+    f"{CHANGES}.incident",
 )
 
 IDENTITIES: dict[str, Identity] = {
@@ -188,8 +190,9 @@ IDENTITIES: dict[str, Identity] = {
             "$JS.API.STREAM.MSG.GET.AEGIS_EVENTS",
         ),
     ),
-    # the live feed: plain subscriptions, nothing published
-    "dashboard-api": Identity("dashboard-api", (), subscribe=LIVE_FEED),
+    # the live feed: plain subscriptions; it announces the incidents people acknowledge or
+    # resolve on a dashboard (through JetStream, like the dispatcher's own changes)
+    "dashboard-api": Identity("dashboard-api", (f"{CHANGES}.incident",), subscribe=LIVE_FEED),
 }
 
 

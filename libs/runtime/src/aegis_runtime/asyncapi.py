@@ -334,8 +334,14 @@ CHANNELS: tuple[Channel, ...] = (
             "is absent only when a transaction wrote it without it)."
         ),
         message=ChangeEvent,
-        senders=(Use("alert-dispatcher", "Each change the dispatcher makes to an incident."),),
-        readers=(_ON_CHANGES,),
+        senders=(
+            Use("alert-dispatcher", "Each change the dispatcher makes to an incident."),
+            Use(_FEED, "An incident a person acknowledged or resolved on a dashboard."),
+        ),
+        readers=(
+            Use(_FEED, "Every open incidents list is read again.", via="subscription"),
+            _ON_CHANGES,
+        ),
     ),
     Channel(
         id="cloudInfraChanges",

@@ -49,15 +49,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-async def announce_change(
-    broker: NatsBroker, change: Change, *, table: str, producer: str, at: datetime
-) -> None:
-    """Announce a read-model write on ``aegis.changes.{entity}``: a ChangeEvent with its old and
-    new images. Its ``Nats-Msg-Id`` is the item, the event and a digest of the new image, so the
-    same write announced twice within the duplicate window is stored once. A failure raises
-    (``PublishFailed``); a read model's change sink logs it, the write stays. Services announce
-    through :meth:`ServiceApp.publish_change`; commands that write the read model through
-    :func:`change_sink`."""
+def change_message(
+    change: Change, *, table: str, producer: str, at: datetime
+) -> tuple[str, ChangeEvent, str]:
+    """The subject (``aegis.changes.{entity}``), ChangeEvent and ``Nats-Msg-Id`` announcing a
+    read-model write: the id is the item, the event and a digest of the new image, so the same
+    write announced twice within the duplicate window is stored once."""
     event = ChangeEvent(
         table=table,
         pk=change.pk,
@@ -72,7 +69,18 @@ async def announce_change(
         json.dumps(change.new_image or change.old_image, sort_keys=True, default=str).encode()
     ).hexdigest()[:32]
     msg_id = msgids.change(change.pk, change.sk, change.event_name, digest)
-    await publish(broker, change_subject(change.entity), event, msg_id=msg_id)
+    return change_subject(change.entity), event, msg_id
+
+
+async def announce_change(
+    broker: NatsBroker, change: Change, *, table: str, producer: str, at: datetime
+) -> None:
+    """Announce a read-model write (:func:`change_message`). A failure raises
+    (``PublishFailed``); a read model's change sink logs it, the write stays. Services announce
+    through :meth:`ServiceApp.publish_change`; commands that write the read model through
+    :func:`change_sink`."""
+    subject, event, msg_id = change_message(change, table=table, producer=producer, at=at)
+    await publish(broker, subject, event, msg_id=msg_id)
 
 
 def change_sink(

@@ -95,6 +95,8 @@ def _lifespan(
                 opened = clients
             reader = app.state.reader = Reader(opened, s, clock)
             feed = app.state.feed = LiveFeed(reader, hub)
+            if s.dashboard_live:  # incidents changed here are announced like the dispatcher's
+                reader.readmodel.changes = feed.announce
             # /metrics (and /healthz, /readyz) on the health port, apart from the public API
             health = HealthServer(app.state.metrics.metrics, s.health_host, s.health_port)
             health.add_check("storage", reader.ready)

@@ -15,6 +15,11 @@ does not).
 | ``aegis.events.alert_sent`` | alert dispatcher | ``alerts`` (the firing alerts, read once) |
 | ``aegis.objects.created.metrics_5m`` | aggregator | ``graph`` (which factory's 6-24 h charts) |
 | ``aegis.objects.created.reports`` | reporter | ``reports`` (date and target) |
+| ``aegis.changes.incident`` | alert dispatcher, dashboards | ``incident`` (its id, state, version) |
+
+The one thing it publishes: the incidents people acknowledge or resolve on a dashboard
+(:meth:`LiveFeed.announce`, the read model's change sink), so every other dashboard replica's
+screens, and the orchestrator's triggers, hear of it as they hear of the dispatcher's changes.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ from aegis_contracts.subjects import change_subject, object_created_subject, sys
 from aegis_dashboard_api.live import Hub, LiveEvent, factory_event, family_of
 from aegis_dashboard_api.routes import Reader, fleet_entry
 from aegis_runtime import natsio
-from aegis_runtime.broker import connect_options
+from aegis_runtime.broker import MSG_ID_HEADER, connect_options
+from aegis_runtime.service import change_message
+from aegis_storage.readmodel import Change
 
 if TYPE_CHECKING:
     from aegis_runtime.natsio import Client, Msg
@@ -44,7 +51,17 @@ CLOUD_OBJECTS = object_created_subject("cloud_infra")
 GRAPH_OBJECTS = object_created_subject("metrics_5m")
 REPORT_OBJECTS = object_created_subject("reports")
 ALERTS_SENT = system_subject("alert_sent")
-SUBJECTS = (FACTORY_CHANGES, CLOUD_OBJECTS, GRAPH_OBJECTS, REPORT_OBJECTS, ALERTS_SENT)
+INCIDENT_CHANGES = change_subject("incident")
+SUBJECTS = (
+    FACTORY_CHANGES,
+    CLOUD_OBJECTS,
+    GRAPH_OBJECTS,
+    REPORT_OBJECTS,
+    ALERTS_SENT,
+    INCIDENT_CHANGES,
+)
+# how long a dashboard waits for JetStream to take an incident change it announces
+ANNOUNCE_TIMEOUT_S = 5.0
 # the cloud and alert views a connecting browser gets are read again when older than this (an
 # alert can also clear without a message being sent)
 SNAPSHOT_MAX_AGE_S = 15.0
@@ -57,7 +74,7 @@ class LiveFeed:
 
     def __init__(self, reader: Reader, hub: Hub) -> None:
         """Connects as the reader's settings say: their NATS identity (``dashboard-api``, which
-        may read these subjects and publish nothing), its inbox, TLS."""
+        may read these subjects and publish incident changes only), its inbox, TLS."""
         self.reader, self.hub = reader, hub
         self.nc: Client | None = None
         self.cloud: dict[str, Any] | None = None
@@ -149,6 +166,20 @@ class LiveFeed:
                 self.hub.publish(event)
         elif subject == ALERTS_SENT:
             self.hub.publish(LiveEvent("alerts", {"alerts": await self.read_alerts()}))
+        elif subject == INCIDENT_CHANGES:
+            change = ChangeEvent.model_validate_json(data)
+            image = change.new_image or change.old_image or {}
+            self.hub.publish(
+                LiveEvent(
+                    "incident",
+                    {
+                        "incident_id": image.get("incident_id"),
+                        "scope": image.get("scope"),
+                        "state": image.get("state"),
+                        "version": image.get("version"),
+                    },
+                )
+            )
         else:
             created = ObjectCreated.model_validate_json(data)
             found = family_of(created.key) if created.bucket == settings.bucket else None
@@ -159,6 +190,24 @@ class LiveFeed:
                 self.hub.publish(LiveEvent("cloud", {"latest": await self.read_cloud()}))
             else:
                 self.hub.publish(LiveEvent(family, {"target": target, "key": created.key}))
+
+    async def announce(self, change: Change) -> None:
+        """The read model's change sink: a write this dashboard made (an incident acknowledged
+        or resolved here) on ``aegis.changes.{entity}``, taken by JetStream like every other
+        service's. While NATS is away it raises, which the read model logs: the write stands,
+        and screens see it at their next read of the list."""
+        if self.nc is None or not self.nc.is_connected:
+            raise ConnectionError("NATS is not connected: the change is not announced")
+        settings = self.reader.settings
+        subject, event, msg_id = change_message(
+            change, table=settings.table, producer=settings.service, at=self.reader.clock()
+        )
+        await self.nc.jetstream().publish(
+            subject,
+            event.model_dump_json().encode(),
+            timeout=ANNOUNCE_TIMEOUT_S,
+            headers={MSG_ID_HEADER: msg_id},
+        )
 
     async def read_cloud(self) -> dict[str, Any] | None:
         self.cloud = await self.reader.readmodel.get_cloud_latest()

@@ -60,8 +60,6 @@ LEVEL_ORDER = {"CRITICAL": 0, "WARNING": 1, "NORMAL": 2}
 # FACTORY_OFFLINE thresholds)
 STALE_AFTER_S, OFFLINE_AFTER_S = 60, 300
 SEVERITY_ORDER = {"CRITICAL": 0, "WARNING": 1}
-# how often an open incidents list (or a factory's banners) is read again while it is visible
-INCIDENTS_REFRESH_S = 5
 
 templates = Jinja2Templates(
     env=jinja2.Environment(
@@ -220,7 +218,7 @@ def render(
         "labels": t,
         "staleAfterS": STALE_AFTER_S,
         "offlineAfterS": OFFLINE_AFTER_S,
-        "incidentsRefreshS": INCIDENTS_REFRESH_S,
+        "incidentsRefreshS": settings.dashboard_incidents_refresh_s,
         **context.pop("config", {}),
     }
     response: Response = templates.TemplateResponse(

@@ -51,6 +51,14 @@ class DashboardSettings(AegisSettings):
     dashboard_presign_ttl_s: int = Field(
         default=300, ge=1, le=3600, description="Seconds a presigned image URL stays valid."
     )
+    dashboard_incidents_refresh_s: float = Field(
+        default=30.0,
+        ge=1,
+        le=300,
+        description="An open incidents list (or a factory's banners) is read again this often "
+        "(seconds) while visible. Changes reach it at once on the live stream; this read "
+        "catches what a screen missed.",
+    )
     dashboard_fleet_cache_s: float = Field(
         default=1.0,
         ge=0,

@@ -500,9 +500,10 @@
 
   // -- incidents: the list, a factory's banners, Acknowledge and Resolve ---------------------
   // The rows are rendered by the server (the same template as the first load) and read again
-  // from /incidents/list every CFG.incidentsRefreshS while the page is visible: acknowledgements
-  // made in Slack or on another screen reach no event this page hears. A row is replaced only
-  // when its version changed, keeping an open timeline and a note being typed.
+  // from /incidents/list whenever an incident changes (the live stream's "incident" event: the
+  // dispatcher's changes, acknowledgements in Slack or on any dashboard), and every
+  // CFG.incidentsRefreshS while the page is visible, for what a screen missed. A row is replaced
+  // only when its version changed, keeping an open timeline and a note being typed.
 
   // "how long open" counts on the server's clock: the offset of this browser's clock from it
   let serverSkew = 0;
@@ -682,10 +683,12 @@
     if (focus) focus.focus();
   }
 
-  let incidentsBusy = false;
+  // one read at a time; changes announced during a read bring one more read after it
+  let incidentsBusy = false, incidentsAgain = false;
   async function refreshIncidents() {
     const box = document.getElementById("incidents");
-    if (!box || incidentsBusy) return;
+    if (!box) return;
+    if (incidentsBusy) { incidentsAgain = true; return; }
     incidentsBusy = true;
     const note = document.getElementById("incidents-note");
     try {
@@ -710,6 +713,7 @@
       console.error("incidents", err);
     } finally {
       incidentsBusy = false;
+      if (incidentsAgain) { incidentsAgain = false; refreshIncidents(); }
     }
   }
 
@@ -763,7 +767,8 @@
     on("fleet", onFleet);
     on("factory", onFactory);
     on("factory_removed", (d) => document.querySelector('#fleet [data-factory="' + CSS.escape(d.factory_id) + '"]')?.remove());
-    on("alerts", (d) => { onAlerts(d); refreshIncidents(); });  // an alert sent: maybe an incident
+    on("alerts", onAlerts);
+    on("incident", () => { refreshIncidents(); });  // opened, acknowledged, escalated, resolved
     on("cloud", onCloud);
     on("graph", (d) => {
       if (page === "factory" && d.target === CFG.factoryId && currentWindow() !== "1h") {
@@ -775,6 +780,7 @@
       if (list && !list.querySelector(".new")) list.append(h("li", { class: "new" }, h("a", { href: location.pathname + location.search }, "↻")));
     });
     on("resync", () => {
+      refreshIncidents();  // changes were missed while the stream was away
       if (page === "factory") loadHistory(currentWindow()).catch(console.error);
       if (page === "cloud") loadCloud().catch(console.error);
     });
