@@ -23,6 +23,7 @@ from aegis_alert_dispatcher.slack import SlackWebhook
 from aegis_contracts import incidents
 from aegis_contracts.items import Incident, IncidentOutbox
 from aegis_contracts.state import Reason
+from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.storage import Foundation
@@ -522,3 +523,50 @@ async def test_with_no_other_receiver_a_dead_lettered_fire_stays_one_incident_re
     assert incident.notifications == 2
     sent = [x for x in incident.timeline if x.kind == "notified" and x.outcome == "sent"]
     assert len(sent) == len(webhook.delivered)  # each delivery is one line: nothing twice
+
+
+async def test_an_incident_whose_resolve_was_never_handled_is_resolved_from_latest_not_escalated(
+    foundation: Foundation,
+    webhook: FakeWebhook,
+    session: aiohttp.ClientSession,
+    unique_id: str,
+) -> None:
+    """The snapshots after a resolve are routine, read by nobody: when the resolve itself was
+    lost (its event dead-lettered through an outage), the sweep finds the reason gone from the
+    factory's LATEST before it reminds, and resolves the incident from there."""
+    clock = FakeClock(T0)
+    slack = SlackWebhook(webhook.url, session, first_delay=0.01, max_attempts=2, timeout=5)
+    config = load_escalation(None)  # CRITICAL: level 1 after 5 min, repeated every 30 min
+    d = dispatcher(foundation, slack, clock, config)
+    e = escalator(foundation, {"slack": SlackWebhookReceiver("slack", slack)}, clock)
+    e.still_reported = d.still_reported
+    fire = Reason(code="GAS_LEAK", severity="CRITICAL", detail="CO 410 ppm")
+
+    async def latest(at: datetime, reasons: list[Reason]) -> None:
+        await foundation.readmodel.put_item(
+            {
+                "pk": f"FACTORY#{unique_id}",
+                "sk": "LATEST",
+                "factory_id": unique_id,
+                "updated_at": format_ts(at),
+                "risk": {
+                    "score": 90 if reasons else 0,
+                    "level": "CRITICAL" if reasons else "NORMAL",
+                    "reasons": [r.model_dump(exclude_none=True) for r in reasons],
+                },
+            }
+        )
+
+    await d.handle_snapshot(Snapshot(unique_id, Stream.STATE, T0, (fire,)))
+    await latest(T0, [fire])
+    clock.now = T0 + timedelta(minutes=5)
+    assert [s.outcome for s in await e.sweep()] == ["escalate"]  # still reported: escalated
+    await latest(T0 + timedelta(minutes=6), [])  # calm again; its event never handled
+    clock.now = T0 + timedelta(minutes=36)  # the level's reminder is due
+    assert [s.outcome for s in await e.sweep()] == ["no_longer_reported"]
+    assert [t.split(" at ")[0] for t in titles(webhook)] == [
+        f"CRITICAL · {unique_id} · GAS_LEAK",
+        f"ESCALATED to level 1 · CRITICAL · {unique_id} · GAS_LEAK",
+        f"RESOLVED · {unique_id} · GAS_LEAK",
+    ]
+    assert await IncidentStore(foundation.readmodel).open(now=clock.now) == []

@@ -71,7 +71,7 @@ class DispatcherApp(ServiceApp):
         self.incidents_swept = self.metrics.counter(
             "incident_sweeps_total",
             "What the sweep over open incidents did: escalate, renotify, failover, taken_over, "
-            "archived, claimed_elsewhere.",
+            "archived, claimed_elsewhere, silenced, unsilenced, no_longer_reported.",
             ("outcome",),
         )
         self.incident_metrics = IncidentMetrics(
@@ -182,6 +182,7 @@ class DispatcherApp(ServiceApp):
             on_swept=lambda swept: self.incidents_swept.labels(outcome=swept.outcome).inc(),
             owner_dead=self.dispatcher.owner_dead,
             first_receiver=self.dispatcher.receiver_name,
+            still_reported=self.dispatcher.still_reported,
         )
         # the policy's other level-0 receivers hear of a fire as its message is posted
         self.dispatcher.alongside = self.escalator.notify_now

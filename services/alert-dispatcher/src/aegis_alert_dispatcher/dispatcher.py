@@ -863,6 +863,33 @@ class Dispatcher:
             }
         )
 
+    async def still_reported(self, incident: Incident) -> bool:
+        """Whether a factory's incident is still what its factory reports, asked by the sweep
+        before it escalates or reminds. Its resolve may never have been handled (the event
+        dead-lettered through a long outage), and the snapshots after it are routine, read by
+        nobody: then the factory's LATEST is decided as a snapshot, which resolves it the usual
+        way (the message, the alert, the incident), and the answer is False."""
+        if incident.stream != Stream.STATE.value:
+            return True  # the cloud's runs are read from S3 every run: nothing is skipped
+        latest = await self.readmodel.get_latest(incident.scope)
+        if latest is None or not latest.get("updated_at"):
+            return True
+        reasons = tuple(
+            Reason.model_validate(r) for r in (latest.get("risk") or {}).get("reasons") or []
+        )
+        if any(r.code == incident.reason for r in reasons):
+            return True
+        at = parse_ts(str(latest["updated_at"]))
+        log.warning(
+            "incident_no_longer_reported",
+            incident_id=incident.incident_id,
+            scope=incident.scope,
+            reason=incident.reason,
+            latest_at=format_ts(at),
+        )
+        await self.handle_snapshot(Snapshot(incident.scope, Stream.STATE, at, reasons))
+        return False
+
     async def owner_dead(self, owner: str, now: datetime) -> bool:
         """Whether the replica that wrote ``owner`` (an intent's or a claim's) has stopped."""
         return await self._dead(owner.split("|", 1)[0], now)

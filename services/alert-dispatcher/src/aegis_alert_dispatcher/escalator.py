@@ -28,6 +28,9 @@ Per incident, in order:
   receiver of the policy has failed, all of them again with back-off (never parked);
 - else the policy's next step when it is due: an escalation to the next level, or a level's
   reminder (``repeat``). Level 0 is the first message, sent by the snapshot that fired it.
+  Before either, a factory's incident is checked against the factory's LATEST
+  (``still_reported``): one whose reason is gone there (its resolve was never handled, and the
+  snapshots after it are routine, read by nobody) is resolved from LATEST instead.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ RETRY_CAP = timedelta(minutes=1)
 @dataclass(frozen=True, slots=True)
 class Swept:
     """What one sweep did to one incident (``outcome``: archived, escalate, renotify,
-    failover, unsilenced, silenced, taken_over, claimed_elsewhere)."""
+    failover, unsilenced, silenced, taken_over, claimed_elsewhere, no_longer_reported)."""
 
     incident_id: str
     outcome: str
@@ -116,6 +119,7 @@ class Escalator:
         on_swept: Callable[[Swept], None] | None = None,
         owner_dead: OwnerDead | None = None,
         first_receiver: str | None = "slack",
+        still_reported: Callable[[Incident], Awaitable[bool]] | None = None,
     ) -> None:
         self.store = store
         self.config = config
@@ -132,6 +136,9 @@ class Escalator:
         # the receiver of the dispatcher's own first message (its Slack webhook): the others of
         # level 0 are this sweep's to tell, at once
         self.first_receiver = first_receiver
+        # asked before an escalation or a reminder: is the reason still what its scope reports?
+        # (False: it was resolved meanwhile, by the data, and nothing is sent)
+        self.still_reported = still_reported
 
     async def sweep(self, members: Sequence[tuple[str, str]] | None = None) -> list[Swept]:
         """One pass over the open incidents (``members``: the index entries, when the caller
@@ -205,6 +212,12 @@ class Escalator:
             return None
         if covering:  # due, but a silence holds it back: recorded, not sent
             return await self._hold(incident, outbox, [s.id for s in covering], now)
+        if (
+            outbox.kind in ("escalate", "renotify")
+            and self.still_reported is not None
+            and not await self.still_reported(incident)
+        ):
+            return Swept(incident.incident_id, "no_longer_reported", incident.level)
         return await self._claim(incident, outbox, now)
 
     async def _hold(
