@@ -212,12 +212,6 @@ class Escalator:
             return None
         if covering:  # due, but a silence holds it back: recorded, not sent
             return await self._hold(incident, outbox, [s.id for s in covering], now)
-        if (
-            outbox.kind in ("escalate", "renotify")
-            and self.still_reported is not None
-            and not await self.still_reported(incident)
-        ):
-            return Swept(incident.incident_id, "no_longer_reported", incident.level)
         return await self._claim(incident, outbox, now)
 
     async def _hold(
@@ -233,6 +227,12 @@ class Escalator:
         return Swept(incident.incident_id, "silenced", incident.level, tuple(outbox.receivers))
 
     async def _claim(self, incident: Incident, outbox: IncidentOutbox, now: datetime) -> Swept:
+        if (
+            outbox.kind in ("escalate", "renotify")
+            and self.still_reported is not None
+            and not await self.still_reported(incident)
+        ):
+            return Swept(incident.incident_id, "no_longer_reported", incident.level)
         claimed = incident
         if outbox.kind == "escalate" or outbox.level > incident.level:
             detail = f"unacknowledged {self._minutes(incident, now)} min"
