@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import nats
 import pytest
 from faststream.nats import NatsBroker
 from typer.testing import CliRunner
@@ -36,10 +37,10 @@ from aegis_alert_dispatcher.slack import SlackWebhook
 from aegis_cli.app import app as cli_app
 from aegis_contracts import incidents, keys
 from aegis_contracts.cloud import CloudCheck, CloudSnapshot
-from aegis_contracts.events import AlertBasis, ObjectCreated
+from aegis_contracts.events import AlertBasis, ChangeEvent, ObjectCreated
 from aegis_contracts.silences import new_silence
 from aegis_contracts.state import Level, Reason
-from aegis_contracts.subjects import object_created_subject
+from aegis_contracts.subjects import change_subject, object_created_subject
 from aegis_contracts.times import format_ts, utc_now
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port
@@ -1003,12 +1004,24 @@ async def test_an_acknowledged_incident_gets_no_reminder_but_a_worse_severity_sp
 
 
 async def test_aegis_incidents_lists_shows_acknowledges_and_resolves_as_the_cli_user(
-    foundation, webhook, session, aws_endpoint: str, monkeypatch: pytest.MonkeyPatch
+    foundation, webhook, session, aws_endpoint: str, nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     d = make(foundation, webhook, session, Recorded())
     await d.handle(await put_state(foundation, "factory-c", T0, [FIRE]))
     cli_env(monkeypatch, foundation, aws_endpoint)
+    monkeypatch.setenv("AEGIS_NATS_URL", nats_url)
     runner = CliRunner()
+    heard: list[ChangeEvent] = []
+    streams = create_broker(DispatcherSettings(nats_url=nats_url), name="streams")
+    await streams.connect()
+    await ensure_streams(streams)
+    await streams.stop()
+    listener = await nats.connect(nats_url)
+
+    async def on_change(msg: Any) -> None:
+        heard.append(ChangeEvent.model_validate_json(msg.data))
+
+    await listener.subscribe(change_subject("incident"), cb=on_change)
 
     async def aegis(*args: str) -> Any:
         return await asyncio.to_thread(runner.invoke, cli_app, ["incidents", *args])
@@ -1037,6 +1050,12 @@ async def test_aegis_incidents_lists_shows_acknowledges_and_resolves_as_the_cli_
     assert "acknowledged" in text and "cli:kim via cli" in text
     assert (await aegis("show", "20261130-00000000")).exit_code == 1
     assert (await aegis("show", "nonsense")).exit_code == 2
+    # the two changes were announced as the dashboard's are: open screens show them at once
+    await listener.flush()
+    await eventually(lambda: len(heard) >= 2, within=5, what="the announced changes")
+    await listener.close()
+    states = [(h.producer, (h.new_image or {}).get("state")) for h in heard]
+    assert states == [("alert-dispatcher", "acknowledged"), ("alert-dispatcher", "resolved")]
 
 
 async def test_a_silence_records_the_incident_without_a_message_and_its_end_notifies_once(

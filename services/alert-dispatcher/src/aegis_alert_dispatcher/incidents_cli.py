@@ -2,7 +2,9 @@
 
 Reads and changes the incident items of the read model (``INCIDENT#{id}``) as the dashboard and
 the Slack button do: every change is written only on the version read, so it never overwrites
-what someone else did meanwhile. Who acts is ``cli:{--as}`` (default: the login name).
+what someone else did meanwhile, and announced on ``aegis.changes.incident`` (open dashboards
+show it at once; without NATS it is written all the same). Who acts is ``cli:{--as}`` (default:
+the login name).
 Exit codes: 0 done, 1 no such incident or the change is refused (resolved already, no note),
 2 bad options, 5 S3/DynamoDB not reachable.
 
@@ -37,8 +39,13 @@ ActorOption = Annotated[
 ]
 
 
-def _run(work: Callable[[IncidentStore], Awaitable[T]]) -> T:
+def _run(work: Callable[[IncidentStore], Awaitable[T]], *, announce: bool = False) -> T:
+    """``announce``: the change is announced on ``aegis.changes.incident`` as the dispatcher's
+    and the dashboard's are (open dashboards show it at once); without NATS it is written all
+    the same, and screens show it at their next read."""
     from aegis_alert_dispatcher.settings import DispatcherSettings  # noqa: PLC0415
+    from aegis_runtime.broker import BrokerUnavailable, connect_broker, create_broker  # noqa: PLC0415
+    from aegis_runtime.service import change_sink  # noqa: PLC0415
     from aegis_storage.clients import open_clients  # noqa: PLC0415
     from aegis_storage.incidents import IncidentStore  # noqa: PLC0415
     from aegis_storage.readmodel import ReadModel  # noqa: PLC0415
@@ -47,12 +54,24 @@ def _run(work: Callable[[IncidentStore], Awaitable[T]]) -> T:
     settings = DispatcherSettings()
 
     async def run() -> T:
-        async with open_clients(settings.aws()) as clients:
-            store = IncidentStore(
-                ReadModel(clients.dynamodb, settings.table),
-                ObjectStore(clients.s3, settings.bucket),
-            )
-            return await work(store)
+        broker = create_broker(settings, name="incidents-cli") if announce else None
+        try:
+            if broker is not None:
+                try:
+                    await connect_broker(broker, settings)
+                except BrokerUnavailable as err:
+                    typer.echo(f"incidents: not announced ({err})", err=True)
+                    broker = None
+            changes = None if broker is None else change_sink(broker, settings)
+            async with open_clients(settings.aws()) as clients:
+                store = IncidentStore(
+                    ReadModel(clients.dynamodb, settings.table, changes=changes),
+                    ObjectStore(clients.s3, settings.bucket),
+                )
+                return await work(store)
+        finally:
+            if broker is not None:
+                await broker.stop()
 
     try:
         return asyncio.run(run())
@@ -142,7 +161,7 @@ def _change(incident_id: str, what: str, transition: Callable[[Incident], Any]) 
         return await store.change(incident_id, transition)
 
     try:
-        incident, changed = _run(work)
+        incident, changed = _run(work, announce=True)
     except ContractError as err:
         typer.echo(f"incidents: {err}", err=True)
         raise typer.Exit(exitcodes.FAILED) from None
