@@ -48,8 +48,10 @@ from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.broker import create_broker, ensure_streams, publish
+from aegis_runtime.service import change_sink
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.incidents import IncidentStore
+from aegis_storage.readmodel import ReadModel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -1010,6 +1012,47 @@ async def test_the_list_the_page_reads_again_is_signed_in_escaped_and_under_the_
     assert "<script>alert" not in banners.text and "&lt;script&gt;" in banners.text
     assert ">1 h 30 min<" in banners.text  # on the dashboard's clock
     assert f'data-now="{format_ts(now)}"' in banners.text
+
+
+async def test_an_acknowledgement_made_elsewhere_reaches_an_open_list_on_the_live_stream(
+    foundation: Foundation,
+    nats_url: str,
+    aws_endpoint: str,
+    broker: NatsBroker,
+    browser: BrowserContext,
+) -> None:
+    """The list is not read again on a timer here (every 5 minutes): what brings the change is
+    the incident's change event, announced as the dispatcher, the CLI and the dashboards do."""
+    clock = FakeClock(truncate_ms(datetime.now(UTC)))
+    settings = dashboard_settings(foundation, nats_url, aws_endpoint).model_copy(
+        update={"dashboard_incidents_refresh_s": 300}
+    )
+    async with serving(settings, foundation, clock) as dash:
+        await eventually(lambda: dash.app.state.feed.connected, within=15, what="the live feed")
+        gas = await seed_incident(foundation, "factory-a", "GAS_LEAK", "CRITICAL", clock())
+        page = await browser.new_page()
+        reads: list[str] = []
+        page.on("request", lambda r: reads.append(r.url) if "/incidents/list" in r.url else None)
+        await sign_in(page, dash.url, "/incidents")
+        await expect(page.locator("#live")).to_have_attribute("data-state", "open")
+        await expect(card(page, gas).locator(".state")).to_have_attribute("data-state", "triggered")
+        assert reads == []
+        announced = IncidentStore(
+            ReadModel(
+                foundation.clients.dynamodb,
+                foundation.table,
+                changes=change_sink(broker, AegisSettings(service="alert-dispatcher")),
+            )
+        )
+        await announced.change(
+            gas.incident_id,
+            lambda i: incidents.acknowledge(i, by="cli:kim", via="cli", at=clock(), note=None),
+        )
+        await expect(card(page, gas).locator(".state")).to_have_attribute(
+            "data-state", "acknowledged", timeout=10_000
+        )
+        await expect(card(page, gas).locator(".acked")).to_contain_text("cli:kim")
+        assert len(reads) >= 1  # read because it heard the change
 
 
 async def test_acknowledging_a_resolved_incident_or_signed_out_is_said_in_place_in_korean(
