@@ -12,7 +12,10 @@ from aegis_contracts.times import Timestamp
 
 
 class _Event(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # a field this version does not know is ignored, not refused: events only ever gain optional
+    # fields, so during a rolling deploy an older consumer reads a newer producer's events (the
+    # processor's ``alert`` on ObjectCreated, say) instead of dead-lettering them
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 class RawArchived(_Event):

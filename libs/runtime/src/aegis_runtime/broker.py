@@ -679,7 +679,8 @@ async def publish_raw_archived(
 class DeadLetter(pydantic.BaseModel):
     """The envelope on ``aegis.dlq.{service}.{reason}``: enough to understand and replay a message."""
 
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+    # like every event: a field a newer version added is ignored, not refused
+    model_config = pydantic.ConfigDict(frozen=True, extra="ignore")
 
     service: str
     reason: str
