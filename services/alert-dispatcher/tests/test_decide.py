@@ -148,8 +148,56 @@ def test_cloud_warning_needs_three_consecutive_observations_and_critical_fires_a
     assert actions(run([reason("SERVICE_DOWN")], stream=Stream.FAST)) == [
         ("fire", "CRITICAL", "SERVICE_DOWN")
     ]
-    # factory warnings need no observations
+    # factory warnings need no observations (without a ``state_warning_for``)
     assert actions(run([reason("CO_HIGH", "WARNING")])) == [("fire", "WARNING", "CO_HIGH")]
+
+
+def test_a_factory_warning_fires_once_reported_for_its_for_and_a_flicker_never_does() -> None:
+    policy = Policy(state_warning_for=timedelta(seconds=10))
+    key: AlertKey = ("WARNING", "NO_HELMET_DETECTED")
+    helmet = [reason("NO_HELMET_DETECTED", "WARNING")]
+
+    def at(
+        seconds: float,
+        reasons: list[Reason],
+        seen_since: float | None,
+        states: dict[AlertKey, AlertState] | None = None,
+    ):
+        seen = {} if seen_since is None else {key: observed_at(T0 + timedelta(seconds=seen_since))}
+        return decide(
+            stream=Stream.STATE,
+            snapshot_at=T0 + timedelta(seconds=seconds),
+            reasons=reasons,
+            states=states or {},
+            observations=seen,
+            policy=policy,
+        )
+
+    first = at(0, helmet, None)
+    assert actions(first) == [("waiting_observations", "WARNING", "NO_HELMET_DETECTED")]
+    assert first.observed == {key: 1}
+    assert "reported for 0 s of 10 s" in first.decisions[0].why
+    assert at(1, [], 0).reset == [key]  # one frame, then gone: nothing sent, counting starts over
+    assert actions(at(9.9, helmet, 0))[0][0] == "waiting_observations"
+    assert actions(at(10, helmet, 0)) == [("fire", "WARNING", "NO_HELMET_DETECTED")]
+    # once firing it is the cooldown that speaks, and a CRITICAL never waits
+    firing = {key: state("NO_HELMET_DETECTED", "WARNING", sent=T0 + timedelta(seconds=10))}
+    assert actions(at(11, helmet, 0, states=firing))[0][0] == "suppressed_cooldown"
+    assert actions(at(0, [reason("FIRE_DETECTED")], None)) == [
+        ("fire", "CRITICAL", "FIRE_DETECTED")
+    ]
+
+
+def observed_at(first: datetime) -> AlertObservation:
+    return AlertObservation(
+        pk="ALERT#factory-a",
+        sk="OBSERVATION#WARNING#NO_HELMET_DETECTED#STATE",
+        scope="factory-a",
+        count=1,
+        first_observed_at=first,
+        last_observed_at=first,
+        ttl=2_000_000_000,
+    )
 
 
 def test_several_reasons_with_one_code_make_one_alert() -> None:

@@ -21,6 +21,7 @@ KNOWN: frozenset[str] = frozenset(
         "AEGIS_ALERT_SEND_LEASE_S",
         "AEGIS_ALERT_STATE_TTL_S",
         "AEGIS_ALERT_TRIGGER_PREFIXES",
+        "AEGIS_ALERT_WARNING_FOR_S",
         "AEGIS_AWS_ENDPOINT_URL",
         "AEGIS_AWS_MAX_ATTEMPTS",
         "AEGIS_BROKER_ACL_FILE",

@@ -155,6 +155,7 @@ class DispatcherApp(ServiceApp):
                 cooldown_critical=timedelta(seconds=s.alert_cooldown_critical_s),
                 cooldown_warning=timedelta(seconds=s.alert_cooldown_warning_s),
                 cloud_warning_observations=s.alert_cloud_warning_observations,
+                state_warning_for=timedelta(seconds=s.alert_warning_for_s),
             ),
             ttl=s.ttl,
             dashboard_url=s.dashboard_url,

@@ -11,6 +11,9 @@ state snapshots, ``FAST``/``SLOW`` for the cloud collectors' runs). Rules:
   alert speaks for it, within its own cooldown);
 - a cloud WARNING fires only when seen in ``observations`` consecutive runs of its stream (a run
   without it resets the count); a cloud CRITICAL fires at once;
+- a factory's WARNING fires only once it has been reported without a break for
+  ``state_warning_for`` (snapshot time; a snapshot without it starts again): a detection that
+  flickers for one frame pages nobody. A factory's CRITICAL fires at once;
 - an alert whose message is being sent (``pending``: recorded, not yet confirmed by Slack) is not
   fired again: that message speaks for it. Cooldown counts confirmed sends only.
 """
@@ -60,6 +63,8 @@ class Policy:
     cooldown_critical: timedelta = timedelta(minutes=5)
     cooldown_warning: timedelta = timedelta(minutes=15)
     cloud_warning_observations: int = 3
+    # 0: a factory's WARNING fires with the first snapshot that reports it
+    state_warning_for: timedelta = timedelta(0)
 
     def cooldown(self, severity: Severity) -> timedelta:
         return self.cooldown_critical if severity == "CRITICAL" else self.cooldown_warning
@@ -141,6 +146,29 @@ def decide(
                 )
                 continue
         state = states.get(key)
+        if (
+            not stream.cloud
+            and severity == "WARNING"
+            and policy.state_warning_for > timedelta(0)
+            and not (state is not None and state.firing)
+        ):
+            previous = observations.get(key)
+            first = previous.first_observed_at if previous else snapshot_at
+            out.observed[key] = (previous.count if previous else 0) + 1
+            held = snapshot_at - first
+            if held < policy.state_warning_for:
+                out.decisions.append(
+                    Decision(
+                        Action.WAITING,
+                        severity,
+                        code,
+                        found,
+                        state,
+                        why=f"reported for {held.total_seconds():.0f} s of "
+                        f"{policy.state_warning_for.total_seconds():.0f} s",
+                    )
+                )
+                continue
         if state is not None and state.pending is not None:
             out.decisions.append(
                 Decision(
@@ -177,8 +205,7 @@ def decide(
         )
 
     out.decisions.extend(_clearing(states, active, active_codes))
-    if stream.cloud:
-        out.reset = sorted(k for k in observations if k not in active)
+    out.reset = sorted(k for k in observations if k not in active)
     return out
 
 

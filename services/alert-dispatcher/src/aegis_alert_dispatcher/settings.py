@@ -45,6 +45,13 @@ class DispatcherSettings(AegisSettings):
         description="Consecutive cloud-collector runs a cloud WARNING must be seen in before it "
         "is sent.",
     )
+    alert_warning_for_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        description="Seconds (snapshot time) a factory's WARNING reason must be reported without "
+        "a break before it is sent (0: at once). A CRITICAL is always sent at once.",
+    )
     slack_max_attempts: int = Field(
         default=5,
         ge=1,
