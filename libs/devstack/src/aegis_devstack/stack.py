@@ -9,6 +9,11 @@ prefixes their output with the service name, and stops them all on Ctrl-C or SIG
 A child that exits is started again, as a deployment's orchestrator would, after a back-off that
 doubles from 1 s to 30 s (back to 1 s once a run lasted a minute); each restart is printed. The
 other services and the emulator (with its data) keep running meanwhile.
+
+From another terminal, ``aegis up stop|start|restart SERVICE`` operates one service as an operator
+does a deployment's (:mod:`aegis_devstack.control`): a service stopped so is kept down, not
+restarted, until it is started again; a restart replaces its process at once, with no back-off,
+and answers once the new one is ready.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from pathlib import Path
 from typing import Literal
 
 from aegis_contracts.subjects import STREAMS
+from aegis_contracts.times import format_ts, utc_now
+from aegis_devstack import control
+from aegis_devstack.control import Outcome, Request, installed_services
 from aegis_devstack.localservers import (
     LocalServerError,
     ensure_mosquitto,
@@ -57,6 +65,10 @@ EARLY_READY_TIMEOUT_S = 20.0
 RESTART_FIRST_S = 1.0
 RESTART_MAX_S = 30.0
 RESTART_RESET_S = 60.0
+# a process an operator stopped is killed when it has not exited this long after SIGTERM
+STOP_TIMEOUT_S = 30.0
+# an operator's start or restart answers once the new process is ready, or after this long
+READY_TIMEOUT_S = 60.0
 
 
 # the local stack's dashboard token when AEGIS_DASHBOARD_TOKENS is unset: kept in a file (0600) so
@@ -92,10 +104,6 @@ def dashboard_access(specs: list[ServiceSpec]) -> tuple[dict[str, str], str]:
     token = local_dashboard_token(path)
     digest = hashlib.sha256(token.encode()).hexdigest()
     return {variable: digest}, f"the token in {path.resolve()}"
-
-
-def installed_services() -> list[str]:
-    return sorted(ep.name for ep in entry_points(group="aegis.services"))
 
 
 def serve(name: str) -> None:
@@ -214,7 +222,8 @@ def restart_delay(previous: float, ran_for: float) -> float:
 
 
 class _Child:
-    """One service of the stack: started, restarted when it exits, stopped with the stack."""
+    """One service of the stack: started, restarted when it exits, stopped with the stack; and
+    stopped, started or replaced when an operator asks (``aegis up stop|start|restart``)."""
 
     def __init__(
         self,
@@ -226,6 +235,13 @@ class _Child:
         self.spec, self.env, self.group, self.stop = spec, env, group, stop
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        # stopped by an operator: kept down (not restarted) until an operator starts it;
+        # ``released`` is clear while it is held
+        self.held = False
+        self.released = asyncio.Event()
+        self.released.set()
+        # one change of process at a time: an operator's, a restart after an exit, the stack's stop
+        self.lock = asyncio.Lock()
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
@@ -241,13 +257,19 @@ class _Child:
         self.group.create_task(_pipe(self.spec.name, self.proc.stdout))
 
     async def keep_running(self) -> None:
-        """Wait for the child; unless the stack is stopping, start it again after a back-off."""
+        """Wait for the child; unless the stack is stopping or an operator stopped or replaced
+        it, start it again after a back-off."""
         delay = 0.0
-        while self.proc is not None:
+        while (proc := self.proc) is not None:
             started = time.monotonic()
-            code = await self.proc.wait()
+            code = await proc.wait()
             if self.stop.is_set():
                 return
+            if self.held or self.proc is not proc:  # the operator's doing: theirs to start
+                if not await self._until_released():
+                    return
+                delay = 0.0
+                continue
             delay = restart_delay(delay, time.monotonic() - started)
             self.restarts += 1
             print(
@@ -258,21 +280,95 @@ class _Child:
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), timeout=delay)
-            if self.stop.is_set():
-                return
-            await self.start()
+            async with self.lock:
+                # meanwhile the stack stopped, or an operator stopped or started the service
+                if self.stop.is_set() or self.held or self.proc is not proc:
+                    continue
+                await self.start()
             print(f"aegis up: {self.spec.name} restarted", flush=True)
 
-    async def terminate(self) -> None:
+    async def _until_released(self) -> bool:
+        """Wait while an operator keeps the service down or replaces its process (the stack's
+        stop cancels the wait); False when the stack is stopping."""
+        await self.released.wait()
+        return not self.stop.is_set()
+
+    async def _end(self, sig: signal.Signals = signal.SIGTERM) -> tuple[int | None, str | None]:
+        """Send ``sig`` to the running process and wait for it (killed after STOP_TIMEOUT_S): its
+        pid and how it ended; (None, None) when none runs."""
         proc = self.proc
         if proc is None or proc.returncode is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
+            return None, None
+        proc.send_signal(sig)
         try:
-            await asyncio.wait_for(proc.wait(), timeout=30)
+            code = await asyncio.wait_for(proc.wait(), timeout=STOP_TIMEOUT_S)
         except TimeoutError:
             proc.kill()
-            await proc.wait()
+            code = await proc.wait()
+        return proc.pid, _exit_text(code)
+
+    async def terminate(self) -> None:
+        async with self.lock:
+            await self._end()
+
+    async def operate(self, request: Request) -> Outcome:
+        """An operator's stop (kept down; SIGKILL with ``kill``), start or restart."""
+        name = self.spec.name
+        async with self.lock:
+            if self.stop.is_set():
+                return Outcome(False, request.action, name, "aegis up: the stack is stopping")
+            running = self.proc is not None and self.proc.returncode is None
+            if request.action == "stop":
+                return await self._hold(request.kill)
+            if request.action == "start" and running:
+                assert self.proc is not None
+                return Outcome(
+                    True, "start", name, f"aegis up: {name} is running already", pid=self.proc.pid
+                )
+            previous, how = None, None
+            if request.action == "restart":
+                self.held = True  # its exit is not a crash: no restart after a back-off
+                self.released.clear()
+                previous, how = await self._end()
+            await self.start()
+            self.held = False
+            self.released.set()
+            proc = self.proc
+            assert proc is not None
+            pid, at = proc.pid, format_ts(utc_now())
+        ready = await self._until_ready(proc)
+        what = (
+            f"restarted (pid {previous} {how}; now pid {pid})"
+            if previous
+            else f"started (pid {pid})"
+        )
+        said = f"aegis up: {name} {what}, " + ("ready" if ready else "not ready yet")
+        print(said, flush=True)
+        return Outcome(True, request.action, name, said, pid, previous, how, at, ready)
+
+    async def _hold(self, kill: bool) -> Outcome:
+        """Stop the running process (SIGTERM, or SIGKILL: a crash) and keep the service down."""
+        name = self.spec.name
+        self.held = True
+        self.released.clear()
+        pid, how = await self._end(signal.SIGKILL if kill else signal.SIGTERM)
+        at = format_ts(utc_now())
+        stopped = f"stopped (pid {pid} {how})" if pid else "stopped already"
+        said = f"aegis up: {name} {stopped}; kept down until `aegis up start {name}`"
+        print(said, flush=True)
+        return Outcome(True, "stop", name, said, None, pid, how, at)
+
+    async def _until_ready(self, proc: asyncio.subprocess.Process) -> bool:
+        """Wait until ``proc`` answers /readyz: False when it exits, the stack stops or
+        READY_TIMEOUT_S passes first."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while proc.returncode is None and not self.stop.is_set():
+            if await asyncio.to_thread(answers_ready, self.spec.health_port):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.25)
+        return False
 
 
 def _exit_text(code: int) -> str:
@@ -332,7 +428,18 @@ async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
         else:
             print("aegis up: no services installed yet; the local stack is ready (Ctrl-C stops)")
         keepers = [group.create_task(c.keep_running()) for c in children.values()]
-        await stop.wait()
+
+        async def operate(request: Request) -> Outcome:
+            child = children.get(request.service)
+            if child is None:
+                known = ", ".join(sorted(children))
+                said = f"aegis up: no service {request.service!r} here (it runs: {known})"
+                return Outcome(False, request.action, request.service, said)
+            return await child.operate(request)
+
+        async with control.serving(operate) as where:
+            print(where, flush=True)
+            await stop.wait()
         await asyncio.gather(*(c.terminate() for c in children.values()))
         for keeper in keepers:
             keeper.cancel()
