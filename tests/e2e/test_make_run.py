@@ -4,20 +4,22 @@ first snapshots. On an emulator of its own, whose request counts show that over 
 (bootstrap, every service's first ticks, the dashboard, `aegis status`) nothing scanned the
 table: every listing went through the fleet index. Then, while a device publishes, the processor
 and then ingest are SIGKILLed: aegis up restarts each (and says so), the rest keeps running, and
-every message is in raw/ and processed/ once, the last one in LATEST. And while it starts, the
-cloud collector pages nothing: its first runs come before the other services are up."""
+every message is in raw/ and processed/ once, the last one in LATEST. And the cloud collector
+pages (through a Slack stand-in) nothing while the stack starts or while every service is
+replaced one by one (a rolling restart), and once for a service killed and kept down."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,12 +28,14 @@ import httpx
 import nats
 import pytest
 
-from aegis_contracts.cloud import CheckState, CloudSnapshot
+from aegis_contracts.cloud import CheckState, CloudCheck, CloudSnapshot
+from aegis_contracts.events import Heartbeat
 from aegis_contracts.ids import topic_for
-from aegis_contracts.keys import CLOUD_INFRA_TARGET
+from aegis_contracts.keys import CLOUD_INFRA, CLOUD_INFRA_TARGET
 from aegis_contracts.state import Level
-from aegis_contracts.subjects import STREAMS
+from aegis_contracts.subjects import HEARTBEAT, STREAMS, object_created_subject
 from aegis_contracts.times import parse_ts
+from aegis_devstack.control import installed_services
 from aegis_devstack.localservers import ManagedServer, free_port, start_moto_server
 from aegis_devstack.stack import DASHBOARD_TOKEN_FILE, local_dashboard_token
 from aegis_devstack.testing.emulator import arequest_counts
@@ -391,7 +395,118 @@ async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_noth
     assert said in printed, printed[-3000:]
 
 
-async def test_aegis_up_pages_nothing_about_the_cloud_while_it_starts(
+# the cloud collector's rules, short for the stack of the paging test: a replica beats every 2 s
+# (missed after 6 s), the fast checks run every 3 s, and a service down pages after 10 s of it
+FAST_INTERVAL_S = 3
+HEARTBEAT_INTERVAL_S = 2
+SERVICE_DOWN_FOR_S = 10
+# what the paging test keeps down: a service aegis up would otherwise restart
+KEPT_DOWN = "aggregator"
+# the states of a check that is failing (not yet reported, reported, or still reported)
+FAILING = frozenset({CheckState.PENDING, CheckState.FIRING, CheckState.CLEARING})
+
+
+async def operate(
+    cwd: Path, env: dict[str, str], *args: str, within: float = 60
+) -> list[dict[str, Any]]:
+    """``aegis up ARGS --json`` in ``cwd``, the directory of the aegis up it speaks to, as an
+    operator runs it from a second terminal; what it did to each service."""
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [AEGIS, "up", *args, "--json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=within,
+    )
+    assert done.returncode == 0, f"aegis up {' '.join(args)}: {done.stderr or done.stdout}"
+    outcomes: list[dict[str, Any]] = json.loads(done.stdout)
+    return outcomes
+
+
+async def heartbeats(nats_url: str) -> list[Heartbeat]:
+    """The last heartbeat of every replica that sent one (what the cloud collector reads)."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info("AEGIS_EVENTS", subjects_filter=f"{HEARTBEAT}.>")
+        subjects = sorted((info.state.subjects or {}).keys())
+        return [
+            Heartbeat.model_validate_json((await js.get_last_msg("AEGIS_EVENTS", s)).data or b"")
+            for s in subjects
+        ]
+    finally:
+        await nc.close()
+
+
+async def cloud_event(nats_url: str) -> int:
+    """The stream sequence of the last ObjectCreated of a cloud snapshot (what the alert
+    dispatcher decides on)."""
+    nc = await nats.connect(nats_url)
+    try:
+        subject = object_created_subject(CLOUD_INFRA)
+        return int((await nc.jetstream().get_last_msg("AEGIS_EVENTS", subject)).seq or 0)
+    finally:
+        await nc.close()
+
+
+async def dispatcher_acked(nats_url: str) -> int:
+    """The stream sequence up to which the alert dispatcher has acknowledged every event."""
+    nc = await nats.connect(nats_url)
+    try:
+        info = await nc.jetstream().consumer_info("AEGIS_EVENTS", "alert-dispatcher")
+        return int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
+    finally:
+        await nc.close()
+
+
+def pid_of(instance: str) -> int:
+    """The process id in a replica's instance id (``{host}-{pid}-{random}``)."""
+    return int(instance.rsplit("-", 2)[1])
+
+
+class FastSnapshots:
+    """The fast collector's snapshots in CLOUD#infra HISTORY, oldest first; ``read()`` adds the
+    ones written since the last read."""
+
+    def __init__(self, readmodel: ReadModel) -> None:
+        self.readmodel = readmodel
+        self.all: list[CloudSnapshot] = []
+
+    async def read(self) -> list[CloudSnapshot]:
+        now = datetime.now(UTC)
+        since = self.all[-1].updated_at + timedelta(milliseconds=1) if self.all else None
+        with contextlib.suppress(StorageError):  # the table is not there yet
+            items = await self.readmodel.cloud_history(
+                "fast", since or now - timedelta(minutes=10), now, now=now
+            )
+            self.all += [CloudSnapshot.model_validate(i["snapshot"]) for i in items]
+        return self.all
+
+    def after(self, at: datetime) -> list[CloudSnapshot]:
+        return [s for s in self.all if s.updated_at > at]
+
+
+def service_check(snapshot: CloudSnapshot, service: str) -> CloudCheck | None:
+    return snapshot.check(f"service:{service}")
+
+
+def cloud_posts(webhook: FakeWebhook) -> list[dict[str, Any]]:
+    """What reached the Slack stand-in about the platform itself (not about a factory)."""
+    return [r.body for r in webhook.requests if CLOUD_INFRA_TARGET in json.dumps(r.body)]
+
+
+def snapshot_time(post: dict[str, Any]) -> str:
+    """The time of the snapshot a Slack message speaks for (its "Time (UTC)" field)."""
+    fields = post["blocks"][1]["fields"]
+    (utc,) = [f["text"] for f in fields if f["text"].startswith("*Time (UTC)*")]
+    return str(utc.split("\n", 1)[1])
+
+
+@pytest.mark.timeout(300)
+async def test_aegis_up_pages_once_for_a_service_kept_down_and_never_while_it_starts_or_rolls(
     private_mosquitto: ManagedServer,
     private_nats: ManagedServer,
     own_emulator: ManagedServer,
@@ -399,32 +514,46 @@ async def test_aegis_up_pages_nothing_about_the_cloud_while_it_starts(
     webhook: FakeWebhook,
     tmp_path: Path,
 ) -> None:
-    """The fast collector runs every 10 s here, so several of its runs see the stack start (the
-    collector starts with the late services, before they beat); with a webhook set, none of its
-    start-up findings becomes a message: they are starting or pending, never a reason."""
+    """Three promises of the cloud collector's paging, on one stack, through the Slack stand-in.
+
+    While the stack starts, nothing is paged: the collector's first runs come before the other
+    services are up, and see them starting. A rolling restart (``aegis up restart``: every
+    service replaced by a new process, one after the other) pages nothing either: the collector
+    sees each replacement as starting, never down or not ready, and then its new replica ok.
+    Last, a service killed and kept down (``aegis up stop --kill``) pages once: one SERVICE_DOWN
+    CRITICAL naming it, from a snapshot at least its ``for`` after the stop aegis up recorded,
+    and nothing while it is pending (its heartbeat stopped, the collector sees it down)."""
     env = up_env(own_emulator.url, private_mosquitto, private_nats, unique_id, free_port()) | {
         "AEGIS_SLACK_WEBHOOK_URL": webhook.url,
-        "AEGIS_COLLECTOR_FAST_INTERVAL_S": "10",
+        "AEGIS_COLLECTOR_FAST_INTERVAL_S": str(FAST_INTERVAL_S),
+        "AEGIS_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_INTERVAL_S),
+        "AEGIS_CLOUD_FOR_BY_REASON": f"SERVICE_DOWN={SERVICE_DOWN_FOR_S}",
     }
-    log = (tmp_path / "up.log").open("wb")
+    log_path = tmp_path / "up.log"
+    log = log_path.open("wb")
+    # in a directory of its own: `aegis up stop|restart` there speak to this aegis up
     up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
-        [AEGIS, "up"], env=env, stdout=log, stderr=subprocess.STDOUT
+        [AEGIS, "up"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
     )
-    snapshots: list[CloudSnapshot] = []
+    names = installed_services()
+    replacements: dict[str, Heartbeat] = {}  # service -> the last beat of its new replica
+    phases = {"begun": time.monotonic()}  # for the record (printed), never asserted on
+
+    async def waited(predicate: Callable[[], Awaitable[bool]], within: float, what: str) -> None:
+        try:
+            await eventually(predicate, within=within, interval=0.5, what=what)
+        except AssertionError as err:
+            log.flush()
+            tail = log_path.read_text(errors="replace")[-4000:]
+            raise AssertionError(f"{err}\n--- aegis up, last lines ---\n{tail}") from None
+
     try:
         async with open_clients(AwsConfig(endpoint_url=own_emulator.url)) as clients:
-            readmodel = ReadModel(clients.dynamodb, env["AEGIS_TABLE"])
+            snapshots = FastSnapshots(ReadModel(clients.dynamodb, env["AEGIS_TABLE"]))
 
             async def all_up_twice() -> bool:
                 """Every service of the stack ok in the last two fast runs."""
-                nonlocal snapshots
-                with contextlib.suppress(StorageError):  # the table is not there yet
-                    now = datetime.now(UTC)
-                    items = await readmodel.cloud_history(
-                        "fast", now - timedelta(minutes=10), now, now=now
-                    )
-                    snapshots = [CloudSnapshot.model_validate(i["snapshot"]) for i in items]
-                last = snapshots[-2:]
+                last = (await snapshots.read())[-2:]
                 return len(last) == 2 and all(
                     c.status is Level.NORMAL and c.reason == "OK"
                     for s in last
@@ -432,28 +561,153 @@ async def test_aegis_up_pages_nothing_about_the_cloud_while_it_starts(
                     if c.name.startswith("service:")
                 )
 
-            try:
-                await eventually(all_up_twice, within=120, interval=2, what="every service up")
-            except AssertionError as err:
-                log.flush()
-                tail = (tmp_path / "up.log").read_text()[-4000:]
-                raise AssertionError(f"{err}\n--- aegis up, last lines ---\n{tail}") from None
-            # the dispatcher has had every one of those runs' events: give it the last one's
-            await asyncio.sleep(5)
-        assert up.poll() is None
+            await waited(all_up_twice, 120, "every service up")
+            started = snapshots.all[:]
+            phases["up"] = time.monotonic()
+
+            # a rolling restart: each service replaced by a new process, one after the other,
+            # the next once the new one is ready
+            rolled = {o["service"]: o for o in await operate(tmp_path, env, "restart", within=240)}
+            quiet = cloud_posts(webhook)
+            new_pids = {name: int(o["pid"]) for name, o in rolled.items()}
+            phases["rolled"] = time.monotonic()
+
+            # then a service killed (as a crash: no last heartbeat) and kept down
+            (stopped,) = await operate(tmp_path, env, "stop", KEPT_DOWN, "--kill")
+            stopped_at = parse_ts(stopped["at"])
+            assert child_pid(up.pid, KEPT_DOWN) is None  # aegis up did not restart it
+
+            while_pending: list[dict[str, Any]] | None = None
+
+            async def down_pending() -> bool:
+                """The last run, after the stop, sees no live replica (the heartbeat stopped)
+                and its failure is not reported yet: pending. What Slack had got by then was
+                taken before that run was read: nothing can have come from a run that fired."""
+                nonlocal while_pending
+                posts = cloud_posts(webhook)
+                last = (await snapshots.read())[-1]
+                check = service_check(last, KEPT_DOWN)
+                if (
+                    last.updated_at > stopped_at
+                    and check is not None
+                    and check.alerting is not None
+                    and check.alerting.state is CheckState.PENDING
+                    and check.alerting.observed is Level.CRITICAL
+                ):
+                    while_pending = posts
+                return while_pending is not None
+
+            await waited(down_pending, 30, "SERVICE_DOWN pending")
+
+            async def paged() -> bool:
+                return len(cloud_posts(webhook)) > len(quiet)
+
+            await waited(paged, 60, "the SERVICE_DOWN page")
+            phases["paged"] = time.monotonic()
+            # the dispatcher has decided on a later run too, the service still down
+            firing_event = later_event = await cloud_event(private_nats.url)
+
+            async def decided_on_a_later_run() -> bool:
+                nonlocal later_event
+                if later_event == firing_event:
+                    later_event = await cloud_event(private_nats.url)
+                    return False
+                return await dispatcher_acked(private_nats.url) >= later_event
+
+            await waited(decided_on_a_later_run, 30, "the dispatcher on a later run")
+
+            async def every_replacement_seen() -> bool:
+                """Every service that beats has a ready replica in its new process, and a run
+                of the new collector after that replica's start had the service ok (its old
+                replica had said it was stopping: the new one is what the run counted)."""
+                beats = await heartbeats(private_nats.url)
+                for beat in beats:
+                    if pid_of(beat.instance) == new_pids.get(beat.service) and beat.ready:
+                        replacements[beat.service] = beat
+                if not {b.service for b in beats} <= set(replacements):
+                    return False
+                await snapshots.read()
+                return all(
+                    any(
+                        pid_of(s.collector) == new_pids["cloud-collector"]
+                        and (check := service_check(s, name)) is not None
+                        and check.reason == "OK"
+                        for s in snapshots.after(beat.started_at)
+                    )
+                    for name, beat in replacements.items()
+                )
+
+            await waited(every_replacement_seen, 60, "the collector seeing every replacement")
+            (last_beat,) = [
+                b
+                for b in await heartbeats(private_nats.url)
+                if pid_of(b.instance) == new_pids[KEPT_DOWN]
+            ]
+            assert up.poll() is None
     finally:
         up.send_signal(signal.SIGTERM)
         code = up.wait(60)
         log.close()
-    assert code == 0, (tmp_path / "up.log").read_text()[-3000:]
+    assert code == 0, log_path.read_text()[-3000:]
+    phases["stopped"] = time.monotonic()
+    steps = list(phases.items())
+    print(", ".join(f"{b[0]} after {b[1] - a[1]:.0f} s" for a, b in itertools.pairwise(steps)))
+
+    # start-up: runs saw services starting, none was reported
     seen = {
         (c.name, c.alerting.state)
-        for s in snapshots
+        for s in started
         for c in s.checks
         if c.alerting and c.alerting.state in {CheckState.STARTING, CheckState.PENDING}
     }
-    print(f"{len(snapshots)} fast runs; starting or pending on the way: {sorted(seen)}")
-    assert all(s.reasons == [] for s in snapshots), [s.reasons for s in snapshots if s.reasons]
-    cloud = [r.body for r in webhook.requests if CLOUD_INFRA_TARGET in json.dumps(r.body)]
-    assert cloud == [], cloud
+    print(f"{len(started)} fast runs at start-up; starting or pending: {sorted(seen)}")
+    assert all(s.reasons == [] for s in started), [s.reasons for s in started if s.reasons]
     assert seen, "no run saw the stack start: the test shows nothing"
+
+    # the rolling restart: every service in a new process after a clean stop, the collector's
+    # runs going on through it (its own replacement included), and no service failing in them
+    assert sorted(rolled) == names, sorted(rolled)
+    for outcome in rolled.values():
+        assert outcome["ok"] and outcome["ready"], outcome
+        assert outcome["pid"] != outcome["previous_pid"], outcome
+        # a clean stop, as a deploy's (uvicorn ends by its own signal once it has shut down)
+        assert outcome["exit"] in {"exit code 0", "killed by SIGTERM"}, outcome
+    rolling = [s for s in snapshots.all if s.updated_at <= stopped_at][len(started) :]
+    collectors = {pid_of(s.collector) for s in rolling}
+    assert collectors == {rolled["cloud-collector"]["previous_pid"], new_pids["cloud-collector"]}
+    roll_seen = {
+        (c.name, c.reason, c.alerting.state)
+        for s in rolling
+        for c in s.checks
+        if c.alerting and c.alerting.state is not CheckState.OK
+    }
+    print(f"{len(rolling)} fast runs over the rolling restart; not ok: {sorted(roll_seen)}")
+    print(f"replacements seen: {sorted(replacements)}")
+    assert all(s.reasons == [] for s in rolling), [s.reasons for s in rolling if s.reasons]
+    failing = {(n, r) for n, r, state in roll_seen if state in FAILING and n.startswith("service:")}
+    assert not failing, failing
+    assert quiet == [], quiet
+
+    # kept down: its heartbeat stopped at the kill; paged once, by the first run that fired, at
+    # least `for` after the stop, nothing while it was pending
+    assert stopped["exit"] == "killed by SIGKILL" and stopped["previous_pid"] == new_pids[KEPT_DOWN]
+    assert not last_beat.stopping and last_beat.at <= stopped_at, last_beat
+    assert while_pending == [], while_pending
+    posts = cloud_posts(webhook)
+    assert len(posts) == 1, posts
+    (post,) = posts
+    assert "CRITICAL" in post["text"] and "SERVICE_DOWN" in post["text"], post["text"]
+    assert f"service:{KEPT_DOWN}" in json.dumps(post), post
+    firing = [s for s in snapshots.after(stopped_at) if s.reasons]
+    assert len(firing) >= 2, firing  # the dispatcher decided on more than the run that fired
+    assert all([r.code for r in s.reasons] == ["SERVICE_DOWN"] for s in firing), firing
+    fired = firing[0]
+    check = service_check(fired, KEPT_DOWN)
+    assert check is not None and check.alerting is not None
+    assert check.alerting.state is CheckState.FIRING and check.reason == "SERVICE_DOWN", check
+    assert snapshot_time(post) == fired.updated_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert check.alerting.failing_since is not None and check.alerting.failing_since > stopped_at
+    assert fired.updated_at - stopped_at >= timedelta(seconds=SERVICE_DOWN_FOR_S), (
+        fired.updated_at,
+        stopped_at,
+    )
