@@ -54,10 +54,10 @@ SMOKE = Path(__file__).resolve().parents[1] / "tools" / "smoke.py"
 DATASETS = ("factory_state", "risk_score")
 
 
-async def dashboard_page(port: int) -> str:
+async def dashboard_page(port: int, directory: Path) -> str:
     """The fleet page of the dashboard aegis up started, signed in with its local token (the file
-    aegis up keeps in .run/ of the directory it runs in, this one)."""
-    token = local_dashboard_token(DASHBOARD_TOKEN_FILE)
+    aegis up keeps in .run/ of the directory it runs in)."""
+    token = local_dashboard_token(directory / DASHBOARD_TOKEN_FILE)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
         resp = await client.get("/", headers={"Authorization": f"Bearer {token}"})
         assert resp.status_code == 200, resp.text[:500]
@@ -181,8 +181,9 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
     dashboard_port = free_port()
     env = up_env(aws_endpoint, private_mosquitto, private_nats, unique_id, dashboard_port)
     log = (tmp_path / "up.log").open("wb")
+    # in a directory of its own (its .run/), not the checkout's, where a `make run` may be
     up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
-        [AEGIS, "up"], env=env, stdout=log, stderr=subprocess.STDOUT
+        [AEGIS, "up"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
     )
     rows: list[dict[str, object]] = []
     cloud: dict[str, object] = {}
@@ -215,7 +216,7 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
         print(f"fleet visible after {time.monotonic() - started:.1f} s")
         # both collectors tick at start; on a loaded machine their first run may follow the fleet
         await eventually(cloud_visible, within=30, interval=1, what="cloud infra in aegis status")
-        page = await dashboard_page(dashboard_port)
+        page = await dashboard_page(dashboard_port, tmp_path)
         assert all(f'data-factory="{f}"' in page for f in ("factory-a", "factory-b", "factory-c"))
         # the smoke test the Docker workflow runs against `docker compose up`, here against this
         smoke = await asyncio.create_subprocess_exec(
@@ -273,7 +274,8 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
     assert (
         f"the dashboard: http://127.0.0.1:{dashboard_port}/ (sign in with the token in" in printed
     )
-    assert local_dashboard_token(DASHBOARD_TOKEN_FILE) not in printed  # the token stays in its file
+    token = local_dashboard_token(tmp_path / DASHBOARD_TOKEN_FILE)
+    assert token not in printed  # the token stays in its file
     for service in ("processor", "ingest"):
         assert f"aegis up: {service} exited (killed by SIGKILL); restart 1 in 1 s" in printed
     for row in rows:
@@ -330,7 +332,7 @@ async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_noth
     try:
         with log_path.open("wb") as log:
             up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
-                [AEGIS, "up"], env=env, stdout=log, stderr=subprocess.STDOUT
+                [AEGIS, "up"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
             )
             try:
 
@@ -367,7 +369,7 @@ async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_noth
         with log_path.open("wb") as log:
             started, begun = datetime.now(UTC), time.monotonic()
             up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
-                [AEGIS, "up"], env=env, stdout=log, stderr=subprocess.STDOUT
+                [AEGIS, "up"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
             )
             try:
 
