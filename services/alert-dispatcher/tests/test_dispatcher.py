@@ -661,71 +661,70 @@ def sample(app: DispatcherApp, name: str, **labels: str) -> float:
     return app.metrics.total(name, **labels)
 
 
-async def test_a_shutdown_while_slack_is_slow_still_sends_exactly_one_message(
+async def test_a_post_slack_holds_keeps_no_other_scope_waiting_and_a_stop_waits_for_it(
     foundation: Foundation,
     aws_endpoint: str,
     private_nats,
     webhook: FakeWebhook,
     unique_id: str,
 ) -> None:
-    """Two replicas; the one posting is stopped while Slack holds the post, with a graceful
-    timeout shorter than Slack's answer, so its handler is cancelled mid-post. The post and its
-    confirmation finish anyway; the redelivery on the other replica finds it sent."""
+    """One replica. Slack holds every post: the fire of factory-a is being posted, and the
+    fire of factory-b, published after it, reaches Slack too (its event did not wait behind
+    the held post). The replica is then stopped while both are held, with a graceful timeout
+    shorter than Slack's answer: it waits for the posts and their confirmations; nothing is
+    redelivered or sent twice."""
     s = settings_for(foundation, aws_endpoint, private_nats.url, webhook, unique_id).model_copy(
-        update={"graceful_timeout_s": 0.2, "alert_ack_wait_s": 4.0, "alert_send_lease_s": 3.0}
+        update={"graceful_timeout_s": 0.2}
     )
+    app = DispatcherApp(s)
+    client = create_broker(s, name="alerts-test-client")
     try:
-        async with replicas(s) as (apps, client):
-            webhook.hold()
-            # the replicas run on the real clock, whose leases and ack waits pass as time does:
-            # a state of now (alert items expire a while after their state)
-            event = await put_state(foundation, "factory-a", utc_now(), [FIRE])
+        await app.start()
+        await ensure_streams(client)
+        webhook.hold()
+        # the replica runs on the real clock, whose leases pass as time does: a state of now
+        for factory in ("factory-a", "factory-b"):
+            event = await put_state(foundation, factory, utc_now(), [FIRE])
             await publish(client, object_created_subject("state_snapshot"), event, msg_id=None)
-            await eventually(lambda: len(webhook.waiting) == 1, within=10, what="the post at Slack")
-            (posting,) = [a for a in apps if a.dispatcher and a.dispatcher._settling]
-            (other,) = [a for a in apps if a is not posting]
-            stopping = asyncio.ensure_future(posting.stop())
-            dispatcher = posting.dispatcher
             await eventually(
-                lambda: dispatcher.sends_outliving_cancel == 1,
-                within=5,
-                what="the handler cancelled while Slack holds the post",
+                lambda f=factory: any(f in str(r.body) for r in webhook.waiting),
+                within=10,
+                what=f"the post of {factory} at Slack",
             )
-            assert len(webhook.waiting) == 1 and not stopping.done()
-            (intent,) = await intent_items(foundation, "factory-a")
+        assert len(webhook.waiting) == 2  # both at once: the second did not queue behind
+        stopping = asyncio.ensure_future(app.stop())
+        await asyncio.sleep(0.5)  # well past the graceful timeout: the posts are still held
+        assert not stopping.done()
+        for factory in ("factory-a", "factory-b"):
+            (intent,) = await intent_items(foundation, factory)
             assert intent["state"] == "sending"
-            webhook.release()
-            await stopping
-            assert sample(posting, "messages_total", outcome="interrupted") == 1
-            assert len(webhook.delivered) == 1
-            (intent,) = await intent_items(foundation, "factory-a")
+        webhook.release()
+        await stopping
+        assert sorted(headlines(webhook)) == [
+            "CRITICAL · factory-a · FIRE_DETECTED",
+            "CRITICAL · factory-b · FIRE_DETECTED",
+        ]
+        for factory in ("factory-a", "factory-b"):
+            (intent,) = await intent_items(foundation, factory)
             assert intent["state"] == "sent"
-            # the cancelled message comes back after its ack wait, to the other replica: nothing sent
-            await eventually(
-                lambda: (
-                    sample(
-                        other,
-                        "alert_decisions_total",
-                        outcome="suppressed_cooldown",
-                        action="suppressed_cooldown",
-                        severity="CRITICAL",
-                    )
-                    == 1
-                ),
-                within=15,
-                what="the redelivery handled",
-            )
-            assert headlines(webhook) == ["CRITICAL · factory-a · FIRE_DETECTED"]
-            assert len(webhook.requests) == 1
+        assert sample(app, "alert_decisions_total", outcome="sent", action="fire") == 2
+        # a replica on the same durable finds nothing left to deliver: the events were settled
+        again = DispatcherApp(s)
+        await again.start()
+        await asyncio.sleep(1.5)  # three fetches of the durable
+        await again.stop()
+        assert len(webhook.requests) == 2
     finally:
         webhook.release()
+        await client.stop()
 
 
-# how the survivor learns of the death: the queue redelivers the event (a short ack wait and
-# lease), or, with the defaults (ack wait 300 s, lease 120 s), the killed replica's heartbeat
-# runs out and the survivor's sweep takes its message over long before the lease would
+# how the survivor learns of the death: the message's lease runs out (a short lease), or, with
+# the defaults (lease 120 s), the killed replica's heartbeat runs out and the survivor's sweep
+# takes its message over long before the lease would. (The event itself was settled once the
+# message was recorded: it is not redelivered.)
 TAKEOVERS = {
-    "redelivery": {"AEGIS_ALERT_ACK_WAIT_S": "3", "AEGIS_ALERT_SEND_LEASE_S": "2.5"},
+    "lease": {"AEGIS_ALERT_ACK_WAIT_S": "3", "AEGIS_ALERT_SEND_LEASE_S": "2.5"},
     "heartbeat": {"AEGIS_ESCALATION_TICK_S": "1"},
 }
 
@@ -741,8 +740,8 @@ async def test_a_replica_killed_while_slack_is_slow_is_completed_by_the_other_ex
     takeover: str,
 ) -> None:
     """Two real dispatcher processes. The one posting is SIGKILLed while Slack holds its post and
-    the intent item says ``sending``; the other completes the intent (the JetStream redelivery
-    reaches it, or its sweep sees the sender's heartbeat run out): one message. The killed post
+    the intent item says ``sending``; the other's sweep completes the intent (its lease ran
+    out, or the sender's heartbeat did): one message. The killed post
     never got an answer; the stand-in counts it as abandoned (a real Slack might still show it:
     then as a second copy with the same alert id, which is the at-least-once window the module
     docstring names, and which this asserts)."""

@@ -522,6 +522,13 @@ def durable_pull(
     )
 
 
+async def stop_consuming(broker: NatsBroker) -> None:
+    """Stop the broker's consumers (in-flight messages finish within the graceful timeout or
+    are cancelled) and keep its connection: what they started can still publish. The broker's
+    own ``stop`` closes the connection later."""
+    await asyncio.gather(*(subscriber.stop() for subscriber in broker.subscribers))
+
+
 # --------------------------------------------------------------------------------------------------
 # Publishing
 

@@ -37,7 +37,7 @@ from aegis_contracts.events import ObjectCreated, SystemEvent
 from aegis_contracts.subjects import OBJECT_CREATED, STREAMS, system_subject
 from aegis_contracts.times import Clock, utc_now
 from aegis_runtime import logging as aegis_logging
-from aegis_runtime.broker import dead_letter, durable_pull
+from aegis_runtime.broker import dead_letter, durable_pull, stop_consuming
 from aegis_runtime.lifecycle import run_service, start_background
 from aegis_runtime.service import ServiceApp
 from aegis_storage.clients import AwsClients
@@ -128,9 +128,6 @@ class DispatcherApp(ServiceApp):
     async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
         s = self.settings
         session = await stack.enter_async_context(aiohttp.ClientSession())
-        # closed before the session: the consumers stop (in-flight messages finish or are
-        # cancelled), then the posts in progress finish and are confirmed
-        stack.push_async_callback(self._drain)
         webhook = s.slack_webhook_url.get_secret_value() if s.slack_webhook_url else None
         sender = (
             SlackWebhook(
@@ -164,6 +161,7 @@ class DispatcherApp(ServiceApp):
             on_result=self._count,
             lease=timedelta(seconds=s.send_lease_s),
             escalation=self.escalation,
+            post_in_background=True,
             incident_store=self.incident_metrics.watch(
                 clients, table=s.table, bucket=s.bucket, changes=self.publish_change
             ),
@@ -188,6 +186,11 @@ class DispatcherApp(ServiceApp):
         # the policy's other level-0 receivers hear of a fire as its message is posted
         self.dispatcher.alongside = self.escalator.notify_now
         start_background(stack, self._heartbeats, "replica-heartbeat")
+        # closed before the session, the receivers' clients and the heartbeat: the consumers
+        # stop (in-flight messages finish or are cancelled), then the posts in progress finish,
+        # are confirmed and announced, while this replica still says it is alive (no other
+        # takes its messages over meanwhile); the broker itself is closed after
+        stack.push_async_callback(self._drain)
         start_background(stack, self._sweeps, "incident-sweep")
         start_background(stack, self.incident_metrics.run, "incident-metrics")
         log.info(
@@ -226,7 +229,7 @@ class DispatcherApp(ServiceApp):
                 await asyncio.wait_for(stop.wait(), timeout=self.settings.escalation_tick_s)
 
     async def _drain(self) -> None:
-        await self.broker.stop()
+        await stop_consuming(self.broker)
         if self.dispatcher is not None:
             await self.dispatcher.drain()
 

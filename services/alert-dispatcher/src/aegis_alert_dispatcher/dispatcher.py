@@ -19,10 +19,13 @@
    ``aegis.dlq.alert-dispatcher.undeliverable`` (``aegis alerts resend``); the alerts it fired
    are released, so a later snapshot still reporting them tries again, and those it resolved
    stay resolved.
-6. An intent left ``sending`` (a crash, a DynamoDB error, a kill) is completed by the next handler
-   of that scope and stream that finds its lease over, or at once by a redelivery of the very
-   message that recorded it: it posts the recorded body and confirms. A post in progress is not
-   abandoned when the service stops: cancellation waits for the post and its confirmation.
+6. The service posts beside the handler (``post_in_background``): the event is settled once its
+   intent is recorded, so a Slack that is slow or refusing holds back no other event (another
+   scope's fire). An intent left ``sending`` (a crash, a DynamoDB error, a kill) is completed by
+   any replica's sweep once its owner's heartbeat or its lease has run out, by the next handler
+   of that scope and stream that finds its lease over, or by a redelivery of the very message
+   that recorded it: it posts the recorded body and confirms. A post in progress is not
+   abandoned when the service stops: the stop waits for the post and its confirmation.
 7. Every decision is logged with its reason and counted; a sent alert is announced as a system
    event (``aegis.events.alert_sent``) for the orchestrator.
 8. Incidents. Each reason that fires opens an incident (``INCIDENT#{id}``), written in the same
@@ -252,6 +255,7 @@ class Dispatcher:
         alive_for: timedelta = timedelta(seconds=8),
         escalation: EscalationConfig | None = None,
         alongside: Callable[[Sequence[str]], Coroutine[Any, Any, object]] | None = None,
+        post_in_background: bool = False,
     ) -> None:
         self.store = store
         self.readmodel = readmodel
@@ -276,6 +280,9 @@ class Dispatcher:
         # the policies' other receivers of the incidents a message fires, told at the same time
         # as the message is posted (the sweep's claim makes it once across replicas)
         self.alongside = alongside
+        # the service posts beside its handlers (a slow Slack holds back no other event); called
+        # directly (tests, tools), a handler returns once its message is settled
+        self.post_in_background = post_in_background
         self._alongside: set[asyncio.Task[object]] = set()
         # posts (and their confirmations) in progress: they outlive a cancelled handler
         self._settling: set[asyncio.Task[tuple[str, str]]] = set()
@@ -600,6 +607,9 @@ class Dispatcher:
                     ]
                 continue  # an incident changed under it (an acknowledgement): decide again
             self._tell_alongside(intent)
+            if self.post_in_background:
+                self._post_in_background(intent, snapshot, sends)
+                return results
             outcome, why = await self._settle_outliving_cancel(intent)
             return results + [
                 Result(outcome, d.action, d.severity, d.code, why or d.why) for d in sends
@@ -926,6 +936,32 @@ class Dispatcher:
             for result in await self._take_over(intent, now):
                 results.append(self._record(result, scope=intent.scope, intent=intent.sk))
         return results
+
+    def _post_in_background(
+        self, intent: AlertIntent, snapshot: Snapshot, sends: Sequence[Decision]
+    ) -> None:
+        """Post and confirm a recorded intent beside the handler, which returns at once: its
+        event is settled, and the next events (another scope's fire) do not wait for a Slack
+        that is slow or refusing. The intent is the durable part: a process that dies before the
+        confirmation leaves it ``sending``, and the sweep of any replica completes it once its
+        owner's heartbeat or its lease has run out; a stopping one waits for it (:meth:`drain`).
+        Each decision is logged and counted once its message is settled."""
+
+        async def post() -> tuple[str, str]:
+            try:
+                outcome, why = await self._settle(intent)
+            except Exception as err:  # DynamoDB kept failing through the confirmation's retries
+                log.warning(
+                    "alert_post_left_to_the_sweep", attempt_id=intent.attempt_id, error=repr(err)
+                )
+                return "left_to_the_sweep", repr(err)
+            for d in sends:
+                self._record(Result(outcome, d.action, d.severity, d.code, why or d.why), snapshot)
+            return outcome, why
+
+        task = asyncio.ensure_future(post())
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
 
     async def _settle_outliving_cancel(self, intent: AlertIntent) -> tuple[str, str]:
         """Post and confirm ``intent``; a cancellation (shutdown) meanwhile waits for both, then
