@@ -27,7 +27,7 @@ from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.storage import Foundation
-from aegis_devstack.testing.webhook import FakeWebhook, serving
+from aegis_devstack.testing.webhook import FakeWebhook, running_webhook
 from aegis_storage.incidents import IncidentStore
 
 pytestmark = pytest.mark.integration
@@ -73,11 +73,7 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 @pytest.fixture
 async def pager() -> AsyncIterator[FakeWebhook]:
-    fake = FakeWebhook()
-    app = aiohttp.web.Application()
-    app.router.add_post("/{tail:.*}", fake._handle)
-    async with serving(app) as base:
-        fake.url = f"{base}/pager"
+    async with running_webhook("/pager") as fake:
         yield fake
 
 

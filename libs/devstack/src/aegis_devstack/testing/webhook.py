@@ -138,15 +138,23 @@ async def serving(app: web.Application) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-@pytest.fixture
-async def webhook() -> AsyncIterator[FakeWebhook]:
-    """A running fake webhook on 127.0.0.1 (its ``url`` ends in /hook)."""
+@contextlib.asynccontextmanager
+async def running_webhook(path: str = "/hook") -> AsyncIterator[FakeWebhook]:
+    """A fake webhook on a free port of 127.0.0.1 for the block; its ``url`` ends in ``path``
+    (it answers a POST to any path, and records the path)."""
     fake = FakeWebhook()
     app = web.Application()
     app.router.add_post("/{tail:.*}", fake._handle)
     async with serving(app) as base:
-        fake.url = f"{base}/hook"
+        fake.url = f"{base}{path}"
         try:
             yield fake
         finally:
             fake.release()  # held requests are answered (or abandoned) before the server stops
+
+
+@pytest.fixture
+async def webhook() -> AsyncIterator[FakeWebhook]:
+    """A running fake webhook on 127.0.0.1 (its ``url`` ends in /hook)."""
+    async with running_webhook() as fake:
+        yield fake
