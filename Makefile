@@ -95,7 +95,7 @@ test-at: lint browser $(KUBECTL) ## the whole suite with the clock moved (AT='20
 unit: $(STAMP) $(KUBECTL) ## only the tests that need no server
 	$(PYTEST_RUN) -m "not integration and not e2e"; status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
 
-bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), backend ceiling, baseline, AEGIS end to end, a reporter day, migration, the dashboard's fleet, the fleet at 1,000 factories, the emulator under make run's load, faults under load
+bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), backend ceiling, baseline, AEGIS end to end, a reporter day, migration, the dashboard's fleet, the fleet at 1,000 factories, the emulator under make run's load, faults under load, alert latency under the fleet's load
 	$(VENV)/bin/python tests/bench/triggers.py --out bench-results/triggers.json
 	$(VENV)/bin/python tests/bench/pipeline.py --out bench-results/pipeline.json
 	$(VENV)/bin/python tests/bench/reporter.py --out bench-results/reporter.json
@@ -106,6 +106,7 @@ bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), backend ceiling,
 	$(VENV)/bin/python tests/bench/faults.py --out bench-results/faults.json \
 		$(if $(BENCH_MOSQUITTO),--mosquitto $(BENCH_MOSQUITTO)) \
 		$(if $(BENCH_MOSQUITTO_PERSIST_PLUGIN),--mosquitto-persist-plugin $(BENCH_MOSQUITTO_PERSIST_PLUGIN))
+	$(VENV)/bin/python tests/bench/alerts.py --out bench-results/alerts.json
 
 fmt: $(STAMP) ## format and autofix
 	$(VENV)/bin/ruff format .

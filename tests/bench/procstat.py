@@ -28,3 +28,12 @@ def sample(pid: int) -> ProcSample:
             elif line.startswith("VmHWM:"):
                 peak = int(line.split()[1]) / 1024
     return ProcSample(cpu, rss, peak)
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (every core, every process), from /proc/stat:
+    how busy it was over an interval is the difference over the interval's seconds."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is counted in user already)
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _TICK
