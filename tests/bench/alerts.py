@@ -18,12 +18,13 @@ factory_state every 5 s (QoS 1, spread evenly over the interval). One run, in th
    outcome: snapshots decided from the event alone (``routine``: no request) and those handled;
 3. acknowledge: two factories on fire; one incident acknowledged with ``aegis incidents ack``
    (as a person would), the other left alone (the control). Measured: the ack -> the sweep
-   seeing it (its ACKNOWLEDGED notification at Slack; bounded by one tick), the escalations
-   ``oncall`` received for the acknowledged incident after the ack (must be 0) and the control's
-   escalation, seconds after its fire;
+   seeing it (its ACKNOWLEDGED notification at Slack; the sweep runs a tick after the last one
+   ended), the escalations ``oncall`` received for the acknowledged incident after the ack
+   (must be 0) and the control's escalation, seconds after its fire;
 4. Slack down (503): ``--outage-fires`` fires. Measured: fire publish -> Slack's first (refused)
-   attempt -> the fallback receiver's request; messages dead-lettered (0 while a receiver works)
-   and notifications the fallback got more than once;
+   attempt -> the second receiver's first request (the fallback; or ``oncall`` when level 1 fell
+   due before Slack's attempts were over: somebody was told all the same); messages
+   dead-lettered (0 while a receiver works) and notifications the fallback got more than once;
 5. the 1,000-factory fleet for ``--overload-s``: the routine rate offered and the rate the
    platform processed (what the emulator sustains), then everything stops.
 
@@ -420,7 +421,7 @@ class Bench:
         return {
             "ack_command_s": round(returned - started, 2),
             "ack_to_sweep_s": None if seen is None else round(seen.at - acked_at, 2),
-            "bound_s": self.args.tick_s,
+            "tick_s": self.args.tick_s,
             "escalations_after_ack": len(after_ack),
             "acked_state": timeline.state,
             "acked_level": timeline.level,
@@ -449,44 +450,56 @@ class Bench:
         self.slack.down()
         fired = await self.fires(self.args.outage_fires, burning=True)
 
-        def fallback(factory: str) -> list[Request]:
-            return [
-                r
-                for r in self.pager.requests
-                if r.path.endswith("/fallback") and r.body.get("scope") == factory
-            ]
+        def told(factory: str) -> list[Request]:
+            """What the second receiver got of ``factory`` (its fallback or its level 1)."""
+            return [r for r in self.pager.requests if r.body.get("scope") == factory]
 
-        await until(lambda: all(fallback(f) for f in fired), within=90)
+        await until(lambda: all(told(f) for f in fired), within=90)
         await asyncio.sleep(2 * self.args.tick_s)  # a second copy would show by now
         dead = await dead_letters(self.svc.nats.url) - dead_before
         after = self.metrics()
         self.slack.up()
         self.fleet.burning -= set(fired)
-        reached, tried, copies, same = [], [], 0, 0
-        per_fire = []  # in the order of the fires: (first Slack attempt, fallback) seconds
+        reached, tried, by, copies, same = [], [], Counter[str](), 0, 0
+        # in the order of the fires: seconds to Slack's first attempt, to the other receiver
+        per_fire: list[list[Any]] = []
+        # in the order of the fires: when Slack was tried, seconds after the first fire
+        attempts: list[list[float]] = []
+        outage_began = min(fired.values())
         for factory, at in fired.items():
-            got = fallback(factory)
-            if got:
-                reached.append(got[0].at - at)
+            got = told(factory)
             first = first_post(self.slack, factory, at)
             if first is not None:
                 tried.append(first.at - at)
+            if got:
+                reached.append(got[0].at - at)
+                by[got[0].path.rsplit("/", 1)[1]] += 1
             per_fire.append(
                 [
-                    None if r is None else round(r.at - at, 2)
-                    for r in (first, got[0] if got else None)
+                    None if first is None else round(first.at - at, 2),
+                    round(got[0].at - at, 2) if got else None,
+                    got[0].path.rsplit("/", 1)[1] if got else None,
                 ]
             )
-            copies += max(0, len(got) - 1)
+            attempts.append(
+                [
+                    round(r.at - outage_began, 2)
+                    for r in self.slack.requests[first_request:]
+                    if factory in names(r) and r.status == 503
+                ]
+            )
+            copies += max(0, sum(1 for r in got if r.path.endswith("/fallback")) - 1)
             deliveries = Counter(r.headers.get("X-Aegis-Delivery") for r in got)
             same += sum(n - 1 for n in deliveries.values())
         refused = [r for r in self.slack.requests[first_request:] if r.status == 503]
         return {
             "fires": len(fired),
-            "fallback_reached": len(reached),
+            "reached": len(reached),
+            "reached_by": dict(by),  # fallback, or oncall when level 1 fell due first
             "to_first_slack_attempt_s": stats(tried),
-            "to_fallback_s": stats(reached),
+            "to_other_receiver_s": stats(reached),
             "per_fire_s": per_fire,
+            "slack_attempts_s": attempts,
             "slack_refused": len(refused),
             "dead_lettered": dead,
             "fallback_more_than_once": copies,
@@ -610,25 +623,27 @@ def rows(r: dict[str, Any]) -> Iterator[tuple[str, str]]:
     yield "state snapshots: routine / handled", snapshots
     yield "  decisions by outcome", listed(load["decisions"])
     yield "  CPU share (cores) over the part", listed(load["cpu_share"])
-    bound = f"(bound: one tick, {ack['bound_s']:g} s)"
-    yield "ack -> sweep sees it (ACKNOWLEDGED at Slack), s", f"{ack['ack_to_sweep_s']} {bound}"
+    tick = f"(the sweep every {ack['tick_s']:g} s after the last one ended)"
+    yield "ack -> sweep sees it (ACKNOWLEDGED at Slack), s", f"{ack['ack_to_sweep_s']} {tick}"
     yield "escalations after the ack", str(ack["escalations_after_ack"])
     level = f"(level 1 after {ack['escalate_after_s']:g} s)"
     yield "control escalated after its fire, s", f"{ack['control_escalated_after_fire_s']} {level}"
     yield "Slack down: fire -> Slack's first attempt, s", pcts(down["to_first_slack_attempt_s"])
-    yield "Slack down: fire -> fallback receiver, s", pcts(down["to_fallback_s"])
+    yield "Slack down: fire -> the other receiver, s", pcts(down["to_other_receiver_s"])
+    reached = f"{down['reached']} of {down['fires']} ({listed(down['reached_by'])})"
     yield (
-        "  reached / dead-lettered / more than once",
+        "  reached / dead-lettered / fallback twice",
         (
-            f"{down['fallback_reached']} of {down['fires']} / {down['dead_lettered']} / "
-            f"{down['fallback_more_than_once']} (Slack refused {down['slack_refused']} posts)"
+            f"{reached} / {down['dead_lettered']} / {down['fallback_more_than_once']} "
+            f"(Slack refused {down['slack_refused']} posts)"
         ),
     )
     if "overload" in r:
         o = r["overload"]
+        offered = f"{o['offered_per_s']} / {o['processed_per_s']}"
         yield (
             f"{o['factories']} factories: offered / processed msg/s",
-            (f"{o['offered_per_s']} / {o['processed_per_s']} (backlog {o['backlog_at_end']})"),
+            (f"{offered} (backlog {o['backlog_at_end']})"),
         )
         yield "  CPU share (cores) over that", listed(o["cpu_share"])
 
