@@ -566,3 +566,33 @@ async def test_an_incident_whose_resolve_was_never_handled_is_resolved_from_late
         f"RESOLVED · {unique_id} · GAS_LEAK",
     ]
     assert await IncidentStore(foundation.readmodel).open(now=clock.now) == []
+
+
+async def test_a_first_post_slack_refuses_goes_to_the_fallback_without_waiting_for_a_sweep(
+    foundation: Foundation,
+    webhook: FakeWebhook,
+    pager: FakeWebhook,
+    session: aiohttp.ClientSession,
+    unique_id: str,
+) -> None:
+    """As the service runs it (posting beside the handler): no sweep runs here."""
+    webhook.down()
+    clock = FakeClock(T0)
+    config = parse_escalation(FALLBACK)
+    slack = SlackWebhook(webhook.url, session, first_delay=0.01, max_attempts=2, timeout=5)
+    d = dispatcher(foundation, slack, clock, config)
+    d.post_in_background = True
+    receivers: dict[str, Receiver | None] = {
+        "slack": SlackWebhookReceiver("slack", slack),
+        "pager": slack_receiver("pager", pager.url, session),
+    }
+    e = escalator(foundation, receivers, clock, config=config)
+    d.alongside = e.notify_now
+    fire = Reason(code="GAS_LEAK", severity="CRITICAL", detail="CO 410 ppm")
+    assert await d.handle_snapshot(Snapshot(unique_id, Stream.STATE, T0, (fire,))) == []
+    await d.drain()
+    assert len(webhook.requests) == 2 and webhook.delivered == []  # Slack refused both tries
+    assert titles(pager) == [f"CRITICAL · {unique_id} · GAS_LEAK"]
+    (incident,) = await IncidentStore(foundation.readmodel).open(now=clock.now)
+    told = [(x.receiver, x.outcome) for x in incident.timeline if x.kind == "notified"]
+    assert told == [("slack", "undeliverable"), ("pager", "sent")]

@@ -957,6 +957,8 @@ class Dispatcher:
                 return "left_to_the_sweep", repr(err)
             for d in sends:
                 self._record(Result(outcome, d.action, d.severity, d.code, why or d.why), snapshot)
+            if outcome == FAILING_OVER:
+                self._tell_alongside(intent)  # the fallback now, not at the next sweep
             return outcome, why
 
         task = asyncio.ensure_future(post())

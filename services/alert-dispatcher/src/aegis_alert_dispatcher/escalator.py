@@ -156,9 +156,11 @@ class Escalator:
 
     async def notify_now(self, incident_ids: Sequence[str]) -> list[Swept]:
         """The receivers of the levels these incidents reached that have not heard of them
-        (:meth:`_unreached`), now: the dispatcher calls it with the incidents a message fires,
-        so the policy's other level-0 receivers hear of them at the same time as the message is
-        posted, not at the next sweep. Everything else stays the sweep's."""
+        (:meth:`_unreached`), or the fallback when their last notification failed
+        (:meth:`_failover`), now: the dispatcher calls it with the incidents a message fires, so
+        the policy's other level-0 receivers hear of them at the same time as the message is
+        posted, and again when that post failed, so the fallback hears of them at once, not at
+        the next sweep. Everything else stays the sweep's."""
         now = self.clock()
         silences = await self.silences.listed(now=now)
         done: list[Swept] = []
@@ -169,7 +171,7 @@ class Escalator:
             if silenced_by(silences, incidents.labels(incident), now):
                 continue  # held back: the dispatcher marked it, the sweep tells it when it ends
             policy = escalation.policy_for(self.config, incident.scope, incident.severity)
-            outbox = self._unreached(policy, incident, now)
+            outbox = self._failover(policy, incident, now) or self._unreached(policy, incident, now)
             if outbox is not None:
                 swept = await self._claim(incident, outbox, now)
                 done.append(swept)
