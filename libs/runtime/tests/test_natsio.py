@@ -1,10 +1,16 @@
 """nats-py stays behind :mod:`aegis_runtime.natsio`: no other module of a library or a service
-imports it, not even for the type checker (tests may)."""
+imports it, not even for the type checker (tests may); and what the wrapper does to the pull
+consumers' fetch."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import nats.errors
+import pytest
+
+from aegis_runtime.natsio import pace_closed_fetches
 
 ROOT = Path(__file__).resolve().parents[3]
 WRAPPER = ROOT / "libs" / "runtime" / "src" / "aegis_runtime" / "natsio.py"
@@ -36,3 +42,35 @@ def test_only_the_wrapper_imports_nats_py() -> None:
         for line in _imports_nats(path)
     ]
     assert not found, "nats-py imported outside aegis_runtime.natsio:\n" + "\n".join(found)
+
+
+class _Subscription:
+    """A pull subscription whose fetch fails as nats-py's does when its deadline ran out."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    async def fetch(self, *args: object, **kwargs: object) -> list[object]:
+        raise self.error
+
+
+class _Subscriber:
+    def __init__(self, subscription: _Subscription) -> None:
+        self.subscription = subscription
+
+
+class _Broker:
+    def __init__(self, *subscribers: _Subscriber) -> None:
+        self.subscribers = list(subscribers)
+
+
+async def test_an_empty_fetch_said_the_plain_way_reaches_the_pull_loop_as_nats_py_s_timeout() -> (
+    None
+):
+    """FastStream's pull loop passes over ``nats.errors.TimeoutError`` (an empty fetch) and logs
+    anything else as a crash of its task; nats-py also raises the plain one."""
+    plain, own = _Subscription(TimeoutError()), _Subscription(nats.errors.TimeoutError())
+    assert pace_closed_fetches(_Broker(_Subscriber(plain), _Subscriber(own))) == 2  # type: ignore[arg-type]
+    for subscription in (plain, own):
+        with pytest.raises(nats.errors.TimeoutError):
+            await subscription.fetch(batch=1, timeout=0.1)

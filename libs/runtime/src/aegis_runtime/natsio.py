@@ -38,7 +38,11 @@ Why each use needs nats-py:
   consumer fetches again at once when a fetch fails because the connection is closed, and such a
   fetch fails without ever giving the event loop a turn: once nats-py has given a connection up
   for good (the server refused it), the consumer would spin at full CPU and starve the process
-  (its stop, its health server). Its subscription's fetch pauses before that failure.
+  (its stop, its health server). Its subscription's fetch pauses before that failure. The same
+  wrapper turns the plain ``asyncio.TimeoutError`` that nats-py raises when a fetch's deadline
+  has run out before its second request into nats-py's own ``TimeoutError``: FastStream's pull
+  loop expects that one for an empty fetch, and otherwise logs the plain one as a crash of its
+  consumer task (a traceback) and starts the task again.
 
 Errors are nats-py's own: :data:`Error` is their base (a nats-py timeout is also a builtin
 ``TimeoutError``); :func:`store_refused` tells JetStream's "store failed" refusal apart.
@@ -308,6 +312,10 @@ def pace_closed_fetches(broker: NatsBroker, pause: float = CLOSED_FETCH_PAUSE_S)
             except nats.errors.ConnectionClosedError:
                 await asyncio.sleep(pause)
                 raise
+            except nats.errors.TimeoutError:
+                raise
+            except TimeoutError as err:  # an empty fetch, said the plain way
+                raise nats.errors.TimeoutError from err
 
         paced_fetch.aegis_paced = True  # type: ignore[attr-defined]
         subscription.fetch = paced_fetch  # type: ignore[union-attr]
