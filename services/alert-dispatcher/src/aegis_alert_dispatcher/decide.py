@@ -129,44 +129,21 @@ def decide(
 
     for (severity, code), found in active.items():
         key: AlertKey = (severity, code)
-        if stream.cloud and severity == "WARNING":
-            previous = observations.get(key)
-            count = (previous.count if previous else 0) + 1
-            out.observed[key] = count
-            if count < policy.cloud_warning_observations:
-                out.decisions.append(
-                    Decision(
-                        Action.WAITING,
-                        severity,
-                        code,
-                        found,
-                        states.get(key),
-                        why=f"observed {count} of {policy.cloud_warning_observations} times",
-                    )
-                )
-                continue
         state = states.get(key)
-        if (
-            not stream.cloud
-            and severity == "WARNING"
-            and policy.state_warning_for > timedelta(0)
-            and not (state is not None and state.firing)
-        ):
-            previous = observations.get(key)
-            first = previous.first_observed_at if previous else snapshot_at
+        previous = observations.get(key)
+        waiting = _waiting(
+            stream,
+            severity,
+            state=state,
+            previous=previous,
+            snapshot_at=snapshot_at,
+            policy=policy,
+        )
+        if waiting is not None:
             out.observed[key] = (previous.count if previous else 0) + 1
-            held = snapshot_at - first
-            if held < policy.state_warning_for:
+            if waiting:
                 out.decisions.append(
-                    Decision(
-                        Action.WAITING,
-                        severity,
-                        code,
-                        found,
-                        state,
-                        why=f"reported for {held.total_seconds():.0f} s of "
-                        f"{policy.state_warning_for.total_seconds():.0f} s",
-                    )
+                    Decision(Action.WAITING, severity, code, found, state, why=waiting)
                 )
                 continue
         if state is not None and state.pending is not None:
@@ -207,6 +184,35 @@ def decide(
     out.decisions.extend(_clearing(states, active, active_codes))
     out.reset = sorted(k for k in observations if k not in active)
     return out
+
+
+def _waiting(
+    stream: Stream,
+    severity: Severity,
+    *,
+    state: AlertState | None,
+    previous: AlertObservation | None,
+    snapshot_at: datetime,
+    policy: Policy,
+) -> str | None:
+    """For a reason that must be observed before it fires: why it still waits (``""``: it has
+    waited enough); None for one that fires at once (no observation is counted)."""
+    if severity != "WARNING":
+        return None
+    if stream.cloud:
+        count = (previous.count if previous else 0) + 1
+        if count < policy.cloud_warning_observations:
+            return f"observed {count} of {policy.cloud_warning_observations} times"
+        return ""
+    if policy.state_warning_for <= timedelta(0) or (state is not None and state.firing):
+        return None
+    held = snapshot_at - (previous.first_observed_at if previous else snapshot_at)
+    if held < policy.state_warning_for:
+        return (
+            f"reported for {held.total_seconds():.0f} s of "
+            f"{policy.state_warning_for.total_seconds():.0f} s"
+        )
+    return ""
 
 
 def _clearing(
