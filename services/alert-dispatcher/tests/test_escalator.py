@@ -151,6 +151,28 @@ def pager_at_level_0() -> EscalationConfig:
     )
 
 
+def slack_and_pager(
+    f: Foundation,
+    webhook: FakeWebhook,
+    pager: FakeWebhook,
+    session: aiohttp.ClientSession,
+    clock: FakeClock,
+    config: EscalationConfig,
+    swept: list[Swept] | None = None,
+) -> tuple[Dispatcher, Escalator]:
+    """A dispatcher posting to Slack and an escalator with Slack and the pager, wired as the
+    service wires them: the dispatcher asks the escalator as it posts."""
+    slack = SlackWebhook(webhook.url, session, first_delay=0.01, max_attempts=2, timeout=5)
+    d = dispatcher(f, slack, clock, config)
+    receivers: dict[str, Receiver | None] = {
+        "slack": SlackWebhookReceiver("slack", slack),
+        "pager": slack_receiver("pager", pager.url, session),
+    }
+    e = escalator(f, receivers, clock, config=config, swept=swept)
+    d.alongside = e.notify_now
+    return d, e
+
+
 def titles(webhook: FakeWebhook) -> list[str]:
     return [str(body["text"]).split(" AEGIS ", 1)[1] for body in webhook.delivered]
 
@@ -454,17 +476,11 @@ async def test_the_other_receivers_of_level_0_hear_of_a_fire_as_posted_else_at_t
 ) -> None:
     """The dispatcher asks for the incident's other level-0 receivers as it posts; when it did
     not (it died right after posting), the next sweep tells them. Either way once."""
-    config = pager_at_level_0()
     clock = FakeClock(T0)
-    slack = SlackWebhook(webhook.url, session, first_delay=0.01, max_attempts=2, timeout=5)
-    d = dispatcher(foundation, slack, clock, config)
     swept: list[Swept] = []
-    receivers: dict[str, Receiver | None] = {
-        "slack": SlackWebhookReceiver("slack", slack),
-        "pager": slack_receiver("pager", pager.url, session),
-    }
-    e = escalator(foundation, receivers, clock, config=config, swept=swept)
-    d.alongside = e.notify_now if asked else None
+    d, e = slack_and_pager(foundation, webhook, pager, session, clock, pager_at_level_0(), swept)
+    if not asked:
+        d.alongside = None
     fire = Reason(code="GAS_LEAK", severity="CRITICAL", detail="CO 410 ppm")
     await d.handle_snapshot(Snapshot(unique_id, Stream.STATE, T0, (fire,)))
     await d.drain()
@@ -578,16 +594,8 @@ async def test_a_first_post_slack_refuses_goes_to_the_fallback_without_waiting_f
     """As the service runs it (posting beside the handler): no sweep runs here."""
     webhook.down()
     clock = FakeClock(T0)
-    config = parse_escalation(FALLBACK)
-    slack = SlackWebhook(webhook.url, session, first_delay=0.01, max_attempts=2, timeout=5)
-    d = dispatcher(foundation, slack, clock, config)
+    d, _ = slack_and_pager(foundation, webhook, pager, session, clock, parse_escalation(FALLBACK))
     d.post_in_background = True
-    receivers: dict[str, Receiver | None] = {
-        "slack": SlackWebhookReceiver("slack", slack),
-        "pager": slack_receiver("pager", pager.url, session),
-    }
-    e = escalator(foundation, receivers, clock, config=config)
-    d.alongside = e.notify_now
     fire = Reason(code="GAS_LEAK", severity="CRITICAL", detail="CO 410 ppm")
     assert await d.handle_snapshot(Snapshot(unique_id, Stream.STATE, T0, (fire,))) == []
     await d.drain()
