@@ -140,11 +140,13 @@ class Snapshot:
     reasons: tuple[Reason, ...]
 
 
-def snapshot_of(key: str, basis: AlertBasis) -> Snapshot:
-    """A state snapshot as its ObjectCreated describes it (no read)."""
-    factory_id = keys.parse_key(key).factory_id
-    assert factory_id is not None
-    return Snapshot(factory_id, Stream.STATE, basis.at, tuple(basis.reasons))
+def snapshot_of(key: str, basis: AlertBasis) -> Snapshot | None:
+    """A state snapshot as its ObjectCreated describes it (no read); None for an event whose
+    key is not a state snapshot's (it is read instead)."""
+    info = keys.parse_key(key)
+    if info.family is not KeyFamily.STATE_SNAPSHOT or info.factory_id is None:
+        return None
+    return Snapshot(info.factory_id, Stream.STATE, basis.at, tuple(basis.reasons))
 
 
 def read_snapshot(key: str, body: Any) -> Snapshot:
@@ -316,14 +318,14 @@ class Dispatcher:
             why = "made by a replayed message (aegis replay without --notify)"
             return [self._record(Result("replayed", why=why), key=event.key)]
         basis = event.alert
-        if basis is not None and keys.parse_key(event.key).family is KeyFamily.STATE_SNAPSHOT:
-            if basis.routine:  # most of the traffic: counted, not logged, nothing read
-                result = Result("routine", why="no reason now and none before")
-                if self.on_result:
-                    self.on_result(result)
-                return [result]
-            snapshot = snapshot_of(event.key, basis)
-        else:
+        snapshot = None if basis is None else snapshot_of(event.key, basis)
+        if snapshot is not None and basis is not None and basis.routine:
+            # most of the traffic: counted, not logged, nothing read
+            result = Result("routine", why="no reason now and none before")
+            if self.on_result:
+                self.on_result(result)
+            return [result]
+        if snapshot is None:
             try:
                 body = await self.store.get_json(event.key)
             except NotFound:
