@@ -336,7 +336,7 @@ class _Child:
             proc = self.proc
             assert proc is not None
             pid, at = proc.pid, format_ts(utc_now())
-        ready = await self._until_ready(proc)
+        ready = await _until_ready([self.spec], {name: self}, self.stop, within=READY_TIMEOUT_S)
         what = (
             f"restarted (pid {previous} {how}; now pid {pid})"
             if previous
@@ -357,18 +357,6 @@ class _Child:
         said = f"aegis up: {name} {stopped}; kept down until `aegis up start {name}`"
         print(said, flush=True)
         return Outcome(True, "stop", name, said, None, pid, how, at)
-
-    async def _until_ready(self, proc: asyncio.subprocess.Process) -> bool:
-        """Wait until ``proc`` answers /readyz: False when it exits, the stack stops or
-        READY_TIMEOUT_S passes first."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while proc.returncode is None and not self.stop.is_set():
-            if await asyncio.to_thread(answers_ready, self.spec.health_port):
-                return True
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(0.25)
-        return False
 
 
 def _exit_text(code: int) -> str:
@@ -455,15 +443,17 @@ async def _until_ready(
     stop: asyncio.Event,
     *,
     within: float,
-) -> None:
-    """Wait until each of ``specs`` answers /readyz (or exited, or ``stop``, or ``within`` s)."""
-
+) -> bool:
+    """Wait until each of ``specs`` answers /readyz (or exited, or ``stop``, or ``within`` s):
+    whether every one answered."""
     deadline = time.monotonic() + within
     waiting = list(specs)
+    answered = 0
     while waiting and not stop.is_set() and time.monotonic() < deadline:
         answers = await asyncio.gather(
             *(asyncio.to_thread(answers_ready, s.health_port) for s in waiting)
         )
+        answered += sum(answers)
         waiting = [
             s
             for s, ok in zip(waiting, answers, strict=True)
@@ -471,6 +461,7 @@ async def _until_ready(
         ]
         if waiting:
             await asyncio.sleep(0.25)
+    return answered == len(specs)
 
 
 def _running(child: _Child) -> bool:
