@@ -423,7 +423,13 @@ async def operate(
         check=False,
         timeout=within,
     )
-    assert done.returncode == 0, f"aegis up {' '.join(args)}: {done.stderr or done.stdout}"
+    if done.returncode != 0:
+        log = cwd / "up.log"  # what aegis up printed, the services' output with it
+        tail = log.read_text(errors="replace")[-6000:] if log.exists() else "(no up.log)"
+        raise AssertionError(
+            f"aegis up {' '.join(args)}: {done.stderr or done.stdout}\n"
+            f"--- aegis up, last lines ---\n{tail}"
+        )
     outcomes: list[dict[str, Any]] = json.loads(done.stdout)
     return outcomes
 

@@ -379,6 +379,29 @@ async def test_each_day_is_claimed_once_across_replicas_and_missed_days_caught_u
         assert await foundation.store.exists(keys.report_key(d, unique_id, ReportArtifact.REPORT))
 
 
+async def test_a_stop_during_a_catch_up_ends_it_after_the_day_being_written(
+    foundation: Foundation, unique_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica told to stop while it writes the first of three missed days finishes that day
+    and claims no other; the next replica writes the other two."""
+    await foundation.readmodel.set_latest(unique_id, {"factory_id": unique_id})
+    clock = FakeClock(START + timedelta(days=1, minutes=20))
+    a = reporter(foundation, clock, catchup_days=3, owner="replica-a")
+    stop = asyncio.Event()
+    run_day = a.run_day
+
+    async def stopped_while_writing(day: date, targets: list[str] | None = None) -> object:
+        stop.set()
+        return await run_day(day, targets)
+
+    monkeypatch.setattr(a, "run_day", stopped_while_writing)
+    due = a.due_days(clock())
+    assert len(due) == 3
+    assert await a.tick(stop) == due[:1]
+    b = reporter(foundation, clock, catchup_days=3, owner="replica-b")
+    assert await b.tick() == due[1:]
+
+
 def snapshot(
     tier: str, at: datetime, latency: float, *, drift: bool = False, down: bool = False
 ) -> CloudSnapshot:

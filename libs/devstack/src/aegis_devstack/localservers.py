@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import functools
 import os
+import secrets
 import shlex
 import shutil
 import socket
@@ -34,6 +35,8 @@ from aegis_runtime import natsio
 __all__ = [
     "DEFAULT_MQTT_URL",
     "DEFAULT_NATS_URL",
+    "EPHEMERAL_RANGE",
+    "FREE_PORTS_FROM",
     "MOSQUITTO_COMMAND",
     "MOSQUITTO_LOG",
     "NATS_COMMAND",
@@ -90,12 +93,40 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
         return False
 
 
+# free ports are chosen from here up to the kernel's ephemeral range (above the ports of the
+# usual local servers: 1883, 4222, 4566, 5432, 8080, ...)
+FREE_PORTS_FROM = 20_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default when it cannot be read)."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+    return low if low > FREE_PORTS_FROM + 1_000 else 32_768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing is bound to right now, below the kernel's ephemeral
+    range: an outgoing connection never takes it, so a server that stops and starts again on it
+    (a restarted service, a NATS brought back) finds it free. Drawn at random (not from
+    ``random``, which tests seed alike in parallel workers); the kernel's pick after 100 draws
+    that are all taken."""
+    low = _ephemeral_low()
+    for _ in range(100):
+        port = FREE_PORTS_FROM + secrets.randbelow(low - FREE_PORTS_FROM)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 def wait_for_port(host: str, port: int, timeout: float) -> None:

@@ -162,8 +162,8 @@ async def run_stack(
         print(await align_queue(settings, store_created=report.store_created, start=start))
         names = installed_services() if services is None else services
         first = int(os.environ.get("AEGIS_UP_FIRST_HEALTH_PORT", FIRST_HEALTH_PORT))
-        # 0: any free port per service (tests; consecutive ports in the ephemeral range may be
-        # taken by outgoing connections)
+        # 0: any free port per service (tests run stacks side by side), below the ephemeral
+        # range, so a restarted service finds its port free
         specs = [ServiceSpec(n, first + i if first else free_port()) for i, n in enumerate(names)]
         return await _supervise(settings, specs)
     finally:
@@ -342,7 +342,13 @@ class _Child:
             if previous
             else f"started (pid {pid})"
         )
-        said = f"aegis up: {name} {what}, " + ("ready" if ready else "not ready yet")
+        if ready:
+            state = "ready"
+        elif proc.returncode is not None:  # it ended while starting (its output says why)
+            state = f"ended ({_exit_text(proc.returncode)}) before it was ready"
+        else:
+            state = "not ready yet"
+        said = f"aegis up: {name} {what}, {state}"
         print(said, flush=True)
         return Outcome(True, request.action, name, said, pid, previous, how, at, ready)
 

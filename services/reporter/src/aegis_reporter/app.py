@@ -69,10 +69,10 @@ class ReporterApp(ServiceApp):
         )
         self.reporter: Reporter | None = None
 
-    async def tick(self) -> int:
+    async def tick(self, stop: asyncio.Event | None = None) -> int:
         if self.reporter is None:
             raise RuntimeError("the reporter is not started")
-        days = await self.reporter.tick()
+        days = await self.reporter.tick(stop)
         self.days.inc(len(days))
         return len(days)
 
@@ -81,7 +81,7 @@ class ReporterApp(ServiceApp):
         assert self.reporter is not None
         while not stop.is_set():
             try:
-                await self.tick()
+                await self.tick(stop)
             except Exception:
                 self.failures.inc()
                 log.exception("report_tick_failed")

@@ -168,8 +168,10 @@ class Reporter:
         newest = kst_report_date(now - self.run_at)
         return kst_day_bounds(newest)[1] + self.run_at
 
-    async def tick(self) -> list[date]:
-        """Run every due day that no replica has finished and this one can claim."""
+    async def tick(self, stop: asyncio.Event | None = None) -> list[date]:
+        """Run every due day that no replica has finished and this one can claim; once ``stop``
+        is set, none after the day being written (a stopping replica leaves the rest of a
+        catch-up to the next one, unclaimed)."""
         now = truncate_ms(self.clock())
         due = self.due_days(now)
         claims = await self.readmodel.window_claims(
@@ -177,6 +179,9 @@ class Reporter:
         )
         ran: list[date] = []
         for day in due:
+            if stop is not None and stop.is_set():
+                log.info("catchup_left_to_next_start", left=len(due) - due.index(day))
+                break
             start = kst_day_bounds(day)[0]
             won = await self.readmodel.claim_pending(
                 JOB,
