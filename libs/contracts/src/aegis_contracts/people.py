@@ -109,7 +109,7 @@ class Identity(BaseModel):
     @classmethod
     def _scope(cls, value: object) -> tuple[str, ...]:
         if isinstance(value, str | list | tuple):
-            return parse_scope(value)  # type: ignore[arg-type]
+            return parse_scope(value)
         raise ValueError("a scope is a list of factory ids or patterns")
 
     @property
