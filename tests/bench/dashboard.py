@@ -241,7 +241,7 @@ def main() -> None:
             "AEGIS_BUCKET": bucket,
             "AEGIS_TABLE": table,
             "AEGIS_DASHBOARD_PORT": str(port),
-            "AEGIS_DASHBOARD_TOKENS": hashlib.sha256(TOKEN.encode()).hexdigest(),
+            "AEGIS_DASHBOARD_TOKENS": "responder:" + hashlib.sha256(TOKEN.encode()).hexdigest(),
             "AEGIS_LOG_LEVEL": "WARNING",
             "AEGIS_NATS_URL": nats_url,
         }

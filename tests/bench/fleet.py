@@ -1467,7 +1467,7 @@ async def dashboard_phase(
         "AEGIS_BUCKET": bucket,
         "AEGIS_TABLE": bench.table,
         "AEGIS_DASHBOARD_PORT": str(port),
-        "AEGIS_DASHBOARD_TOKENS": hashlib.sha256(TOKEN.encode()).hexdigest(),
+        "AEGIS_DASHBOARD_TOKENS": "responder:" + hashlib.sha256(TOKEN.encode()).hexdigest(),
         "AEGIS_LOG_LEVEL": "WARNING",
         "AEGIS_NATS_URL": nats_url,
     }

@@ -16,7 +16,7 @@ import re
 import struct
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -48,10 +48,10 @@ from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.broker import create_broker, ensure_streams, publish
-from aegis_runtime.service import change_sink
+from aegis_runtime.service import change_message, change_sink
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.incidents import IncidentStore
-from aegis_storage.readmodel import ReadModel
+from aegis_storage.readmodel import Change, ReadModel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -98,7 +98,7 @@ def dashboard_settings(
         bucket=foundation.bucket,
         table=foundation.table,
         nats_url=nats_url,
-        dashboard_tokens=token_digest(TOKEN),
+        dashboard_tokens=f"responder:{token_digest(TOKEN)}",  # acknowledges, resolves
         dashboard_live_ping_s=0.5,
         # the tests change incidents in the table directly, announced to no one: read often
         dashboard_incidents_refresh_s=2,
@@ -1220,3 +1220,131 @@ async def test_the_cloud_page_shows_where_each_check_stands_in_its_alerting_rule
         await expect(row("nats_ping").locator(".badge")).to_have_attribute("data-level", "NORMAL")
         await expect(row("nats_ping").locator(".al-note")).to_have_count(0)
     await page.screenshot(path=str(screenshot_path("dashboard-cloud-alerting.png")), full_page=True)
+
+
+# -- scopes on the live stream -----------------------------------------------------------------
+
+CREW = "crew-a-token-5d1e"  # a responder of factory-a only (the tokens file)
+
+
+async def lines_until(lines: AsyncIterator[str], done: str, got: list[str]) -> None:
+    """Collect the stream's lines until one holds ``done``."""
+    async for line in lines:
+        got.append(line)
+        if done in line:
+            return
+
+
+async def test_a_scoped_browser_gets_nothing_of_another_factory_live_or_after_a_reconnect(
+    foundation: Foundation,
+    nats_url: str,
+    aws_endpoint: str,
+    broker: NatsBroker,
+    fire_alert: Callable[..., AlertState],
+    tmp_path: Path,
+) -> None:
+    """Factory b's events (its new state, an incident change, a graph, a report, its alert in
+    the alerts list) and the platform's (cloud) reach a fleet screen but never a browser scoped
+    to factory-a: not live, not in the snapshot of a reconnect. The scoped browser does get
+    factory-a's, and a marker published after the fleet screen had all of b's shows nothing
+    of b was queued before it."""
+    clock = FakeClock(datetime(2026, 11, 30, 3, 0, tzinfo=UTC))
+    now = clock()
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{token_digest(CREW)} role=responder name=crew-a factories=factory-a\n")
+    settings = dashboard_settings(foundation, nats_url, aws_endpoint).model_copy(
+        update={"dashboard_tokens_file": tokens}
+    )
+    opened = {}
+    for fid in ("factory-a", "factory-b"):
+        await foundation.readmodel.set_latest(fid, seeded_latest("WARNING", 50.0, [], now))
+        await foundation.readmodel.put_item(
+            fire_alert(fid, firing=True, version=1, ttl=int(now.timestamp()) + 3600)
+        )
+        opened[fid] = await seed_incident(foundation, fid, "GAS_LEAK", "CRITICAL", now)
+    announcing = IncidentStore(
+        ReadModel(
+            foundation.clients.dynamodb,
+            foundation.table,
+            changes=change_sink(broker, AegisSettings(service="alert-dispatcher")),
+        )
+    )
+
+    async def events_of(fid: str, tag: str) -> None:
+        """What the services announce about ``fid``: its LATEST, an incident change, a graph
+        and a report object."""
+        latest = seeded_latest("CRITICAL", 91.0, [], now) | {"factory_id": fid}
+        change = Change("factory_latest", keys.factory_pk(fid), "LATEST", "MODIFY", None, latest)
+        subject, event, msg_id = change_message(
+            change, table=foundation.table, producer="processor", at=now
+        )
+        await publish(broker, subject, event, msg_id=msg_id + tag)
+        await announcing.change(
+            opened[fid].incident_id,
+            lambda i: incidents.acknowledge(i, by="cli:kim", via="cli", at=now, note=None),
+        )
+        for family, key in [
+            (
+                "metrics_5m",
+                f"processed_agg/{fid}/metrics_5m/yyyy=2026/mm=11/dd=30/hh=03/mm={tag}.json",
+            ),
+            ("reports", f"reports/daily/yyyy=2026/mm=11/dd=29/{fid}/report.md"),
+        ]:
+            created = ObjectCreated(
+                bucket=foundation.bucket, key=key, size_bytes=1, producer="test", created_at=now
+            )
+            await publish(broker, object_created_subject(family), created, msg_id=f"{key}{tag}")
+
+    bearer = lambda token: {"Authorization": f"Bearer {token}"}  # noqa: E731
+    async with serving(settings, foundation, clock) as dash:
+        await eventually(lambda: dash.app.state.feed.connected, within=15, what="the live feed")
+        async with (
+            httpx.AsyncClient(base_url=dash.url, timeout=10) as client,
+            client.stream("GET", "/api/live", headers=bearer(CREW)) as crew,
+            client.stream("GET", "/api/live", headers=bearer(TOKEN)) as desk,
+        ):
+            assert crew.status_code == 200
+            crew_lines, desk_lines = crew.aiter_lines(), desk.aiter_lines()
+            got_crew: list[str] = []
+            got_desk: list[str] = []
+            await asyncio.wait_for(lines_until(crew_lines, "event: alerts", got_crew), 10)
+            await asyncio.wait_for(lines_until(desk_lines, "event: cloud", got_desk), 10)
+            await events_of("factory-b", "05")
+            await events_of("factory-a", "10")
+            await publish(
+                broker,
+                system_subject("alert_sent"),
+                SystemEvent(kind="alert_sent", producer="alert-dispatcher", at=now),
+                msg_id="alert-sent-scope",
+            )
+            # the fleet screen gets b's events (they were announced and relayed) ...
+            await asyncio.wait_for(lines_until(desk_lines, "factory-b/report.md", got_desk), 10)
+            await asyncio.wait_for(lines_until(desk_lines, "event: alerts", got_desk), 10)
+            assert any("factory-b" in line and "entry" in line for line in got_desk)
+            # ... and a marker after them closes what the scoped stream could have been given
+            marker = "processed_agg/factory-a/metrics_5m/yyyy=2026/mm=11/dd=30/hh=03/mm=55.json"
+            created = ObjectCreated(
+                bucket=foundation.bucket, key=marker, size_bytes=1, producer="test", created_at=now
+            )
+            await publish(broker, object_created_subject("metrics_5m"), created, msg_id=marker)
+            await asyncio.wait_for(lines_until(crew_lines, "mm=55.json", got_crew), 10)
+    crew_text = "\n".join(got_crew)
+    assert "factory-b" not in crew_text and "event: cloud" not in crew_text
+    for seen in ("factory-a/report.md", "mm=10.json", '"incident_id"', '"entry"'):
+        assert seen in crew_text
+    alerts = [json.loads(line.removeprefix("data: ")) for line in got_crew if '"alerts"' in line]
+    assert alerts and all(
+        [a["scope"] for a in event["alerts"]] == ["factory-a"] for event in alerts
+    )
+
+    # a reconnect's snapshot: factory-a's fleet entry and alert, nothing of b, no cloud
+    async with (
+        serving(settings, foundation, clock) as dash,
+        httpx.AsyncClient(base_url=dash.url, timeout=10) as client,
+        client.stream("GET", "/api/live", headers=bearer(CREW)) as again,
+    ):
+        got: list[str] = []
+        await asyncio.wait_for(lines_until(again.aiter_lines(), ": ping", got), 10)
+    snapshot = "\n".join(got)
+    assert "event: fleet" in snapshot and "factory-a" in snapshot
+    assert "factory-b" not in snapshot and "event: cloud" not in snapshot

@@ -41,7 +41,7 @@ def test_the_dashboard_gets_the_digest_never_the_token(
     monkeypatch.setattr(devstack, "DASHBOARD_TOKEN_FILE", tmp_path / "dashboard-token")
     env, note = dashboard_access(DASHBOARD)
     token = (tmp_path / "dashboard-token").read_text().strip()
-    assert env == {"AEGIS_DASHBOARD_TOKENS": hashlib.sha256(token.encode()).hexdigest()}
+    assert env == {"AEGIS_DASHBOARD_TOKENS": f"admin:{hashlib.sha256(token.encode()).hexdigest()}"}
     assert token not in note and str(tmp_path / "dashboard-token") in note
 
 

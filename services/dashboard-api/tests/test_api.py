@@ -13,6 +13,7 @@ import pytest
 
 from aegis_contracts import keys
 from aegis_contracts.keys import ReportArtifact
+from aegis_contracts.people import Role
 from aegis_contracts.times import format_ts
 from aegis_dashboard_api.access import token_digest
 from aegis_dashboard_api.app import create_app
@@ -292,7 +293,7 @@ async def test_without_a_valid_token_401_and_no_data(
         assert resp.status_code == 401, path
         assert resp.json() == {
             "error": "unauthorized",
-            "message": "a valid read-only bearer token is required",
+            "message": "a valid bearer token or a signed-in session is required",
         }
         assert unique_id not in resp.text
 
@@ -325,10 +326,17 @@ async def test_openapi_documents_every_endpoint(client: httpx.AsyncClient) -> No
     }
 
 
-def test_tokens_setting_takes_digests_only() -> None:
+def test_tokens_setting_takes_digests_each_optionally_after_a_role() -> None:
     with pytest.raises(ValueError, match="AEGIS_DASHBOARD_TOKENS"):
         DashboardSettings(dashboard_tokens="plain-token")
-    assert DashboardSettings(dashboard_tokens="").token_digests == ()
+    with pytest.raises(ValueError, match="'owner' is not a role"):
+        DashboardSettings(dashboard_tokens=f"owner:{token_digest(TOKEN)}")
+    assert DashboardSettings(dashboard_tokens="").token_grants == ()
+    wall, desk = DashboardSettings(
+        dashboard_tokens=f"{token_digest(TOKEN)}, RESPONDER:{token_digest('desk')}"
+    ).token_grants
+    assert (wall.identity.role, wall.identity.scope) == (Role.VIEWER, ("*",))
+    assert (desk.identity.role, desk.digest) == (Role.RESPONDER, token_digest("desk"))
 
 
 async def test_storage_down_is_503_with_a_clear_body() -> None:

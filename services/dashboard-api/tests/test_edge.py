@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from aegis_dashboard_api.access import TokenSet, token_digest
+from aegis_dashboard_api.access import TokenSet, configured_grant, token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_devstack.localservers import free_port
@@ -191,7 +191,7 @@ def test_a_tokens_file_caught_mid_rewrite_revokes_nothing(tmp_path: Path) -> Non
     keep, revoke = "kept-token", "revoked-token"
     tokens = tmp_path / "tokens"
     tokens.write_text(f"{token_digest(keep)}\n{token_digest(revoke)}\n")
-    allowed = TokenSet([token_digest(TOKEN)], tokens)
+    allowed = TokenSet([configured_grant(token_digest(TOKEN))], tokens)
     assert allowed.allowed(keep) and allowed.allowed(revoke)  # taken at once at start
 
     tokens.write_text("")  # truncated, not written yet

@@ -47,7 +47,9 @@ async def opened(f: Foundation, factory: str, reason: str = "GAS_LEAK") -> Incid
 @pytest.fixture
 async def client(foundation: Foundation) -> AsyncIterator[httpx.AsyncClient]:
     settings = DashboardSettings(
-        bucket=foundation.bucket, table=foundation.table, dashboard_tokens=token_digest(TOKEN)
+        bucket=foundation.bucket,
+        table=foundation.table,
+        dashboard_tokens=f"responder:{token_digest(TOKEN)}",
     )
     app = create_app(settings, clients=foundation.clients, clock=FakeClock(NOW))
     transport = httpx.ASGITransport(app=app)
@@ -155,7 +157,7 @@ def dashboard(
             table=foundation.table,
             dashboard_host="127.0.0.1",
             dashboard_port=free_port(),
-            dashboard_tokens=token_digest(TOKEN),
+            dashboard_tokens=f"responder:{token_digest(TOKEN)}",
             dashboard_live=False,
             health_port=free_port(),
             slack_signing_secret=SECRET,

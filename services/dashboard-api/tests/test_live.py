@@ -10,11 +10,15 @@ from typing import Any
 import pytest
 
 from aegis_contracts.events import ChangeEvent
+from aegis_contracts.people import Identity, Role
 from aegis_dashboard_api.access import QueryTokenMiddleware, query_token
 from aegis_dashboard_api.i18n import LABELS, from_accept_language, pick_lang
 from aegis_dashboard_api.live import RETRY_MS, Hub, LiveEvent, factory_event, family_of, stream
 from aegis_dashboard_api.pages import freshness, safe_next
 from aegis_dashboard_api.routes import fleet_entry
+
+# a wall screen: sees the whole fleet
+WALL = Identity(subject="token:wall", name="wall", via="token", role=Role.VIEWER, scope=("*",))
 
 NOW = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 
@@ -25,7 +29,7 @@ def event(n: int) -> LiveEvent:
 
 async def test_every_listener_gets_every_event_in_order() -> None:
     hub = Hub(queue_size=8)
-    a, b = hub.listen(), hub.listen()
+    a, b = hub.listen(WALL), hub.listen(WALL)
     for n in range(3):
         hub.publish(event(n))
     hub.close()
@@ -36,7 +40,7 @@ async def test_every_listener_gets_every_event_in_order() -> None:
 
 async def test_a_slow_listener_is_dropped_and_the_others_go_on() -> None:
     hub = Hub(queue_size=3)
-    slow, fast = hub.listen(), hub.listen()
+    slow, fast = hub.listen(WALL), hub.listen(WALL)
     received: list[int] = []
 
     async def read_fast() -> None:
@@ -57,7 +61,7 @@ async def test_a_slow_listener_is_dropped_and_the_others_go_on() -> None:
 
 async def test_an_event_is_encoded_once_for_every_listener() -> None:
     hub = Hub()
-    a, b = hub.listen(), hub.listen()
+    a, b = hub.listen(WALL), hub.listen(WALL)
     hub.publish(event(1))
     hub.close()
     (first,) = [frame async for _, frame in a.events()]
@@ -67,7 +71,7 @@ async def test_an_event_is_encoded_once_for_every_listener() -> None:
 
 async def test_publish_never_waits_for_a_listener() -> None:
     hub = Hub(queue_size=1)
-    hub.listen()
+    hub.listen(WALL)
     for n in range(1000):  # no await in between: publish must not block
         hub.publish(event(n))
     assert hub.published == 1000 and hub.listeners == set()
@@ -76,12 +80,12 @@ async def test_publish_never_waits_for_a_listener() -> None:
 async def test_a_listener_after_close_ends_at_once() -> None:
     hub = Hub()
     hub.close()
-    assert [e async for e in hub.listen().events()] == []
+    assert [e async for e in hub.listen(WALL).events()] == []
 
 
 async def test_the_stream_starts_with_retry_then_the_snapshot_then_live_events() -> None:
     hub = Hub()
-    listener = hub.listen()
+    listener = hub.listen(WALL)
     hub.publish(event(7))
     hub.close()
     frames = [
@@ -138,7 +142,7 @@ def test_a_removed_factory() -> None:
     got = factory_event(
         change(event_name="REMOVE", new_image=None), table="T", now=NOW, entry_of=fleet_entry
     )
-    assert got == LiveEvent("factory_removed", {"factory_id": "factory-a"})
+    assert got == LiveEvent("factory_removed", {"factory_id": "factory-a"}, "factory-a")
 
 
 @pytest.mark.parametrize(

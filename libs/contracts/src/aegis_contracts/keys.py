@@ -540,6 +540,16 @@ def silence_id(value: str) -> str:
     return _word(_SILENCE_ID, value, "silence_id")
 
 
+# ``TOKEN`` / ``{name}``: every dashboard token (its digest, role, scope; never the token), in one
+# partition the dashboard reads whole every few seconds; a revoked one is kept, as a record
+TOKEN_PK = "TOKEN"  # noqa: S105 - a partition key, not a secret
+_TOKEN_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
+
+
+def token_name(value: str) -> str:
+    return _word(_TOKEN_NAME, value, "token_name")
+
+
 # ``REPLICA#{service}`` / ``{host:pid}``: a replica says it is alive until ``alive_until``; what
 # it holds is taken over by another once that has passed
 REPLICA_PK_PREFIX = "REPLICA#"

@@ -22,11 +22,13 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from aegis_contracts import keys
 from aegis_contracts.keys import CLOUD_INFRA_TARGET
 
 FLEET = "*"
@@ -79,6 +81,13 @@ def parse_scope(entries: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(scope))
 
 
+def scope_of(value: object) -> tuple[str, ...]:
+    """A scope from what a model is given (text or a list), checked by :func:`parse_scope`."""
+    if isinstance(value, str | list | tuple):
+        return parse_scope(value)
+    raise ValueError("a scope is a list of factory ids or patterns")
+
+
 def covers(scope: tuple[str, ...], factory_id: str) -> bool:
     """``factory_id`` is one of ``scope``'s ids or matches one of its patterns."""
     return any(
@@ -105,12 +114,7 @@ class Identity(BaseModel):
     role: Role
     scope: tuple[str, ...] = ()
 
-    @field_validator("scope", mode="before")
-    @classmethod
-    def _scope(cls, value: object) -> tuple[str, ...]:
-        if isinstance(value, str | list | tuple):
-            return parse_scope(value)
-        raise ValueError("a scope is a list of factory ids or patterns")
+    _scope = field_validator("scope", mode="before")(classmethod(lambda cls, v: scope_of(v)))
 
     @property
     def fleet(self) -> bool:
@@ -119,8 +123,9 @@ class Identity(BaseModel):
 
     @property
     def who(self) -> str:
-        """How records name this identity: ``name (via)``."""
-        return f"{self.name} ({self.via})"
+        """How records name this identity (an incident's ``acknowledged_by``, a silence's
+        ``created_by``): ``via:name``."""
+        return f"{self.via}:{self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +158,16 @@ def decide(identity: Identity, act: Act, factory_id: str | None) -> Decision:
     return Decision(True)
 
 
+def decide_role(identity: Identity, act: Act) -> Decision:
+    """May ``identity``'s role do ``act`` at all (on some factory)? What a route asks before it
+    knows the factory (a list it filters with :func:`visible`, an incident it has to read
+    first); :func:`decide` is asked again once it does."""
+    least = LEAST_ROLE[act]
+    if _RANK[identity.role] < _RANK[least]:
+        return Decision(False, f"{act.value} needs the {least.value} role or higher", 403)
+    return Decision(True)
+
+
 def visible(identity: Identity, factory_ids: list[str]) -> list[str]:
     """The ids of ``factory_ids`` ``identity`` may read, in order."""
     return [f for f in factory_ids if decide(identity, Act.READ, f)]
@@ -162,3 +177,40 @@ def factory_of(scope: str) -> str | None:
     """What :func:`decide` is asked about for an incident, silence or report of ``scope``: the
     factory, or None for ``cloud-infra`` (the platform's own)."""
     return None if scope == CLOUD_INFRA_TARGET else scope
+
+
+class TokenRecord(BaseModel):
+    """A dashboard token as it is kept (``TOKEN`` / ``{name}``): its SHA-256 digest, never the
+    token; who may use it for what, until when; revoked ones are kept, as a record."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    role: Role
+    scope: tuple[str, ...]
+    created_at: AwareDatetime
+    created_by: str
+    expires_at: AwareDatetime | None = None
+    revoked_at: AwareDatetime | None = None
+    revoked_by: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return keys.token_name(value)
+
+    _scope = field_validator("scope", mode="before")(classmethod(lambda cls, v: scope_of(v)))
+
+    def usable(self, now: datetime) -> bool:
+        """Not revoked and not expired at ``now``."""
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+    def identity(self) -> Identity:
+        return Identity(
+            subject=f"token:{self.name}",
+            name=self.name,
+            via="token",
+            role=self.role,
+            scope=self.scope,
+        )

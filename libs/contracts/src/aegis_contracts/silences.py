@@ -385,3 +385,13 @@ def new_silence(
         raise SilenceRefused([str(err)]) from None
     check_new_silence(silence, now=now, max_critical=max_critical)
     return silence
+
+
+def silenced_factory(matchers: list[Matcher]) -> str | None:
+    """The one factory a silence can hold back: the value of a ``factory=ID`` matcher (matchers
+    all have to match, so one such matcher pins it); None when it can reach more than one (no
+    such matcher: every factory, or a pattern's). Who may create, see or end it follows."""
+    for matcher in matchers:
+        if matcher.field is Label.FACTORY and matcher.op is Op.EQ:
+            return matcher.value
+    return None

@@ -96,14 +96,15 @@ class ServiceSpec:
 
 def dashboard_access(specs: list[ServiceSpec]) -> tuple[dict[str, str], str]:
     """The dashboard's token setting for the children, and how to sign in: the operator's own
-    AEGIS_DASHBOARD_TOKENS when set, else the digest of the local token file's."""
+    AEGIS_DASHBOARD_TOKENS when set, else the digest of the local token file's, as an admin's
+    (the one person of a local stack does everything the dashboard offers)."""
     variable = "AEGIS_DASHBOARD_TOKENS"
     if not any(s.name == "dashboard-api" for s in specs) or os.environ.get(variable):
         return {}, f"a token of {variable}"
     path = DASHBOARD_TOKEN_FILE
     token = local_dashboard_token(path)
     digest = hashlib.sha256(token.encode()).hexdigest()
-    return {variable: digest}, f"the token in {path.resolve()}"
+    return {variable: f"admin:{digest}"}, f"the token in {path.resolve()}"
 
 
 def serve(name: str) -> None:

@@ -21,13 +21,16 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from aegis_contracts.people import Act
 from aegis_contracts.times import Clock, utc_now
 from aegis_dashboard_api import incidents, pages, silences
 from aegis_dashboard_api.access import QueryTokenMiddleware, TokenSet, request_token
+from aegis_dashboard_api.authz import Permission, identity_of, public, session_of
+from aegis_dashboard_api.errors import ApiError
 from aegis_dashboard_api.feed import LiveFeed
 from aegis_dashboard_api.live import Hub, stream
 from aegis_dashboard_api.observe import DashboardMetrics
-from aegis_dashboard_api.routes import ApiError, Reader, router
+from aegis_dashboard_api.routes import Reader, router
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime.broker import log_bus_identity
@@ -35,22 +38,18 @@ from aegis_runtime.envcheck import report_environment
 from aegis_runtime.health import HealthServer
 from aegis_storage.clients import AwsClients, open_clients
 from aegis_storage.errors import StorageError
+from aegis_storage.tokens import TokenStore
 
 log = structlog.get_logger(__name__)
 
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
-async def require_token(request: Request) -> None:
-    tokens: TokenSet = request.app.state.tokens
-    if not tokens.allowed(request_token(request)):
-        raise ApiError(401, "unauthorized", "a valid read-only bearer token is required")
+live_router = APIRouter()
+READ_LIVE = Permission(Act.READ, "listed")  # each event cut to what the identity may read
 
 
-live_router = APIRouter(dependencies=[Depends(require_token)])
-
-
-@live_router.get("/api/live", include_in_schema=False)
+@live_router.get("/api/live", include_in_schema=False, dependencies=[Depends(READ_LIVE)])
 async def live(request: Request) -> EventSourceResponse:
     """Server-sent events: a snapshot, then every change (see aegis_dashboard_api.feed)."""
     hub: Hub = request.app.state.hub
@@ -59,7 +58,7 @@ async def live(request: Request) -> EventSourceResponse:
         # a bound on what clients can hold open in one process; the page's EventSource retries
         raise ApiError(503, "too_many_streams", "this server has all the live streams it takes")
     # first, so nothing published during the snapshot is missed
-    listener = hub.listen(request_token(request))
+    listener = hub.listen(identity_of(request), request_token(request), session_of(request))
     try:
         snapshot = await request.app.state.feed.snapshot()
     except BaseException:
@@ -73,14 +72,33 @@ async def live(request: Request) -> EventSourceResponse:
     )
 
 
-async def _watch_tokens(tokens: TokenSet, hub: Hub, every_s: float, stop: asyncio.Event) -> None:
-    """Read the tokens file again every ``every_s``; end the live streams of revoked tokens."""
+async def _watch_tokens(
+    tokens: TokenSet,
+    store: TokenStore,
+    hub: Hub,
+    *,
+    clock: Clock,
+    every_s: float,
+    stop: asyncio.Event,
+) -> None:
+    """Every ``every_s``: read the tokens file again (when there is one) and the kept tokens;
+    end the live streams of tokens revoked, expired or now giving someone else."""
     while not stop.is_set():
+        changed = tokens.reload()
+        try:
+            changed |= tokens.take_stored(await store.listed(now=clock()), clock())
+        except StorageError as err:  # keep what was allowed; the next look tries again
+            log.warning("dashboard_tokens_unreadable", error=str(err))
+        if changed:
+            log.info("dashboard_tokens_reloaded", tokens=len(tokens.grants))
+            hub.revoke(
+                lambda listener: (
+                    listener.token is None
+                    or tokens.identify(listener.token, clock()) == listener.who
+                )
+            )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every_s)
-        if tokens.reload():
-            log.info("dashboard_tokens_reloaded", tokens=len(tokens.digests))
-            hub.revoke(tokens.allowed)
 
 
 def _lifespan(
@@ -110,9 +128,15 @@ def _lifespan(
             if s.dashboard_live:
                 log_bus_identity(s)
                 background.append(asyncio.create_task(feed.run(stop), name="live-feed"))
-            if s.dashboard_tokens_file is not None:
-                watch = _watch_tokens(app.state.tokens, hub, s.dashboard_tokens_reload_s, stop)
-                background.append(asyncio.create_task(watch, name="tokens"))
+            watch = _watch_tokens(
+                app.state.tokens,
+                TokenStore(reader.readmodel),
+                hub,
+                clock=clock,
+                every_s=s.dashboard_tokens_reload_s,
+                stop=stop,
+            )
+            background.append(asyncio.create_task(watch, name="tokens"))
             try:
                 yield
             finally:
@@ -140,13 +164,15 @@ def create_app(
     app = FastAPI(
         title="AEGIS dashboard API",
         version="0.1.0",
-        summary="Read-only views of the AEGIS read model, images and reports.",
+        summary="Views of the AEGIS read model, images and reports, and the incident and "
+        "silence actions of the people allowed them.",
         lifespan=_lifespan(s, clients, clock, hub),
     )
     app.state.settings = s
     app.state.hub = hub
     app.state.metrics = DashboardMetrics(s.service, hub)
-    app.state.tokens = TokenSet(s.token_digests, s.dashboard_tokens_file)
+    app.state.clock = clock
+    app.state.tokens = TokenSet(s.token_grants, s.dashboard_tokens_file)
     app.state.signin_limiter = pages.SignInLimiter(
         s.dashboard_signin_attempts, s.dashboard_signin_window_s
     )
@@ -194,11 +220,11 @@ def create_app(
             status_code=503,
         )
 
-    @app.get("/healthz", include_in_schema=False)
+    @app.get("/healthz", include_in_schema=False, dependencies=[Depends(public)])
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", include_in_schema=False)
+    @app.get("/readyz", include_in_schema=False, dependencies=[Depends(public)])
     async def readyz(request: Request) -> JSONResponse:
         reader: Reader | None = getattr(request.app.state, "reader", None)
         ok = reader is not None and await reader.ready()
@@ -206,9 +232,10 @@ def create_app(
 
     pages.install(app)
     app.include_router(live_router)
-    app.include_router(router, prefix="/api", dependencies=[Depends(require_token)])
-    app.include_router(incidents.router, prefix="/api", dependencies=[Depends(require_token)])
-    app.include_router(silences.router, prefix="/api", dependencies=[Depends(require_token)])
+    # each route names what it does with a Permission (aegis_dashboard_api.authz)
+    app.include_router(router, prefix="/api")
+    app.include_router(incidents.router, prefix="/api")
+    app.include_router(silences.router, prefix="/api")
     app.include_router(incidents.slack_router)  # Slack's signature, not a token
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=pages.STATIC_DIR), name="static")
@@ -236,7 +263,7 @@ def main() -> None:
     log.info(
         "dashboard_started",
         url=f"http://{settings.dashboard_host}:{settings.dashboard_port}",
-        tokens=len(settings.token_digests),
+        tokens=len(settings.token_grants),
         tokens_file=str(settings.dashboard_tokens_file or ""),
     )
     uvicorn.Server(server_config(create_app(settings), settings)).run()

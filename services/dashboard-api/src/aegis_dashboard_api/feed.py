@@ -33,6 +33,7 @@ import pydantic
 import structlog
 
 from aegis_contracts.events import ChangeEvent, ObjectCreated
+from aegis_contracts.people import factory_of
 from aegis_contracts.subjects import change_subject, object_created_subject, system_subject
 from aegis_dashboard_api.live import Hub, LiveEvent, factory_event, family_of
 from aegis_dashboard_api.routes import Reader, fleet_entry
@@ -178,6 +179,7 @@ class LiveFeed:
                         "state": image.get("state"),
                         "version": image.get("version"),
                     },
+                    factory_of(str(image.get("scope"))),
                 )
             )
         else:
@@ -187,9 +189,10 @@ class LiveFeed:
                 return
             family, target = found
             if family == "cloud":
-                self.hub.publish(LiveEvent("cloud", {"latest": await self.read_cloud()}))
+                self.hub.publish(LiveEvent("cloud", {"latest": await self.read_cloud()}, None))
             else:
-                self.hub.publish(LiveEvent(family, {"target": target, "key": created.key}))
+                about = factory_of(target)
+                self.hub.publish(LiveEvent(family, {"target": target, "key": created.key}, about))
 
     async def announce(self, change: Change) -> None:
         """The read model's change sink: a write this dashboard made (an incident acknowledged
@@ -234,5 +237,5 @@ class LiveFeed:
         return [
             LiveEvent("fleet", {"factories": fleet, "generated_at": now.isoformat()}),
             LiveEvent("alerts", {"alerts": alerts}),
-            LiveEvent("cloud", {"latest": cloud}),
+            LiveEvent("cloud", {"latest": cloud}, None),
         ]

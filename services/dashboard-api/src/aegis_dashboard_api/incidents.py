@@ -21,7 +21,7 @@ from typing import Annotated, Any
 from urllib.parse import parse_qs
 
 import structlog
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from slack_sdk.models.blocks import ContextBlock, MarkdownTextObject
@@ -32,8 +32,9 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 from aegis_contracts import incidents, keys
 from aegis_contracts.errors import ContractError
 from aegis_contracts.items import Incident
+from aegis_contracts.people import FLEET, Act, Identity, Role, decide, factory_of
 from aegis_contracts.times import Clock, format_ts
-from aegis_dashboard_api.access import request_token, token_digest
+from aegis_dashboard_api.authz import Permission, identity_of, public
 from aegis_dashboard_api.models import Problem
 from aegis_storage.errors import Conflict, NotFound
 from aegis_storage.incidents import IncidentStore, Transition
@@ -52,9 +53,14 @@ slack_router = APIRouter()
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "The body is not JSON."},
     401: {"model": Problem},
+    403: {"model": Problem},
     404: {"model": Problem},
     409: {"model": Problem},
 }
+# reads are filtered to the identity's factories; an incident of another factory is as unknown
+# as one that does not exist (404), acting on one needs the responder role
+READ = Depends(Permission(Act.READ, "resource"))
+RESPOND = Depends(Permission(Act.RESPOND, "resource"))
 
 
 class IncidentList(BaseModel):
@@ -85,9 +91,28 @@ def _clock(request: Request) -> Clock:
 
 
 def person(request: Request) -> str:
-    """Who a dashboard request is: the token it came with, by the start of its digest."""
-    token = request_token(request)
-    return f"token:{token_digest(token)[:8]}" if token else "token:unknown"
+    """Who a dashboard request is, as records name them (``token:NAME``, ``oidc:NAME``)."""
+    return identity_of(request).who
+
+
+def _may(request: Request, act: Act, found: Incident | None, who: Identity | None = None) -> bool:
+    """``found`` exists and ``who`` (default: the request's identity) may ``act`` on its
+    factory."""
+    who = who or identity_of(request)
+    return found is not None and bool(decide(who, act, factory_of(found.scope)))
+
+
+def slack_user(user: dict[str, Any]) -> Identity:
+    """Whoever clicks in the alerts channel answers for the fleet: the channel is the audience
+    the alert went to, and Slack's signature vouches for the click."""
+    name = str(user.get("username") or user.get("name") or user.get("id"))
+    return Identity(
+        subject=f"slack:{user.get('id') or name}",
+        name=name,
+        via="slack",
+        role=Role.RESPONDER,
+        scope=(FLEET,),
+    )
 
 
 def _problem(status: int, error: str, message: str) -> JSONResponse:
@@ -101,31 +126,37 @@ def _known(incident_id: str) -> str:
         return ""
 
 
-@router.get("/incidents", response_model=IncidentList, responses=ERRORS)
+@router.get("/incidents", response_model=IncidentList, responses=ERRORS, dependencies=[READ])
 async def open_incidents(request: Request, factory: str | None = None) -> IncidentList:
-    """The open incidents (triggered or acknowledged), oldest first; ``?factory=`` one scope."""
+    """The open incidents (triggered or acknowledged) of the factories the caller may see,
+    oldest first; ``?factory=`` one scope."""
     found = await _store(request).open(now=_clock(request)())
     if factory is not None:
         found = [i for i in found if i.scope == factory]
-    return IncidentList(incidents=found)
+    return IncidentList(incidents=[i for i in found if _may(request, Act.READ, i)])
 
 
-@router.get("/incidents/{incident_id}", response_model=Incident, responses=ERRORS)
+@router.get(
+    "/incidents/{incident_id}", response_model=Incident, responses=ERRORS, dependencies=[READ]
+)
 async def incident(incident_id: str, request: Request) -> Incident | JSONResponse:
     """One incident with its timeline (open, or closed within the read model's keeping)."""
     found = await _store(request).get(incident_id) if _known(incident_id) else None
-    if found is None:
+    if found is None or not _may(request, Act.READ, found):
         return _problem(404, "unknown_incident", f"no incident {incident_id!r}")
     return found
 
 
 async def _act(
-    request: Request, incident_id: str, transition: Transition
+    request: Request, incident_id: str, transition: Transition, who: Identity | None = None
 ) -> Outcome | JSONResponse:
-    if not _known(incident_id):
+    store = _store(request)
+    # its factory decides (a scope never changes): one out of the caller's scope is unknown
+    found = await store.get(incident_id) if _known(incident_id) else None
+    if not _may(request, Act.RESPOND, found, who):
         return _problem(404, "unknown_incident", f"no incident {incident_id!r}")
     try:
-        stored, changed = await _store(request).change(incident_id, transition)
+        stored, changed = await store.change(incident_id, transition)
     except NotFound:
         return _problem(404, "unknown_incident", f"no incident {incident_id!r}")
     except ContractError as err:
@@ -133,7 +164,9 @@ async def _act(
     return Outcome(changed=changed, incident=stored)
 
 
-@router.post("/incidents/{incident_id}/ack", response_model=Outcome, responses=ERRORS)
+@router.post(
+    "/incidents/{incident_id}/ack", response_model=Outcome, responses=ERRORS, dependencies=[RESPOND]
+)
 async def acknowledge(
     incident_id: str,
     request: Request,
@@ -150,7 +183,12 @@ async def acknowledge(
     return await _act(request, incident_id, ack)
 
 
-@router.post("/incidents/{incident_id}/resolve", response_model=Outcome, responses=ERRORS)
+@router.post(
+    "/incidents/{incident_id}/resolve",
+    response_model=Outcome,
+    responses=ERRORS,
+    dependencies=[RESPOND],
+)
 async def resolve(incident_id: str, request: Request, body: Resolution) -> Outcome | JSONResponse:
     """Closed by a person, with a note saying why (a false alarm, handled on site)."""
     close = functools.partial(
@@ -258,7 +296,7 @@ def acknowledgement(body: bytes) -> tuple[dict[str, Any], str, dict[str, Any]] |
         return None
 
 
-@slack_router.post("/slack/interactions", include_in_schema=False)
+@slack_router.post("/slack/interactions", include_in_schema=False, dependencies=[Depends(public)])
 async def slack_interactions(request: Request) -> JSONResponse:
     body = await request.body()
     refused = await _refusal(request, body)
@@ -270,10 +308,11 @@ async def slack_interactions(request: Request) -> JSONResponse:
         metrics.slack_refused("payload")
         return _problem(400, "not_an_acknowledgement", "no Acknowledge action in the payload")
     payload, incident_id, user = click
-    who = f"slack:{user.get('username') or user.get('name') or user.get('id')}"
+    clicked = slack_user(user)
+    who = clicked.who
     at = _clock(request)()
     ack = functools.partial(incidents.acknowledge, by=who, via="slack", at=at)
-    outcome = await _act(request, incident_id, ack)
+    outcome = await _act(request, incident_id, ack, clicked)
     if isinstance(outcome, JSONResponse):
         metrics.slack_refused("incident")
         return outcome

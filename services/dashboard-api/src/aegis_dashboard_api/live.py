@@ -23,6 +23,7 @@ import structlog
 from sse_starlette import ServerSentEvent
 
 from aegis_contracts.events import ChangeEvent
+from aegis_contracts.people import Act, Identity, decide, factory_of
 from aegis_dashboard_api.models import Item
 
 log = structlog.get_logger(__name__)
@@ -31,29 +32,68 @@ log = structlog.get_logger(__name__)
 RETRY_MS = 3000
 
 
+EVERYONE = "<everyone>"  # an event every listener gets (resync)
+# a list event's entries and the factory of each: each listener gets the entries it may read
+ENTRY_FACTORY: dict[str, tuple[str, Callable[[dict[str, Any]], str | None]]] = {
+    "fleet": ("factories", lambda e: str(e.get("factory_id"))),
+    "alerts": ("alerts", lambda a: factory_of(alert_scope(a))),
+}
+
+
+def alert_scope(alert: Item) -> str:
+    """An ALERT# item's scope: a factory id, or ``cloud-infra``."""
+    return str(alert.get("scope") or str(alert.get("pk", "")).removeprefix("ALERT#"))
+
+
 @dataclass(frozen=True, slots=True)
 class LiveEvent:
-    """One page event: ``name`` is the SSE event type, ``data`` its JSON body."""
+    """One page event: ``name`` is the SSE event type, ``data`` its JSON body, ``about`` whose
+    it is: a factory (seen by those who may read it), None (the platform's: the cloud, seen with
+    the whole fleet in scope), :data:`EVERYONE`; a list event (fleet, alerts) is cut per
+    listener to the entries it may read."""
 
     name: str
     data: dict[str, Any]
+    about: str | None = EVERYONE
 
     def frame(self, event_id: str) -> bytes:
-        """The event as it goes on the wire (encoded once, however many browsers get it)."""
+        """The event as it goes on the wire (encoded once per audience, however many browsers
+        get it)."""
         body = json.dumps(self.data, separators=(",", ":"), ensure_ascii=False, default=str)
         return ServerSentEvent(body, event=self.name, id=event_id, sep="\n").encode()
+
+    def seen_by(self, who: Identity) -> LiveEvent | None:
+        """The event as ``who`` may see it, or None: nothing of a factory out of scope."""
+        listed = ENTRY_FACTORY.get(self.name)
+        if listed is not None:
+            key, factory = listed
+            entries = [e for e in self.data.get(key) or [] if decide(who, Act.READ, factory(e))]
+            return LiveEvent(self.name, {**self.data, key: entries}, self.about)
+        if self.about == EVERYONE or decide(who, Act.READ, self.about):
+            return self
+        return None
 
 
 Queued = tuple[LiveEvent, bytes]
 
 
 class Listener:
-    """One connected browser: a bounded queue; ``None`` in it ends the stream."""
+    """One connected browser: a bounded queue; ``None`` in it ends the stream. ``who`` sees
+    only what it may read; ``token`` (or ``session``) is what it came with: the stream ends
+    when that is revoked or gives someone else."""
 
-    def __init__(self, maxsize: int, token: str | None = None) -> None:
+    def __init__(
+        self,
+        maxsize: int,
+        who: Identity,
+        token: str | None = None,
+        session: str | None = None,
+    ) -> None:
         self.queue: asyncio.Queue[Queued | None] = asyncio.Queue(maxsize)
         self.dropped = False
-        self.token = token  # whose stream it is: it ends when this token is revoked
+        self.who = who
+        self.token = token
+        self.session = session
 
     def offer(self, item: Queued) -> bool:
         """Queue the event without waiting; False (and the stream ends) when the queue is full."""
@@ -93,8 +133,10 @@ class Hub:
     def next_id(self) -> str:
         return f"{self.boot}-{next(self._seq)}"
 
-    def listen(self, token: str | None = None) -> Listener:
-        listener = Listener(self.queue_size, token)
+    def listen(
+        self, who: Identity, token: str | None = None, session: str | None = None
+    ) -> Listener:
+        listener = Listener(self.queue_size, who, token, session)
         if self.closed:
             listener.close()
         else:
@@ -105,18 +147,29 @@ class Hub:
         self.listeners.discard(listener)
 
     def publish(self, event: LiveEvent) -> None:
-        """Hand ``event`` to every listener now; never waits for a browser."""
-        item = (event, event.frame(self.next_id()))
+        """Hand ``event`` to every listener that may see it, as it may see it, now; never waits
+        for a browser. Encoded once per audience (the same role and scope)."""
         self.published += 1
+        event_id = self.next_id()
+        cut: dict[tuple[bool, tuple[str, ...]], Queued | None] = {}
         for listener in list(self.listeners):
+            who = listener.who
+            audience = (who.fleet, who.scope)
+            if audience not in cut:
+                seen = event.seen_by(who)
+                cut[audience] = None if seen is None else (seen, seen.frame(event_id))
+            item = cut[audience]
+            if item is None:
+                continue
             if not listener.offer(item):
                 self.listeners.discard(listener)
                 self.dropped += 1
                 log.warning("live_client_dropped", reason="queue_full", size=self.queue_size)
 
-    def revoke(self, still_allowed: Callable[[str | None], bool]) -> int:
-        """End the streams whose token is no longer allowed; how many ended."""
-        ended = [listener for listener in self.listeners if not still_allowed(listener.token)]
+    def revoke(self, still_allowed: Callable[[Listener], bool]) -> int:
+        """End the streams no longer allowed (their token revoked, or now someone else's); how
+        many ended."""
+        ended = [listener for listener in self.listeners if not still_allowed(listener)]
         for listener in ended:
             self.listeners.discard(listener)
             listener.close()
@@ -141,7 +194,9 @@ async def stream(
     try:
         yield ServerSentEvent(comment="aegis live", retry=RETRY_MS, sep="\n")
         for event in snapshot:
-            yield event.frame(hub.next_id())
+            seen = event.seen_by(listener.who)
+            if seen is not None:
+                yield seen.frame(hub.next_id())
         if resumed_from:
             log.debug("live_client_resumed", last_event_id=resumed_from[:64])
         async for _, frame in listener.events():
@@ -165,12 +220,15 @@ def factory_event(
     None for other tables (another stack on the same NATS) and other items."""
     if change.table != table or not change.pk.startswith("FACTORY#") or change.sk != "LATEST":
         return None
+    factory_id = change.pk.removeprefix("FACTORY#")
     if change.new_image is None:
-        return LiveEvent("factory_removed", {"factory_id": change.pk.removeprefix("FACTORY#")})
+        return LiveEvent("factory_removed", {"factory_id": factory_id}, factory_id)
     image = dict(change.new_image)
     image.pop("ttl", None)
     entry = entry_of(image, now)
-    return LiveEvent("factory", {"entry": entry.model_dump(mode="json"), "latest": image})
+    return LiveEvent(
+        "factory", {"entry": entry.model_dump(mode="json"), "latest": image}, factory_id
+    )
 
 
 def family_of(key: str) -> tuple[str, str] | None:

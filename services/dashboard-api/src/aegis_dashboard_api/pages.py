@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 from zoneinfo import ZoneInfo
 
 import jinja2
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from limits import RateLimitItemPerSecond
@@ -38,6 +38,7 @@ from markupsafe import Markup, escape
 from aegis_contracts import keys
 from aegis_contracts.errors import ContractError
 from aegis_contracts.items import Incident
+from aegis_contracts.people import Act, Identity, decide, factory_of
 from aegis_contracts.times import format_ts, kst_report_date, parse_ts
 from aegis_dashboard_api.access import (
     COOKIE,
@@ -46,8 +47,11 @@ from aegis_dashboard_api.access import (
     query_token,
     request_token,
 )
+from aegis_dashboard_api.authz import Permission, identity_of, public
+from aegis_dashboard_api.errors import ApiError
 from aegis_dashboard_api.i18n import LANG_COOKIE, LANGS, Lang, labels, pick_lang
-from aegis_dashboard_api.routes import ApiError, Reader, fleet_entry
+from aegis_dashboard_api.live import alert_scope
+from aegis_dashboard_api.routes import Reader, fleet_entry
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_storage.errors import NotFound
 
@@ -245,14 +249,35 @@ def render(
     return response
 
 
-async def authorize_page(request: Request) -> None:
-    tokens: TokenSet = request.app.state.tokens
-    from_link = query_token(request.scope)
-    if from_link is not None and tokens.allowed(from_link):
-        raise SignedInByLink(from_link)
-    token = request_token(request)
-    if not tokens.allowed(token):
-        raise LoginRequired(invalid=token is not None)
+class PageRefused(Exception):
+    """A page the identity may not see: rendered as the "missing" page with its status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class PagePermission(Permission):
+    """A page's :class:`Permission`: a valid ``?token=`` link signs the browser in first; no
+    identity is the sign-in form (401), a refusal the "missing" page (404, 403)."""
+
+    async def __call__(self, request: Request) -> Identity:
+        tokens: TokenSet = request.app.state.tokens
+        from_link = query_token(request.scope)
+        if from_link is not None and tokens.allowed(from_link, request.app.state.clock()):
+            raise SignedInByLink(from_link)
+        try:
+            return await super().__call__(request)
+        except ApiError as err:
+            if err.status == 401:
+                raise LoginRequired(invalid=request_token(request) is not None) from None
+            raise PageRefused(err.status, err.message) from None
+
+
+READ_PAGE = Depends(PagePermission(Act.READ, "listed"))
+READ_FACTORY_PAGE = Depends(PagePermission(Act.READ, "path"))
+READ_PLATFORM_PAGE = Depends(PagePermission(Act.READ, "platform"))
+PUBLIC = Depends(public)
 
 
 def install(app: FastAPI) -> None:
@@ -266,6 +291,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(SignedInByLink)
     async def signed_in_by_link(request: Request, exc: SignedInByLink) -> Response:
         return signed_in_redirect(request, exc.token)
+
+    @app.exception_handler(PageRefused)
+    async def page_refused(request: Request, exc: PageRefused) -> Response:
+        return render(request, "missing.html", {"message": exc.message}, status_code=exc.status)
 
 
 def set_token_cookie(response: Response, request: Request, token: str) -> None:
@@ -297,19 +326,28 @@ def _reader(request: Request) -> Reader:
 router = APIRouter(include_in_schema=False)
 
 
-@router.get("/", response_class=HTMLResponse)
+@router.get("/", response_class=HTMLResponse, dependencies=[READ_PAGE])
 async def fleet_page(request: Request) -> Response:
-    await authorize_page(request)
     reader = _reader(request)
+    who = identity_of(request)
     now = reader.clock()
     entries = sorted(
-        (fleet_entry(i, now) for i in await reader.fleet_items()), key=lambda e: e.factory_id
+        (
+            e
+            for e in (fleet_entry(i, now) for i in await reader.fleet_items())
+            if decide(who, Act.READ, e.factory_id)
+        ),
+        key=lambda e: e.factory_id,
     )
     counts = dict.fromkeys(LEVEL_ORDER, 0)
     for entry in entries:
         if entry.level in counts:
             counts[entry.level] += 1
-    alerts = await reader.readmodel.firing_alerts(now=now)
+    alerts = [
+        a
+        for a in await reader.readmodel.firing_alerts(now=now)
+        if decide(who, Act.READ, factory_of(alert_scope(a)))
+    ]
     return render(
         request,
         "fleet.html",
@@ -317,9 +355,10 @@ async def fleet_page(request: Request) -> Response:
     )
 
 
-@router.get("/factories/{factory_id}", response_class=HTMLResponse)
+@router.get(
+    "/factories/{factory_id}", response_class=HTMLResponse, dependencies=[READ_FACTORY_PAGE]
+)
 async def factory_page(request: Request, factory_id: str) -> Response:
-    await authorize_page(request)
     reader = _reader(request)
     try:
         latest = await reader.latest(factory_id)
@@ -363,9 +402,14 @@ async def incidents_context(request: Request, factory: str | None, view: str) ->
     open incidents, worst first, with the time they are counted from."""
     reader = _reader(request)
     now = reader.clock()
-    found = await reader.incidents.open(now=now)
-    if factory is not None:
-        found = [i for i in found if i.scope == factory]
+    who = identity_of(request)
+    found = [
+        i
+        for i in await reader.incidents.open(now=now)
+        if (factory is None or i.scope == factory) and decide(who, Act.READ, factory_of(i.scope))
+    ]
+    # what this person may do to each (the page shows those buttons only)
+    responds = {i.incident_id for i in found if decide(who, Act.RESPOND, factory_of(i.scope))}
     source = "/incidents/list?" + urlencode(
         {"view": view, **({"factory": factory} if factory is not None else {})}
     )
@@ -376,38 +420,36 @@ async def incidents_context(request: Request, factory: str | None, view: str) ->
         "incidents_now": now,
         "incidents_view": view,
         "incidents_src": source,
+        "incidents_responds": responds,
     }
 
 
-@router.get("/incidents", response_class=HTMLResponse)
+@router.get("/incidents", response_class=HTMLResponse, dependencies=[READ_PAGE])
 async def incidents_page(request: Request) -> Response:
-    await authorize_page(request)
     factory = request.query_params.get("factory") or None
     return render(request, "incidents.html", await incidents_context(request, factory, "list"))
 
 
-@router.get("/incidents/list", response_class=HTMLResponse)
+@router.get("/incidents/list", response_class=HTMLResponse, dependencies=[READ_PAGE])
 async def incidents_fragment(request: Request) -> Response:
     """The list (or a factory's banners) alone, for the script to read again: the same HTML as
     in the page, so it is rendered (and escaped) in one place."""
-    await authorize_page(request)
     factory = request.query_params.get("factory") or None
     view = "banners" if request.query_params.get("view") == "banners" else "list"
     context = await incidents_context(request, factory, view)
     return render(request, "incidents_fragment.html", context)
 
 
-@router.get("/cloud", response_class=HTMLResponse)
+@router.get("/cloud", response_class=HTMLResponse, dependencies=[READ_PLATFORM_PAGE])
 async def cloud_page(request: Request) -> Response:
-    await authorize_page(request)
     latest = await _reader(request).readmodel.get_cloud_latest()
     return render(request, "cloud.html", {"latest": latest or {}, "config": {"cloud": True}})
 
 
-@router.get("/reports", response_class=HTMLResponse)
+@router.get("/reports", response_class=HTMLResponse, dependencies=[READ_PAGE])
 async def reports_page(request: Request) -> Response:
-    await authorize_page(request)
     reader = _reader(request)
+    who = identity_of(request)
     default_day = kst_report_date(reader.clock() - timedelta(days=1))
     try:
         day = date.fromisoformat(request.query_params.get("date") or default_day.isoformat())
@@ -417,7 +459,11 @@ async def reports_page(request: Request) -> Response:
     targets: list[str] = []
     async for info in reader.store.list_objects(prefix):
         target, _, artifact = info.key.removeprefix(prefix).partition("/")
-        if artifact == keys.ReportArtifact.REPORT.value and target not in targets:
+        if (
+            artifact == keys.ReportArtifact.REPORT.value
+            and target not in targets
+            and decide(who, Act.READ, factory_of(target))
+        ):
             targets.append(target)
     targets.sort(key=lambda t: (t != keys.CLOUD_INFRA_TARGET, t))
     chosen = request.query_params.get("target")
@@ -439,7 +485,7 @@ async def reports_page(request: Request) -> Response:
     )
 
 
-@router.get("/login", response_class=HTMLResponse)
+@router.get("/login", response_class=HTMLResponse, dependencies=[PUBLIC])
 async def login_form(request: Request) -> Response:
     response = login_page(request, invalid=False, next_path=request.query_params.get("next", "/"))
     response.status_code = 200
@@ -483,7 +529,7 @@ class SignInLimiter:
         await self.limiter.hit(self.item, client)
 
 
-@router.post("/login", response_class=HTMLResponse)
+@router.post("/login", response_class=HTMLResponse, dependencies=[PUBLIC])
 async def login(request: Request) -> Response:
     # another site's form posting here would sign this browser in with its token. (The page's
     # own form sends Origin "null" under Referrer-Policy no-referrer: the fetch metadata says
@@ -515,7 +561,7 @@ async def login(request: Request) -> Response:
     token = form.get("token", "").strip()
     next_path = safe_next(form.get("next"))
     tokens: TokenSet = request.app.state.tokens
-    if not tokens.allowed(token or None):
+    if not tokens.allowed(token or None, request.app.state.clock()):
         await limiter.failed(client)
         return login_page(request, invalid=True, next_path=next_path)
     response = RedirectResponse(next_path, status_code=303)
@@ -523,7 +569,7 @@ async def login(request: Request) -> Response:
     return response
 
 
-@router.post("/logout")
+@router.post("/logout", dependencies=[PUBLIC])
 async def logout() -> Response:
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(COOKIE, path="/")

@@ -13,14 +13,18 @@ from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
 import structlog
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from markdown_it import MarkdownIt
 from pydantic import BeforeValidator
 
 from aegis_contracts import keys
 from aegis_contracts.errors import ContractError
+from aegis_contracts.people import Act, decide, factory_of
 from aegis_contracts.times import Clock, format_ts, parse_ts
+from aegis_dashboard_api.authz import Permission, identity_of
+from aegis_dashboard_api.errors import ApiError
+from aegis_dashboard_api.live import alert_scope
 from aegis_dashboard_api.models import (
     Alerts,
     Cloud,
@@ -45,12 +49,6 @@ from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
 log = structlog.get_logger(__name__)
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, error: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.error, self.message = status, error, message
 
 
 class Reader:
@@ -160,6 +158,12 @@ IsoDate = Annotated[date, BeforeValidator(_iso_date)]
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": Problem}, 401: {"model": Problem}}
 UNAUTHORIZED: dict[int | str, dict[str, Any]] = {401: {"model": Problem}}
+FORBIDDEN: dict[int | str, dict[str, Any]] = {401: {"model": Problem}, 403: {"model": Problem}}
+# what each route does (aegis_dashboard_api.authz): read a factory of the path, read what
+# belongs to no factory, read a list filtered to the identity's factories
+READ_FACTORY = Permission(Act.READ, "path")
+READ_PLATFORM = Permission(Act.READ, "platform")
+READ_LISTED = Permission(Act.READ, "listed")
 
 router = APIRouter()
 
@@ -209,23 +213,37 @@ def fleet_entry(item: Item, now: datetime) -> FleetEntry:
     )
 
 
-@router.get("/fleet", response_model=Fleet, responses=UNAUTHORIZED)
+@router.get(
+    "/fleet", response_model=Fleet, responses=UNAUTHORIZED, dependencies=[Depends(READ_LISTED)]
+)
 async def fleet(request: Request) -> Fleet:
     """Every factory's level, score, reasons, freshness and pipeline status."""
     reader = _reader(request)
     now = reader.clock()
-    items = await reader.fleet_items()
-    return Fleet(generated_at=format_ts(now), factories=[fleet_entry(i, now) for i in items])
+    who = identity_of(request)
+    entries = [fleet_entry(i, now) for i in await reader.fleet_items()]
+    seen = [e for e in entries if decide(who, Act.READ, e.factory_id)]
+    return Fleet(generated_at=format_ts(now), factories=seen)
 
 
-@router.get("/factories/{factory_id}", response_model=Factory, responses=NOT_FOUND)
+@router.get(
+    "/factories/{factory_id}",
+    response_model=Factory,
+    responses=NOT_FOUND,
+    dependencies=[Depends(READ_FACTORY)],
+)
 async def factory(factory_id: str, request: Request) -> Factory:
     """One factory's LATEST item."""
     item = await _reader(request).latest(factory_id)
     return Factory(factory_id=factory_id, latest=item)
 
 
-@router.get("/factories/{factory_id}/history", response_model=History, responses=NOT_FOUND)
+@router.get(
+    "/factories/{factory_id}/history",
+    response_model=History,
+    responses=NOT_FOUND,
+    dependencies=[Depends(READ_FACTORY)],
+)
 async def history(factory_id: str, request: Request, window: Window = "1h") -> History:
     """1h: HISTORY#STATE (raw resolution); 6h/12h/24h: GRAPH#5M buckets. Expired items left out."""
     reader = _reader(request)
@@ -234,7 +252,9 @@ async def history(factory_id: str, request: Request, window: Window = "1h") -> H
     return History(factory_id=factory_id, window=window, family=family, items=items)
 
 
-@router.get("/cloud", response_model=Cloud, responses=UNAUTHORIZED)
+@router.get(
+    "/cloud", response_model=Cloud, responses=FORBIDDEN, dependencies=[Depends(READ_PLATFORM)]
+)
 async def cloud(request: Request) -> Cloud:
     """CLOUD#infra LATEST with the fast (6 h) and slow (24 h) history."""
     reader = _reader(request)
@@ -246,15 +266,22 @@ async def cloud(request: Request) -> Cloud:
     )
 
 
-@router.get("/alerts", response_model=Alerts, responses=UNAUTHORIZED)
+@router.get(
+    "/alerts", response_model=Alerts, responses=UNAUTHORIZED, dependencies=[Depends(READ_LISTED)]
+)
 async def alerts(request: Request) -> Alerts:
     """Alerts firing now (ALERT# states with firing = true, expired ones left out)."""
     reader = _reader(request)
-    return Alerts(alerts=await reader.readmodel.firing_alerts(now=reader.clock()))
+    who = identity_of(request)
+    firing = await reader.readmodel.firing_alerts(now=reader.clock())
+    return Alerts(alerts=[a for a in firing if decide(who, Act.READ, factory_of(alert_scope(a)))])
 
 
 @router.get(
-    "/factories/{factory_id}/images/latest", response_model=LatestImage, responses=NOT_FOUND
+    "/factories/{factory_id}/images/latest",
+    response_model=LatestImage,
+    responses=NOT_FOUND,
+    dependencies=[Depends(READ_FACTORY)],
 )
 async def latest_image(factory_id: str, request: Request) -> LatestImage:
     """The latest camera image as a short-lived presigned URL; null when there is none."""
@@ -272,7 +299,12 @@ async def latest_image(factory_id: str, request: Request) -> LatestImage:
     return LatestImage(factory_id=factory_id, image=image)
 
 
-@router.get("/factories/{factory_id}/images", response_model=DayImages, responses=NOT_FOUND)
+@router.get(
+    "/factories/{factory_id}/images",
+    response_model=DayImages,
+    responses=NOT_FOUND,
+    dependencies=[Depends(READ_FACTORY)],
+)
 async def day_images(
     factory_id: str,
     request: Request,
@@ -289,7 +321,9 @@ async def day_images(
     return DayImages(factory_id=factory_id, day=day, images=images)
 
 
-@router.get("/reports", response_model=Reports, responses=UNAUTHORIZED)
+@router.get(
+    "/reports", response_model=Reports, responses=UNAUTHORIZED, dependencies=[Depends(READ_LISTED)]
+)
 async def reports(
     request: Request, day: Annotated[IsoDate, Query(alias="date", description="KST report date")]
 ) -> Reports:
@@ -301,7 +335,12 @@ async def reports(
         target, _, artifact = info.key.removeprefix(prefix).partition("/")
         if artifact:
             by_target.setdefault(target, []).append(artifact)
-    entries = [ReportEntry(target=t, artifacts=a) for t, a in sorted(by_target.items())]
+    who = identity_of(request)
+    entries = [
+        ReportEntry(target=t, artifacts=a)
+        for t, a in sorted(by_target.items())
+        if decide(who, Act.READ, factory_of(t))
+    ]
     return Reports(day=day, reports=entries)
 
 
@@ -318,7 +357,9 @@ async def reports(
         },
         404: {"model": Problem},
         401: {"model": Problem},
+        403: {"model": Problem},
     },
+    dependencies=[Depends(Permission(Act.READ, "path", param="target"))],
 )
 async def report(
     report_date: IsoDate,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
 
-from aegis_dashboard_api.access import is_digest
+from aegis_dashboard_api.access import Grant, configured_grant
 from aegis_runtime.settings import AegisSettings
 
 
@@ -28,14 +28,17 @@ class DashboardSettings(AegisSettings):
     )
     dashboard_tokens: str = Field(
         default="",
-        description="SHA-256 hex digests of the read-only bearer tokens, comma-separated "
-        "(`printf %s TOKEN | sha256sum`), from a secret store. None (and no tokens file): every "
-        "page and `/api` request is refused.",
+        description="SHA-256 hex digests of bearer tokens, comma-separated (`printf %s TOKEN | "
+        "sha256sum`), from a secret store; each a viewer of the whole fleet (a wall screen) "
+        "unless `ROLE:` comes before it (`responder:`, `admin:`). Tokens for people or scripts "
+        "with a name and a scope: `aegis tokens create`. None of either (and no tokens file, no "
+        "sign-in): every page and `/api` request is refused.",
     )
     dashboard_tokens_file: Path | None = Field(
         default=None,
-        description="More token digests, one per line (`#` comments), read again when the file "
-        "changes (a mounted Secret): removing one revokes its token, open live streams included.",
+        description="More token digests, one per line (`#` comments), each optionally followed "
+        "by `role=`, `name=` and `factories=a,plant-*`; read again when the file changes (a "
+        "mounted Secret): removing one revokes its token, open live streams included.",
     )
     dashboard_tokens_reload_s: float = Field(
         default=5.0,
@@ -132,17 +135,19 @@ class DashboardSettings(AegisSettings):
     @field_validator("dashboard_tokens")
     @classmethod
     def _digests(cls, value: str) -> str:
-        for digest in _items(value):
-            if not is_digest(digest.lower()):
+        for entry in _items(value):
+            try:
+                configured_grant(entry)
+            except ValueError as err:
                 raise ValueError(
-                    "AEGIS_DASHBOARD_TOKENS holds SHA-256 hex digests (64 hex characters), "
-                    "comma-separated, not the tokens themselves"
-                )
+                    f"AEGIS_DASHBOARD_TOKENS holds SHA-256 hex digests (64 hex characters), each "
+                    f"optionally after ROLE:, comma-separated, not the tokens themselves: {err}"
+                ) from None
         return value
 
     @property
-    def token_digests(self) -> tuple[str, ...]:
-        return tuple(d.lower() for d in _items(self.dashboard_tokens))
+    def token_grants(self) -> tuple[Grant, ...]:
+        return tuple(configured_grant(e) for e in _items(self.dashboard_tokens))
 
     @property
     def cors_origins(self) -> list[str]:

@@ -7,13 +7,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import AwareDatetime, BaseModel, Field
 
 from aegis_contracts.errors import ContractError
-from aegis_contracts.silences import Silence, SilenceRefused, new_silence
+from aegis_contracts.people import Act, decide, factory_of
+from aegis_contracts.silences import Silence, SilenceRefused, new_silence, silenced_factory
 from aegis_contracts.times import parse_duration
+from aegis_dashboard_api.authz import Permission, identity_of, refuse
 from aegis_dashboard_api.incidents import person
 from aegis_dashboard_api.models import Problem
 from aegis_storage.errors import NotFound
@@ -24,8 +26,23 @@ router = APIRouter()
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "The body is not JSON."},
     401: {"model": Problem},
+    403: {"model": Problem},
     404: {"model": Problem},
 }
+# a silence belongs to the factory its factory=ID matcher names; one that can reach more (no
+# such matcher, a pattern) belongs to the fleet: only a fleet-wide responder sees, makes or
+# ends it
+READ = Depends(Permission(Act.READ, "listed"))
+SILENCE = Depends(Permission(Act.SILENCE, "resource"))
+
+
+def _may(request: Request, act: Act, silence: Silence) -> bool:
+    return bool(decide(identity_of(request), act, _factory(silence)))
+
+
+def _factory(silence: Silence) -> str | None:
+    named = silenced_factory(list(silence.matchers))
+    return None if named is None else factory_of(named)
 
 
 class SilenceList(BaseModel):
@@ -63,13 +80,14 @@ def _now(request: Request) -> datetime:
     return now
 
 
-@router.get("/silences", response_model=SilenceList, responses=ERRORS)
+@router.get("/silences", response_model=SilenceList, responses=ERRORS, dependencies=[READ])
 async def silences(request: Request, ended: bool = False) -> SilenceList:
     """The silences in force or to come (``?ended=true``: also those ended in the last 30
     days), by start."""
     now = _now(request)
     found = await _store(request).listed(now=now)
-    return SilenceList(silences=[s for s in found if ended or s.ends > now])
+    shown = [s for s in found if (ended or s.ends > now) and _may(request, Act.READ, s)]
+    return SilenceList(silences=shown)
 
 
 @router.post(
@@ -77,6 +95,7 @@ async def silences(request: Request, ended: bool = False) -> SilenceList:
     response_model=Silence,
     status_code=201,
     responses=ERRORS | {422: {"model": Refused | Invalid}},
+    dependencies=[SILENCE],
 )
 async def create(body: NewSilence, request: Request) -> Silence | JSONResponse:
     """A new silence; refused (422, every problem listed) when the guard says no."""
@@ -102,16 +121,29 @@ async def create(body: NewSilence, request: Request) -> Silence | JSONResponse:
             {"error": "silence_refused", "message": str(err), "problems": [str(err)]},
             status_code=422,
         )
+    decision = decide(identity_of(request), Act.SILENCE, _factory(silence))
+    if not decision:  # a factory out of scope: 404, as for one that does not exist
+        raise refuse(decision)
     await _store(request).add(silence)
     return silence
 
 
-@router.delete("/silences/{silence_id}", response_model=Silence, responses=ERRORS)
+@router.delete(
+    "/silences/{silence_id}", response_model=Silence, responses=ERRORS, dependencies=[SILENCE]
+)
 async def end(silence_id: str, request: Request) -> Silence | JSONResponse:
     """End a silence now (who and when are kept); the incidents it held back notify."""
+    store = _store(request)
+    unknown = JSONResponse(
+        {"error": "unknown_silence", "message": f"no silence {silence_id!r}"}, status_code=404
+    )
     try:
-        return await _store(request).end(silence_id, by=person(request), at=_now(request))
+        current = await store.get(silence_id)
+    except ContractError:
+        return unknown
+    if current is None or not _may(request, Act.SILENCE, current):
+        return unknown  # one out of the caller's scope is as unknown as one that never was
+    try:
+        return await store.end(silence_id, by=person(request), at=_now(request))
     except (NotFound, ContractError):
-        return JSONResponse(
-            {"error": "unknown_silence", "message": f"no silence {silence_id!r}"}, status_code=404
-        )
+        return unknown

@@ -38,3 +38,18 @@ async def foundation(aws: AwsClients, unique_id: str) -> Foundation:
     return Foundation(
         aws, bucket, table, ObjectStore(aws.s3, bucket), ReadModel(aws.dynamodb, table)
     )
+
+
+@pytest.fixture
+def foundation_env(
+    foundation: Foundation, aws_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> Foundation:
+    """``foundation``, with the variables that point an ``aegis`` command (run in this process,
+    as typer's CliRunner does) at its bucket and table."""
+    for name, value in {
+        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+        "AEGIS_BUCKET": foundation.bucket,
+        "AEGIS_TABLE": foundation.table,
+    }.items():
+        monkeypatch.setenv(name, value)
+    return foundation
