@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from aegis_contracts.times import Clock, utc_now
-from aegis_dashboard_api import incidents, pages, silences
+from aegis_dashboard_api import incidents, pages, signin, silences
 from aegis_dashboard_api.access import QueryTokenMiddleware, TokenSet, request_token
 from aegis_dashboard_api.feed import LiveFeed
 from aegis_dashboard_api.live import Hub, stream
@@ -205,6 +205,7 @@ def create_app(
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     pages.install(app)
+    signin.install(app)
     app.include_router(live_router)
     app.include_router(router, prefix="/api", dependencies=[Depends(require_token)])
     app.include_router(incidents.router, prefix="/api", dependencies=[Depends(require_token)])
