@@ -659,11 +659,13 @@ async def test_dashboard_only_reads(as_service):
     await denied(me.store.get_bytes(RAW))
 
 
-async def test_the_dashboard_writes_incidents_silences_and_slack_nonces_only(as_service):
+async def test_the_dashboard_writes_incidents_silences_slack_nonces_and_sessions_only(as_service):
     me = await as_service("dashboard-api")
     await me.readmodel.put_item(item(f"INCIDENT#{INCIDENT_ID}", "INCIDENT"))
     await me.readmodel.put_item(item("SLACK#nonce", "x"), if_absent=True)
     await me.readmodel.put_item(item("SILENCE", "s-0123456789ab"), if_absent=True)
+    await me.readmodel.put_item(item(f"SESSION#{'0' * 64}", "SESSION"), if_absent=True)
+    await denied(me.readmodel.delete_item(f"SESSION#{'0' * 64}", "SESSION"))
     await denied(me.readmodel.put_item(item("SILENCEX", "s-0123456789ab")))
     await denied(me.readmodel.put_item(item(f"ALERT#{F}", "CRITICAL#FIRE#STATE")))
     await denied(me.readmodel.put_item(item("JOB#registry", "JOB#x")))

@@ -550,6 +550,19 @@ def token_name(value: str) -> str:
     return _word(_TOKEN_NAME, value, "token_name")
 
 
+# ``SESSION#{digest}`` / ``SESSION``: one person's dashboard sign-in (OpenID Connect) until it
+# expires (``ttl``) or they sign out. The key holds the SHA-256 of the session id the browser's
+# cookie carries, never the id: whoever reads the table cannot sign in as anybody.
+SESSION_PK_PREFIX = "SESSION#"
+SESSION_SK = "SESSION"
+_SESSION_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def session_pk(digest: str) -> str:
+    """``SESSION#{digest}``: ``digest`` the SHA-256 hex of the cookie's session id."""
+    return f"{SESSION_PK_PREFIX}{_word(_SESSION_DIGEST, digest, 'session_digest')}"
+
+
 # ``REPLICA#{service}`` / ``{host:pid}``: a replica says it is alive until ``alive_until``; what
 # it holds is taken over by another once that has passed
 REPLICA_PK_PREFIX = "REPLICA#"

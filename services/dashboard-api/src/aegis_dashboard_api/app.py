@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -23,12 +25,12 @@ from starlette.routing import Match
 
 from aegis_contracts.people import Act
 from aegis_contracts.times import Clock, utc_now
-from aegis_dashboard_api import incidents, pages, silences
+from aegis_dashboard_api import incidents, pages, signin, silences
 from aegis_dashboard_api.access import QueryTokenMiddleware, TokenSet, request_token
 from aegis_dashboard_api.authz import Permission, identity_of, public, session_of
 from aegis_dashboard_api.errors import ApiError
 from aegis_dashboard_api.feed import LiveFeed
-from aegis_dashboard_api.live import Hub, stream
+from aegis_dashboard_api.live import Hub, Listener, stream
 from aegis_dashboard_api.observe import DashboardMetrics
 from aegis_dashboard_api.routes import Reader, router
 from aegis_dashboard_api.settings import DashboardSettings
@@ -38,6 +40,8 @@ from aegis_runtime.envcheck import report_environment
 from aegis_runtime.health import HealthServer
 from aegis_storage.clients import AwsClients, open_clients
 from aegis_storage.errors import StorageError
+from aegis_storage.readmodel import ReadModel
+from aegis_storage.sessions import SessionStore
 from aegis_storage.tokens import TokenStore
 
 log = structlog.get_logger(__name__)
@@ -74,7 +78,7 @@ async def live(request: Request) -> EventSourceResponse:
 
 async def _watch_tokens(
     tokens: TokenSet,
-    store: TokenStore,
+    readmodel: ReadModel,
     hub: Hub,
     *,
     clock: Clock,
@@ -82,23 +86,32 @@ async def _watch_tokens(
     stop: asyncio.Event,
 ) -> None:
     """Every ``every_s``: read the tokens file again (when there is one) and the kept tokens;
-    end the live streams of tokens revoked, expired or now giving someone else."""
+    end the live streams of tokens revoked, expired or now giving someone else, and of sign-in
+    sessions that ended (signed out on another replica, or expired)."""
+    store, sessions = TokenStore(readmodel), SessionStore(readmodel)
     while not stop.is_set():
         changed = tokens.reload()
         try:
             changed |= tokens.take_stored(await store.listed(now=clock()), clock())
+            signed_in = {x.session for x in hub.listeners if x.session is not None}
+            ended = {s for s in signed_in if await sessions.get(s, now=clock()) is None}
         except StorageError as err:  # keep what was allowed; the next look tries again
             log.warning("dashboard_tokens_unreadable", error=str(err))
+            ended = set()
         if changed:
             log.info("dashboard_tokens_reloaded", tokens=len(tokens.grants))
-            hub.revoke(
-                lambda listener: (
-                    listener.token is None
-                    or tokens.identify(listener.token, clock()) == listener.who
-                )
-            )
+        if changed or ended:
+            hub.revoke(functools.partial(_still_allowed, tokens, ended, clock()))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every_s)
+
+
+def _still_allowed(tokens: TokenSet, ended: set[str], now: datetime, listener: Listener) -> bool:
+    """A live stream goes on while its session has not ended, or its token still gives the
+    identity it was opened with."""
+    if listener.session is not None:
+        return listener.session not in ended
+    return listener.token is None or tokens.identify(listener.token, now) == listener.who
 
 
 def _lifespan(
@@ -130,7 +143,7 @@ def _lifespan(
                 background.append(asyncio.create_task(feed.run(stop), name="live-feed"))
             watch = _watch_tokens(
                 app.state.tokens,
-                TokenStore(reader.readmodel),
+                reader.readmodel,
                 hub,
                 clock=clock,
                 every_s=s.dashboard_tokens_reload_s,
@@ -231,6 +244,7 @@ def create_app(
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     pages.install(app)
+    signin.install(app)
     app.include_router(live_router)
     # each route names what it does with a Permission (aegis_dashboard_api.authz)
     app.include_router(router, prefix="/api")

@@ -165,6 +165,25 @@ LABELS: dict[str, dict[Lang, str]] = {
     "al_passing_since": {"en": "passing since", "ko": "정상 복귀"},
     "al_reported_after": {"en": "reported after", "ko": "보고까지"},
     "al_cleared_after": {"en": "cleared after", "ko": "해제까지"},
+    # sign-in with the company's identity provider (signin.py)
+    "oidc_refused": {"en": "No access", "ko": "접근 권한 없음"},
+    "oidc_no_group": {
+        "en": "You signed in as {name}, but your account is in none of the groups this "
+        "dashboard gives a role to. Ask an administrator to add you to one.",
+        "ko": "{name}(으)로 로그인했지만, 이 대시보드의 역할이 주어진 그룹에 속해 있지 "
+        "않습니다. 관리자에게 그룹 추가를 요청하세요.",
+    },
+    "oidc_failed": {
+        "en": "Sign-in did not complete; start again.",
+        "ko": "로그인이 완료되지 않았습니다. 다시 시도하세요.",
+    },
+    "oidc_unreachable": {
+        "en": "The sign-in service cannot be reached; try again in a moment.",
+        "ko": "로그인 서비스에 연결할 수 없습니다. 잠시 후 다시 시도하세요.",
+    },
+    "signed_out": {"en": "You are signed out.", "ko": "로그아웃되었습니다."},
+    "oidc_sign_in": {"en": "Sign in with your company account", "ko": "회사 계정으로 로그인"},
+    "or_token": {"en": "or with a token", "ko": "또는 토큰으로"},
 }
 
 

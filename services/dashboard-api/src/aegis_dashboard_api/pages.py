@@ -233,6 +233,9 @@ def render(
             "lang": lang,
             "langs": LANGS,
             "path": request.url.path,
+            # the sign-out form ends a sign-in session where the identity came from one
+            "signed_in_via": getattr(getattr(request.state, "identity", None), "via", None),
+            "oidc": getattr(request.app.state, "signin", None) is not None,
             # JSON in <script type="application/json">: "</" cannot end the element
             "config_json": Markup(  # noqa: S704
                 json.dumps(config, ensure_ascii=False).replace("</", "<\\/")

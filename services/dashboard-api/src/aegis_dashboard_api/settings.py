@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from aegis_dashboard_api.access import Grant, configured_grant
 from aegis_runtime.settings import AegisSettings
@@ -131,6 +131,70 @@ class DashboardSettings(AegisSettings):
         description="Where a Slack interaction's `response_url` must point for the dashboard to "
         "update the message (shows who acknowledged); any other URL is not called.",
     )
+
+    # -- sign-in with the company's OpenID Connect provider (aegis_dashboard_api.signin) ------
+    oidc_issuer: str | None = Field(
+        default=None,
+        description="The OpenID Connect provider's issuer URL (its discovery document is "
+        "`{issuer}/.well-known/openid-configuration`): people sign in there, authorization code "
+        "flow with PKCE, and come back to `{dashboard}/auth/callback`. Unset: no OIDC sign-in, "
+        "the `/auth/...` routes answer 404.",
+    )
+    oidc_client_id: str = Field(
+        default="", description="The dashboard's client id at the OpenID Connect provider."
+    )
+    oidc_client_secret: SecretStr | None = Field(
+        default=None,
+        description="The dashboard's client secret at the OpenID Connect provider (a "
+        "confidential client), from a secret store.",
+    )
+    oidc_scopes: str = Field(
+        default="openid profile email groups",
+        description="The scopes asked for at sign-in, space-separated: `openid`, and those that "
+        "bring the name and the groups claim (providers without a `groups` scope send groups "
+        "with `profile`, or by a mapper: leave it out for them).",
+    )
+    oidc_roles_file: Path | None = Field(
+        default=None,
+        description="The TOML file that maps the provider's groups to roles and factory scopes "
+        "(`groups_claim`, then `[[rule]]` tables of `group`, `role`, `factories`; see "
+        "docs/dashboard.md). A person in several groups gets the highest role and every scope; "
+        "in none, sign-in is refused. Required with `AEGIS_OIDC_ISSUER`.",
+    )
+    dashboard_session_secret: SecretStr | None = Field(
+        default=None,
+        description="The key that signs the sign-in cookies (the session id, and the sign-in "
+        "flow's state, nonce and PKCE verifier), at least 32 characters, from a secret store; "
+        "the same on every replica. Required with `AEGIS_OIDC_ISSUER`.",
+    )
+    dashboard_session_max_age_s: int = Field(
+        default=8 * 3600,
+        ge=60,
+        le=30 * 86_400,
+        description="Seconds a sign-in lasts (the session ends then, whatever the provider "
+        "says); signing out ends it at once on every replica.",
+    )
+
+    @model_validator(mode="after")
+    def _oidc_complete(self) -> DashboardSettings:
+        if self.oidc_issuer is None:
+            return self
+        missing = [
+            name
+            for name, value in (
+                ("AEGIS_OIDC_CLIENT_ID", self.oidc_client_id),
+                ("AEGIS_OIDC_CLIENT_SECRET", self.oidc_client_secret),
+                ("AEGIS_OIDC_ROLES_FILE", self.oidc_roles_file),
+                ("AEGIS_DASHBOARD_SESSION_SECRET", self.dashboard_session_secret),
+            )
+            if not value
+        ]
+        if missing:
+            raise ValueError(f"AEGIS_OIDC_ISSUER is set: {', '.join(missing)} must be set too")
+        secret = self.dashboard_session_secret
+        if secret is not None and len(secret.get_secret_value()) < 32:
+            raise ValueError("AEGIS_DASHBOARD_SESSION_SECRET must be at least 32 characters")
+        return self
 
     @field_validator("dashboard_tokens")
     @classmethod
