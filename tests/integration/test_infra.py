@@ -659,8 +659,23 @@ async def test_dashboard_only_reads(as_service):
     await denied(me.store.get_bytes(RAW))
 
 
-async def test_the_dashboard_writes_incidents_silences_slack_nonces_and_sessions_only(as_service):
+async def test_the_dashboard_writes_incidents_silences_slack_nonces_sessions_and_audit_once_only(
+    as_service,
+):
     me = await as_service("dashboard-api")
+    # an audit record: written once, then neither replaced (in any form) nor deleted
+    audit = "audit/yyyy=2026/mm=11/dd=30/20261130T030000000-0123abcd.json"
+    await me.store.put_immutable(audit, b'{"action": "sign_in"}')
+    assert await me.store.get_json(audit) == {"action": "sign_in"}
+    await denied(me.store.put_bytes(audit, b"{}"))
+    s3 = me.clients.s3
+    for condition in ({}, {"IfNoneMatch": '"abc"'}, {"IfMatch": "*"}):
+        with pytest.raises(ClientError, match="AccessDenied"):
+            await s3.put_object(Bucket=BUCKET, Key=audit, Body=b"{}", **condition)
+    with pytest.raises(ClientError, match="AccessDenied"):
+        await s3.delete_object(Bucket=BUCKET, Key=audit)
+    assert await me.store.get_json(audit) == {"action": "sign_in"}
+    await denied(me.store.put_immutable(audit.replace("audit/", "reports/daily/"), b"{}"))
     await me.readmodel.put_item(item(f"INCIDENT#{INCIDENT_ID}", "INCIDENT"))
     await me.readmodel.put_item(item("SLACK#nonce", "x"), if_absent=True)
     await me.readmodel.put_item(item("SILENCE", "s-0123456789ab"), if_absent=True)

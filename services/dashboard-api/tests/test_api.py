@@ -323,6 +323,7 @@ async def test_openapi_documents_every_endpoint(client: httpx.AsyncClient) -> No
         "/api/incidents/{incident_id}/resolve",
         "/api/silences",
         "/api/silences/{silence_id}",
+        "/api/audit",
     }
 
 

@@ -31,6 +31,7 @@ from aegis_dashboard_api.authz import Permission, public
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.storage import Foundation
+from aegis_storage.audit import AuditLog
 from aegis_storage.incidents import IncidentStore
 from aegis_storage.silences import SilenceStore
 from aegis_storage.tokens import TokenStore
@@ -206,11 +207,21 @@ async def world(foundation: Foundation, unique_id: str) -> World:
 @pytest.fixture
 async def client(foundation: Foundation) -> AsyncIterator[httpx.AsyncClient]:
     settings = DashboardSettings(bucket=foundation.bucket, table=foundation.table)
-    app = create_app(settings, clients=foundation.clients, clock=FakeClock(NOW))
+    clock = FakeClock(NOW)
+    app = create_app(settings, clients=foundation.clients, clock=clock)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
+    async with httpx.AsyncClient(
+        transport=transport,
+        base_url="http://dash",
+        # each request a second after the one before: what a person does has its own time
+        event_hooks={"request": [lambda _: _tick(clock)]},
+    ) as c:
         c.app = app  # type: ignore[attr-defined]
         yield c
+
+
+async def _tick(clock: FakeClock) -> None:
+    clock.advance(timedelta(seconds=1))
 
 
 async def take_tokens(client: httpx.AsyncClient, foundation: Foundation) -> None:
@@ -222,7 +233,7 @@ async def take_tokens(client: httpx.AsyncClient, foundation: Foundation) -> None
 
 # -- every operation of the schema, by role and scope ------------------------------------------
 
-Kind = Literal["factory", "listed", "platform", "respond", "silence"]
+Kind = Literal["factory", "listed", "platform", "respond", "silence", "admin"]
 
 
 @dataclass(frozen=True)
@@ -279,6 +290,7 @@ CASES: dict[tuple[str, str], Case] = {
     ("DELETE", "/api/silences/{silence_id}"): Case(
         "silence", lambda w, f: ("DELETE", f"/api/silences/{w.silence[f].id}", {})
     ),
+    ("GET", "/api/audit"): Case("admin", lambda w, f: ("GET", "/api/audit?date=2026-11-30", {})),
 }
 
 
@@ -327,7 +339,7 @@ async def test_each_operation_with_each_role_in_and_out_of_scope(
         if case.kind == "listed":
             assert answer.status_code == 200, (person, answer.text)
             assert b not in answer.text and a in answer.text
-        elif case.kind == "platform":
+        elif case.kind in ("platform", "admin"):
             assert answer.status_code == 403, (person, answer.text)
         elif case.kind in ("respond", "silence") and person == "viewer-a":
             assert answer.status_code == 403, (person, answer.text)  # the role, before the scope
@@ -343,7 +355,7 @@ async def test_each_operation_with_each_role_in_and_out_of_scope(
         await unchanged(foundation, world, a)
         acted = await call(client, world, "responder-a", case, a)
         assert acted.status_code in (200, 201), acted.text
-    elif case.kind == "platform":
+    elif case.kind in ("platform", "admin"):
         assert mine.status_code == 403
     else:
         assert mine.status_code == 200, mine.text
@@ -436,3 +448,85 @@ async def test_aegis_tokens_create_list_revoke_as_the_dashboard_takes_them(
     await take_tokens(client, foundation)
     assert (await client.get(f"/api/factories/{world.a}", headers=auth)).status_code == 401
     assert (await aegis("revoke", "no-such-token")).exit_code == 1
+    # both on the record, by whom (the CLI runs on the wall clock: today's and yesterday's
+    # days are read, in case it turned midnight meanwhile)
+    today = datetime.now(UTC).date()
+    events = [
+        e
+        for day in (today - timedelta(days=1), today)
+        for e in (await AuditLog(foundation.store).day(day))[0]
+        if e.target == name
+    ]
+    assert sorted((e.action, e.actor, e.via) for e in events) == [
+        ("token.create", "cli:kim", "cli"),
+        ("token.revoke", "cli:lee", "cli"),
+    ]
+
+
+# -- the audit record --------------------------------------------------------------------------
+
+
+async def test_every_action_and_refusal_leaves_an_audit_record_naming_the_person(
+    client: httpx.AsyncClient, foundation: Foundation, world: World
+) -> None:
+    """Acknowledge, resolve, a silence made and ended, a viewer's refused acknowledgement, a
+    scoped responder's refused silence of another factory, a token sign-in and a wrong one:
+    each is an event with who, what, on what and from where, read back by an admin (and only
+    an admin) at /api/audit and on /admin/audit."""
+    await take_tokens(client, foundation)
+    a, b = world.a, world.b
+
+    def auth(person: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {world.tokens[person]}", "User-Agent": "pytest-audit"}
+
+    incident = world.incident[a].incident_id
+    await client.post(f"/api/incidents/{incident}/ack", headers=auth("viewer-a"), json={})
+    await client.post(f"/api/incidents/{incident}/ack", headers=auth("responder-a"), json={})
+    await client.post(
+        f"/api/incidents/{incident}/resolve", headers=auth("responder-a"), json={"note": "ok"}
+    )
+    made = await client.post(
+        "/api/silences",
+        headers=auth("responder-a"),
+        json={"matchers": [f"factory={a}", "severity=WARNING"], "duration": "1h"},
+    )
+    await client.delete(f"/api/silences/{made.json()['id']}", headers=auth("responder-a"))
+    refused = await client.post(
+        "/api/silences",
+        headers=auth("responder-a"),
+        json={"matchers": [f"factory={b}", "severity=WARNING"], "duration": "1h"},
+    )
+    assert refused.status_code == 404
+    signin = {"Content-Type": "application/x-www-form-urlencoded", "User-Agent": "pytest-audit"}
+    ok = await client.post("/login", content=f"token={world.tokens['viewer-a']}", headers=signin)
+    bad = await client.post("/login", content="token=guess", headers=signin)
+    assert (ok.status_code, bad.status_code) == (303, 401)
+
+    assert (
+        await client.get("/api/audit?date=2026-11-30", headers=auth("viewer-a"))
+    ).status_code == 403
+    day = (await client.get("/api/audit?date=2026-11-30", headers=auth("admin"))).json()
+    seen = [(e["action"], e["outcome"], e["actor"]) for e in reversed(day["events"])]
+    viewer, responder = (f"token:{p}-{a.rsplit('-', 1)[0]}" for p in ("viewer-a", "responder-a"))
+    assert seen == [
+        ("incident.acknowledge", "refused", viewer),
+        ("incident.acknowledge", "ok", responder),
+        ("incident.resolve", "ok", responder),
+        ("silence.create", "ok", responder),
+        ("silence.end", "ok", responder),
+        ("silence.create", "refused", responder),
+        ("sign_in", "ok", viewer),
+        ("sign_in", "refused", "unknown"),
+    ]
+    first = day["events"][-1]
+    assert (first["target"], first["agent"], first["via"]) == (incident, "pytest-audit", "token")
+    assert first["source"] and "role" in first["detail"]
+    assert day["total"] == len(seen)
+    # each event is its own object under audit/, written once
+    keys_listed = [
+        info.key async for info in foundation.store.list_objects("audit/yyyy=2026/mm=11/dd=30/")
+    ]
+    assert len(keys_listed) == len(seen)
+    page = await client.get("/admin/audit?date=2026-11-30", headers=auth("admin"))
+    assert page.status_code == 200 and page.text.count('data-action="') == len(seen)
+    assert (await client.get("/admin/audit", headers=auth("responder-a"))).status_code == 403

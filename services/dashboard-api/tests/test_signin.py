@@ -29,6 +29,7 @@ from aegis_dashboard_api.signin import FLOW_COOKIE, SESSION_COOKIE, session_iden
 from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.oidc import OidcClient, OidcProvider, OidcUser, StartProvider
 from aegis_devstack.testing.storage import Foundation
+from aegis_storage.audit import AuditLog
 from aegis_storage.incidents import IncidentStore
 from aegis_storage.sessions import session_digest
 
@@ -318,7 +319,7 @@ async def test_the_providers_groups_give_the_highest_role_and_the_union_of_scope
 
 
 async def test_a_person_in_no_mapped_group_is_refused_with_a_page_saying_why(
-    dashboard: Dashboard,
+    dashboard: Dashboard, foundation: Foundation
 ) -> None:
     answer = await dashboard.sign_in("nobody")
     assert answer.status_code == 403
@@ -326,6 +327,9 @@ async def test_a_person_in_no_mapped_group_is_refused_with_a_page_saying_why(
     assert "nobody@example.com" in answer.text  # who they signed in as
     assert dashboard.cookie() is None
     assert (await dashboard.http.get("/auth/me")).status_code == 401
+    (refused,) = (await AuditLog(foundation.store).day(dashboard.clock().date()))[0]
+    assert (refused.action, refused.outcome, refused.target) == ("sign_in", "refused", "nobody")
+    assert "nobody@example.com" in refused.detail
 
 
 async def test_a_session_cookie_signed_with_another_key_is_refused(dashboard: Dashboard) -> None:
@@ -392,6 +396,19 @@ async def test_a_signed_in_person_reads_and_acts_as_the_groups_role_and_scope_sa
     done = await dashboard.http.post(ack, json={})
     assert done.status_code == 200
     assert done.json()["incident"]["acknowledged_by"] == "oidc:Rita Responder"
+    # the record: each sign-in, the refusals, the sign-out, the acknowledgement, by name
+    events, _ = await AuditLog(foundation.store).day(now.date())
+    assert sorted((e.action, e.outcome, e.actor) for e in events) == sorted(
+        [
+            ("sign_in", "ok", "oidc:Vic Viewer"),
+            ("incident.acknowledge", "refused", "oidc:Vic Viewer"),
+            ("sign_out", "ok", "oidc:Vic Viewer"),
+            ("sign_in", "ok", "oidc:Rita Responder"),
+            ("incident.acknowledge", "refused", "oidc:Rita Responder"),
+            ("incident.acknowledge", "ok", "oidc:Rita Responder"),
+        ]
+    )
+    assert {e.via for e in events} == {"oidc"} and {e.subject for e in events} == {"vic", "rita"}
 
 
 async def test_the_sign_in_page_offers_the_provider_and_a_signed_in_page_signs_out_there(

@@ -33,6 +33,7 @@ PROCESSED_AGG_PREFIX = "processed_agg/"
 IMAGE_SNAPSHOT_PREFIX = "image_snapshot/"
 REPORTS_DAILY_PREFIX = "reports/daily/"
 INCIDENTS_PREFIX = "incidents/"
+AUDIT_PREFIX = "audit/"
 LEGACY_LATEST_PREFIX = "latest/"
 CLOUD_INFRA = "cloud_infra"
 # the report target and alert scope of the cloud infrastructure; refused as a factory id
@@ -244,6 +245,25 @@ def incident_record_key(scope: str, triggered_at: datetime, incident: str) -> st
         f"{INCIDENTS_PREFIX}{report_target(scope)}/{Partition.of(triggered_at).day_path}/"
         f"{incident_id(incident)}.json"
     )
+
+
+_AUDIT_ID = re.compile(r"\d{8}T\d{9}-[0-9a-f]{8}")
+
+
+def audit_id(value: str) -> str:
+    """An audit event id: ``{yyyymmdd}T{hhmmssmmm}-{8 hex}``, its UTC time and a random part,
+    so a day's events list in time order."""
+    return _word(_AUDIT_ID, value, "audit_id")
+
+
+def audit_key(at: datetime, event: str) -> str:
+    """``audit/yyyy=/mm=/dd=/{audit_id}.json``: one thing a person did (or tried), written once
+    (if-none-match) and never expired; the day is its UTC day."""
+    return f"{AUDIT_PREFIX}{Partition.of(at).day_path}/{audit_id(event)}.json"
+
+
+def audit_day_prefix(day: date) -> str:
+    return f"{AUDIT_PREFIX}{day_path(day)}/"
 
 
 def incident_day_prefix(scope: str, day: date) -> str:

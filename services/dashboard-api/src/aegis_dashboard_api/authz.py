@@ -14,7 +14,9 @@ from typing import Literal
 
 from fastapi import Request
 
+from aegis_contracts.audit import Action
 from aegis_contracts.people import Act, Decision, Identity, decide, decide_role, factory_of
+from aegis_dashboard_api import audit
 from aegis_dashboard_api.access import TokenSet, request_token
 from aegis_dashboard_api.errors import ApiError
 
@@ -50,8 +52,10 @@ class Permission:
     :func:`decide` refuses (404 for a factory out of scope, 403 for a role too low). Its
     ``act`` and ``on`` are what the schema test reads: a route without one fails it."""
 
-    def __init__(self, act: Act, on: On, param: str = "factory_id") -> None:
-        self.act, self.on, self.param = act, on, param
+    def __init__(
+        self, act: Act, on: On, param: str = "factory_id", *, audit: Action | None = None
+    ) -> None:
+        self.act, self.on, self.param, self.audit = act, on, param, audit
 
     def __repr__(self) -> str:
         return f"Permission({self.act.value}, {self.on})"
@@ -69,6 +73,11 @@ class Permission:
         else:  # the route decides per factory once it knows them
             decision = decide_role(who, self.act)
         if not decision:
+            if self.audit is not None:  # a change refused is on the record too
+                target = request.path_params.get(self.param) or None
+                await audit.record(
+                    request, self.audit, "refused", who=who, target=target, detail=decision.reason
+                )
             raise refuse(decision)
         return who
 

@@ -183,6 +183,17 @@ LABELS: dict[str, dict[Lang, str]] = {
     },
     "signed_out": {"en": "You are signed out.", "ko": "로그아웃되었습니다."},
     "oidc_sign_in": {"en": "Sign in with your company account", "ko": "회사 계정으로 로그인"},
+    "audit": {"en": "Audit", "ko": "감사 기록"},
+    "audit_count": {
+        "en": "{shown} of {total} events, newest first",
+        "ko": "{total}건 중 {shown}건, 최신순",
+    },
+    "audit_action": {"en": "Action", "ko": "작업"},
+    "audit_outcome": {"en": "Outcome", "ko": "결과"},
+    "audit_target": {"en": "On", "ko": "대상"},
+    "audit_from": {"en": "From", "ko": "접속 위치"},
+    "audit_detail": {"en": "Detail", "ko": "상세"},
+    "audit_none": {"en": "Nothing recorded that day.", "ko": "이 날의 기록이 없습니다."},
     "or_token": {"en": "or with a token", "ko": "또는 토큰으로"},
 }
 

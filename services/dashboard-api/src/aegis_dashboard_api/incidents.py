@@ -30,10 +30,12 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from aegis_contracts import incidents, keys
+from aegis_contracts.audit import Action
 from aegis_contracts.errors import ContractError
 from aegis_contracts.items import Incident
 from aegis_contracts.people import FLEET, Act, Identity, Role, decide, factory_of
 from aegis_contracts.times import Clock, format_ts
+from aegis_dashboard_api import audit
 from aegis_dashboard_api.authz import Permission, identity_of, public
 from aegis_dashboard_api.models import Problem
 from aegis_storage.errors import Conflict, NotFound
@@ -60,7 +62,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 # reads are filtered to the identity's factories; an incident of another factory is as unknown
 # as one that does not exist (404), acting on one needs the responder role
 READ = Depends(Permission(Act.READ, "resource"))
-RESPOND = Depends(Permission(Act.RESPOND, "resource"))
+ACK = Depends(Permission(Act.RESPOND, "resource", "incident_id", audit="incident.acknowledge"))
+RESOLVE = Depends(Permission(Act.RESPOND, "resource", "incident_id", audit="incident.resolve"))
 
 
 class IncidentList(BaseModel):
@@ -148,24 +151,34 @@ async def incident(incident_id: str, request: Request) -> Incident | JSONRespons
 
 
 async def _act(
-    request: Request, incident_id: str, transition: Transition, who: Identity | None = None
+    request: Request,
+    incident_id: str,
+    transition: Transition,
+    action: Action,
+    who: Identity | None = None,
 ) -> Outcome | JSONResponse:
     store = _store(request)
+    noted = functools.partial(audit.record, request, action, who=who, target=incident_id)
     # its factory decides (a scope never changes): one out of the caller's scope is unknown
     found = await store.get(incident_id) if _known(incident_id) else None
     if not _may(request, Act.RESPOND, found, who):
+        scope = found.scope if found is not None else None
+        await noted("refused", factory=scope, detail="no such incident in scope")
         return _problem(404, "unknown_incident", f"no incident {incident_id!r}")
+    assert found is not None
     try:
         stored, changed = await store.change(incident_id, transition)
     except NotFound:
         return _problem(404, "unknown_incident", f"no incident {incident_id!r}")
     except ContractError as err:
+        await noted("refused", factory=found.scope, detail=str(err))
         return _problem(409, err.code, str(err))
+    await noted("ok", factory=found.scope, detail="" if changed else "so already")
     return Outcome(changed=changed, incident=stored)
 
 
 @router.post(
-    "/incidents/{incident_id}/ack", response_model=Outcome, responses=ERRORS, dependencies=[RESPOND]
+    "/incidents/{incident_id}/ack", response_model=Outcome, responses=ERRORS, dependencies=[ACK]
 )
 async def acknowledge(
     incident_id: str,
@@ -180,21 +193,21 @@ async def acknowledge(
         at=_clock(request)(),
         note=body.note if body else None,
     )
-    return await _act(request, incident_id, ack)
+    return await _act(request, incident_id, ack, "incident.acknowledge")
 
 
 @router.post(
     "/incidents/{incident_id}/resolve",
     response_model=Outcome,
     responses=ERRORS,
-    dependencies=[RESPOND],
+    dependencies=[RESOLVE],
 )
 async def resolve(incident_id: str, request: Request, body: Resolution) -> Outcome | JSONResponse:
     """Closed by a person, with a note saying why (a false alarm, handled on site)."""
     close = functools.partial(
         incidents.resolve, by=person(request), via="dashboard", at=_clock(request)(), note=body.note
     )
-    return await _act(request, incident_id, close)
+    return await _act(request, incident_id, close, "incident.resolve")
 
 
 # -- Slack ------------------------------------------------------------------------------------
@@ -312,7 +325,7 @@ async def slack_interactions(request: Request) -> JSONResponse:
     who = clicked.who
     at = _clock(request)()
     ack = functools.partial(incidents.acknowledge, by=who, via="slack", at=at)
-    outcome = await _act(request, incident_id, ack, clicked)
+    outcome = await _act(request, incident_id, ack, "incident.acknowledge", clicked)
     if isinstance(outcome, JSONResponse):
         metrics.slack_refused("incident")
         return outcome

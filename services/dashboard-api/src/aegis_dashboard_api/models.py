@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from aegis_contracts.audit import AuditEvent
+
 Item = dict[str, Any]
 Window = Literal["1h", "6h", "12h", "24h"]
 
@@ -86,3 +88,9 @@ class ReportEntry(BaseModel):
 class Reports(BaseModel):
     day: date
     reports: list[ReportEntry]
+
+
+class AuditDay(BaseModel):
+    day: date
+    total: int = Field(description="events of that UTC day; the newest 1000 are listed")
+    events: list[AuditEvent]

@@ -54,6 +54,10 @@ class DashboardMetrics:
             "incident (unknown or resolved).",
             ("why",),
         )
+        self.audit_failures = self.metrics.counter(
+            "dashboard_audit_failures_total",
+            "Audit events that could not be written (the action stands; the event is in the log).",
+        )
 
     def slack_refused(self, why: str) -> None:
         self.slack_refusals.labels(why=why).inc()

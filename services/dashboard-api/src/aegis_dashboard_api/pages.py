@@ -38,8 +38,9 @@ from markupsafe import Markup, escape
 from aegis_contracts import keys
 from aegis_contracts.errors import ContractError
 from aegis_contracts.items import Incident
-from aegis_contracts.people import Act, Identity, decide, factory_of
+from aegis_contracts.people import Act, Identity, Role, decide, factory_of
 from aegis_contracts.times import format_ts, kst_report_date, parse_ts
+from aegis_dashboard_api import audit
 from aegis_dashboard_api.access import (
     COOKIE,
     COOKIE_MAX_AGE_S,
@@ -53,6 +54,7 @@ from aegis_dashboard_api.i18n import LANG_COOKIE, LANGS, Lang, labels, pick_lang
 from aegis_dashboard_api.live import alert_scope
 from aegis_dashboard_api.routes import Reader, fleet_entry
 from aegis_dashboard_api.settings import DashboardSettings
+from aegis_storage.audit import AuditLog
 from aegis_storage.errors import NotFound
 
 HERE = Path(__file__).parent
@@ -235,6 +237,8 @@ def render(
             "path": request.url.path,
             # the sign-out form ends a sign-in session where the identity came from one
             "signed_in_via": getattr(getattr(request.state, "identity", None), "via", None),
+            "is_admin": getattr(getattr(request.state, "identity", None), "role", None)
+            is Role.ADMIN,
             "oidc": getattr(request.app.state, "signin", None) is not None,
             # JSON in <script type="application/json">: "</" cannot end the element
             "config_json": Markup(  # noqa: S704
@@ -280,6 +284,7 @@ class PagePermission(Permission):
 READ_PAGE = Depends(PagePermission(Act.READ, "listed"))
 READ_FACTORY_PAGE = Depends(PagePermission(Act.READ, "path"))
 READ_PLATFORM_PAGE = Depends(PagePermission(Act.READ, "platform"))
+ADMIN_PAGE = Depends(PagePermission(Act.ADMINISTER, "platform"))
 PUBLIC = Depends(public)
 
 
@@ -488,6 +493,19 @@ async def reports_page(request: Request) -> Response:
     )
 
 
+@router.get("/admin/audit", response_class=HTMLResponse, dependencies=[ADMIN_PAGE])
+async def audit_page(request: Request) -> Response:
+    """The audit record of a UTC day (today by default), newest first: admins only."""
+    reader = _reader(request)
+    today = reader.clock().date()
+    try:
+        day = date.fromisoformat(request.query_params.get("date") or today.isoformat())
+    except ValueError:
+        day = today
+    events, total = await AuditLog(reader.store).day(day)
+    return render(request, "audit.html", {"day": day, "events": events, "total": total})
+
+
 @router.get("/login", response_class=HTMLResponse, dependencies=[PUBLIC])
 async def login_form(request: Request) -> Response:
     response = login_page(request, invalid=False, next_path=request.query_params.get("next", "/"))
@@ -564,9 +582,12 @@ async def login(request: Request) -> Response:
     token = form.get("token", "").strip()
     next_path = safe_next(form.get("next"))
     tokens: TokenSet = request.app.state.tokens
-    if not tokens.allowed(token or None, request.app.state.clock()):
+    who = tokens.identify(token or None, request.app.state.clock())
+    if who is None:
         await limiter.failed(client)
+        await audit.record(request, "sign_in", "refused", detail="not a valid token")
         return login_page(request, invalid=True, next_path=next_path)
+    await audit.record(request, "sign_in", "ok", who=who)
     response = RedirectResponse(next_path, status_code=303)
     set_token_cookie(response, request, token)
     return response

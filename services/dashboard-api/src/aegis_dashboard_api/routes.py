@@ -27,6 +27,7 @@ from aegis_dashboard_api.errors import ApiError
 from aegis_dashboard_api.live import alert_scope
 from aegis_dashboard_api.models import (
     Alerts,
+    AuditDay,
     Cloud,
     DayImages,
     Factory,
@@ -42,6 +43,7 @@ from aegis_dashboard_api.models import (
     Window,
 )
 from aegis_dashboard_api.settings import DashboardSettings
+from aegis_storage.audit import AuditLog
 from aegis_storage.clients import AwsClients
 from aegis_storage.errors import NotFound
 from aegis_storage.incidents import IncidentStore
@@ -164,6 +166,7 @@ FORBIDDEN: dict[int | str, dict[str, Any]] = {401: {"model": Problem}, 403: {"mo
 READ_FACTORY = Permission(Act.READ, "path")
 READ_PLATFORM = Permission(Act.READ, "platform")
 READ_LISTED = Permission(Act.READ, "listed")
+ADMINISTER = Permission(Act.ADMINISTER, "platform")
 
 router = APIRouter()
 
@@ -384,3 +387,14 @@ async def report(
         html = MarkdownIt("commonmark", {"html": False}).render(body.decode("utf-8", "replace"))
         return HTMLResponse(html)
     return Response(body, media_type="text/markdown; charset=utf-8")
+
+
+@router.get(
+    "/audit", response_model=AuditDay, responses=FORBIDDEN, dependencies=[Depends(ADMINISTER)]
+)
+async def audit_day(
+    request: Request, day: Annotated[IsoDate, Query(alias="date", description="UTC day")]
+) -> AuditDay:
+    """What people did (and were refused) on a UTC day, newest first: admins only."""
+    events, total = await AuditLog(_reader(request).store).day(day)
+    return AuditDay(day=day, total=total, events=events)

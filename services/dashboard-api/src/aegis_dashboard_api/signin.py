@@ -41,6 +41,7 @@ from starlette.middleware.sessions import SessionMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aegis_contracts.people import Identity
+from aegis_dashboard_api import audit
 from aegis_dashboard_api.authz import public
 from aegis_dashboard_api.errors import ApiError
 from aegis_dashboard_api.i18n import labels
@@ -152,8 +153,9 @@ def _page(request: Request, heading: str, message: str, *, status: int) -> Respo
     )
 
 
-def _failed(request: Request, reason: str, *, status: int = 400) -> Response:
+async def _failed(request: Request, reason: str, *, status: int = 400) -> Response:
     log.warning("signin_failed", reason=reason)
+    await audit.record(request, "sign_in", "failed" if status == 502 else "refused", detail=reason)
     t = labels(lang_of(request))
     key = "oidc_unreachable" if status == 502 else "oidc_failed"
     return _page(request, t["oidc_refused"], t[key], status=status)
@@ -172,7 +174,7 @@ async def login(request: Request, signin: Configured) -> Response:
             request, request.url_for("oidc_callback")
         )
     except httpx2.HTTPError as err:
-        return _failed(request, f"the provider's discovery document: {err}", status=502)
+        return await _failed(request, f"the provider's discovery document: {err}", status=502)
     return response
 
 
@@ -185,14 +187,18 @@ async def callback(request: Request, signin: Configured) -> Response:
         token = await signin.client.authorize_access_token(request)  # type: ignore[no-untyped-call]
         claims = await _claims(signin, token)
     except (OAuthError, JoseError) as err:  # wrong state, nonce, signature; the provider's error
-        return _failed(request, f"{type(err).__name__}: {err}")
+        return await _failed(request, f"{type(err).__name__}: {err}")
     except httpx2.HTTPError as err:
-        return _failed(request, f"the provider: {err}", status=502)
+        return await _failed(request, f"the provider: {err}", status=502)
     identity = identity_from_claims(claims, signin.mapping)
     if identity is None:
         log.warning("signin_refused", subject=claims.get("sub"), reason="no_mapped_group")
         t = labels(lang_of(request))
         name = str(claims.get("email") or claims.get("name") or claims.get("sub") or "?")
+        await audit.record(
+            request, "sign_in", "refused", target=str(claims.get("sub") or ""),
+            detail=f"{name}: in no group the roles file maps",
+        )  # fmt: skip
         return _page(
             request, t["oidc_refused"], t["oidc_no_group"].replace("{name}", name), status=403
         )
@@ -206,6 +212,7 @@ async def callback(request: Request, signin: Configured) -> Response:
         session_id, identity, now=now, max_age=signin.max_age, id_token=token.get("id_token")
     )
     log.info("signed_in", subject=identity.subject, role=identity.role, scope=identity.scope)
+    await audit.record(request, "sign_in", "ok", who=identity)
     response = RedirectResponse(safe_next(request.session.pop(NEXT_KEY, "/")), status_code=303)
     signin.set_cookie(response, request, session_id)
     return response
@@ -237,6 +244,7 @@ async def logout(request: Request, signin: Configured) -> Response:
         ended = await store.end(session_id, now=reader.clock())
         if ended is not None:
             log.info("signed_out", subject=ended.identity.subject)
+            await audit.record(request, "sign_out", "ok", who=ended.identity)
         # this replica's streams of it end now; another replica's at its next look
         request.app.state.hub.revoke(lambda listener: listener.session != session_id)
     target = str(request.url_for("oidc_signed_out"))

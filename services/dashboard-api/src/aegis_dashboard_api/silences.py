@@ -15,6 +15,7 @@ from aegis_contracts.errors import ContractError
 from aegis_contracts.people import Act, decide, factory_of
 from aegis_contracts.silences import Silence, SilenceRefused, new_silence, silenced_factory
 from aegis_contracts.times import parse_duration
+from aegis_dashboard_api import audit
 from aegis_dashboard_api.authz import Permission, identity_of, refuse
 from aegis_dashboard_api.incidents import person
 from aegis_dashboard_api.models import Problem
@@ -33,7 +34,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 # such matcher, a pattern) belongs to the fleet: only a fleet-wide responder sees, makes or
 # ends it
 READ = Depends(Permission(Act.READ, "listed"))
-SILENCE = Depends(Permission(Act.SILENCE, "resource"))
+CREATE = Depends(Permission(Act.SILENCE, "resource", audit="silence.create"))
+END = Depends(Permission(Act.SILENCE, "resource", "silence_id", audit="silence.end"))
 
 
 def _may(request: Request, act: Act, silence: Silence) -> bool:
@@ -95,7 +97,7 @@ async def silences(request: Request, ended: bool = False) -> SilenceList:
     response_model=Silence,
     status_code=201,
     responses=ERRORS | {422: {"model": Refused | Invalid}},
-    dependencies=[SILENCE],
+    dependencies=[CREATE],
 )
 async def create(body: NewSilence, request: Request) -> Silence | JSONResponse:
     """A new silence; refused (422, every problem listed) when the guard says no."""
@@ -112,24 +114,42 @@ async def create(body: NewSilence, request: Request) -> Silence | JSONResponse:
             duration=duration,
         )
     except SilenceRefused as err:
+        await audit.record(request, "silence.create", "refused", detail=str(err))
         return JSONResponse(
             {"error": "silence_refused", "message": str(err), "problems": err.problems},
             status_code=422,
         )
     except ValueError as err:
+        await audit.record(request, "silence.create", "refused", detail=str(err))
         return JSONResponse(
             {"error": "silence_refused", "message": str(err), "problems": [str(err)]},
             status_code=422,
         )
     decision = decide(identity_of(request), Act.SILENCE, _factory(silence))
+    matchers = ", ".join(str(m) for m in silence.matchers)
     if not decision:  # a factory out of scope: 404, as for one that does not exist
+        await audit.record(
+            request,
+            "silence.create",
+            "refused",
+            factory=_factory(silence),
+            detail=f"{matchers}: {decision.reason}",
+        )
         raise refuse(decision)
     await _store(request).add(silence)
+    await audit.record(
+        request,
+        "silence.create",
+        "ok",
+        target=silence.id,
+        factory=_factory(silence),
+        detail=matchers,
+    )
     return silence
 
 
 @router.delete(
-    "/silences/{silence_id}", response_model=Silence, responses=ERRORS, dependencies=[SILENCE]
+    "/silences/{silence_id}", response_model=Silence, responses=ERRORS, dependencies=[END]
 )
 async def end(silence_id: str, request: Request) -> Silence | JSONResponse:
     """End a silence now (who and when are kept); the incidents it held back notify."""
@@ -142,8 +162,13 @@ async def end(silence_id: str, request: Request) -> Silence | JSONResponse:
     except ContractError:
         return unknown
     if current is None or not _may(request, Act.SILENCE, current):
+        await audit.record(
+            request, "silence.end", "refused", target=silence_id, detail="no such silence in scope"
+        )
         return unknown  # one out of the caller's scope is as unknown as one that never was
     try:
-        return await store.end(silence_id, by=person(request), at=_now(request))
+        ended = await store.end(silence_id, by=person(request), at=_now(request))
     except (NotFound, ContractError):
         return unknown
+    await audit.record(request, "silence.end", "ok", target=silence_id, factory=_factory(current))
+    return ended

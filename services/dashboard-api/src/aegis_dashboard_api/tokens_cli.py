@@ -24,6 +24,7 @@ import typer
 from aegis_cli import exitcodes
 
 if TYPE_CHECKING:
+    from aegis_contracts.audit import Action, AuditEvent
     from aegis_contracts.people import TokenRecord
     from aegis_storage.tokens import TokenStore
 
@@ -40,17 +41,25 @@ ActorOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
-def _run(work: Callable[[TokenStore], Awaitable[T]]) -> T:
+def _run(
+    work: Callable[[TokenStore], Awaitable[T]], audited: Callable[[T], AuditEvent] | None = None
+) -> T:
+    """``work`` on the kept tokens; then, with ``audited``, the audit record of what it did."""
     from aegis_dashboard_api.settings import DashboardSettings  # noqa: PLC0415
+    from aegis_storage.audit import AuditLog  # noqa: PLC0415
     from aegis_storage.clients import open_clients  # noqa: PLC0415
     from aegis_storage.readmodel import ReadModel  # noqa: PLC0415
+    from aegis_storage.s3 import ObjectStore  # noqa: PLC0415
     from aegis_storage.tokens import TokenStore  # noqa: PLC0415
 
     settings = DashboardSettings()
 
     async def run() -> T:
         async with open_clients(settings.aws()) as clients:
-            return await work(TokenStore(ReadModel(clients.dynamodb, settings.table)))
+            done = await work(TokenStore(ReadModel(clients.dynamodb, settings.table)))
+            if audited is not None:
+                await AuditLog(ObjectStore(clients.s3, settings.bucket)).record(audited(done))
+            return done
 
     try:
         return asyncio.run(run())
@@ -81,6 +90,30 @@ def _line(token: TokenRecord, now: datetime) -> str:
         f"by {token.created_by} {token.created_at:%Y-%m-%d %H:%M}Z"
         + (f"  revoked by {token.revoked_by}" if token.revoked_by else "")
     )
+
+
+def _audited(action: Action, by: str, now: datetime, detail: str) -> Callable[[object], AuditEvent]:
+    """The audit record of a token command, once it is done."""
+    import socket  # noqa: PLC0415
+
+    from aegis_contracts.audit import AuditEvent, new_event_id  # noqa: PLC0415
+
+    def event(done: object) -> AuditEvent:
+        name = getattr(done, "name", None)
+        return AuditEvent(
+            id=new_event_id(now),
+            at=now,
+            action=action,
+            outcome="ok",
+            actor=by,
+            subject=by,
+            via="cli",
+            target=name if isinstance(name, str) else None,
+            detail=detail,
+            source=socket.gethostname()[:100],
+        )
+
+    return event
 
 
 def _fail(message: str, code: int = exitcodes.FAILED) -> typer.Exit:
@@ -176,11 +209,16 @@ def create(  # noqa: PLR0917 - typer's options are keyword-passed, declared as p
     except ValueError as err:  # pydantic's ValidationError is one: its last line says what
         raise _fail(str(err).strip().splitlines()[-1].strip(), exitcodes.USAGE) from None
 
-    async def work(store: TokenStore) -> None:
+    async def work(store: TokenStore) -> TokenRecord:
         await store.add(record)
+        return record
 
+    scope = ",".join(record.scope) or "every factory"
+    detail = f"{record.role.value} of {scope}" + (
+        f", until {record.expires_at:%Y-%m-%dT%H:%M}Z" if record.expires_at else ""
+    )
     try:
-        _run(work)
+        _run(work, _audited("token.create", record.created_by, now, detail))
     except TokenNameTaken as err:
         raise _fail(str(err)) from None
     if json_output:
@@ -219,12 +257,13 @@ def revoke(name: str, actor: ActorOption = None, json_output: JsonOption = False
     from aegis_storage.errors import NotFound  # noqa: PLC0415
 
     now = _now()
+    by = f"cli:{actor or getpass.getuser()}"
 
     async def work(store: TokenStore) -> TokenRecord:
-        return await store.revoke(name, by=f"cli:{actor or getpass.getuser()}", at=now)
+        return await store.revoke(name, by=by, at=now)
 
     try:
-        revoked = _run(work)
+        revoked = _run(work, _audited("token.revoke", by, now, ""))
     except (NotFound, ContractError):
         raise _fail(f"no token {name!r}") from None
     if json_output:

@@ -1,0 +1,71 @@
+"""What people do through the dashboard, recorded (:mod:`aegis_contracts.audit`): acknowledging
+and resolving incidents, silences, signing in and out, each with its outcome, refusals too.
+
+The record is written after the action (or the refusal) it tells of. One that cannot be written
+does not undo the action: it is logged (``audit_not_written``, with the whole event) and
+counted (``dashboard_audit_failures_total``), for an operator to alert on.
+"""
+
+from __future__ import annotations
+
+import structlog
+from fastapi import Request
+
+from aegis_contracts.audit import Action, AuditEvent, Outcome, new_event_id
+from aegis_contracts.people import Identity
+from aegis_contracts.times import truncate_ms
+from aegis_storage.audit import AuditLog
+
+log = structlog.get_logger(__name__)
+
+
+def event_of(
+    request: Request,
+    action: Action,
+    outcome: Outcome,
+    *,
+    who: Identity | None,
+    target: str | None = None,
+    factory: str | None = None,
+    detail: str = "",
+) -> AuditEvent:
+    at = truncate_ms(request.app.state.clock())
+    return AuditEvent(
+        id=new_event_id(at),
+        at=at,
+        action=action,
+        outcome=outcome,
+        actor=who.who if who is not None else "unknown",
+        subject=who.subject if who is not None else None,
+        via=who.via if who is not None else None,
+        target=target,
+        factory=factory,
+        detail=detail[:2000],
+        source=request.client.host if request.client else None,
+        agent=(request.headers.get("user-agent") or "")[:300] or None,
+    )
+
+
+async def record(
+    request: Request,
+    action: Action,
+    outcome: Outcome,
+    *,
+    who: Identity | None = None,
+    target: str | None = None,
+    factory: str | None = None,
+    detail: str = "",
+) -> AuditEvent:
+    """Record what ``who`` (default: the request's identity) did; never raises."""
+    if who is None:
+        found = getattr(request.state, "identity", None)
+        who = found if isinstance(found, Identity) else None
+    event = event_of(
+        request, action, outcome, who=who, target=target, factory=factory, detail=detail
+    )
+    try:
+        await AuditLog(request.app.state.reader.store).record(event)
+    except Exception as err:  # the action stands; the record's loss is said and counted
+        request.app.state.metrics.audit_failures.inc()
+        log.exception("audit_not_written", error=str(err), event=event.model_dump(mode="json"))
+    return event
