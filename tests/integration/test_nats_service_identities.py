@@ -25,6 +25,7 @@ from aegis_cloud_collector.app import create_app as create_collector
 from aegis_cloud_collector.settings import CollectorSettings
 from aegis_contracts import incidents, keys
 from aegis_contracts.events import ChangeEvent, ObjectCreated, SystemEvent
+from aegis_contracts.people import Identity, Role
 from aegis_contracts.state import Level
 from aegis_contracts.subjects import (
     STREAMS,
@@ -174,7 +175,9 @@ async def test_the_live_feed_hears_every_publisher_each_under_its_identity(
         "table": foundation.table,
     }
     hub = Hub()
-    listener = hub.listen()
+    listener = hub.listen(
+        Identity(subject="t", name="wall", via="token", role=Role.VIEWER, scope="*")
+    )
     dashboard = DashboardSettings(**bus.identity("dashboard-api"), **storage)
     feed = LiveFeed(Reader(foundation.clients, dashboard, utc_now), hub)
     stop = asyncio.Event()
