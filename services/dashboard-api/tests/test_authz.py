@@ -384,6 +384,10 @@ async def test_the_pages_show_a_scoped_person_nothing_of_another_factory(
     other = await client.get(f"/factories/{b}", headers=cookie)
     assert other.status_code == 404 and "GAS_LEAK" not in other.text
     assert (await client.get("/cloud", headers=cookie)).status_code == 403
+    fleet = (await client.get("/", headers=cookie)).text
+    assert 'href="/cloud"' not in fleet and 'href="/admin/audit"' not in fleet  # no way there
+    admin = {"Cookie": f"aegis_dashboard_token={world.tokens['admin']}"}
+    assert 'href="/admin/audit"' in (await client.get("/", headers=admin)).text
     chosen = await client.get(f"/reports?date={DAY}&target={b}", headers=cookie)
     assert f"# {b}" not in chosen.text and f"<h1>{b}</h1>" not in chosen.text
     # a viewer's incident list has no buttons; a responder's has them

@@ -184,6 +184,7 @@ LABELS: dict[str, dict[Lang, str]] = {
     "signed_out": {"en": "You are signed out.", "ko": "로그아웃되었습니다."},
     "oidc_sign_in": {"en": "Sign in with your company account", "ko": "회사 계정으로 로그인"},
     "audit": {"en": "Audit", "ko": "감사 기록"},
+    "audit_day": {"en": "Day (UTC)", "ko": "날짜 (UTC)"},
     "audit_count": {
         "en": "{shown} of {total} events, newest first",
         "ko": "{total}건 중 {shown}건, 최신순",

@@ -239,6 +239,10 @@ def render(
             "signed_in_via": getattr(getattr(request.state, "identity", None), "via", None),
             "is_admin": getattr(getattr(request.state, "identity", None), "role", None)
             is Role.ADMIN,
+            # the cloud panel and its link only where the identity may read the platform
+            "sees_platform": bool(
+                getattr(getattr(request.state, "identity", None), "fleet", False)
+            ),
             "oidc": getattr(request.app.state, "signin", None) is not None,
             # JSON in <script type="application/json">: "</" cannot end the element
             "config_json": Markup(  # noqa: S704
@@ -298,6 +302,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(SignedInByLink)
     async def signed_in_by_link(request: Request, exc: SignedInByLink) -> Response:
+        tokens: TokenSet = request.app.state.tokens
+        who = tokens.identify(exc.token, request.app.state.clock())
+        await audit.record(request, "sign_in", "ok", who=who, detail="by link")
         return signed_in_redirect(request, exc.token)
 
     @app.exception_handler(PageRefused)
