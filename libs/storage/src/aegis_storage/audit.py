@@ -5,13 +5,9 @@ from __future__ import annotations
 import asyncio
 from datetime import date
 
-import structlog
-
 from aegis_contracts import keys
 from aegis_contracts.audit import AuditEvent
 from aegis_storage.s3 import ObjectStore
-
-log = structlog.get_logger(__name__)
 
 DAY_LIMIT = 1000  # the events of a day an admin page reads at most (the newest)
 READS_AT_ONCE = 16
