@@ -68,9 +68,10 @@ TEST_TMP := $(CURDIR)/.test-tmp
 PYTEST_RUN = rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP) && TMPDIR=$(TEST_TMP) $(VENV)/bin/pytest --basetemp=$(PYTEST_TMP)
 # two workers (pytest-xdist; the suite waits on servers more than it computes): each worker
 # starts servers of its own on free ports, and a test file runs on one worker, so its module
-# fixtures are made once. PYTEST_WORKERS=0 runs it in one process.
+# fixtures are made once; files are handed out in collection order (the end-to-end ones first,
+# conftest.py), not by their number of tests. PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 2
-PYTEST_DIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+PYTEST_DIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: lint browser $(KUBECTL) ## lint, then the whole suite: unit, integration, e2e against real servers
 	$(PYTEST_RUN) $(PYTEST_DIST); status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
