@@ -613,19 +613,14 @@ async def test_the_service_aggregates_on_its_own_and_announces_on_the_queue(
 
 @pytest.mark.integration
 async def test_aegis_aggregate_rewrites_a_range_for_an_operator(
-    foundation: Foundation, aws_endpoint: str, monkeypatch: pytest.MonkeyPatch
+    foundation_env: Foundation,
 ) -> None:
+    foundation = foundation_env  # the aegis command reaches its bucket and table
     # seeded both ways: the command reads the range from HISTORY or, where HISTORY would no
     # longer hold it, from the state_snapshot objects
     w0 = recent_window()
     await seed(foundation, steady(0, 600, every=10, origin=w0), "factory-a")
     await seed_objects(foundation, steady(0, 600, every=10, origin=w0), "factory-a")
-    for name, value in {
-        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
-        "AEGIS_BUCKET": foundation.bucket,
-        "AEGIS_TABLE": foundation.table,
-    }.items():
-        monkeypatch.setenv(name, value)
     args = ["aggregate", "--from", format_ts(w0), "--to", format_ts(w0 + 2 * WINDOW)]
     # the command runs its own event loop: give it a thread
     result = await asyncio.to_thread(CliRunner().invoke, cli_app, [*args, "--no-events"])

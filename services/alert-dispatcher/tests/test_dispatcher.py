@@ -145,16 +145,6 @@ def make(
     )
 
 
-def cli_env(monkeypatch: pytest.MonkeyPatch, f: Foundation, aws_endpoint: str) -> None:
-    """What ``aegis`` commands read to reach the test's bucket and table."""
-    for name, value in {
-        "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
-        "AEGIS_BUCKET": f.bucket,
-        "AEGIS_TABLE": f.table,
-    }.items():
-        monkeypatch.setenv(name, value)
-
-
 def headlines(webhook: FakeWebhook) -> list[str]:
     return [str(body["text"]).split(" AEGIS ", 1)[1].split(" at ")[0] for body in webhook.delivered]
 
@@ -1003,11 +993,11 @@ async def test_an_acknowledged_incident_gets_no_reminder_but_a_worse_severity_sp
 
 
 async def test_aegis_incidents_lists_shows_acknowledges_and_resolves_as_the_cli_user(
-    foundation, webhook, session, aws_endpoint: str, nats_url: str, monkeypatch: pytest.MonkeyPatch
+    foundation_env, webhook, session, nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    foundation = foundation_env  # the aegis command reaches its bucket and table
     d = make(foundation, webhook, session, Recorded())
     await d.handle(await put_state(foundation, "factory-c", T0, [FIRE]))
-    cli_env(monkeypatch, foundation, aws_endpoint)
     monkeypatch.setenv("AEGIS_NATS_URL", nats_url)
     runner = CliRunner()
     heard: list[ChangeEvent] = []
@@ -1111,9 +1101,8 @@ async def test_a_silence_records_the_incident_without_a_message_and_its_end_noti
 
 
 async def test_aegis_silences_refuses_an_unbounded_critical_silence_and_ends_one_early(
-    foundation, aws_endpoint: str, monkeypatch: pytest.MonkeyPatch
+    foundation_env,
 ) -> None:
-    cli_env(monkeypatch, foundation, aws_endpoint)
     runner = CliRunner()
 
     async def aegis(*args: str) -> Any:

@@ -9,6 +9,7 @@ import asyncio
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -192,18 +193,25 @@ def test_a_tokens_file_caught_mid_rewrite_revokes_nothing(tmp_path: Path) -> Non
     tokens = tmp_path / "tokens"
     tokens.write_text(f"{token_digest(keep)}\n{token_digest(revoke)}\n")
     allowed = TokenSet([configured_grant(token_digest(TOKEN))], tokens)
-    assert allowed.allowed(keep) and allowed.allowed(revoke)  # taken at once at start
+    now = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)  # these tokens never expire: any time does
+    assert allowed.allowed(keep, now) and allowed.allowed(revoke, now)  # taken at once at start
 
     tokens.write_text("")  # truncated, not written yet
     assert not allowed.reload()
     tokens.write_text(token_digest(keep)[:40])  # half-written
     assert not allowed.reload()
-    assert allowed.allowed(keep) and allowed.allowed(revoke) and allowed.allowed(TOKEN)
+    assert (
+        allowed.allowed(keep, now) and allowed.allowed(revoke, now) and allowed.allowed(TOKEN, now)
+    )
 
     tokens.write_text(f"{token_digest(keep)}\n")  # written: taken at the next look
     assert not allowed.reload()
     assert allowed.reload()
-    assert allowed.allowed(keep) and not allowed.allowed(revoke) and allowed.allowed(TOKEN)
+    assert (
+        allowed.allowed(keep, now)
+        and not allowed.allowed(revoke, now)
+        and allowed.allowed(TOKEN, now)
+    )
     assert not allowed.reload()  # nothing changed since
 
 

@@ -101,11 +101,7 @@ class TokenSet:
         self.grants: tuple[Grant, ...] = self.fixed
         self.reload(settled=True)
 
-    @property
-    def digests(self) -> tuple[str, ...]:
-        return tuple(g.digest for g in self.grants)
-
-    def identify(self, token: str | None, now: datetime | None = None) -> Identity | None:
+    def identify(self, token: str | None, now: datetime) -> Identity | None:
         """Who ``token`` makes its bearer, or None (unknown, or expired at ``now``). Its digest
         is compared, in constant time, with every known one (no early exit)."""
         if token is None:
@@ -115,13 +111,11 @@ class TokenSet:
         for grant in self.grants:
             if hmac.compare_digest(digest, grant.digest.encode()):
                 found = grant
-        if found is None or (
-            found.expires_at is not None and now is not None and now >= found.expires_at
-        ):
+        if found is None or (found.expires_at is not None and now >= found.expires_at):
             return None
         return found.identity
 
-    def allowed(self, token: str | None, now: datetime | None = None) -> bool:
+    def allowed(self, token: str | None, now: datetime) -> bool:
         return self.identify(token, now) is not None
 
     def take_stored(self, records: Sequence[TokenRecord], now: datetime) -> bool:

@@ -85,9 +85,9 @@ class LoginRequired(Exception):
 class SignedInByLink(Exception):
     """A valid ``?token=``: set the cookie and send the browser to the same page without it."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, who: Identity) -> None:
         super().__init__("signed in by link")
-        self.token = token
+        self.token, self.who = token, who
 
 
 @cache
@@ -275,8 +275,10 @@ class PagePermission(Permission):
     async def __call__(self, request: Request) -> Identity:
         tokens: TokenSet = request.app.state.tokens
         from_link = query_token(request.scope)
-        if from_link is not None and tokens.allowed(from_link, request.app.state.clock()):
-            raise SignedInByLink(from_link)
+        if from_link is not None:
+            linked = tokens.identify(from_link, request.app.state.clock())
+            if linked is not None:
+                raise SignedInByLink(from_link, linked)
         try:
             return await super().__call__(request)
         except ApiError as err:
@@ -302,9 +304,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(SignedInByLink)
     async def signed_in_by_link(request: Request, exc: SignedInByLink) -> Response:
-        tokens: TokenSet = request.app.state.tokens
-        who = tokens.identify(exc.token, request.app.state.clock())
-        await audit.record(request, "sign_in", "ok", who=who, detail="by link")
+        await audit.record(request, "sign_in", "ok", who=exc.who, detail="by link")
         return signed_in_redirect(request, exc.token)
 
     @app.exception_handler(PageRefused)
