@@ -23,6 +23,7 @@ from starlette.requests import Request
 from aegis_contracts import incidents, keys
 from aegis_contracts.people import Identity, Role
 from aegis_contracts.times import format_ts, utc_now
+from aegis_dashboard_api import audit
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_dashboard_api.signin import FLOW_COOKIE, SESSION_COOKIE, session_identity
@@ -327,6 +328,7 @@ async def test_a_person_in_no_mapped_group_is_refused_with_a_page_saying_why(
     assert "nobody@example.com" in answer.text  # who they signed in as
     assert dashboard.cookie() is None
     assert (await dashboard.http.get("/auth/me")).status_code == 401
+    await audit.settled(dashboard.app)
     (refused,) = (await AuditLog(foundation.store).day(dashboard.clock().date()))[0]
     assert (refused.action, refused.outcome, refused.target) == ("sign_in", "refused", "nobody")
     assert "nobody@example.com" in refused.detail
@@ -397,6 +399,7 @@ async def test_a_signed_in_person_reads_and_acts_as_the_groups_role_and_scope_sa
     assert done.status_code == 200
     assert done.json()["incident"]["acknowledged_by"] == "oidc:Rita Responder"
     # the record: each sign-in, the refusals, the sign-out, the acknowledgement, by name
+    await audit.settled(dashboard.app)
     events, _ = await AuditLog(foundation.store).day(now.date())
     assert sorted((e.action, e.outcome, e.actor) for e in events) == sorted(
         [

@@ -25,7 +25,7 @@ from starlette.routing import Match
 
 from aegis_contracts.people import Act
 from aegis_contracts.times import Clock, utc_now
-from aegis_dashboard_api import incidents, pages, signin, silences
+from aegis_dashboard_api import audit, incidents, pages, signin, silences
 from aegis_dashboard_api.access import QueryTokenMiddleware, TokenSet, request_token
 from aegis_dashboard_api.authz import Permission, identity_of, public, session_of
 from aegis_dashboard_api.errors import ApiError
@@ -153,6 +153,7 @@ def _lifespan(
             try:
                 yield
             finally:
+                await audit.settled(app)
                 stop.set()
                 hub.close()
                 for task in background:
@@ -185,6 +186,7 @@ def create_app(
     app.state.hub = hub
     app.state.metrics = DashboardMetrics(s.service, hub)
     app.state.clock = clock
+    app.state.audit_writes = set()
     app.state.tokens = TokenSet(s.token_grants, s.dashboard_tokens_file)
     app.state.signin_limiter = pages.SignInLimiter(
         s.dashboard_signin_attempts, s.dashboard_signin_window_s

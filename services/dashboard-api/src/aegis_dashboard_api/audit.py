@@ -1,12 +1,16 @@
 """What people do through the dashboard, recorded (:mod:`aegis_contracts.audit`): acknowledging
 and resolving incidents, silences, signing in and out, each with its outcome, refusals too.
 
-The record is written after the action (or the refusal) it tells of. One that cannot be written
+The record is written after the action (or the refusal) it tells of, beside the answer (a stop
+waits for the records still being written). One that cannot be written
 does not undo the action: it is logged (``audit_not_written``, with the whole event) and
 counted (``dashboard_audit_failures_total``), for an operator to alert on.
 """
 
 from __future__ import annotations
+
+import asyncio
+from typing import Any
 
 import structlog
 from fastapi import Request
@@ -63,9 +67,27 @@ async def record(
     event = event_of(
         request, action, outcome, who=who, target=target, factory=factory, detail=detail
     )
-    try:
-        await AuditLog(request.app.state.reader.store).record(event)
-    except Exception as err:  # the action stands; the record's loss is said and counted
-        request.app.state.metrics.audit_failures.inc()
-        log.exception("audit_not_written", error=str(err), event=event.model_dump(mode="json"))
+    # written beside the answer, not before it: the change is visible to every reader already,
+    # and a person waiting on S3 for the record would see the list move under their click
+    app = request.app
+    task = asyncio.create_task(_write(app, event), name=f"audit-{event.id}")
+    pending: set[asyncio.Task[None]] = app.state.audit_writes
+    pending.add(task)
+    task.add_done_callback(pending.discard)
     return event
+
+
+async def _write(app: Any, event: AuditEvent) -> None:
+    try:
+        await AuditLog(app.state.reader.store).record(event)
+    except Exception as err:  # the action stands; the record's loss is said and counted
+        app.state.metrics.audit_failures.inc()
+        log.exception("audit_not_written", error=str(err), event=event.model_dump(mode="json"))
+
+
+async def settled(app: Any) -> None:
+    """Wait for the audit records being written (a stop, or a read of the record that must
+    see this replica's own)."""
+    pending: set[asyncio.Task[None]] = app.state.audit_writes
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)

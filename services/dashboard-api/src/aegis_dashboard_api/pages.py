@@ -509,6 +509,7 @@ async def audit_page(request: Request) -> Response:
         day = date.fromisoformat(request.query_params.get("date") or today.isoformat())
     except ValueError:
         day = today
+    await audit.settled(request.app)  # this replica's own records are in it
     events, total = await AuditLog(reader.store).day(day)
     return render(request, "audit.html", {"day": day, "events": events, "total": total})
 

@@ -22,6 +22,7 @@ from aegis_contracts import keys
 from aegis_contracts.errors import ContractError
 from aegis_contracts.people import Act, decide, factory_of
 from aegis_contracts.times import Clock, format_ts, parse_ts
+from aegis_dashboard_api import audit
 from aegis_dashboard_api.authz import Permission, identity_of
 from aegis_dashboard_api.errors import ApiError
 from aegis_dashboard_api.live import alert_scope
@@ -396,5 +397,6 @@ async def audit_day(
     request: Request, day: Annotated[IsoDate, Query(alias="date", description="UTC day")]
 ) -> AuditDay:
     """What people did (and were refused) on a UTC day, newest first: admins only."""
+    await audit.settled(request.app)  # this replica's own records are in it
     events, total = await AuditLog(_reader(request).store).day(day)
     return AuditDay(day=day, total=total, events=events)
