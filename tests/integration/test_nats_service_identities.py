@@ -10,7 +10,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, date, datetime
+from typing import Any
 
+import httpx
 import nats
 import nats.errors
 import pytest
@@ -35,6 +37,9 @@ from aegis_contracts.subjects import (
     system_subject,
 )
 from aegis_contracts.times import utc_now
+from aegis_dashboard_api import audit
+from aegis_dashboard_api.access import token_digest
+from aegis_dashboard_api.app import create_app as create_dashboard
 from aegis_dashboard_api.feed import SUBJECTS, LiveFeed
 from aegis_dashboard_api.live import Hub, Listener, LiveEvent
 from aegis_dashboard_api.routes import Reader
@@ -50,6 +55,7 @@ from aegis_reporter.app import ReporterApp
 from aegis_reporter.settings import ReporterSettings
 from aegis_runtime.broker import PublishFailed, StreamSetupFailed, ensure_streams, publish
 from aegis_runtime.service import ServiceApp
+from aegis_storage.audit import AuditLog
 from aegis_storage.incidents import IncidentStore
 from aegis_storage.readmodel import ReadModel
 
@@ -90,16 +96,10 @@ async def started() -> AsyncIterator[list[ServiceApp]]:
         await app.stop()
 
 
-async def test_the_orchestrator_runs_a_job_from_a_change_under_its_identity(
-    bus: Bus,
-    connect: Connect,
-    foundation: Foundation,
-    aws_endpoint: str,
-    unique_id: str,
-    started: list[ServiceApp],
-) -> None:
-    factory = f"f-{unique_id}"
-    settings = OrchestratorSettings(
+def orchestrator_settings(
+    bus: Bus, foundation: Foundation, aws_endpoint: str, unique_id: str
+) -> OrchestratorSettings:
+    return OrchestratorSettings(
         **bus.identity("orchestrator"),
         aws_endpoint_url=aws_endpoint,
         bucket=foundation.bucket,
@@ -109,6 +109,18 @@ async def test_the_orchestrator_runs_a_job_from_a_change_under_its_identity(
         orchestrator_schedule_tick_s=3600,
         heartbeat_interval_s=60,
     )
+
+
+async def test_the_orchestrator_runs_a_job_from_a_change_under_its_identity(
+    bus: Bus,
+    connect: Connect,
+    foundation: Foundation,
+    aws_endpoint: str,
+    unique_id: str,
+    started: list[ServiceApp],
+) -> None:
+    factory = f"f-{unique_id}"
+    settings = orchestrator_settings(bus, foundation, aws_endpoint, unique_id)
     app = OrchestratorApp(settings, environment={})
     await app.start()
     started.append(app)
@@ -149,6 +161,89 @@ async def test_the_orchestrator_runs_a_job_from_a_change_under_its_identity(
     await refused(app.broker, system_subject("alert_sent"))
     await refused(app.broker, system_subject("report_generated"))
     await refused(app.broker, raw_subject(factory, "factory_state"))
+
+
+async def test_jobs_an_admin_registers_on_the_dashboard_start_from_its_sign_ins(
+    bus: Bus,
+    foundation: Foundation,
+    aws_endpoint: str,
+    unique_id: str,
+    started: list[ServiceApp],
+) -> None:
+    """The dashboard announces, under its own identity, the jobs an admin registers through
+    its API (the orchestrator takes them at once) and each sign-in; each Login job starts once,
+    for the sign-in its condition names: one that succeeded, one with a wrong token."""
+    orchestrator = OrchestratorApp(
+        orchestrator_settings(bus, foundation, aws_endpoint, unique_id), environment={}
+    )
+    await orchestrator.start()
+    started.append(orchestrator)
+    admin_token, viewer_token = f"admin-{unique_id}", f"viewer-{unique_id}"
+    settings = DashboardSettings(
+        **bus.identity("dashboard-api"),
+        aws_endpoint_url=aws_endpoint,
+        bucket=foundation.bucket,
+        table=foundation.table,
+        dashboard_tokens=f"admin:{token_digest(admin_token)},viewer:{token_digest(viewer_token)}",
+    )
+    app = create_dashboard(settings, clients=foundation.clients, clock=utc_now)
+    app.state.reader.readmodel.changes = app.state.feed.announce  # as its lifespan does
+    stop = asyncio.Event()
+    running = asyncio.create_task(app.state.feed.run(stop))
+    jobs = {
+        f"signed-in-{unique_id}": 'StringEQ([$.detail.outcome], "ok")',
+        f"wrong-token-{unique_id}": 'StringEQ([$.detail.exception], "wrong_token")',
+    }
+
+    async def runs() -> dict[str, list[dict[str, Any]]]:
+        assert orchestrator.store is not None
+        return {j: await orchestrator.store.executions(j, limit=10) for j in jobs}
+
+    async def both_ran() -> bool:
+        return all((await runs()).values())
+
+    try:
+        await eventually(lambda: app.state.feed.connected, within=10, what="the dashboard's NATS")
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://dash"
+        ) as client:
+            for job_id, condition in jobs.items():
+                made = await client.post(
+                    "/api/jobs",
+                    headers={"Authorization": f"Bearer {admin_token}"},
+                    json={
+                        "id": job_id,
+                        "job_name": job_id,
+                        "trigger_type": "Automation",
+                        "object_id": "dashboard-api",
+                        "trigger_sub_type": "Login",
+                        "trigger_condition_expr": condition,
+                        "steps": [{"id": "warn", "step_type": "DUMMY", "is_start_point": True}],
+                    },
+                )
+                assert made.status_code == 201, made.text
+            await eventually(
+                lambda: set(jobs) <= {j.id for j in orchestrator.index.jobs()},
+                within=10,
+                what="the jobs heard by the orchestrator",
+            )
+            form = {"Content-Type": "application/x-www-form-urlencoded"}
+            ok = await client.post("/login", content=f"token={viewer_token}", headers=form)
+            wrong = await client.post("/login", content="token=guessed", headers=form)
+            assert (ok.status_code, wrong.status_code) == (303, 401)
+            await eventually(both_ran, within=20, what="each Login job's execution")
+            await audit.settled(app)
+    finally:
+        stop.set()
+        await running
+    ran = await runs()
+    assert {j: len(r) for j, r in ran.items()} == dict.fromkeys(jobs, 1)
+    assert {r[0]["trigger"]["sub_type"] for r in ran.values()} == {"Login"}
+    (refused,) = [
+        e for e in (await AuditLog(foundation.store).day(utc_now().date()))[0]
+        if e.action == "sign_in" and e.outcome == "refused"
+    ]  # fmt: skip
+    assert refused.failure == "wrong_token"
 
 
 def heard(listener: Listener) -> list[LiveEvent]:

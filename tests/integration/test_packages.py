@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKSPACE = Workspace(ROOT)
 # the order of the libraries: each may depend only on those before it
 LAYERS = ["aegis-contracts", "aegis-storage", "aegis-runtime", "aegis-cli"]
-PLAIN_LIBS = {"aegis-folds": 2, "aegis-orchestration": 1}  # rank: after storage / contracts
+PLAIN_LIBS = {"aegis-folds": 2, "aegis-orchestration": 2}  # rank: after storage
 DEV_ONLY = "aegis-devstack"
 NOT_IN_IMAGES = ("pytest", "moto", "testcontainers", "playwright", "aegis-devstack", "hypothesis")
 

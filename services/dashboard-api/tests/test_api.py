@@ -324,6 +324,11 @@ async def test_openapi_documents_every_endpoint(client: httpx.AsyncClient) -> No
         "/api/silences",
         "/api/silences/{silence_id}",
         "/api/audit",
+        "/api/jobs",
+        "/api/jobs/{job_id}",
+        "/api/jobs/{job_id}/executions",
+        "/api/jobs/{job_id}/enable",
+        "/api/jobs/{job_id}/disable",
     }
 
 

@@ -31,6 +31,8 @@ from aegis_dashboard_api.authz import Permission, public
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.storage import Foundation
+from aegis_orchestration.model import Job
+from aegis_orchestration.store import JobStore
 from aegis_storage.audit import AuditLog
 from aegis_storage.incidents import IncidentStore
 from aegis_storage.silences import SilenceStore
@@ -128,6 +130,7 @@ class World:
     incident: dict[str, Incident]
     silence: dict[str, Silence]
     tokens: dict[str, str]  # name -> token
+    job: str  # a registered job's id
 
 
 async def factory(f: Foundation, fid: str) -> tuple[Incident, Silence]:
@@ -171,7 +174,22 @@ PEOPLE: dict[str, tuple[Role, tuple[str, ...]]] = {
     "responder-a": (Role.RESPONDER, ("{a}",)),
     "responder-pattern": (Role.RESPONDER, ("{a}*",)),  # A and A-anything, not B
     "admin": (Role.ADMIN, ()),
+    # the whole fleet's, below admin: may read jobs, not change them
+    "viewer-fleet": (Role.VIEWER, ("*",)),
+    "responder-fleet": (Role.RESPONDER, ("*",)),
 }
+
+
+def job_document(job_id: str, *, name: str = "Incident noted") -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "job_name": name,
+        "trigger_type": "BizObject",
+        "object_id": "incident",
+        "trigger_sub_type": "Update",
+        "trigger_condition_expr": f'StringEQ([$.afterData.job], "{job_id}")',
+        "steps": [{"id": "noted", "step_type": "DUMMY", "is_start_point": True}],
+    }
 
 
 @pytest.fixture
@@ -195,12 +213,17 @@ async def world(foundation: Foundation, unique_id: str) -> World:
                 created_by="test",
             )
         )
+    job = f"job-{unique_id}"
+    await JobStore(foundation.readmodel, lambda: NOW).register(
+        Job.model_validate(job_document(job))
+    )
     return World(
         a,
         b,
         incident={fid: made[fid][0] for fid in made},
         silence={fid: made[fid][1] for fid in made},
         tokens=tokens,
+        job=job,
     )
 
 
@@ -291,6 +314,28 @@ CASES: dict[tuple[str, str], Case] = {
         "silence", lambda w, f: ("DELETE", f"/api/silences/{w.silence[f].id}", {})
     ),
     ("GET", "/api/audit"): Case("admin", lambda w, f: ("GET", "/api/audit?date=2026-11-30", {})),
+    # jobs belong to no factory: the fleet's readers read them, only an admin changes them
+    ("GET", "/api/jobs"): Case("platform", lambda w, f: ("GET", "/api/jobs", {})),
+    ("GET", "/api/jobs/{job_id}"): Case("platform", lambda w, f: ("GET", f"/api/jobs/{w.job}", {})),
+    ("GET", "/api/jobs/{job_id}/executions"): Case(
+        "platform", lambda w, f: ("GET", f"/api/jobs/{w.job}/executions", {})
+    ),
+    ("POST", "/api/jobs"): Case(
+        "admin", lambda w, f: ("POST", "/api/jobs", {"json": job_document(f"{w.job}-new")})
+    ),
+    ("PUT", "/api/jobs/{job_id}"): Case(
+        "admin",
+        lambda w, f: ("PUT", f"/api/jobs/{w.job}", {"json": job_document(w.job, name="Renamed")}),
+    ),
+    ("DELETE", "/api/jobs/{job_id}"): Case(
+        "admin", lambda w, f: ("DELETE", f"/api/jobs/{w.job}", {})
+    ),
+    ("POST", "/api/jobs/{job_id}/enable"): Case(
+        "admin", lambda w, f: ("POST", f"/api/jobs/{w.job}/enable", {})
+    ),
+    ("POST", "/api/jobs/{job_id}/disable"): Case(
+        "admin", lambda w, f: ("POST", f"/api/jobs/{w.job}/disable", {})
+    ),
 }
 
 
@@ -318,6 +363,10 @@ async def unchanged(foundation: Foundation, world: World, fid: str) -> None:
     assert kept is not None and kept.ends > NOW
     listed = await SilenceStore(foundation.readmodel).listed(now=NOW)
     assert sum(1 for s in listed if f"factory={fid}" in [str(m) for m in s.matchers]) == 1
+    jobs = await JobStore(foundation.readmodel, lambda: NOW).all()
+    assert [(j.id, j.version, j.job_name, j.fires) for j in jobs] == [
+        (world.job, 1, "Incident noted", True)
+    ]
 
 
 @pytest.mark.parametrize("operation", sorted(CASES), ids=lambda o: f"{o[0]} {o[1]}")
@@ -359,6 +408,16 @@ async def test_each_operation_with_each_role_in_and_out_of_scope(
         assert mine.status_code == 403
     else:
         assert mine.status_code == 200, mine.text
+
+    # the whole fleet's viewer and responder read what is the platform's, and change no job
+    for person in ("viewer-fleet", "responder-fleet"):
+        answer = await call(client, world, person, case, b)
+        if case.kind == "admin":
+            assert answer.status_code == 403, (person, answer.text)
+            assert "admin role" in answer.json()["message"]
+            await unchanged(foundation, world, b)
+        elif case.kind == "platform":
+            assert answer.status_code == 200, (person, answer.text)
 
     # the admin reaches B
     reached = await call(client, world, "admin", case, b)

@@ -32,11 +32,11 @@ from aegis_devstack.testing.waiting import eventually
 from aegis_devstack.testing.webhook import FakeWebhook
 from aegis_orchestration.limits import json_size
 from aegis_orchestration.model import Job, Retry
+from aegis_orchestration.store import DuplicateJob, JobStore
 from aegis_orchestration.triggers import Trigger, biz_object_trigger, due_fires, schedule_trigger
 from aegis_orchestration.yamlio import load_jobs
 from aegis_orchestrator.app import SCHEDULE_CLAIM_LEASE, FileClock, OrchestratorApp
 from aegis_orchestrator.settings import OrchestratorSettings
-from aegis_orchestrator.store import DuplicateJob, JobStore
 from aegis_storage.readmodel import ReadModel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

@@ -25,10 +25,10 @@ from aegis_cli.app import app
 from aegis_contracts.times import utc_now
 from aegis_orchestration.asl import export_asl
 from aegis_orchestration.model import Job
+from aegis_orchestration.store import JobStore
 from aegis_orchestration.yamlio import load_jobs
 from aegis_orchestrator import sfn_template
 from aegis_orchestrator.sfn_template import SfnTemplateError, render
-from aegis_orchestrator.store import JobStore
 from aegis_storage.clients import AwsConfig, open_client
 
 ROOT = Path(__file__).resolve().parents[3]

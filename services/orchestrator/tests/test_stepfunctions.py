@@ -34,13 +34,13 @@ from aegis_devstack.testing.webhook import FakeWebhook
 from aegis_orchestration.asl import export_asl
 from aegis_orchestration.engine import Interpreter
 from aegis_orchestration.model import Job
+from aegis_orchestration.store import JobStore
 from aegis_orchestration.triggers import biz_object_trigger
 from aegis_orchestration.yamlio import load_jobs
 from aegis_orchestrator.app import OrchestratorApp
 from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.sfn_task import Container, TaskRequest, open_function
 from aegis_orchestrator.sfn_template import render
-from aegis_orchestrator.store import JobStore
 from aegis_runtime import natsio
 from aegis_runtime.broker import command_broker, ensure_streams
 from aegis_storage.clients import AwsConfig, open_client

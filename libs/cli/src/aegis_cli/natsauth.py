@@ -13,7 +13,8 @@ JetStream API (``$JS.API.STREAM.PURGE.*``). With them:
 * every other service publishes exactly its own events (the aggregator its windows, the reporter
   its reports, the cloud collector its snapshots, the alert dispatcher ``alert_sent``, the
   orchestrator's jobs system events of other kinds); the dashboard only the changes of the
-  incidents people acknowledge or resolve on it;
+  incidents people acknowledge or resolve and the jobs admins change on it, and its sign-ins
+  (``aegis.events.login``, which no other identity may forge);
 * every service publishes its own heartbeat and dead letters, and checks the streams exist
   (``$JS.API.STREAM.INFO``), but only ``admin`` (``aegis bootstrap``, operators) creates, updates,
   purges or deletes streams: services run with ``AEGIS_NATS_MANAGE_STREAMS=false``;
@@ -101,6 +102,7 @@ def _consumes(stream: str) -> tuple[str, ...]:
 # publish system events of any other kind
 ALERT_SENT = f"{SYSTEM}.alert_sent"
 REPORT_GENERATED = f"{SYSTEM}.report_generated"
+SIGNED_IN = f"{SYSTEM}.login"
 # what the dashboard's live feed hears (aegis_dashboard_api.feed)
 LIVE_FEED = (
     f"{CHANGES}.factory_latest",
@@ -160,7 +162,7 @@ IDENTITIES: dict[str, Identity] = {
             *_consumes("AEGIS_RAW"),
         ),
         subscribe=(f"{CHANGES}.orch_job",),
-        deny_publish=(ALERT_SENT, REPORT_GENERATED),
+        deny_publish=(ALERT_SENT, REPORT_GENERATED, SIGNED_IN),
     ),
     # announces its 5-minute windows (the service and `aegis aggregate`), and the changes of its
     # graph windows and of the late-data markers it clears
@@ -191,8 +193,13 @@ IDENTITIES: dict[str, Identity] = {
         ),
     ),
     # the live feed: plain subscriptions; it announces the incidents people acknowledge or
-    # resolve on a dashboard (through JetStream, like the dispatcher's own changes)
-    "dashboard-api": Identity("dashboard-api", (f"{CHANGES}.incident",), subscribe=LIVE_FEED),
+    # resolve and the jobs admins change on a dashboard (through JetStream, like the
+    # dispatcher's own changes and `aegis jobs`), and each sign-in
+    "dashboard-api": Identity(
+        "dashboard-api",
+        (f"{CHANGES}.incident", f"{CHANGES}.orch_job", SIGNED_IN),
+        subscribe=LIVE_FEED,
+    ),
 }
 
 

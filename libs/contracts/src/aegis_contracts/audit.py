@@ -26,16 +26,29 @@ Action = Literal[
     "silence.end",
     "token.create",
     "token.revoke",
+    "job.register",
+    "job.replace",
+    "job.delete",
+    "job.enable",
+    "job.disable",
 ]
 Outcome = Literal["ok", "refused", "failed"]
+# why a sign-in did not succeed: a wrong (unknown, expired, revoked) token; too many failed
+# attempts from the address (locked out for a while); someone the identity provider knows but
+# the roles file maps to no role; the provider's answer refused (state, nonce, signature) or
+# the provider not reachable
+SignInFailure = Literal[
+    "wrong_token", "locked", "unknown_user", "provider_refused", "provider_unreachable"
+]
 
 
 class AuditEvent(BaseModel):
     """``actor`` is how records name the person (``oidc:Kim``, ``token:wall-3``, ``cli:lee``),
     ``subject`` their stable id at the identity provider or the token (None when nobody was
     identified: a refused sign-in); ``target`` what was acted on (an incident or silence id, a
-    token's name); ``factory`` its factory (``cloud-infra``, or None when it has none);
-    ``source`` the client address and ``agent`` its user agent, as the server saw them."""
+    token's name, a job id); ``factory`` its factory (``cloud-infra``, or None when it has
+    none); ``failure`` why a sign-in did not succeed; ``source`` the client address and
+    ``agent`` its user agent, as the server saw them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -49,6 +62,7 @@ class AuditEvent(BaseModel):
     target: str | None = Field(default=None, max_length=300)
     factory: str | None = Field(default=None, max_length=128)
     detail: str = Field(default="", max_length=2000)
+    failure: SignInFailure | None = None
     source: str | None = Field(default=None, max_length=100)
     agent: str | None = Field(default=None, max_length=300)
 

@@ -13,7 +13,10 @@ registered with ``*`` for object or sub type), each with its condition compiled 
 - Platform: a device message (``RawArchived``): object = source type, sub type ``Insert``, data the
   event plus ``payload`` when the message is small JSON.
 - Automation: a system event: object = its producer (``alert-dispatcher``), sub type = its kind
-  (``alert_sent``), data ``{kind, producer, at, detail}``.
+  (``alert_sent``), data ``{kind, producer, at, detail}``; a sign-in on the dashboard is the
+  sub type ``Login`` (object ``dashboard-api``, kind ``login``), with ``detail.outcome`` ok,
+  refused or failed and ``detail.exception`` why (``wrong_token``, ``locked``,
+  ``unknown_user``, ``provider_refused``, ``provider_unreachable``; null on success).
 - Component: an S3 object written (``ObjectCreated``): object = the key's family (the last token
   of ``aegis.objects.created.{family}``), sub type ``Insert``, data ``{family, bucket, key,
   size_bytes, etag, producer, created_at}``; a bucket, prefix or key pattern is a condition on
@@ -87,9 +90,17 @@ def platform_trigger(raw: Mapping[str, Any]) -> Trigger:
     )
 
 
+# system event kinds that are the Automation sub types of the job model's own vocabulary
+AUTOMATION_SUB_TYPES = {"login": "Login"}
+
+
 def automation_trigger(event: Mapping[str, Any]) -> Trigger:
+    kind = str(event.get("kind"))
     return Trigger(
-        TriggerType.AUTOMATION, str(event.get("producer")), str(event.get("kind")), dict(event)
+        TriggerType.AUTOMATION,
+        str(event.get("producer")),
+        AUTOMATION_SUB_TYPES.get(kind, kind),
+        dict(event),
     )
 
 

@@ -112,5 +112,5 @@ def _problems(job: str, err: ValidationError) -> list[JobProblem]:
                 )
             continue
         field = ".".join(str(p) for p in e["loc"]) or None
-        found.append(JobProblem(job, field, str(e["msg"])))
+        found.append(JobProblem(job, field, str(e["msg"]).removeprefix("Value error, ")))
     return found

@@ -371,6 +371,7 @@ CHANNELS: tuple[Channel, ...] = (
                 "NATS publish, stored by the stream all the same.",
                 program="aegis jobs",
             ),
+            Use(_FEED, "A job an admin registered, replaced, enabled, disabled or deleted."),
         ),
         readers=(
             Use(_TRIGGERS, "Every replica reloads the job.", via="subscription"),
@@ -390,6 +391,21 @@ CHANNELS: tuple[Channel, ...] = (
         ),
     ),
     Channel(
+        id="signIns",
+        address=system_subject("login"),
+        title="Sign-ins",
+        description=(
+            "A sign-in on a dashboard, or one that did not succeed: `detail` holds the "
+            "`outcome` (ok, refused, failed), the `exception` (wrong_token, locked, "
+            "unknown_user, provider_refused, provider_unreachable; null on success), who "
+            "(`actor`, `subject`, `via`), from where (`source`, `agent`) and the `audit_id` of "
+            "its audit record. The orchestrator's Automation jobs of sub type `Login`."
+        ),
+        message=SystemEvent,
+        senders=(Use(_FEED, "Each sign-in, and each refused or failed one."),),
+        readers=(_ON_EVENTS,),
+    ),
+    Channel(
         id="reportsGenerated",
         address=system_subject("report_generated"),
         title="Reports generated",
@@ -404,7 +420,7 @@ CHANNELS: tuple[Channel, ...] = (
         title="System events of jobs",
         description=(
             "A system event a job's PUBLISH_EVENT step announces: any kind but those another "
-            "service owns (`alert_sent`, `report_generated`)."
+            "service owns (`alert_sent`, `report_generated`, `login`)."
         ),
         message=SystemEvent,
         parameters={"kind": ("The event's kind: ^[a-z][a-z0-9_]{0,63}$.", ())},

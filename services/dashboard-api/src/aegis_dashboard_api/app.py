@@ -25,7 +25,7 @@ from starlette.routing import Match
 
 from aegis_contracts.people import Act
 from aegis_contracts.times import Clock, utc_now
-from aegis_dashboard_api import audit, incidents, pages, signin, silences
+from aegis_dashboard_api import audit, incidents, jobs, pages, signin, silences
 from aegis_dashboard_api.access import QueryTokenMiddleware, TokenSet, request_token
 from aegis_dashboard_api.authz import Permission, identity_of, public, session_of
 from aegis_dashboard_api.errors import ApiError
@@ -252,6 +252,7 @@ def create_app(
     app.include_router(router, prefix="/api")
     app.include_router(incidents.router, prefix="/api")
     app.include_router(silences.router, prefix="/api")
+    app.include_router(jobs.router, prefix="/api")
     app.include_router(incidents.slack_router)  # Slack's signature, not a token
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=pages.STATIC_DIR), name="static")

@@ -17,9 +17,11 @@ does not).
 | ``aegis.objects.created.reports`` | reporter | ``reports`` (date and target) |
 | ``aegis.changes.incident`` | alert dispatcher, dashboards | ``incident`` (its id, state, version) |
 
-The one thing it publishes: the incidents people acknowledge or resolve on a dashboard
-(:meth:`LiveFeed.announce`, the read model's change sink), so every other dashboard replica's
-screens, and the orchestrator's triggers, hear of it as they hear of the dispatcher's changes.
+What it publishes: the incidents people acknowledge or resolve on a dashboard and the jobs
+admins change there (:meth:`LiveFeed.announce`, the read model's change sink), so every other
+dashboard replica's screens, and the orchestrator's triggers, hear of them as they hear of the
+dispatcher's changes and of ``aegis jobs``; and each sign-in (:meth:`LiveFeed.announce_event`,
+``aegis.events.login``, the orchestrator's Login triggers).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 import structlog
 
-from aegis_contracts.events import ChangeEvent, ObjectCreated
+from aegis_contracts.events import ChangeEvent, ObjectCreated, SystemEvent
 from aegis_contracts.people import factory_of
 from aegis_contracts.subjects import change_subject, object_created_subject, system_subject
 from aegis_dashboard_api.live import Hub, LiveEvent, factory_event, family_of
@@ -196,20 +198,25 @@ class LiveFeed:
 
     async def announce(self, change: Change) -> None:
         """The read model's change sink: a write this dashboard made (an incident acknowledged
-        or resolved here) on ``aegis.changes.{entity}``, taken by JetStream like every other
-        service's. While NATS is away it raises, which the read model logs: the write stands,
-        and screens see it at their next read of the list."""
-        if self.nc is None or not self.nc.is_connected:
-            raise ConnectionError("NATS is not connected: the change is not announced")
+        or resolved, a job changed) on ``aegis.changes.{entity}``, taken by JetStream like
+        every other service's. While NATS is away it raises, which the read model logs: the
+        write stands, and screens see it at their next read of the list."""
         settings = self.reader.settings
         subject, event, msg_id = change_message(
             change, table=settings.table, producer=settings.service, at=self.reader.clock()
         )
+        await self._publish(subject, event.model_dump_json().encode(), msg_id)
+
+    async def announce_event(self, event: SystemEvent, *, msg_id: str) -> None:
+        """A system event of this dashboard's (a sign-in: ``aegis.events.login``), taken by
+        JetStream; raises while NATS is away."""
+        await self._publish(system_subject(event.kind), event.model_dump_json().encode(), msg_id)
+
+    async def _publish(self, subject: str, body: bytes, msg_id: str) -> None:
+        if self.nc is None or not self.nc.is_connected:
+            raise ConnectionError(f"NATS is not connected: {subject} is not announced")
         await self.nc.jetstream().publish(
-            subject,
-            event.model_dump_json().encode(),
-            timeout=ANNOUNCE_TIMEOUT_S,
-            headers={MSG_ID_HEADER: msg_id},
+            subject, body, timeout=ANNOUNCE_TIMEOUT_S, headers={MSG_ID_HEADER: msg_id}
         )
 
     async def read_cloud(self) -> dict[str, Any] | None:

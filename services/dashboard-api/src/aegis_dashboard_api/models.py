@@ -21,6 +21,12 @@ class Problem(BaseModel):
     message: str
 
 
+class Invalid(BaseModel):
+    """A body that is not JSON of the expected shape at all (FastAPI's own validation answer)."""
+
+    detail: list[dict[str, Any]]
+
+
 class FleetEntry(BaseModel):
     factory_id: str
     level: str | None = Field(description="NORMAL, WARNING or CRITICAL; null before any risk")

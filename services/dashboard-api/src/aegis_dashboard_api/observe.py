@@ -58,6 +58,10 @@ class DashboardMetrics:
             "dashboard_audit_failures_total",
             "Audit events that could not be written (the action stands; the event is in the log).",
         )
+        self.login_events_lost = self.metrics.counter(
+            "dashboard_login_events_lost_total",
+            "Sign-ins not announced as a login system event (NATS away): Login jobs did not start.",
+        )
 
     def slack_refused(self, why: str) -> None:
         self.slack_refusals.labels(why=why).inc()

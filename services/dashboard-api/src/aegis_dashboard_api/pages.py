@@ -573,6 +573,13 @@ async def login(request: Request) -> Response:
     client = request.client.host if request.client else "unknown"
     wait_s = await limiter.wait_s(client)
     if wait_s:
+        await audit.record(
+            request,
+            "sign_in",
+            "refused",
+            detail=f"too many failed attempts from this address: {wait_s} s to wait",
+            failure="locked",
+        )
         return Response(
             "too many sign-in attempts; try again later",
             status_code=429,
@@ -593,7 +600,9 @@ async def login(request: Request) -> Response:
     who = tokens.identify(token or None, request.app.state.clock())
     if who is None:
         await limiter.failed(client)
-        await audit.record(request, "sign_in", "refused", detail="not a valid token")
+        await audit.record(
+            request, "sign_in", "refused", detail="not a valid token", failure="wrong_token"
+        )
         return login_page(request, invalid=True, next_path=next_path)
     await audit.record(request, "sign_in", "ok", who=who)
     response = RedirectResponse(next_path, status_code=303)

@@ -155,7 +155,14 @@ def _page(request: Request, heading: str, message: str, *, status: int) -> Respo
 
 async def _failed(request: Request, reason: str, *, status: int = 400) -> Response:
     log.warning("signin_failed", reason=reason)
-    await audit.record(request, "sign_in", "failed" if status == 502 else "refused", detail=reason)
+    unreachable = status == 502
+    await audit.record(
+        request,
+        "sign_in",
+        "failed" if unreachable else "refused",
+        detail=reason,
+        failure="provider_unreachable" if unreachable else "provider_refused",
+    )
     t = labels(lang_of(request))
     key = "oidc_unreachable" if status == 502 else "oidc_failed"
     return _page(request, t["oidc_refused"], t[key], status=status)
@@ -197,7 +204,7 @@ async def callback(request: Request, signin: Configured) -> Response:
         name = str(claims.get("email") or claims.get("name") or claims.get("sub") or "?")
         await audit.record(
             request, "sign_in", "refused", target=str(claims.get("sub") or ""),
-            detail=f"{name}: in no group the roles file maps",
+            detail=f"{name}: in no group the roles file maps", failure="unknown_user",
         )  # fmt: skip
         return _page(
             request, t["oidc_refused"], t["oidc_no_group"].replace("{name}", name), status=403

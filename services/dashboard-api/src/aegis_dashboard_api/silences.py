@@ -18,7 +18,7 @@ from aegis_contracts.times import parse_duration
 from aegis_dashboard_api import audit
 from aegis_dashboard_api.authz import Permission, identity_of, refuse
 from aegis_dashboard_api.incidents import person
-from aegis_dashboard_api.models import Problem
+from aegis_dashboard_api.models import Invalid, Problem
 from aegis_storage.errors import NotFound
 from aegis_storage.silences import SilenceStore
 
@@ -65,12 +65,6 @@ class Refused(BaseModel):
     error: str
     message: str
     problems: list[str]
-
-
-class Invalid(BaseModel):
-    """A body that is not a new silence at all (FastAPI's own validation answer)."""
-
-    detail: list[dict[str, Any]]
 
 
 def _store(request: Request) -> SilenceStore:

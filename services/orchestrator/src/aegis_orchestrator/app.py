@@ -31,6 +31,7 @@ from aegis_contracts.times import Clock, ensure_utc, utc_now
 from aegis_orchestration.limits import Limits
 from aegis_orchestration.model import Job
 from aegis_orchestration.params import ENV_PREFIX
+from aegis_orchestration.store import DuplicateJob, JobStore
 from aegis_orchestration.triggers import (
     Trigger,
     TriggerIndex,
@@ -48,7 +49,6 @@ from aegis_orchestrator.runner import Runner
 from aegis_orchestrator.s3events import INVALID, Bridge
 from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.stepfunctions import Launcher
-from aegis_orchestrator.store import DuplicateJob, JobStore
 from aegis_orchestrator.tasks import Tasks
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime.broker import current_subject, dead_letter, delivery, durable_pull
@@ -189,8 +189,10 @@ class OrchestratorApp(ServiceApp):
                 platform_trigger(event.model_dump(mode="json")), redelivered=delivery() > 1
             )
 
-        # every replica hears every job change (core NATS, no queue group): no per-event DB read
-        @self.broker.subscriber(change_subject(JOB_ENTITY))
+        # every replica hears every job change (core NATS, no queue group): no per-event DB read.
+        # Never answered: a change published through JetStream (a dashboard's) carries its
+        # publisher's inbox for the stream's acknowledgement, which no replica may write to
+        @self.broker.subscriber(change_subject(JOB_ENTITY), no_reply=True)
         async def on_job_change(event: ChangeEvent) -> None:
             await self.reload(event.sk.removeprefix("JOB#"))
 

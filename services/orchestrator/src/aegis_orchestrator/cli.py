@@ -24,9 +24,9 @@ from aegis_cli import exitcodes
 
 if TYPE_CHECKING:
     from aegis_orchestration.model import Job
+    from aegis_orchestration.store import JobStore
     from aegis_orchestration.tables import Planned, TableProblem, TablesResult
     from aegis_orchestrator.settings import OrchestratorSettings
-    from aegis_orchestrator.store import JobStore
     from aegis_storage.readmodel import Change
 
 app = typer.Typer(help="Orchestration jobs: triggers and workflows.", no_args_is_help=True)
@@ -46,9 +46,9 @@ DEFAULT_FUNCTION_ARN = "arn:aws:lambda:ap-south-1:000000000000:function:aegis-or
 def _run(work: Callable[[JobStore], Awaitable[T]], changes: list[Change] | None = None) -> T:
     """Run ``work`` on the job store; the job changes it writes land in ``changes``."""
     from aegis_contracts.times import utc_now  # noqa: PLC0415 - import-light module
+    from aegis_orchestration.store import DuplicateJob, JobNotFound, JobStore  # noqa: PLC0415
     from aegis_orchestration.yamlio import JobFileError  # noqa: PLC0415
     from aegis_orchestrator.settings import OrchestratorSettings  # noqa: PLC0415
-    from aegis_orchestrator.store import DuplicateJob, JobNotFound, JobStore  # noqa: PLC0415
     from aegis_storage.clients import open_clients  # noqa: PLC0415
     from aegis_storage.errors import Conflict, StorageError  # noqa: PLC0415
     from aegis_storage.readmodel import ReadModel  # noqa: PLC0415
@@ -408,7 +408,7 @@ def list_jobs(
 
 
 async def _get(store: JobStore, job_id: str) -> Job:
-    from aegis_orchestrator.store import JobNotFound  # noqa: PLC0415
+    from aegis_orchestration.store import JobNotFound  # noqa: PLC0415
 
     job = await store.get(job_id)
     if job is None:

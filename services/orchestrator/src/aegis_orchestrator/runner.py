@@ -33,8 +33,8 @@ from aegis_contracts.times import format_ts, parse_ts
 from aegis_orchestration.engine import Interpreter, StepRecord
 from aegis_orchestration.limits import LimitExceeded, Limits, check_item, json_size
 from aegis_orchestration.model import Job
+from aegis_orchestration.store import JobStore
 from aegis_orchestration.triggers import Trigger
-from aegis_orchestrator.store import JobStore
 from aegis_orchestrator.tasks import Tasks
 from aegis_storage.errors import Conflict, StorageError, Transient
 from aegis_storage.readmodel import ReadModel

@@ -44,10 +44,10 @@ from aegis_contracts.events import SystemEvent
 from aegis_contracts.times import utc_now
 from aegis_orchestration.engine import StepFailed, run_task
 from aegis_orchestration.model import Job, StepType, TaskKind
+from aegis_orchestration.store import JobStore
 from aegis_orchestrator.app import job_environment
 from aegis_orchestrator.egress import EgressPolicy, guarded_session
 from aegis_orchestrator.settings import OrchestratorSettings
-from aegis_orchestrator.store import JobStore
 from aegis_orchestrator.tasks import Tasks
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime import natsio

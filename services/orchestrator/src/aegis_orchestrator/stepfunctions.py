@@ -31,9 +31,9 @@ from botocore.exceptions import ClientError
 from aegis_contracts import keys
 from aegis_contracts.times import format_ts
 from aegis_orchestration.model import Job
+from aegis_orchestration.store import JobStore
 from aegis_orchestration.triggers import Trigger
 from aegis_orchestrator.runner import trigger_digest
-from aegis_orchestrator.store import JobStore
 from aegis_storage.errors import Conflict
 
 log = structlog.get_logger(__name__)
