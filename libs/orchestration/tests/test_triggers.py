@@ -12,7 +12,9 @@ import pytest
 from aegis_contracts.subjects import CHANGE_ENTITIES, EXPIRING_ENTITIES, OBJECT_FAMILIES
 from aegis_orchestration.model import BIZ_SUB_TYPES, Job
 from aegis_orchestration.triggers import (
+    Trigger,
     TriggerIndex,
+    automation_trigger,
     biz_object_trigger,
     component_trigger,
     due_fires,
@@ -226,3 +228,30 @@ def test_every_announced_entity_and_family_is_accepted() -> None:
     for family in OBJECT_FAMILIES:
         component("ok", family)
     job("ok", object_id="*", trigger_sub_type="*")
+
+
+def test_a_sign_in_event_is_an_automation_login_trigger_a_job_filters_by_its_exception() -> None:
+    locked = job(
+        "locked-out",
+        trigger_type="Automation",
+        object_id="dashboard-api",
+        trigger_sub_type="Login",
+        trigger_condition_expr='StringEQ([$.detail.exception], "locked")',
+    )
+    index = TriggerIndex([locked])
+
+    def sign_in(exception: str | None) -> Trigger:
+        return automation_trigger(
+            {
+                "kind": "login",
+                "producer": "dashboard-api",
+                "at": "2026-11-30T03:00:00Z",
+                "detail": {"outcome": "ok" if exception is None else "refused",
+                           "exception": exception},
+            }
+        )  # fmt: skip
+
+    assert sign_in("locked").sub_type == "Login"
+    assert [j.id for j in index.matching(sign_in("locked"))] == ["locked-out"]
+    assert index.matching(sign_in("wrong_token")) == []
+    assert index.matching(sign_in(None)) == []

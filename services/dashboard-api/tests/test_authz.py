@@ -25,6 +25,7 @@ from aegis_contracts.keys import ReportArtifact
 from aegis_contracts.people import Act, Role, TokenRecord
 from aegis_contracts.silences import Silence, new_silence
 from aegis_contracts.times import format_ts
+from aegis_dashboard_api import audit
 from aegis_dashboard_api.access import token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.authz import Permission, public
@@ -581,6 +582,7 @@ async def test_every_action_and_refusal_leaves_an_audit_record_naming_the_person
         ("sign_in", "ok", viewer),
         ("sign_in", "refused", "unknown"),
     ]
+    assert day["events"][0]["failure"] == "wrong_token"
     first = day["events"][-1]
     assert (first["target"], first["agent"], first["via"]) == (incident, "pytest-audit", "token")
     assert first["source"] and "role" in first["detail"]
@@ -593,3 +595,34 @@ async def test_every_action_and_refusal_leaves_an_audit_record_naming_the_person
     page = await client.get("/admin/audit?date=2026-11-30", headers=auth("admin"))
     assert page.status_code == 200 and page.text.count('data-action="') == len(seen)
     assert (await client.get("/admin/audit", headers=auth("responder-a"))).status_code == 403
+
+
+async def test_sign_ins_refused_for_too_many_wrong_tokens_are_on_the_record_as_locked(
+    foundation: Foundation, world: World
+) -> None:
+    settings = DashboardSettings(
+        bucket=foundation.bucket, table=foundation.table, dashboard_signin_attempts=2
+    )
+    clock = FakeClock(NOW)
+    app = create_app(settings, clients=foundation.clients, clock=clock)
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://dash",
+        event_hooks={"request": [lambda _: _tick(clock)]},
+    ) as client:
+        answers = [
+            await client.post("/login", content=f"token=guess-{n}", headers=form) for n in range(3)
+        ]
+        kept = await TokenStore(foundation.readmodel).listed(now=NOW)
+        app.state.tokens.take_stored(kept, NOW)
+        right = await client.post("/login", content=f"token={world.tokens['admin']}", headers=form)
+    assert [a.status_code for a in answers] + [right.status_code] == [401, 401, 429, 429]
+    await audit.settled(app)
+    events, _ = await AuditLog(foundation.store).day(NOW.date())
+    assert [(e.action, e.outcome, e.failure) for e in reversed(events)] == [
+        ("sign_in", "refused", "wrong_token"),
+        ("sign_in", "refused", "wrong_token"),
+        ("sign_in", "refused", "locked"),
+        ("sign_in", "refused", "locked"),  # the right token is not even looked at
+    ]

@@ -21,6 +21,7 @@ import pytest
 from starlette.requests import Request
 
 from aegis_contracts import incidents, keys
+from aegis_contracts.audit import AuditEvent
 from aegis_contracts.people import Identity, Role
 from aegis_contracts.times import format_ts, utc_now
 from aegis_dashboard_api import audit
@@ -189,7 +190,17 @@ async def test_over_https_the_session_and_flow_cookies_are_secure(dashboard: Das
     assert "; secure" in session.lower() and "httponly" in session.lower()
 
 
-async def test_a_callback_whose_state_is_not_the_flows_is_refused(dashboard: Dashboard) -> None:
+async def refusal_on_record(dashboard: Dashboard, foundation: Foundation) -> AuditEvent:
+    """The one audit event of the test's day, once the dashboard has written it."""
+    await audit.settled(dashboard.app)
+    (refused,) = (await AuditLog(foundation.store).day(dashboard.clock().date()))[0]
+    assert (refused.action, refused.outcome) == ("sign_in", "refused")
+    return refused
+
+
+async def test_a_callback_whose_state_is_not_the_flows_is_refused_and_recorded_as_provider_refused(
+    dashboard: Dashboard, foundation: Foundation
+) -> None:
     callback = await dashboard.provider.sign_in(dashboard.browser, await dashboard.start(), "ana")
     parts = urlsplit(callback)
     query = {k: v[0] for k, v in parse_qs(parts.query).items()} | {"state": "forged-state"}
@@ -198,6 +209,7 @@ async def test_a_callback_whose_state_is_not_the_flows_is_refused(dashboard: Das
     assert "Sign-in did not complete" in answer.text
     assert dashboard.cookie() is None
     assert (await dashboard.http.get("/auth/me")).status_code == 401
+    assert (await refusal_on_record(dashboard, foundation)).failure == "provider_refused"
 
 
 async def test_a_callback_without_a_sign_in_started_in_this_browser_is_refused(
@@ -220,7 +232,9 @@ def _edit_flow(value: str, edit: Any) -> str:
     return signer.sign(base64.b64encode(json.dumps(data).encode())).decode()
 
 
-async def test_an_id_token_whose_nonce_is_not_the_flows_is_refused(dashboard: Dashboard) -> None:
+async def test_an_id_token_whose_nonce_is_not_the_flows_is_refused_and_recorded_as_provider_refused(
+    dashboard: Dashboard, foundation: Foundation
+) -> None:
     authorization = await dashboard.start()
     callback = await dashboard.provider.sign_in(dashboard.browser, authorization, "ana")
     sent_nonce = parse_qs(urlsplit(authorization).query)["nonce"][0]
@@ -236,6 +250,7 @@ async def test_an_id_token_whose_nonce_is_not_the_flows_is_refused(dashboard: Da
     assert answer.status_code == 400
     assert dashboard.cookie() is None
     assert (await dashboard.http.get("/auth/me")).status_code == 401
+    assert (await refusal_on_record(dashboard, foundation)).failure == "provider_refused"
 
 
 async def test_a_session_is_refused_once_its_max_age_has_passed_on_the_apps_clock(
@@ -319,7 +334,7 @@ async def test_the_providers_groups_give_the_highest_role_and_the_union_of_scope
     assert (identity.subject, identity.role, identity.scope) == (account, role, scope)
 
 
-async def test_a_person_in_no_mapped_group_is_refused_with_a_page_saying_why(
+async def test_a_person_in_no_mapped_group_is_refused_with_a_page_saying_why_and_recorded_as_unknown_user(
     dashboard: Dashboard, foundation: Foundation
 ) -> None:
     answer = await dashboard.sign_in("nobody")
@@ -328,9 +343,8 @@ async def test_a_person_in_no_mapped_group_is_refused_with_a_page_saying_why(
     assert "nobody@example.com" in answer.text  # who they signed in as
     assert dashboard.cookie() is None
     assert (await dashboard.http.get("/auth/me")).status_code == 401
-    await audit.settled(dashboard.app)
-    (refused,) = (await AuditLog(foundation.store).day(dashboard.clock().date()))[0]
-    assert (refused.action, refused.outcome, refused.target) == ("sign_in", "refused", "nobody")
+    refused = await refusal_on_record(dashboard, foundation)
+    assert (refused.target, refused.failure) == ("nobody", "unknown_user")
     assert "nobody@example.com" in refused.detail
 
 
