@@ -39,7 +39,12 @@ def job(**overrides: Any) -> Job:
 
 def test_the_examples_load_and_round_trip_through_yaml() -> None:
     jobs = load_jobs(EXAMPLES.read_text())
-    assert {j.id for j in jobs} == {"gas-leak-escalation", "daily-report-check", "alert-audit"}
+    assert {j.id for j in jobs} == {
+        "gas-leak-escalation",
+        "daily-report-check",
+        "alert-audit",
+        "sign-in-lockout",
+    }
     assert sorted(load_jobs(dump_jobs(jobs)), key=lambda j: j.id) == sorted(
         jobs, key=lambda j: j.id
     )

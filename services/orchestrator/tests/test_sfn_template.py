@@ -269,6 +269,7 @@ async def test_the_command_exports_the_registered_jobs(
         "daily-report-check",
         "gas-leak-escalation",
         "literal-text",
+        "sign-in-lockout",
     ]
     one = await invoke("export-sfn", "literal-text")
     assert one.exit_code == 0, one.output
