@@ -224,6 +224,19 @@ def render() -> dict[str, Any]:
                 "VersioningConfiguration": {"Status": "Enabled"},
                 "LifecycleConfiguration": {"Rules": [_lifecycle_rule(r) for r in LIFECYCLE_RULES]},
                 "PublicAccessBlockConfiguration": dict(PUBLIC_ACCESS_BLOCK),
+                # S3 server access logs: every request to the bucket (who, what key, when, the
+                # answer), delivered to a bucket of the operator's (a bucket must not log into
+                # itself); object-level CloudTrail data events are the other way
+                "LoggingConfiguration": {
+                    "Fn::If": [
+                        "AccessLogsOn",
+                        {
+                            "DestinationBucketName": {"Ref": "AccessLogBucketName"},
+                            "LogFilePrefix": {"Fn::Sub": "${BucketName}/"},
+                        },
+                        {"Ref": "AWS::NoValue"},
+                    ]
+                },
                 "ObjectLockEnabled": _if_locked(True),
                 "ObjectLockConfiguration": _if_locked(
                     {
@@ -353,12 +366,19 @@ def render() -> dict[str, Any]:
                 "(only at creation; COMPLIANCE binds administrators too)",
             },
             "ObjectLockDays": {"Type": "Number", "Default": 365, "MinValue": 1},
+            "AccessLogBucketName": {
+                "Type": "String",
+                "Default": "",
+                "Description": "A bucket of yours that receives the data bucket's S3 server "
+                "access logs (it must let logging.s3.amazonaws.com write); empty: none",
+            },
         },
         "Conditions": {
             "BreakGlassPrincipalGiven": {
                 "Fn::Not": [{"Fn::Equals": [{"Ref": "BreakGlassPrincipal"}, ""]}]
             },
             "ObjectLockOn": {"Fn::Not": [{"Fn::Equals": [{"Ref": "ObjectLockMode"}, "NONE"]}]},
+            "AccessLogsOn": {"Fn::Not": [{"Fn::Equals": [{"Ref": "AccessLogBucketName"}, ""]}]},
         },
         "Resources": resources,
         "Outputs": outputs,
