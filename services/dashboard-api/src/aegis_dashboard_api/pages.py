@@ -1,6 +1,10 @@
 """The web page: server-rendered HTML (Jinja2) over the same reads as the API, a small script
 (static/app.js) that keeps it live from ``/api/live``, and uPlot vendored for the charts.
 
+The orchestration jobs (``/jobs``, ``/jobs/{id}``: each job's steps as an outline and its
+latest executions) are read by the whole fleet's readers; an admin enables and disables them
+through the JSON API (``/api/jobs/{id}/enable|disable``).
+
 The open incidents (``/incidents``, and a banner per incident on its factory's page) are
 rendered here too; the script reads the same list again as an HTML fragment
 (``/incidents/list``) every few seconds while the page is visible, and acknowledges and resolves
@@ -17,7 +21,8 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from functools import cache
 from pathlib import Path
@@ -51,9 +56,11 @@ from aegis_dashboard_api.access import (
 from aegis_dashboard_api.authz import Permission, identity_of, public
 from aegis_dashboard_api.errors import ApiError
 from aegis_dashboard_api.i18n import LANG_COOKIE, LANGS, Lang, labels, pick_lang
+from aegis_dashboard_api.jobs import state_of, store_of, summary, trigger_of
 from aegis_dashboard_api.live import alert_scope
 from aegis_dashboard_api.routes import Reader, fleet_entry
 from aegis_dashboard_api.settings import DashboardSettings
+from aegis_orchestration.model import FlowKind, Job, JobStep, valid_id
 from aegis_storage.audit import AuditLog
 from aegis_storage.errors import NotFound
 
@@ -512,6 +519,142 @@ async def audit_page(request: Request) -> Response:
     await audit.settled(request.app)  # this replica's own records are in it
     events, total = await AuditLog(reader.store).day(day)
     return render(request, "audit.html", {"day": day, "events": events, "total": total})
+
+
+@dataclass(frozen=True)
+class StepNode:
+    """One step of a job's outline: the step, the steps it holds (in the order they run), and
+    what its place in the flow says about it."""
+
+    step: JobStep
+    children: list[StepNode]
+    # its next_step_id goes back to a step of its container that ran before it
+    loops_back: bool = False
+    # under a CHOICE: "if" (a branch with a condition) or "default"; None elsewhere
+    branch: str | None = None
+
+
+def run_order(job: Job, parent: str | None) -> list[JobStep]:
+    """The steps of one container in the order the engine takes them: by ``seq`` (a PARALLEL's
+    branches all at once, in that order), a CHOICE's branches with a condition first, then its
+    default."""
+    kids = job.children(parent)
+    if parent is not None and job.step(parent).step_sub_type is FlowKind.CHOICE:
+        return [k for k in kids if k.condition_expr is not None] + [
+            k for k in kids if k.condition_expr is None
+        ]
+    return kids
+
+
+def outline(job: Job, parent: str | None = None) -> list[StepNode]:
+    """The steps of ``job`` (of one container: ``parent``) as a tree in execution order."""
+    holder = job.step(parent) if parent is not None else None
+    choice = holder if holder is not None and holder.step_sub_type is FlowKind.CHOICE else None
+    # a step jumps within its container; a CHOICE branch within its CHOICE's, from there
+    flow = job.children(choice.flow_step_id if choice is not None else parent)
+    where = {s.id: n for n, s in enumerate(flow)}
+    nodes = []
+    for step in run_order(job, parent):
+        at = where.get(choice.id if choice is not None else step.id, 0)
+        target = where.get(step.next_step_id) if step.next_step_id else None
+        branch = None
+        if choice is not None:
+            branch = "if" if step.condition_expr is not None else "default"
+        nodes.append(
+            StepNode(
+                step,
+                outline(job, step.id),
+                loops_back=target is not None and target <= at,
+                branch=branch,
+            )
+        )
+    return nodes
+
+
+def error_text(error: object) -> str | None:
+    """An execution's or a step's error as one line: ``{"Error": …, "Cause": …}`` or a text."""
+    if isinstance(error, Mapping):
+        parts = [str(error[k]) for k in ("Error", "Cause") if error.get(k)]
+        return ": ".join(parts) or None
+    return str(error) if error else None
+
+
+def seconds_between(start: object, end: object) -> float | None:
+    """Seconds from one stored timestamp to another; None when either is missing or unreadable."""
+    try:
+        return (parse_ts(str(end)) - parse_ts(str(start))).total_seconds() if end else None
+    except ValueError:
+        return None
+
+
+def execution_view(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What the job page shows of one execution log item (as the orchestrator's runner writes
+    it): when, how it ended, what triggered it, and each step's record."""
+    trigger = record.get("trigger") or {}
+    fired = [str(trigger[k]) for k in ("object_id", "sub_type") if trigger.get(k)]
+    steps = [
+        {
+            "step_id": str(s.get("step_id", "?")),
+            "status": str(s.get("status") or "UNKNOWN"),
+            "error": error_text(s.get("error")),
+            "attempts": int(s.get("attempts") or 0),
+            "branch": s.get("branch"),
+        }
+        for s in record.get("steps") or []
+    ]
+    return {
+        "execution_id": str(record.get("execution_id", "")),
+        "status": str(record.get("status") or "UNKNOWN"),
+        "started_at": record.get("started_at"),
+        "took_s": seconds_between(record.get("started_at"), record.get("finished_at")),
+        "trigger_type": str(trigger.get("type") or "\u2013"),
+        "trigger": " / ".join(fired),
+        "error": error_text(record.get("error")),
+        "steps": steps,
+    }
+
+
+def param_text(value: object) -> str:
+    """A global param's value as written in a jobs file: a text as it is, anything else JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+@router.get("/jobs", response_class=HTMLResponse, dependencies=[READ_PLATFORM_PAGE])
+async def jobs_page(request: Request) -> Response:
+    """Every registered job by id (the deleted ones with ``?deleted=1``)."""
+    deleted = request.query_params.get("deleted") in ("1", "true")
+    found = sorted(await store_of(request).all(), key=lambda j: j.id)
+    shown = [summary(j) for j in found if deleted or j.is_active]
+    hidden = sum(1 for j in found if not j.is_active) if not deleted else 0
+    return render(request, "jobs.html", {"jobs": shown, "show_deleted": deleted, "hidden": hidden})
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse, dependencies=[READ_PLATFORM_PAGE])
+async def job_page(request: Request, job_id: str) -> Response:
+    """One job: its trigger, its steps as an outline, its global params and its latest 20
+    executions, newest first."""
+    store = store_of(request)
+    job = await store.get(job_id) if valid_id(job_id) else None
+    if job is None:
+        return render(
+            request,
+            "missing.html",
+            {"message": f"no job {job_id!r}", "heading": "unknown_job", "back": "/jobs"},
+            status_code=404,
+        )
+    records = await store.executions(job_id, limit=20)  # oldest first
+    return render(
+        request,
+        "job.html",
+        {
+            "job": job,
+            "state": state_of(job),
+            "trigger": trigger_of(job),
+            "steps": outline(job),
+            "params": [(k, param_text(v)) for k, v in sorted(job.global_params.items())],
+            "executions": [execution_view(r) for r in reversed(records)],
+        },
+    )
 
 
 @router.get("/login", response_class=HTMLResponse, dependencies=[PUBLIC])

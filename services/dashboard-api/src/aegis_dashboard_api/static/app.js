@@ -737,6 +737,50 @@
     scheduleIncidents();
   }
 
+  // -- jobs: Enable and Disable (admins) -------------------------------------------------------
+  // A button calls the JSON API with the page's sign-in (its cookie), as the incidents' buttons
+  // do, naming the version the page shows (If-Match): a job changed meanwhile is refused (412),
+  // not changed blindly. Done, the page is read again: the server renders the new state.
+
+  function reloadLink() {
+    return h("a", { href: location.pathname + location.search }, T.reload);
+  }
+
+  async function onJobButton(ev) {
+    const button = ev.target.closest && ev.target.closest("button[data-job-action]");
+    const holder = button && button.closest("[data-job]");
+    if (!holder) return;
+    const out = holder.querySelector(".outcome");
+    const tell = (kind, ...parts) => {
+      if (!out) return;
+      out.dataset.kind = kind;
+      out.replaceChildren(...parts);
+    };
+    button.disabled = true;
+    tell("busy", T.saving);
+    let resp = null, body = null;
+    try {
+      resp = await fetch("/api/jobs/" + encodeURIComponent(holder.dataset.job) + "/" + button.dataset.jobAction, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { Accept: "application/json", "If-Match": '"' + holder.dataset.version + '"' },
+      });
+      body = await resp.json().catch(() => null);
+    } catch (err) {
+      resp = null;
+    } finally {
+      button.disabled = false;
+    }
+    if (resp === null) return tell("error", T.err_network);
+    if (resp.status === 401) return tell("error", T.err_signed_out, " ", signInLink());
+    if (resp.status === 412) return tell("error", T.job_changed, " ", reloadLink());
+    if (!resp.ok) {
+      const why = body && body.message ? " " + body.message : "";
+      return tell("error", T.job_refused.replace("{status}", resp.status) + why);
+    }
+    location.reload();
+  }
+
   // -- the live stream ----------------------------------------------------------------------
 
   const live = document.getElementById("live");
@@ -793,6 +837,9 @@
     if (page === "login") return;
     if (page === "factory") setupFactory();
     if (page === "cloud") loadCloud().catch(console.error);
+    if (page === "jobs" || page === "job") {
+      document.addEventListener("click", (ev) => { onJobButton(ev).catch(console.error); });
+    }
     setupIncidents();
     connect();
   });
