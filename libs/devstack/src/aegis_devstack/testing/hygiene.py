@@ -11,7 +11,10 @@ counts too. At the end of the session (after the session fixtures stopped their 
   the dashboard 8080, a health port 8081) that was not there when the run started fails it too.
 
 Runs that use the system temporary directory (an ad-hoc ``pytest`` in a shared ``/tmp``) check
-the ports only: other programs write there too. ``AEGIS_TEST_HYGIENE=off`` turns both off.
+the ports only: other programs write there too. ``AEGIS_TEST_HYGIENE=off`` turns both off;
+``AEGIS_TEST_HYGIENE_PORTS`` (comma-separated) watches other ports than the default ones (the
+plugin's own tests watch a free port, never a default one). In a distributed run (pytest-xdist)
+the controller checks, once, after every worker has ended.
 """
 
 from __future__ import annotations
@@ -39,8 +42,13 @@ def _own_temp() -> Path | None:
     return None if folder in {p.resolve() for p in SYSTEM_TEMP if p.exists()} else folder
 
 
+def _watched() -> tuple[int, ...]:
+    given = os.environ.get("AEGIS_TEST_HYGIENE_PORTS", "")
+    return tuple(int(p) for p in given.split(",") if p.strip()) or DEFAULT_PORTS
+
+
 def _listening() -> set[int]:
-    return {port for port in DEFAULT_PORTS if port_open("127.0.0.1", port)}
+    return {port for port in _watched() if port_open("127.0.0.1", port)}
 
 
 def leftovers(folder: Path, before: set[str]) -> list[str]:
@@ -78,7 +86,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             f"left in the temporary directory: {entry}" for entry in leftovers(own, before)
         ]
     problems += [
-        f"a server still listens on 127.0.0.1:{port}, a default port"
+        f"a server still listens on 127.0.0.1:{port}, a watched port"
         for port in sorted(_listening() - ports_before)
     ]
     if problems:
