@@ -15,6 +15,7 @@ import pytest
 from aegis_contracts import keys
 from aegis_contracts.keys import parse_key
 from aegis_contracts.times import format_ts
+from aegis_devstack.testing.holds import Holds
 from aegis_devstack.testing.outage import OutageProxy
 from aegis_devstack.testing.waiting import eventually
 
@@ -91,8 +92,8 @@ async def run_with_fault(
     per_factory: int = PER_FACTORY,
 ) -> None:
     """Half the stream, then ``fault`` once ``after_processed`` messages are through; the other
-    half goes out while the faulted part is down (or, for the broker, right after it restarted),
-    so the fault always hits with work outstanding; then ``recover``."""
+    half goes out while the faulted part is down (or, for the broker, right after it restarted)
+    and is not all through before ``recover``: the fault had work outstanding."""
     factories = p.factories(FACTORIES)
     p.start("ingest")
     p.start("processor")
@@ -106,10 +107,10 @@ async def run_with_fault(
 
     await eventually(progressed, within=120, what=f"{after_processed} messages processed")
     await fault()
-    processed_at_fault = await processed_count(p)
     await publish_all(p.mqtt.url, messages[half:])
+    # the fault held work back: what was published during it is not all through yet
+    assert await processed_count(p) < len(messages)
     await recover()
-    assert processed_at_fault < len(messages)
     await converged(p, len(messages))
     await assert_exactly_once_in_effect(p, factories, now, per_factory)
 
@@ -134,29 +135,75 @@ async def test_a_message_flows_from_mqtt_to_the_read_model(pipeline: Pipeline, n
     assert latest["last_factory_state_at"] == format_ts(now)
 
 
-async def test_processor_killed_mid_stream_loses_and_repeats_nothing(
+async def start_and_publish_first_half(
+    p: Pipeline, now: datetime, per_factory: int = PER_FACTORY
+) -> tuple[list[str], list[tuple[str, bytes]]]:
+    factories = p.factories(FACTORIES)
+    p.start("ingest")
+    p.start("processor")
+    await p.ready("ingest", "processor")
+    messages = stream_of(factories, per_factory, now)
+    await publish_all(p.mqtt.url, messages[: len(messages) // 2])
+    return factories, messages
+
+
+async def history_ids(p: Pipeline, factory: str, now: datetime) -> list[str]:
+    history = await p.readmodel.history_states(
+        factory, now - timedelta(hours=1), now + timedelta(hours=2), now=now
+    )
+    return [h["factory_state"]["meta"]["message_id"] for h in history]
+
+
+async def test_processor_killed_between_a_messages_history_put_and_its_latest_commit_applies_it_once(
     pipeline: Pipeline, now: datetime
 ):
-    async def crash() -> None:
-        pipeline.kill("processor")
+    """The emulator holds the processor's LATEST commit of one named message (its HISTORY item
+    already put) and the processor is SIGKILLed right then; the commit never lands. Restarted,
+    the processor finds that HISTORY item on the redelivery and rolls LATEST forward: the
+    message is in HISTORY, the snapshots and LATEST once."""
+    p = pipeline
+    holds = Holds(p.aws_endpoint)
+    # the first message of all: no later one of its factory can overtake its commit
+    named = f"{p.factories(FACTORIES)[0]}-000000"
+    hold = f"commit-{p.uid}"
+    holds.arm(hold, "dynamodb", "PutItem", contains=['"LATEST"', f'"{named}"'])
+    factories, messages = await start_and_publish_first_half(p, now)
+    await holds.held(hold, within=120)
+    # mid-work: the message's HISTORY item is put, its LATEST commit is in flight
+    assert named in await history_ids(p, factories[0], now)
+    p.kill("processor")
+    holds.abort(hold)  # the commit is never applied
+    assert await p.readmodel.get_latest(factories[0]) is None  # its commit never landed
+    await publish_all(p.mqtt.url, messages[len(messages) // 2 :])
+    p.start("processor")
+    await converged(p, len(messages))
+    await assert_exactly_once_in_effect(p, factories, now)
+    assert (await history_ids(p, factories[0], now)).count(named) == 1
 
-    async def restart() -> None:
-        pipeline.start("processor")
 
-    await run_with_fault(pipeline, now, crash, restart)
-
-
-async def test_ingest_killed_mid_stream_loses_and_repeats_nothing(
+async def test_ingest_killed_after_archiving_a_message_before_acknowledging_it_archives_it_once(
     pipeline: Pipeline, now: datetime
 ):
-    async def crash() -> None:
-        pipeline.kill("ingest")
-
-    async def restart() -> None:
-        pipeline.start("ingest")  # the same client id resumes the broker's session
-
-    # half the stream is published while ingest is dead: only the broker's session holds it
-    await run_with_fault(pipeline, now, crash, restart)
+    """The emulator applies ingest's raw put of one named message and holds its answer, and
+    ingest is SIGKILLed right then: the message is archived, but neither announced nor
+    acknowledged to the broker. Restarted with the same session, ingest gets it again, finds it
+    archived (If-None-Match) and announces it: one raw object, processed once."""
+    p = pipeline
+    holds = Holds(p.aws_endpoint)
+    named = f"{p.factories(FACTORIES)[0]}-000005"
+    hold = f"archive-{p.uid}"
+    holds.arm(hold, "s3", "PutObject", contains=["/raw/", f"/{named}.json"], when="after")
+    factories, messages = await start_and_publish_first_half(p, now)
+    await holds.held(hold, within=120)
+    p.kill("ingest")
+    holds.abort(hold)
+    # mid-work: archived, not announced (so not processed)
+    assert [k for k in await p.store.list_keys("raw/") if f"/{named}.json" in k]
+    assert not [k for k in await p.store.list_keys("processed/") if named in k]
+    await publish_all(p.mqtt.url, messages[len(messages) // 2 :])
+    p.start("ingest")  # the same client id resumes the broker's session
+    await converged(p, len(messages))
+    await assert_exactly_once_in_effect(p, factories, now)
 
 
 async def test_nats_restart_mid_stream_loses_and_repeats_nothing(pipeline: Pipeline, now: datetime):
@@ -170,34 +217,44 @@ async def test_nats_restart_mid_stream_loses_and_repeats_nothing(pipeline: Pipel
     await run_with_fault(pipeline, now, stop_nats, start_nats)
 
 
-async def test_storage_down_for_10_s_mid_stream_loses_and_repeats_nothing(
+async def test_storage_cut_off_while_a_latest_commit_is_in_flight_loses_and_repeats_nothing(
     pipeline: Pipeline, now: datetime
 ):
-    """The S3/DynamoDB endpoint refuses every connection for 10 s (its data kept) while half the
-    stream arrives: ingest archives nothing and acknowledges nothing meanwhile (the broker keeps
-    the messages), nothing is dead-lettered for a transient outage, and afterwards every message
-    is in raw/, processed/ and LATEST once."""
-    proxy = OutageProxy(int(pipeline.aws_endpoint.rsplit(":", 1)[1]))
+    """The emulator holds the processor's LATEST commit of one named message; the S3/DynamoDB
+    endpoint then refuses every connection for 10 s (its data kept), cutting that request off in
+    flight, and the emulator applies it all the same: the write stands, its answer is lost, as
+    when a network fails mid-request. Meanwhile the other half of the stream arrives: ingest
+    archives nothing and acknowledges nothing, nothing is dead-lettered for a transient outage.
+    Afterwards every message is in raw/, processed/ and LATEST once, the named one too (its
+    retried commit finds itself already applied)."""
+    emulator = pipeline.aws_endpoint
+    holds = Holds(emulator)  # the emulator itself, not through the proxy
+    proxy = OutageProxy(int(emulator.rsplit(":", 1)[1]))
     proxy.up()
     pipeline.aws_endpoint = proxy.url  # the services go through the proxy; the test does not
-    raw_at_outage = 0
+    named = f"{pipeline.factories(FACTORIES)[0]}-000000"  # first: nothing overtakes it
+    hold = f"commit-{pipeline.uid}"
+    holds.arm(hold, "dynamodb", "PutItem", contains=['"LATEST"', f'"{named}"'])
+    try:
+        factories, messages = await start_and_publish_first_half(pipeline, now)
+        await holds.held(hold, within=120)
+        proxy.down()  # the commit's connection is cut while the emulator holds it
+        holds.release(hold)  # ... and then it is applied: its answer never reaches the processor
 
-    async def storage_down() -> None:
-        nonlocal raw_at_outage
-        proxy.down()
+        async def applied() -> bool:
+            latest = await pipeline.readmodel.get_latest(factories[0])
+            return latest is not None and latest["factory_state"]["meta"]["message_id"] >= named
+
+        await eventually(applied, within=10, what="the held commit applied")
         raw_at_outage = len(await pipeline.store.list_keys("raw/"))
-
-    async def storage_up() -> None:
+        await publish_all(pipeline.mqtt.url, messages[len(messages) // 2 :])
         await asyncio.sleep(10)
         # nothing was archived while the storage was down
         assert len(await pipeline.store.list_keys("raw/")) == raw_at_outage
         proxy.up()
-
-    try:
-        # a shorter stream than the other faults' (the outage itself takes 10 s)
-        await run_with_fault(
-            pipeline, now, storage_down, storage_up, after_processed=75, per_factory=30
-        )
+        await converged(pipeline, len(messages))
+        await assert_exactly_once_in_effect(pipeline, factories, now)
+        assert (await history_ids(pipeline, factories[0], now)).count(named) == 1
     finally:
         proxy.close()
     assert await dead_letters(pipeline) == 0

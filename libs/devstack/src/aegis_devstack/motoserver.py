@@ -43,6 +43,10 @@ DynamoDB. ``GET /_aegis/requests`` answers them as JSON and ``POST /_aegis/reque
 them (see :mod:`aegis_devstack.testing.emulator`); neither these nor ``/moto-api/`` requests are
 counted, and neither waits ``AEGIS_MOTO_LATENCY_MS``.
 
+A test can hold one named request (``/_aegis/holds``, :mod:`aegis_devstack.motoholds`): before
+it is applied, or after, with its answer waiting, until the test releases or aborts it; so a
+fault test proves its fault landed while that very request was in flight.
+
 A Lambda function's code can run in the test process instead of in moto (which would need Docker
 to run it at all): ``POST /_aegis/lambda`` with ``{"function": name, "url": invocation URL}``
 registers the URL of a local runtime that speaks what AWS's Lambda Runtime Interface Emulator
@@ -94,7 +98,7 @@ from html import unescape
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, unquote, urlsplit
 
-from aegis_devstack import motopolicy
+from aegis_devstack import motoholds, motopolicy
 
 LATENCY_ENV = "AEGIS_MOTO_LATENCY_MS"
 COUNTS_PATH = "/_aegis/requests"
@@ -125,31 +129,33 @@ def serialize_requests(
     latency_s: float = 0.0,
     counter: RequestCounter | None = None,
     functions: dict[str, str] | None = None,
+    holds: motoholds.Holds | None = None,
 ) -> None:
     """One request at a time; with ``latency_s``, each request first waits that long outside the
-    lock (concurrent requests wait together), as a remote S3/DynamoDB's round trip would: for
-    benchmarks that compare clients whose concurrency matters against a real endpoint.
+        lock (concurrent requests wait together), as a remote S3/DynamoDB's round trip would: for
+        benchmarks that compare clients whose concurrency matters against a real endpoint.
 
-    Each AWS request is counted in ``counter`` (a new one by default), which the server answers at
-    :data:`COUNTS_PATH` and zeroes at :data:`RESET_PATH`.
+        Each AWS request is counted in ``counter`` (a new one by default), which the server answers at
+        :data:`COUNTS_PATH` and zeroes at :data:`RESET_PATH`.
 
-    ``functions`` (function name to a local runtime's invocation URL; a new, empty one by default,
-    kept at :data:`LAMBDA_PATH`) are the Lambda functions whose Invoke is forwarded, outside the
-    lock: their code calls this server in turn, and would wait for the lock forever."""
+        ``functions`` (function name to a local runtime's invocation URL; a new, empty one by default,
+        kept at :data:`LAMBDA_PATH`) are the Lambda functions whose Invoke is forwarded, outside the
+        lock: their code calls this server in turn, and would wait for the lock forever.
+
+    ``holds`` are the hold points tests arm at ``/_aegis/holds`` (:mod:`aegis_devstack.motoholds`):
+    a held request waits outside the lock, so the others go on."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication  # noqa: PLC0415
 
     lock = threading.Lock()
     dispatch = DomainDispatcherApplication.__call__
     counts = counter if counter is not None else RequestCounter()
     runtimes = functions if functions is not None else {}
+    held = holds if holds is not None else motoholds.Holds()
 
     def serialized(self: Any, environ: dict[str, Any], start_response: Any) -> Any:
         path = _path(environ)
         if path.startswith("/_aegis/"):  # the emulator's own endpoints: not AWS, not delayed
-            with lock:
-                if path == LAMBDA_PATH:
-                    return _answer_functions(runtimes, environ, start_response)
-                return _answer_counter(counts, environ, start_response)
+            return _own_endpoint(environ, start_response, path)
         if latency_s > 0:
             time.sleep(latency_s)
         invoked = _invoked_function(environ)
@@ -160,19 +166,59 @@ def serialize_requests(
                     counts.add("lambda", "Invoke")
             if url is not None:
                 return _forward_invocation(url, environ, start_response)
+        own = path.startswith("/moto-api") or path == "/favicon.ico"  # moto's, not counted
+        hold = _hold_of(held, environ, path) if held.armed() and not own else None
+        if hold is not None:
+            return _held_request(self, environ, start_response, hold)
         with lock:
-            if path.startswith("/moto-api") or path == "/favicon.ico":
+            if own:
                 return dispatch(self, environ, start_response)
-            service, op = _classify(environ)
-            response = dispatch(self, environ, start_response)
-            if service != "dynamodb":
-                counts.add(service, op)
-                return response
-            body = _collect(response)
-            counts.add(service, op, **_dynamodb_figures(op, body))
-            return [body]
+            return _served(self, environ, start_response)
+
+    def _own_endpoint(environ: dict[str, Any], start_response: Any, path: str) -> list[bytes]:
+        if path.startswith(motoholds.HOLDS_PATH):  # decided outside the lock: holds wait
+            method = environ.get("REQUEST_METHOD", "GET")
+            status, answer = held.answer(path, method, _read_body(environ))
+            return _respond(start_response, status, json.dumps(answer).encode(), "application/json")
+        with lock:
+            if path == LAMBDA_PATH:
+                return _answer_functions(runtimes, environ, start_response)
+            return _answer_counter(counts, environ, start_response)
+
+    def _held_request(
+        self: Any, environ: dict[str, Any], start_response: Any, hold: motoholds.Hold
+    ) -> list[bytes]:
+        """A request a test holds: waiting outside the lock before it is applied, or after,
+        with its answer; aborted, its caller gets a 503 (and, after, the write stands)."""
+        if hold.when == "before" and held.wait(hold) == "abort":
+            return _respond(start_response, "503 Service Unavailable", b"held, then aborted")
+        answered: list[Any] = []
+        with lock:
+            body = _collect(_served(self, environ, lambda *a: answered.append(a)))
+        if hold.when == "after" and held.wait(hold) == "abort":
+            return _respond(start_response, "503 Service Unavailable", b"held, then aborted")
+        start_response(*answered[0])
+        return [body]
+
+    def _served(self: Any, environ: dict[str, Any], start_response: Any) -> Any:
+        service, op = _classify(environ)
+        response = dispatch(self, environ, start_response)
+        if service != "dynamodb":
+            counts.add(service, op)
+            return response
+        body = _collect(response)
+        counts.add(service, op, **_dynamodb_figures(op, body))
+        return [body]
 
     DomainDispatcherApplication.__call__ = serialized  # type: ignore[method-assign]
+
+
+def _hold_of(held: motoholds.Holds, environ: dict[str, Any], path: str) -> motoholds.Hold | None:
+    """The armed hold this request matches (its path, query and body searched), if any."""
+    service, op = _classify(environ)
+    body = _read_body(environ).decode("utf-8", "replace")
+    text = f"{path}?{environ.get('QUERY_STRING', '')}\n{body}"
+    return held.take(service, op, text)
 
 
 # -- request counting --------------------------------------------------------------------------
