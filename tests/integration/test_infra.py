@@ -30,7 +30,7 @@ from aegis_contracts import keys
 from aegis_contracts.keys import raw_metadata_key
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port, start_moto_server
-from aegis_devstack.testing.infra import load_render
+from aegis_devstack.testing.infra import load_render, resolve
 from aegis_orchestrator.expiry import READER, ExpiryAnnouncer
 from aegis_runtime.metrics import Metrics
 from aegis_storage.bootstrap import (
@@ -311,25 +311,6 @@ def bucket_policy() -> dict[str, Any]:
     return doc
 
 
-def resolve(value: Any, parameters: dict[str, str], conditions: dict[str, bool]) -> Any:
-    """The template's intrinsic functions used by the break-glass role, resolved as
-    CloudFormation would for these parameters."""
-    if isinstance(value, dict) and len(value) == 1:
-        [(fn, arg)] = value.items()
-        if fn == "Ref":
-            return parameters[arg]
-        if fn == "Fn::Sub":
-            return render.substitute(arg, parameters)
-        if fn == "Fn::If":
-            chosen = arg[1] if conditions[arg[0]] else arg[2]
-            return resolve(chosen, parameters, conditions)
-    if isinstance(value, dict):
-        return {k: resolve(v, parameters, conditions) for k, v in value.items()}
-    if isinstance(value, list):
-        return [resolve(v, parameters, conditions) for v in value]
-    return value
-
-
 async def _operator_and_break_glass(iam: Any) -> tuple[str, str]:
     """An operator whose own policy allows everything, and the template's break-glass role
     that it may assume (the template's trust policy, this operator as BreakGlassPrincipal)."""
@@ -354,7 +335,7 @@ async def _operator_and_break_glass(iam: Any) -> tuple[str, str]:
         "NamePrefix": PREFIX,
         "BreakGlassPrincipal": operator_arn,
     }
-    resolved = resolve(role, parameters, {"BreakGlassPrincipalGiven": True})
+    resolved = resolve(render, role, parameters, {"BreakGlassPrincipalGiven": True})
     await iam.create_role(
         RoleName=resolved["RoleName"],
         AssumeRolePolicyDocument=json.dumps(resolved["AssumeRolePolicyDocument"]),
@@ -819,6 +800,86 @@ async def test_the_bucket_policy_refuses_raw_overwrites_and_deletes_to_an_admini
     await s3.put_object(Bucket=BUCKET, Key=scratch, Body=b"{}")
     await s3.put_object(Bucket=BUCKET, Key=scratch, Body=b"{}")
     await s3.delete_object(Bucket=BUCKET, Key=scratch)
+
+
+async def test_the_emulator_refuses_policies_it_would_not_evaluate_as_aws_does(tmp_path):
+    """A policy the emulator's evaluator does not implement is refused when it is stored, never
+    half-applied: IAM answers MalformedPolicyDocument, S3 MalformedPolicy, naming the problem."""
+    server = start_moto_server("127.0.0.1", free_port(), log_file=tmp_path / "moto.log")
+    try:
+        cfg = AwsConfig(endpoint_url=server.url)
+        numeric = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": "s3:GetObject",
+                    "Resource": "*",
+                    "Condition": {"NumericLessThan": {"s3:max-keys": "10"}},
+                }
+            ],
+        }
+        variable = copy.deepcopy(numeric)
+        variable["Statement"][0].pop("Condition")
+        variable["Statement"][0]["Resource"] = "arn:aws:s3:::b/${aws:username}/*"
+        async with open_client("iam", cfg) as iam:
+            await iam.create_user(UserName="refused")
+            for document, named in ((numeric, "NumericLessThan"), (variable, "policy variable")):
+                with pytest.raises(ClientError, match="MalformedPolicyDocument") as refused:
+                    await iam.put_user_policy(
+                        UserName="refused", PolicyName="p", PolicyDocument=json.dumps(document)
+                    )
+                assert named in str(refused.value)
+                with pytest.raises(ClientError, match="MalformedPolicyDocument"):
+                    await iam.create_policy(PolicyName="p", PolicyDocument=json.dumps(document))
+            trust = {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {"Effect": "Allow", "NotPrincipal": {"AWS": "*"}, "Action": "sts:AssumeRole"}
+                ],
+            }
+            with pytest.raises(ClientError, match="MalformedPolicyDocument"):
+                await iam.create_role(RoleName="r", AssumeRolePolicyDocument=json.dumps(trust))
+        multivalued = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Deny",
+                    "Principal": "*",
+                    "Action": "s3:PutObject",
+                    "Resource": "arn:aws:s3:::refused/*",
+                    "Condition": {"StringLike": {"dynamodb:LeadingKeys": "x*"}},
+                }
+            ],
+        }
+        granting = copy.deepcopy(multivalued)
+        granting["Statement"][0].update(Effect="Allow", Condition={})
+        async with open_client("s3", cfg) as s3:
+            await s3.create_bucket(
+                Bucket="refused", CreateBucketConfiguration={"LocationConstraint": REGION}
+            )
+            for document, named in ((multivalued, "multivalued"), (granting, "Allow")):
+                with pytest.raises(ClientError, match="MalformedPolicy") as refused:
+                    await s3.put_bucket_policy(Bucket="refused", Policy=json.dumps(document))
+                assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+                assert named in str(refused.value)
+            # the shipped bucket policy is taken
+            await s3.put_bucket_policy(
+                Bucket="refused",
+                Policy=json.dumps(
+                    render.substitute(
+                        render.load_document(render.BUCKET_POLICY),
+                        {
+                            "AWS::Partition": "aws",
+                            "AWS::AccountId": ACCOUNT,
+                            "BucketName": "refused",
+                            "NamePrefix": PREFIX,
+                        },
+                    )
+                ),
+            )
+    finally:
+        server.stop()
 
 
 async def test_only_the_break_glass_role_deletes_raw_and_only_with_mfa(iam_endpoint, credentials):
