@@ -802,6 +802,63 @@ async def test_the_bucket_policy_refuses_raw_overwrites_and_deletes_to_an_admini
     await s3.delete_object(Bucket=BUCKET, Key=scratch)
 
 
+def _with_header(s3: Any, name: str, value: str) -> None:
+    """Every PutObject of ``s3`` carries the header ``name`` (spelled as given) set to ``value``."""
+
+    def add(request: Any, **_: Any) -> None:
+        request.headers[name] = value
+
+    s3.meta.events.register_first("before-sign.s3.PutObject", add)
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("If-None-Match", '"abc"'),
+        ("If-None-Match", "abc"),
+        ("If-None-Match", '"*"'),
+        ("If-None-Match", "*, abc"),
+        ("if-none-match", "abc"),
+        ("IF-NONE-MATCH", "abc"),
+        ("If-Match", "*"),
+    ],
+)
+async def test_the_bucket_policy_refuses_raw_puts_whose_if_none_match_is_not_a_star(
+    as_service, header, value
+):
+    """An administrator's PutObject under raw/ with an If-None-Match that is present but not
+    ``*`` (which S3 would not take as "only where nothing is"), however the header is spelled,
+    or with If-Match instead: refused by the bucket policy, for a new key and an existing one."""
+    me = await as_service(OPERATOR)
+    _with_header(me.clients.s3, header, value)
+    for key in (RAW.replace("m-00000001", "m-header001"), RAW):
+        with pytest.raises(ClientError, match="AccessDenied"):
+            await me.clients.s3.put_object(Bucket=BUCKET, Key=key, Body=b'{"co_ppm": 9999}')
+    assert await me.store.get_bytes(RAW) == b'{"seed": true}'
+
+
+@pytest.mark.parametrize(
+    ("header", "name"),
+    [
+        ("If-None-Match", "m-star0001"),
+        ("if-none-match", "m-star0002"),
+        ("IF-NONE-MATCH", "m-star0003"),
+    ],
+)
+async def test_a_raw_put_with_if_none_match_star_writes_a_new_key_and_never_an_existing_one(
+    as_service, header, name
+):
+    """The one raw/ write the bucket policy lets through, whatever the header's case: a new key
+    is written, an existing one is refused by S3 itself (412) and keeps its bytes."""
+    me = await as_service(OPERATOR)
+    _with_header(me.clients.s3, header, "*")
+    fresh = RAW.replace("m-00000001", name)
+    await me.clients.s3.put_object(Bucket=BUCKET, Key=fresh, Body=b"{}")
+    with pytest.raises(ClientError, match="PreconditionFailed"):
+        await me.clients.s3.put_object(Bucket=BUCKET, Key=RAW, Body=b'{"co_ppm": 9999}')
+    assert await me.store.get_bytes(RAW) == b'{"seed": true}'
+
+
 async def test_the_emulator_refuses_policies_it_would_not_evaluate_as_aws_does(tmp_path):
     """A policy the emulator's evaluator does not implement is refused when it is stored, never
     half-applied: IAM answers MalformedPolicyDocument, S3 MalformedPolicy, naming the problem."""
