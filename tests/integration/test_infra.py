@@ -34,6 +34,7 @@ from aegis_devstack.testing.infra import load_render, resolve
 from aegis_orchestrator.expiry import READER, ExpiryAnnouncer
 from aegis_runtime.metrics import Metrics
 from aegis_storage.bootstrap import (
+    backfill_fleet_index,
     bootstrap,
     describe_foundation,
     expected_foundation,
@@ -715,19 +716,18 @@ async def test_bootstrap_role_checks_the_foundation_and_reads_no_data(as_service
     assert "Items" in await scan_table(me, **keys_only)
     await denied(scan_table(me, ProjectionExpression="pk, sk, payload"))
     await denied(scan_table(me, **{**keys_only, "Select": "ALL_ATTRIBUTES"}))
-    [backfill] = [
-        st
-        for st in render.load_policy("bootstrap")["Statement"]
-        if "dynamodb:Scan" in st["Action"] and st["Effect"] == "Allow"
-    ]
-    assert backfill["Condition"]["ForAllValues:StringEquals"]["dynamodb:Attributes"] == [
-        "pk",
-        "sk",
-        "firing",
-        "fleet_pk",
-        "fleet_sk",
-    ]
-    assert backfill["Condition"]["StringEqualsIfExists"]["dynamodb:Select"] == "SPECIFIC_ATTRIBUTES"
+    statements = {st["Sid"]: st for st in render.load_policy("bootstrap")["Statement"]}
+    scan, update = (
+        statements["ScanOnlyTheKeysTheBackfillNeeds"],
+        statements["WriteOnlyTheFleetIndexKeys"],
+    )
+    for statement in (scan, update):
+        condition = statement["Condition"]
+        assert condition["ForAllValues:StringEquals"]["dynamodb:Attributes"] == list(BACKFILL_KEYS)
+        # ForAllValues holds on an empty set: the attributes must be named as well
+        assert condition["Null"] == {"dynamodb:Attributes": "false"}
+    assert scan["Condition"]["StringEquals"] == {"dynamodb:Select": "SPECIFIC_ATTRIBUTES"}
+    assert update["Condition"]["StringEquals"] == {"dynamodb:ReturnValues": "NONE"}
     assert not [
         service
         for service in SERVICES
@@ -735,6 +735,156 @@ async def test_bootstrap_role_checks_the_foundation_and_reads_no_data(as_service
         for st in render.load_policy(service)["Statement"]
         if st["Effect"] == "Allow" and "dynamodb:Scan" in st["Action"]
     ]
+
+
+BACKFILL_KEYS = ("pk", "sk", "firing", "fleet_pk", "fleet_sk")
+KEYS_ONLY = "pk, sk, firing"
+LATEST_KEY = {"pk": {"S": f"FACTORY#{F}"}, "sk": {"S": "LATEST"}}
+
+
+def _scan(**kwargs: Any) -> dict[str, Any]:
+    return {"op": "scan", "TableName": TABLE, **kwargs}
+
+
+def _update(expression: str, **kwargs: Any) -> dict[str, Any]:
+    values = {":v": {"S": "x"}}
+    return {
+        "op": "update_item",
+        "TableName": TABLE,
+        "Key": LATEST_KEY,
+        "UpdateExpression": expression,
+        "ExpressionAttributeValues": values,
+        **kwargs,
+    }
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(_scan(), id="scan-bare"),
+        pytest.param(_scan(Select="ALL_ATTRIBUTES"), id="scan-select-all"),
+        pytest.param(_scan(Select="COUNT"), id="scan-select-count"),
+        pytest.param(_scan(ProjectionExpression=KEYS_ONLY), id="scan-keys-without-select"),
+        pytest.param(
+            _scan(Select="SPECIFIC_ATTRIBUTES", ProjectionExpression="pk, sk, payload"),
+            id="scan-projects-payload",
+        ),
+        pytest.param(
+            _scan(
+                Select="SPECIFIC_ATTRIBUTES",
+                ProjectionExpression="pk, #p",
+                ExpressionAttributeNames={"#p": "payload"},
+            ),
+            id="scan-projects-payload-aliased",
+        ),
+        pytest.param(
+            _scan(
+                Select="SPECIFIC_ATTRIBUTES",
+                ProjectionExpression=KEYS_ONLY,
+                FilterExpression="begins_with(payload, :v)",
+                ExpressionAttributeValues={":v": {"S": "{"}},
+            ),
+            id="scan-filters-on-payload",
+        ),
+        pytest.param(
+            _scan(Select="SPECIFIC_ATTRIBUTES", AttributesToGet=["pk", "payload"]),
+            id="scan-legacy-attributes-to-get",
+        ),
+        pytest.param(_update("SET payload = :v"), id="update-sets-payload"),
+        pytest.param(
+            _update("SET #p = :v", ExpressionAttributeNames={"#p": "payload"}),
+            id="update-sets-payload-aliased",
+        ),
+        pytest.param(
+            _update("REMOVE payload", ExpressionAttributeValues=None), id="update-removes"
+        ),
+        pytest.param(
+            _update("SET fleet_pk = :v", ReturnValues="ALL_NEW"), id="update-returns-all-new"
+        ),
+        pytest.param(
+            _update("SET fleet_pk = :v", ReturnValues="ALL_OLD"), id="update-returns-all-old"
+        ),
+        pytest.param(
+            _update("SET fleet_pk = :v", ConditionExpression="attribute_exists(payload)"),
+            id="update-conditioned-on-payload",
+        ),
+        pytest.param(
+            {
+                "op": "update_item",
+                "TableName": TABLE,
+                "Key": LATEST_KEY,
+                "AttributeUpdates": {"payload": {"Value": {"S": "x"}, "Action": "PUT"}},
+            },
+            id="update-legacy-attribute-updates",
+        ),
+        pytest.param(
+            {"op": "put_item", "TableName": TABLE, "Item": {**LATEST_KEY, "fleet_pk": {"S": "x"}}},
+            id="put-item",
+        ),
+        pytest.param({"op": "get_item", "TableName": TABLE, "Key": LATEST_KEY}, id="get-item"),
+        pytest.param(
+            {
+                "op": "get_item",
+                "TableName": TABLE,
+                "Key": LATEST_KEY,
+                "ProjectionExpression": KEYS_ONLY,
+            },
+            id="get-item-keys-only",
+        ),
+        pytest.param(
+            {
+                "op": "query",
+                "TableName": TABLE,
+                "KeyConditionExpression": "pk = :p",
+                "ExpressionAttributeValues": {":p": {"S": f"FACTORY#{F}"}},
+                "ProjectionExpression": KEYS_ONLY,
+                "Select": "SPECIFIC_ATTRIBUTES",
+            },
+            id="query-keys-only",
+        ),
+    ],
+)
+async def test_the_bootstrap_role_is_refused_every_read_or_write_beyond_the_index_keys(
+    as_service, call
+):
+    """The backfill's grant (Scan and UpdateItem of pk, sk, firing and the index keys) tried
+    the ways a holder of the role would try to read or change the data through it."""
+    me = await as_service("bootstrap")
+    kwargs = {k: v for k, v in call.items() if k != "op" and v is not None}
+    with pytest.raises(ClientError, match="AccessDenied"):
+        await getattr(me.clients.dynamodb, call["op"])(**kwargs)
+
+
+async def test_the_bootstrap_role_backfills_the_fleet_index_with_exactly_what_its_policy_allows(
+    as_service,
+):
+    """Items written before the index (no fleet keys; a payload beside the keys) get their
+    index keys from the bootstrap role's own backfill, the very calls its policy allows."""
+    admin = await as_service(OPERATOR)
+    factory, alert = "FACTORY#factory-backfill", "ALERT#factory-backfill"
+    await admin.clients.dynamodb.put_item(
+        TableName=TABLE,
+        Item={"pk": {"S": factory}, "sk": {"S": "LATEST"}, "payload": {"S": "{}"}},
+    )
+    await admin.clients.dynamodb.put_item(
+        TableName=TABLE,
+        Item={
+            "pk": {"S": alert},
+            "sk": {"S": "CRITICAL#FIRE#STATE"},
+            "firing": {"BOOL": True},
+            "payload": {"S": "{}"},
+        },
+    )
+    me = await as_service("bootstrap")
+    keys_only = {"ProjectionExpression": KEYS_ONLY, "Select": "SPECIFIC_ATTRIBUTES"}
+    assert "Items" in await scan_table(me, **keys_only)
+    assert await backfill_fleet_index(me.clients, TABLE) >= 2
+    for pk, sk in ((factory, "LATEST"), (alert, "CRITICAL#FIRE#STATE")):
+        got = await admin.clients.dynamodb.get_item(
+            TableName=TABLE, Key={"pk": {"S": pk}, "sk": {"S": sk}}
+        )
+        assert {"fleet_pk", "fleet_sk"} <= set(got["Item"]), pk
+        assert got["Item"]["payload"] == {"S": "{}"}  # the rest of the item untouched
 
 
 # -- key families: each role writes only the partitions that are its own -----------------------
