@@ -28,9 +28,11 @@ checked against the table's ARN, an index's ARN for a Query or Scan of an index,
 named by a batch call (moto checks them against ``*``, so no table-scoped policy could allow
 anything), each item of a TransactWriteItems by its own action (PutItem, UpdateItem, ...: IAM has
 no action for the transaction itself), and DeleteObjects is checked per key (moto checks the
-bucket's ARN), DeleteObject of a version as s3:DeleteObjectVersion. Conditions are evaluated and
-the bucket policy's denials applied as AWS does (:mod:`aegis_devstack.motopolicy`: moto knows one
-condition operator and reads no bucket policy). Without enforcement these checks never run.
+bucket's ARN), DeleteObject of a version as s3:DeleteObjectVersion. The identity, trust and
+bucket policies are evaluated as AWS documents it (:mod:`aegis_devstack.motopolicy`: moto knows
+one condition operator and reads no bucket policy). Without enforcement these checks never run.
+Whether enforcement is on or not, a policy document that evaluator does not implement is refused
+when it is stored (:func:`refuse_unsupported_policies`), so no policy is half-applied.
 Everything else is moto_server's own ``main``.
 
 Every AWS request is counted, under the same lock, so that tests and benchmarks can prove at the
