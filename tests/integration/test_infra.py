@@ -30,10 +30,11 @@ from aegis_contracts import keys
 from aegis_contracts.keys import raw_metadata_key
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port, start_moto_server
-from aegis_devstack.testing.infra import load_render
+from aegis_devstack.testing.infra import load_render, resolve
 from aegis_orchestrator.expiry import READER, ExpiryAnnouncer
 from aegis_runtime.metrics import Metrics
 from aegis_storage.bootstrap import (
+    backfill_fleet_index,
     bootstrap,
     describe_foundation,
     expected_foundation,
@@ -311,25 +312,6 @@ def bucket_policy() -> dict[str, Any]:
     return doc
 
 
-def resolve(value: Any, parameters: dict[str, str], conditions: dict[str, bool]) -> Any:
-    """The template's intrinsic functions used by the break-glass role, resolved as
-    CloudFormation would for these parameters."""
-    if isinstance(value, dict) and len(value) == 1:
-        [(fn, arg)] = value.items()
-        if fn == "Ref":
-            return parameters[arg]
-        if fn == "Fn::Sub":
-            return render.substitute(arg, parameters)
-        if fn == "Fn::If":
-            chosen = arg[1] if conditions[arg[0]] else arg[2]
-            return resolve(chosen, parameters, conditions)
-    if isinstance(value, dict):
-        return {k: resolve(v, parameters, conditions) for k, v in value.items()}
-    if isinstance(value, list):
-        return [resolve(v, parameters, conditions) for v in value]
-    return value
-
-
 async def _operator_and_break_glass(iam: Any) -> tuple[str, str]:
     """An operator whose own policy allows everything, and the template's break-glass role
     that it may assume (the template's trust policy, this operator as BreakGlassPrincipal)."""
@@ -354,7 +336,7 @@ async def _operator_and_break_glass(iam: Any) -> tuple[str, str]:
         "NamePrefix": PREFIX,
         "BreakGlassPrincipal": operator_arn,
     }
-    resolved = resolve(role, parameters, {"BreakGlassPrincipalGiven": True})
+    resolved = resolve(render, role, parameters, {"BreakGlassPrincipalGiven": True})
     await iam.create_role(
         RoleName=resolved["RoleName"],
         AssumeRolePolicyDocument=json.dumps(resolved["AssumeRolePolicyDocument"]),
@@ -734,19 +716,18 @@ async def test_bootstrap_role_checks_the_foundation_and_reads_no_data(as_service
     assert "Items" in await scan_table(me, **keys_only)
     await denied(scan_table(me, ProjectionExpression="pk, sk, payload"))
     await denied(scan_table(me, **{**keys_only, "Select": "ALL_ATTRIBUTES"}))
-    [backfill] = [
-        st
-        for st in render.load_policy("bootstrap")["Statement"]
-        if "dynamodb:Scan" in st["Action"] and st["Effect"] == "Allow"
-    ]
-    assert backfill["Condition"]["ForAllValues:StringEquals"]["dynamodb:Attributes"] == [
-        "pk",
-        "sk",
-        "firing",
-        "fleet_pk",
-        "fleet_sk",
-    ]
-    assert backfill["Condition"]["StringEqualsIfExists"]["dynamodb:Select"] == "SPECIFIC_ATTRIBUTES"
+    statements = {st["Sid"]: st for st in render.load_policy("bootstrap")["Statement"]}
+    scan, update = (
+        statements["ScanOnlyTheKeysTheBackfillNeeds"],
+        statements["WriteOnlyTheFleetIndexKeys"],
+    )
+    for statement in (scan, update):
+        condition = statement["Condition"]
+        assert condition["ForAllValues:StringEquals"]["dynamodb:Attributes"] == list(BACKFILL_KEYS)
+        # ForAllValues holds on an empty set: the attributes must be named as well
+        assert condition["Null"] == {"dynamodb:Attributes": "false"}
+    assert scan["Condition"]["StringEquals"] == {"dynamodb:Select": "SPECIFIC_ATTRIBUTES"}
+    assert update["Condition"]["StringEquals"] == {"dynamodb:ReturnValues": "NONE"}
     assert not [
         service
         for service in SERVICES
@@ -754,6 +735,156 @@ async def test_bootstrap_role_checks_the_foundation_and_reads_no_data(as_service
         for st in render.load_policy(service)["Statement"]
         if st["Effect"] == "Allow" and "dynamodb:Scan" in st["Action"]
     ]
+
+
+BACKFILL_KEYS = ("pk", "sk", "firing", "fleet_pk", "fleet_sk")
+KEYS_ONLY = "pk, sk, firing"
+LATEST_KEY = {"pk": {"S": f"FACTORY#{F}"}, "sk": {"S": "LATEST"}}
+
+
+def _scan(**kwargs: Any) -> dict[str, Any]:
+    return {"op": "scan", "TableName": TABLE, **kwargs}
+
+
+def _update(expression: str, **kwargs: Any) -> dict[str, Any]:
+    values = {":v": {"S": "x"}}
+    return {
+        "op": "update_item",
+        "TableName": TABLE,
+        "Key": LATEST_KEY,
+        "UpdateExpression": expression,
+        "ExpressionAttributeValues": values,
+        **kwargs,
+    }
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(_scan(), id="scan-bare"),
+        pytest.param(_scan(Select="ALL_ATTRIBUTES"), id="scan-select-all"),
+        pytest.param(_scan(Select="COUNT"), id="scan-select-count"),
+        pytest.param(_scan(ProjectionExpression=KEYS_ONLY), id="scan-keys-without-select"),
+        pytest.param(
+            _scan(Select="SPECIFIC_ATTRIBUTES", ProjectionExpression="pk, sk, payload"),
+            id="scan-projects-payload",
+        ),
+        pytest.param(
+            _scan(
+                Select="SPECIFIC_ATTRIBUTES",
+                ProjectionExpression="pk, #p",
+                ExpressionAttributeNames={"#p": "payload"},
+            ),
+            id="scan-projects-payload-aliased",
+        ),
+        pytest.param(
+            _scan(
+                Select="SPECIFIC_ATTRIBUTES",
+                ProjectionExpression=KEYS_ONLY,
+                FilterExpression="begins_with(payload, :v)",
+                ExpressionAttributeValues={":v": {"S": "{"}},
+            ),
+            id="scan-filters-on-payload",
+        ),
+        pytest.param(
+            _scan(Select="SPECIFIC_ATTRIBUTES", AttributesToGet=["pk", "payload"]),
+            id="scan-legacy-attributes-to-get",
+        ),
+        pytest.param(_update("SET payload = :v"), id="update-sets-payload"),
+        pytest.param(
+            _update("SET #p = :v", ExpressionAttributeNames={"#p": "payload"}),
+            id="update-sets-payload-aliased",
+        ),
+        pytest.param(
+            _update("REMOVE payload", ExpressionAttributeValues=None), id="update-removes"
+        ),
+        pytest.param(
+            _update("SET fleet_pk = :v", ReturnValues="ALL_NEW"), id="update-returns-all-new"
+        ),
+        pytest.param(
+            _update("SET fleet_pk = :v", ReturnValues="ALL_OLD"), id="update-returns-all-old"
+        ),
+        pytest.param(
+            _update("SET fleet_pk = :v", ConditionExpression="attribute_exists(payload)"),
+            id="update-conditioned-on-payload",
+        ),
+        pytest.param(
+            {
+                "op": "update_item",
+                "TableName": TABLE,
+                "Key": LATEST_KEY,
+                "AttributeUpdates": {"payload": {"Value": {"S": "x"}, "Action": "PUT"}},
+            },
+            id="update-legacy-attribute-updates",
+        ),
+        pytest.param(
+            {"op": "put_item", "TableName": TABLE, "Item": {**LATEST_KEY, "fleet_pk": {"S": "x"}}},
+            id="put-item",
+        ),
+        pytest.param({"op": "get_item", "TableName": TABLE, "Key": LATEST_KEY}, id="get-item"),
+        pytest.param(
+            {
+                "op": "get_item",
+                "TableName": TABLE,
+                "Key": LATEST_KEY,
+                "ProjectionExpression": KEYS_ONLY,
+            },
+            id="get-item-keys-only",
+        ),
+        pytest.param(
+            {
+                "op": "query",
+                "TableName": TABLE,
+                "KeyConditionExpression": "pk = :p",
+                "ExpressionAttributeValues": {":p": {"S": f"FACTORY#{F}"}},
+                "ProjectionExpression": KEYS_ONLY,
+                "Select": "SPECIFIC_ATTRIBUTES",
+            },
+            id="query-keys-only",
+        ),
+    ],
+)
+async def test_the_bootstrap_role_is_refused_every_read_or_write_beyond_the_index_keys(
+    as_service, call
+):
+    """The backfill's grant (Scan and UpdateItem of pk, sk, firing and the index keys) tried
+    the ways a holder of the role would try to read or change the data through it."""
+    me = await as_service("bootstrap")
+    kwargs = {k: v for k, v in call.items() if k != "op" and v is not None}
+    with pytest.raises(ClientError, match="AccessDenied"):
+        await getattr(me.clients.dynamodb, call["op"])(**kwargs)
+
+
+async def test_the_bootstrap_role_backfills_the_fleet_index_with_exactly_what_its_policy_allows(
+    as_service,
+):
+    """Items written before the index (no fleet keys; a payload beside the keys) get their
+    index keys from the bootstrap role's own backfill, the very calls its policy allows."""
+    admin = await as_service(OPERATOR)
+    factory, alert = "FACTORY#factory-backfill", "ALERT#factory-backfill"
+    await admin.clients.dynamodb.put_item(
+        TableName=TABLE,
+        Item={"pk": {"S": factory}, "sk": {"S": "LATEST"}, "payload": {"S": "{}"}},
+    )
+    await admin.clients.dynamodb.put_item(
+        TableName=TABLE,
+        Item={
+            "pk": {"S": alert},
+            "sk": {"S": "CRITICAL#FIRE#STATE"},
+            "firing": {"BOOL": True},
+            "payload": {"S": "{}"},
+        },
+    )
+    me = await as_service("bootstrap")
+    keys_only = {"ProjectionExpression": KEYS_ONLY, "Select": "SPECIFIC_ATTRIBUTES"}
+    assert "Items" in await scan_table(me, **keys_only)
+    assert await backfill_fleet_index(me.clients, TABLE) >= 2
+    for pk, sk in ((factory, "LATEST"), (alert, "CRITICAL#FIRE#STATE")):
+        got = await admin.clients.dynamodb.get_item(
+            TableName=TABLE, Key={"pk": {"S": pk}, "sk": {"S": sk}}
+        )
+        assert {"fleet_pk", "fleet_sk"} <= set(got["Item"]), pk
+        assert got["Item"]["payload"] == {"S": "{}"}  # the rest of the item untouched
 
 
 # -- key families: each role writes only the partitions that are its own -----------------------
@@ -819,6 +950,143 @@ async def test_the_bucket_policy_refuses_raw_overwrites_and_deletes_to_an_admini
     await s3.put_object(Bucket=BUCKET, Key=scratch, Body=b"{}")
     await s3.put_object(Bucket=BUCKET, Key=scratch, Body=b"{}")
     await s3.delete_object(Bucket=BUCKET, Key=scratch)
+
+
+def _with_header(s3: Any, name: str, value: str) -> None:
+    """Every PutObject of ``s3`` carries the header ``name`` (spelled as given) set to ``value``."""
+
+    def add(request: Any, **_: Any) -> None:
+        request.headers[name] = value
+
+    s3.meta.events.register_first("before-sign.s3.PutObject", add)
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("If-None-Match", '"abc"'),
+        ("If-None-Match", "abc"),
+        ("If-None-Match", '"*"'),
+        ("If-None-Match", "*, abc"),
+        ("if-none-match", "abc"),
+        ("IF-NONE-MATCH", "abc"),
+        ("If-Match", "*"),
+    ],
+)
+async def test_the_bucket_policy_refuses_raw_puts_whose_if_none_match_is_not_a_star(
+    as_service, header, value
+):
+    """An administrator's PutObject under raw/ with an If-None-Match that is present but not
+    ``*`` (which S3 would not take as "only where nothing is"), however the header is spelled,
+    or with If-Match instead: refused by the bucket policy, for a new key and an existing one."""
+    me = await as_service(OPERATOR)
+    _with_header(me.clients.s3, header, value)
+    for key in (RAW.replace("m-00000001", "m-header001"), RAW):
+        with pytest.raises(ClientError, match="AccessDenied"):
+            await me.clients.s3.put_object(Bucket=BUCKET, Key=key, Body=b'{"co_ppm": 9999}')
+    assert await me.store.get_bytes(RAW) == b'{"seed": true}'
+
+
+@pytest.mark.parametrize(
+    ("header", "name"),
+    [
+        ("If-None-Match", "m-star0001"),
+        ("if-none-match", "m-star0002"),
+        ("IF-NONE-MATCH", "m-star0003"),
+    ],
+)
+async def test_a_raw_put_with_if_none_match_star_writes_a_new_key_and_never_an_existing_one(
+    as_service, header, name
+):
+    """The one raw/ write the bucket policy lets through, whatever the header's case: a new key
+    is written, an existing one is refused by S3 itself (412) and keeps its bytes."""
+    me = await as_service(OPERATOR)
+    _with_header(me.clients.s3, header, "*")
+    fresh = RAW.replace("m-00000001", name)
+    await me.clients.s3.put_object(Bucket=BUCKET, Key=fresh, Body=b"{}")
+    with pytest.raises(ClientError, match="PreconditionFailed"):
+        await me.clients.s3.put_object(Bucket=BUCKET, Key=RAW, Body=b'{"co_ppm": 9999}')
+    assert await me.store.get_bytes(RAW) == b'{"seed": true}'
+
+
+async def test_the_emulator_refuses_policies_it_would_not_evaluate_as_aws_does(tmp_path):
+    """A policy the emulator's evaluator does not implement is refused when it is stored, never
+    half-applied: IAM answers MalformedPolicyDocument, S3 MalformedPolicy, naming the problem."""
+    server = start_moto_server("127.0.0.1", free_port(), log_file=tmp_path / "moto.log")
+    try:
+        cfg = AwsConfig(endpoint_url=server.url)
+        numeric = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": "s3:GetObject",
+                    "Resource": "*",
+                    "Condition": {"NumericLessThan": {"s3:max-keys": "10"}},
+                }
+            ],
+        }
+        variable = copy.deepcopy(numeric)
+        variable["Statement"][0].pop("Condition")
+        variable["Statement"][0]["Resource"] = "arn:aws:s3:::b/${aws:username}/*"
+        async with open_client("iam", cfg) as iam:
+            await iam.create_user(UserName="refused")
+            for document, named in ((numeric, "NumericLessThan"), (variable, "policy variable")):
+                with pytest.raises(ClientError, match="MalformedPolicyDocument") as refused:
+                    await iam.put_user_policy(
+                        UserName="refused", PolicyName="p", PolicyDocument=json.dumps(document)
+                    )
+                assert named in str(refused.value)
+                with pytest.raises(ClientError, match="MalformedPolicyDocument"):
+                    await iam.create_policy(PolicyName="p", PolicyDocument=json.dumps(document))
+            trust = {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {"Effect": "Allow", "NotPrincipal": {"AWS": "*"}, "Action": "sts:AssumeRole"}
+                ],
+            }
+            with pytest.raises(ClientError, match="MalformedPolicyDocument"):
+                await iam.create_role(RoleName="r", AssumeRolePolicyDocument=json.dumps(trust))
+        multivalued = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Deny",
+                    "Principal": "*",
+                    "Action": "s3:PutObject",
+                    "Resource": "arn:aws:s3:::refused/*",
+                    "Condition": {"StringLike": {"dynamodb:LeadingKeys": "x*"}},
+                }
+            ],
+        }
+        granting = copy.deepcopy(multivalued)
+        granting["Statement"][0].update(Effect="Allow", Condition={})
+        async with open_client("s3", cfg) as s3:
+            await s3.create_bucket(
+                Bucket="refused", CreateBucketConfiguration={"LocationConstraint": REGION}
+            )
+            for document, named in ((multivalued, "multivalued"), (granting, "Allow")):
+                with pytest.raises(ClientError, match="MalformedPolicy") as refused:
+                    await s3.put_bucket_policy(Bucket="refused", Policy=json.dumps(document))
+                assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+                assert named in str(refused.value)
+            # the shipped bucket policy is taken
+            await s3.put_bucket_policy(
+                Bucket="refused",
+                Policy=json.dumps(
+                    render.substitute(
+                        render.load_document(render.BUCKET_POLICY),
+                        {
+                            "AWS::Partition": "aws",
+                            "AWS::AccountId": ACCOUNT,
+                            "BucketName": "refused",
+                            "NamePrefix": PREFIX,
+                        },
+                    )
+                ),
+            )
+    finally:
+        server.stop()
 
 
 async def test_only_the_break_glass_role_deletes_raw_and_only_with_mfa(iam_endpoint, credentials):

@@ -28,9 +28,11 @@ checked against the table's ARN, an index's ARN for a Query or Scan of an index,
 named by a batch call (moto checks them against ``*``, so no table-scoped policy could allow
 anything), each item of a TransactWriteItems by its own action (PutItem, UpdateItem, ...: IAM has
 no action for the transaction itself), and DeleteObjects is checked per key (moto checks the
-bucket's ARN), DeleteObject of a version as s3:DeleteObjectVersion. Conditions are evaluated and
-the bucket policy's denials applied as AWS does (:mod:`aegis_devstack.motopolicy`: moto knows one
-condition operator and reads no bucket policy). Without enforcement these checks never run.
+bucket's ARN), DeleteObject of a version as s3:DeleteObjectVersion. The identity, trust and
+bucket policies are evaluated as AWS documents it (:mod:`aegis_devstack.motopolicy`: moto knows
+one condition operator and reads no bucket policy). Without enforcement these checks never run.
+Whether enforcement is on or not, a policy document that evaluator does not implement is refused
+when it is stored (:func:`refuse_unsupported_policies`), so no policy is half-applied.
 Everything else is moto_server's own ``main``.
 
 Every AWS request is counted, under the same lock, so that tests and benchmarks can prove at the
@@ -77,8 +79,11 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import gc
 import gzip
+import importlib
+import inspect
 import io
 import json
 import os
@@ -908,35 +913,34 @@ def _put_back(table: Any, hash_value: Any, range_value: Any, item: Any) -> None:
 
 
 def authorize_like_aws() -> None:
-    from moto.iam.access_control import IAMPolicyStatement, IAMRequestBase  # noqa: PLC0415
+    from moto.iam.access_control import IAMRequestBase  # noqa: PLC0415
     from moto.s3.models import FakeBucket  # noqa: PLC0415
 
-    check = IAMRequestBase.check_action_permitted
-
     def checked(self: Any, resource: str) -> None:
-        _authorize(self, resource, check)
+        _authorize(self, resource)
 
     IAMRequestBase.check_action_permitted = checked  # type: ignore[method-assign]
-    IAMPolicyStatement.is_action_permitted = _statement_permits  # type: ignore[method-assign]
     # moto's own look at a bucket policy runs before authentication, without the request's
     # context and for DeleteObject of a version too; the bucket policy is applied with the IAM
     # check instead (see _check_in)
     FakeBucket.get_permission = _neutral  # type: ignore[method-assign]
 
 
-_Check = Callable[[Any, str], None]
-
-
-def _authorize(request: Any, resource: str, check: _Check) -> None:
+def _authorize(request: Any, resource: str) -> None:
     """moto's check of one request, as AWS would make it (see the module's docstring)."""
     request._action = _IAM_ACTIONS.get(request._action, request._action)
     arn = motopolicy.principal_arn(request._access_key.arn)
-    request._aegis_context = {"aws:PrincipalArn": [arn]}
-    if request._action == "sts:AssumeRole" and request._data.get("TokenCode"):
-        # a one-time code with the call: what a trust policy's MFA condition asks for
-        request._aegis_context["aws:MultiFactorAuthPresent"] = ["true"]
+    # the emulator stands for AWS's HTTPS endpoints (plain HTTP on loopback here): every
+    # request counts as one made over TLS
+    request._aegis_context = {"aws:PrincipalArn": [arn], "aws:SecureTransport": ["true"]}
+    if request._action == "sts:AssumeRole":
+        if request._data.get("TokenCode"):
+            # a one-time code with the call: what a trust policy's MFA condition asks for
+            request._aegis_context["aws:MultiFactorAuthPresent"] = ["true"]
+        if request._data.get("ExternalId"):
+            request._aegis_context["sts:ExternalId"] = _listed(request._data["ExternalId"])
     if request._action.startswith("dynamodb:"):
-        _authorize_dynamodb(request, resource, check)
+        _authorize_dynamodb(request, resource)
         return
     if request._action.startswith("s3:"):
         request._aegis_context.update(motopolicy.s3_context(request._headers))
@@ -945,12 +949,16 @@ def _authorize(request: Any, resource: str, check: _Check) -> None:
     if request._action == "s3:DeleteObject" and "/" not in resource.split(":::", 1)[-1]:
         # DeleteObjects: AWS authorizes s3:DeleteObject on each key, not on the bucket
         for key in _DELETE_KEY.findall(request._body or b""):
-            _check_in(request, f"{resource}/{unescape(key.decode())}", {}, check)
+            _check_in(request, f"{resource}/{unescape(key.decode())}", {})
         return
-    _check_in(request, resource, {}, check)
+    _check_in(request, resource, {})
 
 
-def _authorize_dynamodb(request: Any, resource: str, check: _Check) -> None:
+def _listed(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+def _authorize_dynamodb(request: Any, resource: str) -> None:
     body = json.loads(request._body or b"{}")
     table_arn = f"arn:aws:dynamodb:{request._region}:{request.account_id}:table/"
 
@@ -960,15 +968,16 @@ def _authorize_dynamodb(request: Any, resource: str, check: _Check) -> None:
     if body.get("RequestItems"):
         # BatchGetItem / BatchWriteItem: AWS authorizes the action on every table named
         for name in body["RequestItems"]:
-            batch = motopolicy.dynamodb_context(body, hash_key(name), name)
-            _check_in(request, table_arn + name, batch, check)
+            batch = motopolicy.dynamodb_context(body, hash_key(name), name, request._action)
+            _check_in(request, table_arn + name, batch)
         return
     if request._action == "dynamodb:TransactWriteItems":
         for entry in body.get("TransactItems", []):
             for kind, item in entry.items():
                 request._action = _TRANSACT_ACTIONS[kind]
-                one = motopolicy.dynamodb_context(item, hash_key(item["TableName"]))
-                _check_in(request, table_arn + item["TableName"], one, check)
+                table = item["TableName"]
+                one = motopolicy.dynamodb_context(item, hash_key(table), None, request._action)
+                _check_in(request, table_arn + table, one)
         return
     context: dict[str, list[str]] = {}
     if body.get("ResourceArn"):  # tags: authorized on the tagged table
@@ -981,10 +990,12 @@ def _authorize_dynamodb(request: Any, resource: str, check: _Check) -> None:
         resource = str(body["ShardIterator"]).split("|", 1)[0]
     elif body.get("TableName"):
         resource = table_arn + body["TableName"]
-        context = motopolicy.dynamodb_context(body, hash_key(body["TableName"]))
+        context = motopolicy.dynamodb_context(
+            body, hash_key(body["TableName"]), None, request._action
+        )
         if body.get("IndexName"):  # a Query or Scan of an index is authorized on it
             resource += f"/index/{body['IndexName']}"
-    _check_in(request, resource, context, check)
+    _check_in(request, resource, context)
 
 
 def _hash_key(account: str, region: str, table: str) -> str | None:
@@ -996,54 +1007,119 @@ def _hash_key(account: str, region: str, table: str) -> str | None:
         return None
 
 
-def _check_in(request: Any, resource: str, context: dict[str, list[str]], check: _Check) -> None:
-    """moto's identity check, then the bucket policy's denials, with the request's context."""
-    from moto.s3.models import s3_backends  # noqa: PLC0415
-
+def _check_in(request: Any, resource: str, context: dict[str, list[str]]) -> None:
+    """The caller's identity policies and the bucket's policy, decided as AWS does
+    (:func:`aegis_devstack.motopolicy.decide`) with the request's context; for AssumeRole, the
+    role's trust policy as well."""
+    if request._action == "sts:GetCallerIdentity":  # AWS answers it whatever the policies say
+        return
+    caller = request._access_key.arn
     token = motopolicy.CURRENT.set({**request._aegis_context, **context})
     try:
-        check(request, resource)
-        if request._action.startswith("s3:"):
-            name = resource.split(":::", 1)[-1].split("/", 1)[0]
-            bucket = s3_backends[request.account_id]["aws"].buckets.get(name)
-            policy = bucket.policy if bucket is not None else None
-            if motopolicy.bucket_policy_denies(policy, request._action, resource):
-                request._raise_access_denied()
+        documents = [_document(p) for p in request._access_key.collect_policies()]
+        decision = motopolicy.decide(
+            documents,
+            request._action,
+            resource,
+            bucket_policy=_bucket_policy(request, resource),
+            caller=caller,
+        )
+        if decision is not motopolicy.Decision.ALLOW:
+            request._raise_access_denied()
+        trust = _trust_policy(request, resource)
+        if trust is not None and not motopolicy.trust_allows(
+            trust, caller, request._action, resource
+        ):
+            request._raise_access_denied()
     finally:
         motopolicy.CURRENT.reset(token)
 
 
-def _statement_permits(
-    self: Any,
-    action: str,
-    resource: str = "*",
-    principal: str | None = None,
-    incoming_condition_values: dict[str, str] | None = None,
-) -> Any:
-    """A statement as AWS applies it: one whose action, resource or condition does not match
-    does not apply (in moto a failed condition is an explicit deny, even in an Allow)."""
-    from moto.iam.access_control import PermissionResult  # noqa: PLC0415
+def _document(policy: Any) -> Any:
+    """A stored policy's document: a managed policy's default version, an inline one as given."""
+    from moto.iam.access_control import IAMPolicy  # noqa: PLC0415
 
-    statement = self._statement
-    if self.is_unknown_principal(statement.get("Principal")):
-        return PermissionResult.NEUTRAL
-    if principal and not self._check_principal(principal):
-        return PermissionResult.NEUTRAL
-    extra = {k: [v] for k, v in (incoming_condition_values or {}).items()}
-    token = motopolicy.CURRENT.set({**motopolicy.CURRENT.get(), **extra})
+    if isinstance(policy, dict) and "Statement" in policy:  # a CloudFormation role's inline one
+        return policy
+    return IAMPolicy(policy)._policy_json
+
+
+def _bucket_policy(request: Any, resource: str) -> bytes | None:
+    from moto.s3.models import s3_backends  # noqa: PLC0415
+
+    if not request._action.startswith("s3:"):
+        return None
+    name = resource.split(":::", 1)[-1].split("/", 1)[0]
+    bucket = s3_backends[request.account_id]["aws"].buckets.get(name)
+    return bucket.policy if bucket is not None else None
+
+
+def _trust_policy(request: Any, resource: str) -> Any:
+    """The trust policy of the role an AssumeRole names (None for any other request)."""
+    if request._action != "sts:AssumeRole" or ":role/" not in resource:
+        return None
     try:
-        if not motopolicy.statement_applies(statement, action, resource):
-            return PermissionResult.NEUTRAL
-    finally:
-        motopolicy.CURRENT.reset(token)
-    allow = statement["Effect"] == "Allow"
-    return PermissionResult.PERMITTED if allow else PermissionResult.DENIED
+        role = request.backend.get_role_by_arn(resource)
+    except Exception:  # no such role: the call itself will say so
+        return None
+    return _document(role.assume_role_policy_document)
 
 
 def _neutral(self: Any, action: str, resource: str) -> Any:
     from moto.iam.access_control import PermissionResult  # noqa: PLC0415
 
     return PermissionResult.NEUTRAL
+
+
+# every moto method that stores a policy document: (class path, method, document parameter, kind)
+_POLICY_SETTERS = (
+    ("moto.iam.models.IAMBackend", "create_policy", "policy_document", "identity"),
+    ("moto.iam.models.IAMBackend", "create_policy_version", "policy_document", "identity"),
+    ("moto.iam.models.IAMBackend", "put_role_policy", "policy_json", "identity"),
+    ("moto.iam.models.IAMBackend", "put_user_policy", "policy_json", "identity"),
+    ("moto.iam.models.IAMBackend", "put_group_policy", "policy_json", "identity"),
+    ("moto.iam.models.Role", "put_policy", "policy_json", "identity"),
+    ("moto.iam.models.IAMBackend", "create_role", "assume_role_policy_document", "trust"),
+    ("moto.iam.models.IAMBackend", "update_assume_role_policy", "policy_document", "trust"),
+    ("moto.s3.models.S3Backend", "put_bucket_policy", "policy", "bucket"),
+)
+
+
+def refuse_unsupported_policies() -> None:
+    """A policy document the evaluator would not apply as AWS does is refused when it is stored
+    (:func:`aegis_devstack.motopolicy.validate_policy`): IAM answers MalformedPolicyDocument, S3
+    MalformedPolicy (400), naming every problem. moto's CloudFormation stores policies through
+    the same methods, so a template's are checked too."""
+    for path, name, parameter, kind in _POLICY_SETTERS:
+        module, cls_name = path.rsplit(".", 1)
+        cls = getattr(importlib.import_module(module), cls_name)
+        setattr(cls, name, _validating(getattr(cls, name), parameter, kind))
+
+
+def _validating(method: Callable[..., Any], parameter: str, kind: str) -> Callable[..., Any]:
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def stored(*args: Any, **kwargs: Any) -> Any:
+        document = signature.bind(*args, **kwargs).arguments[parameter]
+        try:
+            motopolicy.validate_policy(document, kind)  # type: ignore[arg-type]
+        except motopolicy.UnsupportedPolicy as err:
+            raise _refusal(kind, str(err)) from err
+        return method(*args, **kwargs)
+
+    return stored
+
+
+def _refusal(kind: str, problems: str) -> Exception:
+    message = f"this emulator does not evaluate this policy as AWS would: {problems}"
+    if kind == "bucket":
+        from moto.s3.exceptions import S3ClientError  # noqa: PLC0415
+
+        return S3ClientError("MalformedPolicy", message)
+    from moto.iam.exceptions import MalformedPolicyDocument  # noqa: PLC0415
+
+    return MalformedPolicyDocument(message)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1055,6 +1131,7 @@ def main(argv: list[str] | None = None) -> None:
     honour_copy_if_none_match()
     route_cloudformation_state_machines()
     authorize_like_aws()
+    refuse_unsupported_policies()
     moto_main(argv if argv is not None else sys.argv[1:])
 
 

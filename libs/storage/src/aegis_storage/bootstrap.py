@@ -374,7 +374,11 @@ async def backfill_fleet_index(clients: AwsClients, table: str) -> int:
     written by a version without the index). A one-off scan of the whole table, run by
     bootstrap only, never on a recurring path. Each update is conditional on the item still
     being what was read (present; for an alert, still firing), so a writer racing with it wins.
-    Returns how many items were updated."""
+    Returns how many items were updated.
+
+    The bootstrap role may scan and update the index's keys and nothing else
+    (deploy/infra/policies/bootstrap.json): the scan says ``Select: SPECIFIC_ATTRIBUTES`` and
+    names only those attributes, and the updates ask for nothing back (``ReturnValues: NONE``)."""
     ddb = clients.dynamodb
     added = 0
     paginator = ddb.get_paginator("scan")
@@ -393,6 +397,7 @@ async def backfill_fleet_index(clients: AwsClients, table: str) -> int:
                 ":true": {"BOOL": True},
             },
             ProjectionExpression="pk, sk, firing",
+            Select="SPECIFIC_ATTRIBUTES",
         ):
             for item in page.get("Items", []):
                 index = {k: v for k, v in indexed(item).items() if k in keys.FLEET_ATTRIBUTES}
@@ -414,6 +419,7 @@ async def backfill_fleet_index(clients: AwsClients, table: str) -> int:
                         ConditionExpression=condition,
                         ExpressionAttributeNames={"#ipk": keys.FLEET_PK, "#isk": keys.FLEET_SK},
                         ExpressionAttributeValues=values,
+                        ReturnValues="NONE",
                     )
                 except ddb.exceptions.ConditionalCheckFailedException:
                     continue  # deleted or resolved meanwhile: it belongs out of the index

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 
 def load_render(infra: Path) -> ModuleType:
@@ -14,3 +16,25 @@ def load_render(infra: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def resolve(
+    render: ModuleType, value: Any, parameters: Mapping[str, str], conditions: Mapping[str, bool]
+) -> Any:
+    """``value`` from the rendered template with the intrinsic functions it uses (``Ref``,
+    ``Fn::Sub``, ``Fn::If``) resolved as CloudFormation would for these parameters and
+    conditions (``render``: the module :func:`load_render` gives)."""
+    if isinstance(value, dict) and len(value) == 1:
+        [(fn, arg)] = value.items()
+        if fn == "Ref":
+            return parameters[arg]
+        if fn == "Fn::Sub":
+            return render.substitute(arg, dict(parameters))
+        if fn == "Fn::If":
+            chosen = arg[1] if conditions[arg[0]] else arg[2]
+            return resolve(render, chosen, parameters, conditions)
+    if isinstance(value, dict):
+        return {k: resolve(render, v, parameters, conditions) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve(render, v, parameters, conditions) for v in value]
+    return value
