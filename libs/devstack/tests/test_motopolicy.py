@@ -280,6 +280,19 @@ def test_validate_policy_names_what_it_refuses(kind, statement, named):
         validate_policy({"Version": "2012-10-17", "Statement": [statement]}, kind)
 
 
+def test_a_key_of_a_service_the_emulator_does_not_run_passes_only_on_that_services_actions():
+    bedrock_only = {
+        "Effect": "Allow",
+        "Action": "bedrock:InvokeModel",
+        "Resource": "*",
+        "Condition": {"ArnLike": {"bedrock:InferenceProfileArn": "arn:aws:bedrock:*"}},
+    }
+    validate_policy({"Version": "2012-10-17", "Statement": [bedrock_only]}, "identity")
+    mixed = {**bedrock_only, "Action": ["bedrock:InvokeModel", "s3:GetObject"]}
+    with pytest.raises(UnsupportedPolicy, match="puts no 'bedrock:InferenceProfileArn'"):
+        validate_policy({"Version": "2012-10-17", "Statement": [mixed]}, "identity")
+
+
 INFRA = Path(__file__).resolve().parents[3] / "deploy" / "infra"
 ACCOUNT = "123456789012"
 PARAMETERS = {

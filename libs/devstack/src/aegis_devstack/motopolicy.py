@@ -468,7 +468,7 @@ def _statement_problems(statement: Any, kind: PolicyKind) -> Iterator[str]:
             yield f"{operator}: its keys and values are not an object"
             continue
         for key, wanted in entries.items():
-            yield from _condition_problems(operator, key, wanted, kind)
+            yield from _condition_problems(operator, key, wanted, kind, _not_emulated(statement))
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -570,7 +570,22 @@ def _not_principal_problems(not_principal: Any, effect: Any) -> Iterator[str]:
             )
 
 
-def _condition_problems(operator: str, key: str, wanted: Any, kind: PolicyKind) -> Iterator[str]:
+# services whose API this emulator does not run (the reporter's optional Bedrock calls): a
+# statement whose every action is theirs never decides a request here, so the context keys of
+# its conditions (``bedrock:InferenceProfileArn``) are not the emulator's to supply
+NOT_EMULATED_SERVICES = ("bedrock",)
+
+
+def _not_emulated(statement: Mapping[str, Any]) -> bool:
+    actions = _listed(statement.get("Action"))
+    return bool(actions) and all(
+        str(a).split(":", 1)[0].lower() in NOT_EMULATED_SERVICES for a in actions
+    )
+
+
+def _condition_problems(
+    operator: str, key: str, wanted: Any, kind: PolicyKind, not_emulated: bool = False
+) -> Iterator[str]:
     where = f"{operator} {key}"
     if operator.startswith(
         tuple(f"{q}{f}" for q in ("", *_SET_QUALIFIERS) for f in _NOT_IMPLEMENTED)
@@ -582,7 +597,9 @@ def _condition_problems(operator: str, key: str, wanted: Any, kind: PolicyKind) 
         yield f"{where}: condition values must be strings or booleans"
     lowered = key.lower()
     known = SINGLE_VALUED_KEYS | MULTIVALUED_KEYS | (TRUST_KEYS if kind == "trust" else set())
-    if lowered not in known:
+    if lowered not in known and not (
+        not_emulated and lowered.split(":", 1)[0] in NOT_EMULATED_SERVICES
+    ):
         yield f"{where}: the emulator puts no {key!r} in a request's context"
     if operator == "Null":
         if len(values) != 1 or str(values[0]).lower() not in ("true", "false"):
