@@ -737,6 +737,44 @@ async def test_bootstrap_role_checks_the_foundation_and_reads_no_data(as_service
     ]
 
 
+async def test_the_bootstrap_role_cannot_rewrite_the_buckets_rules_after_the_template_made_them(
+    as_service,
+):
+    """A lifecycle rule is carried out by S3 itself, which no bucket policy binds: one that
+    expired raw/ would delete the archive. The bucket's rules are the template's; the bootstrap
+    role reads them (its --check) and changes none, in any form."""
+    me = await as_service("bootstrap")
+    s3 = me.clients.s3
+    expire_raw = {
+        "Rules": [
+            {
+                "ID": "x",
+                "Status": "Enabled",
+                "Filter": {"Prefix": "raw/"},
+                "Expiration": {"Days": 1},
+            }
+        ]
+    }
+    before = await s3.get_bucket_lifecycle_configuration(Bucket=BUCKET)
+    attempts = [
+        s3.put_bucket_lifecycle_configuration(Bucket=BUCKET, LifecycleConfiguration=expire_raw),
+        s3.delete_bucket_lifecycle(Bucket=BUCKET),
+        s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Suspended"}),
+        s3.delete_public_access_block(Bucket=BUCKET),
+        s3.put_bucket_policy(Bucket=BUCKET, Policy='{"Version": "2012-10-17", "Statement": []}'),
+        s3.delete_bucket_policy(Bucket=BUCKET),
+        s3.create_bucket(
+            Bucket=f"{BUCKET}-other", CreateBucketConfiguration={"LocationConstraint": REGION}
+        ),
+    ]
+    for attempt in attempts:
+        with pytest.raises(ClientError, match="AccessDenied"):
+            await attempt
+    after = await s3.get_bucket_lifecycle_configuration(Bucket=BUCKET)
+    assert after["Rules"] == before["Rules"]
+    assert (await s3.get_bucket_versioning(Bucket=BUCKET))["Status"] == "Enabled"
+
+
 BACKFILL_KEYS = ("pk", "sk", "firing", "fleet_pk", "fleet_sk")
 KEYS_ONLY = "pk, sk, firing"
 LATEST_KEY = {"pk": {"S": f"FACTORY#{F}"}, "sk": {"S": "LATEST"}}
