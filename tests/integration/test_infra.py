@@ -641,7 +641,7 @@ async def test_dashboard_only_reads(as_service):
     await denied(me.store.get_bytes(RAW))
 
 
-async def test_the_dashboard_writes_incidents_silences_slack_nonces_sessions_and_audit_once_only(
+async def test_the_dashboard_writes_incidents_silences_slack_nonces_sessions_jobs_and_audit_once_only(
     as_service,
 ):
     me = await as_service("dashboard-api")
@@ -665,7 +665,12 @@ async def test_the_dashboard_writes_incidents_silences_slack_nonces_sessions_and
     await denied(me.readmodel.delete_item(f"SESSION#{'0' * 64}", "SESSION"))
     await denied(me.readmodel.put_item(item("SILENCEX", "s-0123456789ab")))
     await denied(me.readmodel.put_item(item(f"ALERT#{F}", "CRITICAL#FIRE#STATE")))
-    await denied(me.readmodel.put_item(item("JOB#registry", "JOB#x")))
+    # an admin's job change is a put of its registry item; a job's run slots and executions
+    # are the orchestrator's
+    await me.readmodel.put_item(item("JOB#registry", "JOB#x"))
+    await denied(me.readmodel.put_item(item("JOB#x", "RUNNING#0")))
+    await denied(me.readmodel.put_item(item("EXEC#x", "2026-11-30T03:00:00.000Z#e")))
+    await denied(me.readmodel.delete_item("JOB#registry", "JOB#x"))
     await denied(me.readmodel.delete_item(f"INCIDENT#{INCIDENT_ID}", "INCIDENT"))
     await denied(me.store.put_immutable(INCIDENT, b"{}"))
 
