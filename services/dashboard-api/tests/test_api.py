@@ -327,6 +327,9 @@ async def test_openapi_documents_every_endpoint(client: httpx.AsyncClient) -> No
         "/api/jobs",
         "/api/jobs/{job_id}",
         "/api/jobs/{job_id}/executions",
+        "/api/jobs/{job_id}/versions",
+        "/api/jobs/{job_id}/versions/{version}",
+        "/api/jobs/{job_id}/diff",
         "/api/jobs/{job_id}/enable",
         "/api/jobs/{job_id}/disable",
     }

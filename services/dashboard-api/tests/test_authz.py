@@ -321,6 +321,15 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/api/jobs/{job_id}/executions"): Case(
         "platform", lambda w, f: ("GET", f"/api/jobs/{w.job}/executions", {})
     ),
+    ("GET", "/api/jobs/{job_id}/versions"): Case(
+        "platform", lambda w, f: ("GET", f"/api/jobs/{w.job}/versions", {})
+    ),
+    ("GET", "/api/jobs/{job_id}/versions/{version}"): Case(
+        "platform", lambda w, f: ("GET", f"/api/jobs/{w.job}/versions/1", {})
+    ),
+    ("GET", "/api/jobs/{job_id}/diff"): Case(
+        "platform", lambda w, f: ("GET", f"/api/jobs/{w.job}/diff?from=1&to=1", {})
+    ),
     ("POST", "/api/jobs"): Case(
         "admin", lambda w, f: ("POST", "/api/jobs", {"json": job_document(f"{w.job}-new")})
     ),

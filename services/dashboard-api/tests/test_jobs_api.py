@@ -6,6 +6,7 @@ nothing. Who may call which route is walked in test_authz."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,7 +23,8 @@ from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.storage import Foundation
-from aegis_orchestration.store import JobStore
+from aegis_orchestration.model import Job
+from aegis_orchestration.store import DuplicateJob, JobStore
 from aegis_storage.audit import AuditLog
 from aegis_storage.readmodel import Change
 from aegis_storage.tokens import TokenStore
@@ -206,3 +208,57 @@ async def test_a_second_job_on_the_same_trigger_and_a_taken_id_are_refused(
     unknown = await admin("POST", "/api/jobs/no-such-job/enable")
     assert unknown.status_code == 404 and unknown.json()["error"] == "unknown_job"
     assert (await admin("GET", "/api/jobs/NOT_AN_ID")).status_code == 404
+
+
+async def test_each_change_is_a_version_kept_with_who_made_it_and_two_versions_diff(
+    admin: Admin, unique_id: str
+) -> None:
+    job_id = f"kept-{unique_id}"
+    await admin("POST", "/api/jobs", json=job(job_id))
+    await admin("PUT", f"/api/jobs/{job_id}", json=job(job_id, job_name="Renamed"))
+    await admin("POST", f"/api/jobs/{job_id}/disable")
+    listed = (await admin("GET", f"/api/jobs/{job_id}/versions")).json()["versions"]
+    who = f"token:ops-{unique_id}"
+    assert [(v["version"], v["by"]) for v in listed] == [(1, who), (2, who), (3, who)]
+    first = (await admin("GET", f"/api/jobs/{job_id}/versions/1")).json()
+    assert (first["job_name"], first["version"]) == ("Incident noted", 1)
+    assert (await admin("GET", f"/api/jobs/{job_id}/versions/9")).status_code == 404
+    changed = (await admin("GET", f"/api/jobs/{job_id}/diff?from=1&to=3")).json()["diff"]
+    removed = [ln for ln in changed.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+    added = [ln for ln in changed.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    assert removed == ["-job_name: Incident noted", "-is_enabled: true"]
+    assert added == ["+job_name: Renamed", "+is_enabled: false"]
+    assert (await admin("GET", f"/api/jobs/{job_id}/diff?from=1&to=1")).json()["diff"] == ""
+
+
+async def test_two_jobs_on_one_trigger_registered_at_once_are_refused_but_one(
+    admin: Admin, foundation: Foundation, unique_id: str
+) -> None:
+    """Two registrations at the same moment both read no twin; the trigger's claim, written in
+    one transaction with each job, lets one of them in."""
+    answers = await asyncio.gather(
+        *(admin("POST", "/api/jobs", json=job(f"{n}-{unique_id}")) for n in ("one", "two"))
+    )
+    assert sorted(a.status_code for a in answers) == [201, 409]
+    stored = await JobStore(foundation.readmodel, lambda: NOW).all()
+    assert len(stored) == 1
+
+
+async def test_the_trigger_claim_alone_refuses_a_twin_and_is_released_when_its_job_leaves_it(
+    foundation: Foundation, unique_id: str
+) -> None:
+    """Past the read check (as two writers racing are): the claim refuses the twin; once the
+    first job moves to another trigger or is deleted, the twin goes in."""
+    store = JobStore(foundation.readmodel, lambda: NOW)
+    first = Job.model_validate(job(f"first-{unique_id}"))
+    twin = Job.model_validate(job(f"twin-{unique_id}"))
+    await store._put(first, None, by="test")
+    with pytest.raises(DuplicateJob, match=f"duplicates first-{unique_id}"):
+        await store._put(twin, None, by="test")
+    moved = await store.update(first.id, by="test", trigger_sub_type="Insert")
+    assert moved.version == 2
+    assert (await store._put(twin, None, by="test")).version == 1
+    # deleting the twin releases its trigger: the first may come back to it
+    await store.update(twin.id, by="test", is_active=False)
+    back = await store.update(first.id, by="test", trigger_sub_type="Update")
+    assert back.trigger_sub_type == "Update"

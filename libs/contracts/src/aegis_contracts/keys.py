@@ -715,6 +715,24 @@ def job_sk(job_id: str) -> str:
     return f"{JOB_SK_PREFIX}{_word(_JOB_ID, job_id, 'job_id')}"
 
 
+# under JOB#registry too: every version a job had (VERSION#{job_id}#{n:08d}, the whole job as it
+# was then), and one claim per active trigger (TRIGGER#{sha256 of its duplicate key}: the job that
+# holds it), so two jobs that would fire twice for one event cannot both be registered, even at once
+JOB_VERSION_SK_PREFIX = "VERSION#"
+JOB_TRIGGER_SK_PREFIX = "TRIGGER#"
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def job_version_sk(job_id: str, version: int) -> str:
+    if not isinstance(version, int) or not 0 < version < 10**8:
+        raise ContractError("invalid_version", f"version {version!r} is not 1..99999999")
+    return f"{JOB_VERSION_SK_PREFIX}{_word(_JOB_ID, job_id, 'job_id')}#{version:08d}"
+
+
+def job_trigger_sk(digest: str) -> str:
+    return f"{JOB_TRIGGER_SK_PREFIX}{_word(_DIGEST, digest, 'digest')}"
+
+
 def job_pk(job_id: str) -> str:
     """``JOB#{job_id}``: the job's run slots (``RUNNING#{n}``, overlap_allowed of them)."""
     return f"{JOB_SK_PREFIX}{_word(_JOB_ID, job_id, 'job_id')}"

@@ -645,15 +645,22 @@ class ReadModel:
                     if limit is not None and count >= limit:
                         return
 
-    async def partition(self, pk: str, *, now: datetime) -> list[dict[str, Any]]:
-        """Every live item of one partition (small ones: an ALERT# scope, a CLAIM# job)."""
+    async def partition(
+        self, pk: str, *, now: datetime, prefix: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Every live item of one partition (small ones: an ALERT# scope, a CLAIM# job), or with
+        ``prefix`` those whose sort key begins with it (only they are read)."""
         items: list[dict[str, Any]] = []
         paginator = self._ddb.get_paginator("query")
+        condition, values = "pk = :pk", {":pk": {"S": pk}}
+        if prefix is not None:
+            condition += " AND begins_with(sk, :prefix)"
+            values[":prefix"] = {"S": prefix}
         with translated(f"query {pk}"):
             async for page in paginator.paginate(
                 TableName=self.table,
-                KeyConditionExpression="pk = :pk",
-                ExpressionAttributeValues={":pk": {"S": pk}},
+                KeyConditionExpression=condition,
+                ExpressionAttributeValues=values,
                 ConsistentRead=True,
             ):
                 items.extend(

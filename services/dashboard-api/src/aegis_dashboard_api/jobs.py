@@ -12,8 +12,10 @@ Every change, and every refusal, is on the audit record."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Annotated, Any
 
+import yaml
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -21,12 +23,12 @@ from pydantic import BaseModel, Field
 from aegis_contracts.audit import Action
 from aegis_contracts.people import Act
 from aegis_dashboard_api import audit
-from aegis_dashboard_api.authz import Permission
+from aegis_dashboard_api.authz import Permission, identity_of
 from aegis_dashboard_api.errors import ApiError
 from aegis_dashboard_api.models import Invalid, Problem
 from aegis_orchestration.model import Job, valid_id
 from aegis_orchestration.store import DuplicateJob, JobNotFound, JobStore
-from aegis_orchestration.yamlio import JobProblem, check_jobs
+from aegis_orchestration.yamlio import JobProblem, check_jobs, job_document
 from aegis_storage.errors import Conflict
 
 router = APIRouter()
@@ -207,6 +209,89 @@ async def executions(
     return Executions(job_id=job_id, executions=found)
 
 
+class JobVersion(BaseModel):
+    version: int
+    at: str | None
+    by: str | None = Field(description="who made it: oidc:NAME, token:NAME, cli:LOGIN")
+
+
+class JobVersions(BaseModel):
+    job_id: str
+    versions: list[JobVersion] = Field(description="oldest first")
+
+
+class JobDiff(BaseModel):
+    job_id: str
+    from_version: int
+    to_version: int
+    diff: str = Field(description="a unified diff of the two versions as jobs-file YAML")
+
+
+async def _versions(request: Request, job_id: str) -> list[dict[str, Any]]:
+    store = store_of(request)
+    await _current(store, job_id)
+    return await store.versions(job_id)
+
+
+def _document(version: dict[str, Any]) -> str:
+    job = Job.model_validate(version["job"])
+    return yaml.safe_dump(job_document(job), sort_keys=False, allow_unicode=True)
+
+
+@router.get(
+    "/jobs/{job_id}/versions",
+    response_model=JobVersions,
+    responses=ERRORS,
+    dependencies=[READ_ONE],
+)
+async def versions(job_id: str, request: Request) -> JobVersions:
+    """Every version the job had: when, by whom (the whole of each at ``/versions/{n}``)."""
+    found = await _versions(request, job_id)
+    return JobVersions(
+        job_id=job_id,
+        versions=[JobVersion(version=int(v["version"]), at=v["at"], by=v["by"]) for v in found],
+    )
+
+
+@router.get(
+    "/jobs/{job_id}/versions/{version}",
+    response_model=Job,
+    responses=ERRORS,
+    dependencies=[READ_ONE],
+)
+async def job_version(job_id: str, version: int, request: Request) -> Job:
+    """The job as it was at ``version``."""
+    found = {int(v["version"]): v for v in await _versions(request, job_id)}
+    if version not in found:
+        raise ApiError(404, "unknown_version", f"job {job_id!r} has no version {version}")
+    return Job.model_validate(found[version]["job"])
+
+
+@router.get(
+    "/jobs/{job_id}/diff", response_model=JobDiff, responses=ERRORS, dependencies=[READ_ONE]
+)
+async def diff(
+    job_id: str,
+    request: Request,
+    from_version: Annotated[int, Query(alias="from", ge=1)],
+    to_version: Annotated[int, Query(alias="to", ge=1)],
+) -> JobDiff:
+    """What changed from one version to another, as a unified diff of the jobs-file YAML."""
+    found = {int(v["version"]): v for v in await _versions(request, job_id)}
+    for wanted in (from_version, to_version):
+        if wanted not in found:
+            raise ApiError(404, "unknown_version", f"job {job_id!r} has no version {wanted}")
+    lines = difflib.unified_diff(
+        _document(found[from_version]).splitlines(keepends=True),
+        _document(found[to_version]).splitlines(keepends=True),
+        fromfile=f"{job_id} v{from_version}",
+        tofile=f"{job_id} v{to_version}",
+    )
+    return JobDiff(
+        job_id=job_id, from_version=from_version, to_version=to_version, diff="".join(lines)
+    )
+
+
 async def _checked(
     request: Request, action: Action, body: dict[str, Any], job_id: str | None
 ) -> Job | JSONResponse:
@@ -254,7 +339,8 @@ async def register(body: JobBody, request: Request, response: Response) -> Job |
     if isinstance(checked, JSONResponse):
         return checked
     store = store_of(request)
-    stored = await _stored(request, "job.register", checked.id, store.register(checked))
+    by = identity_of(request).who
+    stored = await _stored(request, "job.register", checked.id, store.register(checked, by=by))
     response.headers["Location"] = f"/api/jobs/{stored.id}"
     return _etag(response, stored)
 
@@ -275,7 +361,8 @@ async def replace(
         return checked
     store = store_of(request)
     _expect(await store.get(job_id), if_match)
-    stored = await _stored(request, "job.replace", job_id, store.register(checked, replace=True))
+    write = store.register(checked, replace=True, by=identity_of(request).who)
+    stored = await _stored(request, "job.replace", job_id, write)
     return _etag(response, stored)
 
 
@@ -289,7 +376,8 @@ async def _flag(
 ) -> Job:
     store = store_of(request)
     _expect(await _current(store, job_id), if_match)
-    return _etag(response, await _stored(request, action, job_id, store.update(job_id, **changes)))
+    write = store.update(job_id, by=identity_of(request).who, **changes)
+    return _etag(response, await _stored(request, action, job_id, write))
 
 
 @router.delete(

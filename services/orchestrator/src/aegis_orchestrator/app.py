@@ -360,7 +360,7 @@ class OrchestratorApp(ServiceApp):
         added: list[str] = []
         for job in load_jobs(await asyncio.to_thread(path.read_text)):
             try:
-                await self.store.register(job)
+                await self.store.register(job, by="orchestrator:jobs-file")
             except (Conflict, DuplicateJob) as err:
                 log.info("example_job_kept", job_id=job.id, reason=str(err))
                 continue

@@ -134,6 +134,13 @@ def announce(
     return True
 
 
+def _operator() -> str:
+    """Who made a job's version from the command line: ``cli:`` and the login name."""
+    import getpass  # noqa: PLC0415 - import-light module
+
+    return f"cli:{getpass.getuser()}"
+
+
 def _read(path: Path) -> list[Job]:
     from aegis_orchestration.yamlio import JobFileError, load_jobs  # noqa: PLC0415
 
@@ -155,7 +162,7 @@ def register(
     jobs = _read(path)
 
     async def work(store: JobStore) -> list[Job]:
-        return [await store.register(j, replace=replace) for j in jobs]
+        return [await store.register(j, replace=replace, by=_operator()) for j in jobs]
 
     changes: list[Change] = []
     done = _run(work, changes)
@@ -256,7 +263,9 @@ def _import_tables(
             written = []
             for p in plan:
                 if p.action is not Action.UNCHANGED:
-                    stored = await store.register(p.job, replace=p.action is Action.REPLACE)
+                    stored = await store.register(
+                        p.job, replace=p.action is Action.REPLACE, by=_operator()
+                    )
                     p = Planned(stored, p.action, stored.version)  # noqa: PLW2901
                 written.append(p)
             return written, refused, True
@@ -503,7 +512,7 @@ def _yaml(text: str) -> Any:
 
 def _flag(job_id: str, **changes: Any) -> None:
     written: list[Change] = []
-    job = _run(lambda store: store.update(job_id, **changes), written)
+    job = _run(lambda store: store.update(job_id, by=_operator(), **changes), written)
     typer.echo(
         f"{job.id}: " + ", ".join(f"{k}={v}" for k, v in changes.items()) + f" (v{job.version})"
     )
