@@ -29,6 +29,7 @@ from aegis_runtime.broker import (
     RetryPolicy,
     StreamFull,
     StreamLimits,
+    connect_options,
     create_broker,
     current_subject,
     dead_letter,
@@ -156,6 +157,15 @@ def test_stream_for_finds_the_capturing_stream(subject: str, stream: str) -> Non
 def test_stream_for_refuses_uncaptured_subjects(subject: str) -> None:
     with pytest.raises(ValueError, match="no AEGIS stream"):
         stream_for(subject)
+
+
+def test_every_connection_pings_its_server_as_the_settings_say() -> None:
+    # without pings of its own a client trusts a silent server for as long as the operating
+    # system keeps the TCP connection (nats-py's defaults: up to 6 minutes)
+    options = connect_options(AegisSettings(nats_ping_interval_s=1.5, nats_max_outstanding_pings=3))
+    assert (options["ping_interval"], options["max_outstanding_pings"]) == (1.5, 3)
+    defaults = connect_options(AegisSettings())
+    assert defaults["ping_interval"] * (defaults["max_outstanding_pings"] + 1) <= 15
 
 
 def test_poison_reasons() -> None:

@@ -226,10 +226,14 @@ def connect_options(settings: AegisSettings) -> dict[str, Any]:
     """What every NATS connection of a process takes from its settings (FastStream's broker and
     plain nats-py clients alike): the servers with this process's identity; replies (JetStream
     acks, API answers) under an inbox of that identity only, which no other identity may
-    subscribe to (aegis_cli.natsauth); and TLS when the settings ask for it."""
+    subscribe to (aegis_cli.natsauth); TLS when the settings ask for it; and the pings that
+    find a connection whose server went silent (no FIN, no RST: a partition, a dead link),
+    which the operating system would take many minutes to give up on."""
     options: dict[str, Any] = {
         "servers": settings.nats_servers(),
         "inbox_prefix": inbox_prefix(settings.nats_user),
+        "ping_interval": settings.nats_ping_interval_s,
+        "max_outstanding_pings": settings.nats_max_outstanding_pings,
     }
     if settings.nats_user is not None:
         # an option, not user info in the URLs: nats-py sends it to every server it reconnects
