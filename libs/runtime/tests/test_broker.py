@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import logging
+import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
@@ -20,7 +21,9 @@ from nats.js import JetStreamContext, api
 
 from aegis_contracts.errors import ContractError
 from aegis_contracts.subjects import DEAD_LETTER, STREAMS, StreamSpec, dead_letter_subject
+from aegis_devstack.localservers import ManagedServer
 from aegis_devstack.testing.waiting import eventually
+from aegis_runtime import natsio
 from aegis_runtime.broker import (
     DeadLetter,
     Outgoing,
@@ -29,6 +32,7 @@ from aegis_runtime.broker import (
     RetryPolicy,
     StreamFull,
     StreamLimits,
+    connect_options,
     create_broker,
     current_subject,
     dead_letter,
@@ -156,6 +160,15 @@ def test_stream_for_finds_the_capturing_stream(subject: str, stream: str) -> Non
 def test_stream_for_refuses_uncaptured_subjects(subject: str) -> None:
     with pytest.raises(ValueError, match="no AEGIS stream"):
         stream_for(subject)
+
+
+def test_every_connection_pings_its_server_as_the_settings_say() -> None:
+    # without pings of its own a client trusts a silent server for as long as the operating
+    # system keeps the TCP connection (nats-py's defaults: up to 6 minutes)
+    options = connect_options(AegisSettings(nats_ping_interval_s=1.5, nats_max_outstanding_pings=3))
+    assert (options["ping_interval"], options["max_outstanding_pings"]) == (1.5, 3)
+    defaults = connect_options(AegisSettings())
+    assert defaults["ping_interval"] * (defaults["max_outstanding_pings"] + 1) <= 15
 
 
 def test_poison_reasons() -> None:
@@ -312,6 +325,44 @@ async def test_nats_ready_reflects_the_connection(settings: AegisSettings) -> No
     await broker.connect()
     assert await check() is True
     await broker.stop()
+
+
+def _unacknowledged_limit_ms(client: natsio.Client) -> int:
+    # the socket under nats-py's TCP transport
+    sock = client._transport._io_writer.get_extra_info("socket")
+    limit: int = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+    return limit
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="Linux's TCP_USER_TIMEOUT")
+async def test_a_connection_is_given_up_when_data_waits_as_long_as_its_pings_may(
+    private_nats: ManagedServer,
+) -> None:
+    # 1.5 s pings, 3 of them unanswered: the socket drops data unacknowledged for 6 s, on the
+    # first connection and on each reconnection, the service's and the dashboard feed's alike
+    settings = AegisSettings(
+        nats_url=private_nats.url, nats_ping_interval_s=1.5, nats_max_outstanding_pings=3
+    )
+    broker = create_broker(settings, name="unacknowledged-test")
+    await broker.connect()
+    feed = await natsio.connect(connect_options(settings), max_reconnect_attempts=-1)
+    try:
+        clients = [natsio.client(broker), feed]
+        assert [_unacknowledged_limit_ms(c) for c in clients] == [6000, 6000]
+        before = [c.stats["reconnects"] for c in clients]
+        private_nats.restart()
+        await eventually(
+            lambda: all(
+                c.is_connected and c.stats["reconnects"] > n
+                for c, n in zip(clients, before, strict=True)
+            ),
+            within=20,
+            what="both reconnected",
+        )
+        assert [_unacknowledged_limit_ms(c) for c in clients] == [6000, 6000]
+    finally:
+        await feed.close()
+        await broker.stop()
 
 
 async def test_durable_pull_consumer_shares_work_between_replicas(

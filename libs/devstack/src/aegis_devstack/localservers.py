@@ -475,16 +475,24 @@ def _mqtt_ready(url: str) -> bool:
     return port_open(*_host_port(url, 1883))
 
 
-def start_private_nats(*, port: int | None = None, timeout: float = 15.0) -> ManagedServer:
+def start_private_nats(
+    *,
+    port: int | None = None,
+    timeout: float = 15.0,
+    host: str = "127.0.0.1",
+    prefix: Sequence[str] = (),
+) -> ManagedServer:
     """A NATS JetStream server of this process's own (machine binary, free port, temp store),
-    so tests can restart it and never share state with the machine's server."""
+    so tests can restart it and never share state with the machine's server. ``host`` is the
+    address it listens on, ``prefix`` what its command runs under (``ip netns exec <ns>``: a
+    host of a test's own network, :mod:`aegis_devstack.testing.netlab`)."""
     binary = _which("nats-server")
     if binary is None:
         raise LocalServerError("nats-server is not installed")
     port = port or free_port()
     store = Path(tempfile.mkdtemp(prefix=f"aegis-nats-{port}-"))
-    command = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)]
-    url = f"nats://127.0.0.1:{port}"
+    command = [*prefix, binary, "-a", host, "-p", str(port), "-js", "-sd", str(store)]
+    url = f"nats://{host}:{port}"
     return _start_managed(
         url, command, store / "server.log", _jetstream_ready, timeout, scratch=store
     )
@@ -496,11 +504,13 @@ def start_private_mosquitto(
     timeout: float = 15.0,
     binary: str | None = None,
     persist_plugin: str | None = None,
+    host: str = "127.0.0.1",
+    prefix: Sequence[str] = (),
 ) -> ManagedServer:
     """A Mosquitto of this process's own (free port, temp persistence): the machine's binary,
     or ``binary`` (another release, for a measurement). Sessions persist with the broker's
     built-in file, or with ``persist_plugin`` (Mosquitto 2.1's persist-sqlite plugin, as the
-    deployments run it)."""
+    deployments run it). ``host`` and ``prefix`` as for :func:`start_private_nats`."""
     binary = binary or _which("mosquitto")
     if binary is None:
         raise LocalServerError("mosquitto is not installed")
@@ -513,7 +523,7 @@ def start_private_mosquitto(
         else "persistence true\n"
     )
     config.write_text(
-        f"listener {port} 127.0.0.1\n"
+        f"listener {port} {host}\n"
         "allow_anonymous true\n"
         # keep root when run as root: the temp folder is ours, not the mosquitto user's
         "user root\n"
@@ -523,9 +533,9 @@ def start_private_mosquitto(
         "max_queued_messages 100000\n"
         "sys_interval 5\n"
     )
-    command = [binary, "-c", str(config)]
+    command = [*prefix, binary, "-c", str(config)]
     return _start_managed(
-        f"mqtt://127.0.0.1:{port}",
+        f"mqtt://{host}:{port}",
         command,
         folder / "mosquitto.log",
         _mqtt_ready,

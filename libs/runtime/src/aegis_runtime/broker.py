@@ -82,7 +82,7 @@ if TYPE_CHECKING:
     from faststream.nats.broker.registrator import NatsRegistrator
     from faststream.nats.subscriber.usecases import PullStreamSubscriber
 
-    from aegis_runtime.natsio import Msg, Server
+    from aegis_runtime.natsio import Client, Msg, Server
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 _DETAIL_LIMIT = 2000
@@ -158,11 +158,13 @@ def create_broker(
     :class:`MessageOutcomes` middleware writes one INFO summary line per message instead.
     FastStream sends a ``correlation_id`` header only when a publish gives one.
     """
-    security, options = _secured(connect_options(settings))
-    broker = NatsBroker(
+    options = connect_options(settings)
+    security, plain = _secured(options)
+    broker = _Broker(
+        natsio.unanswered_limit(options),
         name=f"aegis-{name}",  # shown by NATS monitoring (connz)
         security=security,
-        **options,
+        **plain,
         allow_reconnect=True,
         max_reconnect_attempts=-1,  # forever: a service without its queue is not ready, not dead
         reconnect_time_wait=1,  # spacing of the initial connection attempts
@@ -182,6 +184,26 @@ def create_broker(
         MessageOutcomes(service=name, broker=broker, metrics=metrics, retry=retry or RetryPolicy())
     )
     return broker
+
+
+class _Broker(NatsBroker):
+    """A NatsBroker whose every connection, the first and each reconnection, is given up by the
+    operating system once its server leaves data unacknowledged for ``unanswered_s``, as long
+    as the connection's pings may go unanswered (:func:`natsio.give_up_unacknowledged`): after
+    a partition it reconnects to another server in seconds, not minutes."""
+
+    def __init__(self, unanswered_s: float, **options: Any) -> None:
+        super().__init__(**options, reconnected_cb=self._reconnected)
+        self._unanswered_s = unanswered_s
+
+    async def _connect(self) -> Client:
+        connection = await super()._connect()
+        natsio.give_up_unacknowledged(connection, self._unanswered_s)
+        return connection
+
+    async def _reconnected(self) -> None:
+        if self._connection is not None:
+            natsio.give_up_unacknowledged(self._connection, self._unanswered_s)
 
 
 def _secured(options: dict[str, Any]) -> tuple[NatsSecurity | None, dict[str, Any]]:
@@ -209,8 +231,10 @@ async def command_broker(settings: AegisSettings, *, name: str, **options: Any) 
     (NatsBroker's connection arguments) say otherwise, and no consumers. Its first connection is
     bounded as :func:`connect_broker`'s. Close it with :func:`aegis_runtime.natsio.close`
     (flushed, then closed: not FastStream's ``stop``, which drains)."""
-    security, plain = _secured(connect_options(settings))
-    broker = NatsBroker(
+    connection = connect_options(settings)
+    security, plain = _secured(connection)
+    broker = _Broker(
+        natsio.unanswered_limit({**connection, **options}),
         name=f"aegis-{name}",
         security=security,
         **{**plain, **options},
@@ -226,10 +250,14 @@ def connect_options(settings: AegisSettings) -> dict[str, Any]:
     """What every NATS connection of a process takes from its settings (FastStream's broker and
     plain nats-py clients alike): the servers with this process's identity; replies (JetStream
     acks, API answers) under an inbox of that identity only, which no other identity may
-    subscribe to (aegis_cli.natsauth); and TLS when the settings ask for it."""
+    subscribe to (aegis_cli.natsauth); TLS when the settings ask for it; and the pings that
+    find a connection whose server went silent (no FIN, no RST: a partition, a dead link),
+    which the operating system would take many minutes to give up on."""
     options: dict[str, Any] = {
         "servers": settings.nats_servers(),
         "inbox_prefix": inbox_prefix(settings.nats_user),
+        "ping_interval": settings.nats_ping_interval_s,
+        "max_outstanding_pings": settings.nats_max_outstanding_pings,
     }
     if settings.nats_user is not None:
         # an option, not user info in the URLs: nats-py sends it to every server it reconnects

@@ -43,6 +43,10 @@ Why each use needs nats-py:
   has run out before its second request into nats-py's own ``TimeoutError``: FastStream's pull
   loop expects that one for an empty fetch, and otherwise logs the plain one as a crash of its
   consumer task (a traceback) and starts the task again.
+* **A silent server's connection given up** (:func:`give_up_unacknowledged`): the socket under
+  each connection (FastStream's and the live feed's) gets a TCP_USER_TIMEOUT as long as its
+  pings may go unanswered; nats-py does not expose its socket, and without it a reconnection
+  after a partition waits for the operating system's own limit (minutes).
 
 Errors are nats-py's own: :data:`Error` is their base (a nats-py timeout is also a builtin
 ``TimeoutError``); :func:`store_refused` tells JetStream's "store failed" refusal apart.
@@ -51,6 +55,7 @@ Errors are nats-py's own: :data:`Error` is their base (a nats-py timeout is also
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +86,7 @@ __all__ = [
     "close",
     "connect",
     "consumers",
+    "give_up_unacknowledged",
     "is_jetstream_refusal",
     "jetstream",
     "jetstream_delivery",
@@ -90,6 +96,7 @@ __all__ = [
     "store_refused",
     "stream_config",
     "stream_state",
+    "unanswered_limit",
     "update_stream",
 ]
 
@@ -143,8 +150,51 @@ async def close(broker: NatsBroker) -> None:
 async def connect(options: Mapping[str, Any], **more: Any) -> Client:
     """A connection of its own, for the dashboard's live feed only (see the module's docstring):
     ``options`` as :func:`aegis_runtime.broker.connect_options` gives them, plus ``more`` of
-    nats-py's connection arguments (name, reconnection, callbacks)."""
-    return await nats.connect(**{**options, **more})
+    nats-py's connection arguments (name, reconnection, callbacks). Like every connection of
+    a service, it is given up once its server leaves data unacknowledged for as long as its
+    pings may go unanswered (:func:`give_up_unacknowledged`), this one and each it reconnects
+    with."""
+    limit = unanswered_limit(options)
+    reconnected = more.pop("reconnected_cb", None)
+    client: Client | None = None
+
+    async def on_reconnected() -> None:
+        if client is not None:
+            give_up_unacknowledged(client, limit)
+        if reconnected is not None:
+            await reconnected()
+
+    client = await nats.connect(**{**options, **more}, reconnected_cb=on_reconnected)
+    give_up_unacknowledged(client, limit)
+    return client
+
+
+def unanswered_limit(options: Mapping[str, Any]) -> float:
+    """Seconds the pings of a connection made with ``options`` (nats-py's ``ping_interval`` and
+    ``max_outstanding_pings``) may go unanswered before it counts as dead."""
+    return float(options["ping_interval"]) * (int(options["max_outstanding_pings"]) + 1)
+
+
+def give_up_unacknowledged(client: Client, seconds: float) -> bool:
+    """Have the operating system drop ``client``'s current connection once data sent on it has
+    waited ``seconds`` for the server's acknowledgement (TCP_USER_TIMEOUT); True when set (a
+    TCP connection on Linux).
+
+    nats-py's pings notice a server that went silent without a FIN or an RST (a partition, a
+    link that died), but before it connects to another server it waits for the silent
+    connection to close, and while data sent to it is unacknowledged that lasts until the
+    operating system gives the connection up: about 15 minutes with Linux's defaults, all that
+    time without a connection. With this limit the connection is dropped as soon as the pings
+    have gone unanswered."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    # nats-py's TCP transport keeps asyncio's stream writer; another transport (websocket) has
+    # none, and is left as it is
+    writer = getattr(getattr(client, "_transport", None), "_io_writer", None)
+    sock = writer.get_extra_info("socket") if writer is not None else None
+    if option is None or sock is None:
+        return False
+    sock.setsockopt(socket.IPPROTO_TCP, option, max(1, round(seconds * 1000)))
+    return True
 
 
 # -- streams ---------------------------------------------------------------------------------------

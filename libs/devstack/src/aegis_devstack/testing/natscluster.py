@@ -1,13 +1,19 @@
 """A JetStream cluster of local nats-servers for tests of replicated streams: each node with its
 own client port, route port and store, natsauth's identities on every node (as a deployment's
 cluster has them), and nodes that can be killed like a crash and brought back with their store.
+The nodes run on 127.0.0.1, or each on a host of a test's own network
+(:mod:`aegis_devstack.testing.netlab`), where a test can cut one off from the others.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
+import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,9 +29,17 @@ from aegis_devstack.localservers import (
     port_open,
     start_managed_server,
 )
+from aegis_devstack.testing.netlab import Host
 from aegis_runtime.settings import AegisSettings
 
 __all__ = ["NatsCluster", "Node", "nats_server_binary", "start_cluster"]
+
+# run on a node's host: print what an HTTP GET of argv[1] answers (timeout argv[2])
+_FETCH = (
+    "import sys, urllib.request\n"
+    "with urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])) as answer:\n"
+    "    sys.stdout.write(answer.read().decode())\n"
+)
 
 
 def nats_server_binary() -> str | None:
@@ -39,15 +53,55 @@ def nats_server_binary() -> str | None:
 @dataclass
 class Node:
     """One server of the cluster; ``name`` is its JetStream server name (what stream info calls
-    the leader and the replicas)."""
+    the leader and the replicas). ``host`` is its address, ``place`` the network host it runs
+    on (None: this machine's loopback), ``monitor_port`` its HTTP monitoring port, if any."""
 
     name: str
     port: int
     server: ManagedServer
+    host: str = "127.0.0.1"
+    place: Host | None = None
+    monitor_port: int | None = None
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def monitor_url(self) -> str:
+        """Its monitoring endpoint (``/jsz``, ``/routez``), reachable from its own host."""
+        if self.monitor_port is None:
+            raise LocalServerError(f"{self.name} was started without monitoring")
+        return f"http://{self.host}:{self.monitor_port}"
+
+    def monitor(self, path: str, timeout: float = 2.0) -> dict[str, Any]:
+        """The JSON its monitoring endpoint answers at ``path``, asked from its own host: a node
+        cut off from the rest of the network still says what it believes. Blocking."""
+        url = f"{self.monitor_url}{path}"
+        if self.place is None:
+            with urllib.request.urlopen(url, timeout=timeout) as answer:  # noqa: S310 (http only)
+                found: dict[str, Any] = json.loads(answer.read())
+                return found
+        done = subprocess.run(  # noqa: S603 (fixed argv, no shell)
+            [*self.place.prefix, sys.executable, "-c", _FETCH, url, str(timeout)],
+            capture_output=True,
+            timeout=timeout + 10,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise LocalServerError(f"{url} from {self.name}: {done.stderr.decode().strip()}")
+        answered: dict[str, Any] = json.loads(done.stdout)
+        return answered
+
+    def stream_leader(self, stream: str) -> str | None:
+        """The leader of ``stream`` as this node sees it (None: it knows of none)."""
+        jsz = self.monitor("/jsz?accounts=true&streams=true")
+        for account in jsz.get("account_details") or []:
+            for detail in account.get("stream_detail") or []:
+                if detail.get("name") == stream:
+                    leader: str | None = (detail.get("cluster") or {}).get("leader") or None
+                    return leader
+        return None
 
 
 @dataclass
@@ -86,7 +140,7 @@ class NatsCluster:
                 continue
             while True:
                 try:
-                    jetstream_account_info(f"nats://{ADMIN}:{secret}@127.0.0.1:{node.port}", 1.0)
+                    jetstream_account_info(f"nats://{ADMIN}:{secret}@{node.host}:{node.port}", 1.0)
                     break
                 except LocalServerError as err:
                     if time.monotonic() >= deadline:
@@ -109,6 +163,8 @@ def start_cluster(
     name: str = "aegis",
     advertise: bool = False,
     timeout: float = 20.0,
+    hosts: Sequence[Host] | None = None,
+    monitor: bool = False,
 ) -> NatsCluster:
     """``size`` nats-servers on free ports of 127.0.0.1, routed to each other, JetStream in
     ``folder/<node>``, and the authorization block of ``passwords`` (``admin`` and identities of
@@ -116,41 +172,59 @@ def start_cluster(
 
     Like the NATS Helm chart the AWS overlay deploys, the nodes do not tell clients about each
     other (``no_advertise``) unless ``advertise``: clients then know only the URLs they were
-    given."""
+    given. ``hosts`` (one per node) runs each node on a host of a test's network instead, at
+    its address; ``monitor`` gives each an HTTP monitoring port."""
     binary = nats_server_binary()
     if binary is None:
         raise LocalServerError("nats-server is not installed")
+    if hosts is not None and len(hosts) != size:
+        raise ValueError(f"{len(hosts)} hosts for {size} nodes")
+    places: list[Host | None] = list(hosts) if hosts is not None else [None] * size
+    addresses = [place.address if place else "127.0.0.1" for place in places]
     # bcrypt is slow on purpose: one block for every node
     authorization = server_authorization(passwords)
     ports = [(free_port(), free_port()) for _ in range(size)]
     cluster = NatsCluster(nodes=[], passwords=dict(passwords))
     try:
-        for index, (port, route_port) in enumerate(ports, 1):
+        for index, ((port, route_port), place, host) in enumerate(
+            zip(ports, places, addresses, strict=True), 1
+        ):
             node_name = f"n{index}"
             home = folder / node_name
             home.mkdir(parents=True, exist_ok=True)
-            routes = [f"nats-route://127.0.0.1:{r}" for _, r in ports if r != route_port]
+            routes = [
+                f"nats-route://{other}:{r}"
+                for (_, r), other in zip(ports, addresses, strict=True)
+                if r != route_port
+            ]
+            monitor_port = free_port() if monitor else None
             config = home / "nats.conf"
             config.write_text(
                 f"server_name: {node_name}\n"
-                f"listen: 127.0.0.1:{port}\n"
-                f"jetstream {{ store_dir: {json.dumps(str(home / 'js'))} }}\n"
-                f"cluster {{\n  name: {name}\n  listen: 127.0.0.1:{route_port}\n"
+                f"listen: {host}:{port}\n"
+                + (f"http: {host}:{monitor_port}\n" if monitor_port else "")
+                + f"jetstream {{ store_dir: {json.dumps(str(home / 'js'))} }}\n"
+                f"cluster {{\n  name: {name}\n  listen: {host}:{route_port}\n"
                 f"  no_advertise: {json.dumps(not advertise)}\n"
                 f"  routes: {json.dumps(routes)}\n}}\n" + authorization
             )
             server = start_managed_server(
-                f"nats://127.0.0.1:{port}",
-                [binary, "-c", str(config)],
+                f"nats://{host}:{port}",
+                [*(place.prefix if place else []), binary, "-c", str(config)],
                 home / "nats.log",
                 # the client port; JetStream answers only once the nodes have elected a meta
                 # leader, which needs the others: checked for all at once below
-                ready=lambda url: port_open("127.0.0.1", int(url.rsplit(":", 1)[1])),
+                ready=lambda url: port_open(*_address(url)),
                 timeout=timeout,
             )
-            cluster.nodes.append(Node(node_name, port, server))
+            cluster.nodes.append(Node(node_name, port, server, host, place, monitor_port))
         cluster.wait_for_jetstream(timeout)
     except BaseException:
         cluster.stop()
         raise
     return cluster
+
+
+def _address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("nats://").rsplit(":", 1)
+    return host, int(port)
