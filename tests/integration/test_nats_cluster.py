@@ -443,7 +443,6 @@ class Feed:
     acked: dict[str, float] = field(default_factory=dict)  # message id: when it was acked
     ack_times: list[float] = field(default_factory=list)
     first_handed: dict[str, float] = field(default_factory=dict)
-    outcomes: Counter[Outcome] = field(default_factory=Counter)
     deferred: Counter[str] = field(default_factory=Counter)
     in_flight: int = 0
     longest_handling_s: float = 0.0  # one delivery, from the handler's start to its outcome
@@ -485,7 +484,6 @@ class Feed:
                 outcome = await self.handler.handle(inbound)
             finally:
                 self.in_flight -= 1
-            self.outcomes[outcome] += 1
             self.longest_handling_s = max(self.longest_handling_s, time.monotonic() - began)
             if outcome.acknowledge:
                 assert message_id not in self.acked, f"{message_id} acknowledged twice"
