@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import ipaddress
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from cryptography.x509.oid import NameOID
 
 from aegis_contracts import keys
 from aegis_contracts.items import AlertState
+from aegis_devstack.testing import netlab
 from aegis_processor.app import ProcessorApp, create_app
 from aegis_processor.settings import ProcessorSettings
 
@@ -152,3 +154,20 @@ def run_processor(
                 await nc.close()
 
     return run
+
+
+# asked once per process: making a network to find out costs a fraction of a second
+_network_unavailable = functools.cache(netlab.unavailable)
+
+
+@pytest.fixture
+def network() -> Iterator[netlab.Network]:
+    """A private network of the test's own (network namespaces on a bridge, this process
+    joined to it), deleted with everything on it when the test ends, however it ends; the test
+    is skipped, saying why, where network namespaces cannot be made (not root, no iproute2)."""
+    reason = _network_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with netlab.open_network() as network:
+        network.join()
+        yield network

@@ -6,20 +6,30 @@ once; the killed node comes back and catches up. A stream of one replica on the 
 unavailable once its node is killed, so it is the three replicas that hold; and a service whose
 settings say one replica leaves the three alone. (The nodes do not advertise each other to
 clients, as in the overlay's NATS chart; the last test, an expected failure, shows why a cluster
-that does advertise would strand a service with an identity after a node loss.)"""
+that does advertise would strand a service with an identity after a node loss.)
+
+Ingest's own handler, with its default retry budget, publishes through the same faults: the
+leader killed, and the leader's node cut off from the others and from ingest for 30 s (a
+partition: every packet dropped, no FIN, no RST), each node then on a host of a network of the
+test's own (network namespaces, :mod:`aegis_devstack.testing.netlab`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
+import math
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
+import nats.js.errors
 import pytest
 from faststream.nats import NatsBroker
 from nats.aio.client import Client
@@ -30,9 +40,18 @@ from aegis_contracts.archive import Archive, admit, raw_event_msg_id
 from aegis_contracts.events import RawArchived
 from aegis_contracts.subjects import STREAMS, StreamSpec
 from aegis_contracts.times import utc_now
-from aegis_devstack.testing.natscluster import NatsCluster, nats_server_binary, start_cluster
+from aegis_devstack.testing.devices import factory_state_message
+from aegis_devstack.testing.natscluster import (
+    NatsCluster,
+    Node,
+    nats_server_binary,
+    start_cluster,
+)
+from aegis_devstack.testing.netlab import Network
 from aegis_devstack.testing.waiting import eventually
+from aegis_ingest.handlers import Inbound, IngestHandler, Outcome
 from aegis_ingest.settings import IngestSettings
+from aegis_runtime import natsio
 from aegis_runtime.broker import (
     MSG_ID_HEADER,
     PublishFailed,
@@ -43,6 +62,12 @@ from aegis_runtime.broker import (
     publish,
     publish_raw_archived,
 )
+from aegis_runtime.metrics import Metrics
+from aegis_runtime.settings import AegisSettings
+from aegis_storage.s3 import ObjectStore, PutResult
+
+if TYPE_CHECKING:
+    from aegis_devstack.testing.storage import Foundation
 
 pytestmark = [
     pytest.mark.integration,
@@ -72,7 +97,19 @@ def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
 
 
 @pytest.fixture
-async def admin(cluster: NatsCluster) -> AsyncIterator[NatsBroker]:
+def hosted_cluster(tmp_path: Path, network: Network) -> Iterator[NatsCluster]:
+    """The cluster with each node on a host of the test's network (its own namespace), with
+    monitoring, so that a node cut off from the rest still says what it believes."""
+    hosts = [network.host(f"n{index}") for index in (1, 2, 3)]
+    started = start_cluster(tmp_path, PASSWORDS, hosts=hosts, monitor=True)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@contextlib.asynccontextmanager
+async def deployed(cluster: NatsCluster) -> AsyncIterator[NatsBroker]:
     """The admin identity with the overlay's settings; it has created the streams, as the
     overlay's ``aegis streams`` Job does (every stream on all three nodes)."""
     settings = cluster.settings(ADMIN, nats_stream_replicas=3)
@@ -82,6 +119,12 @@ async def admin(cluster: NatsCluster) -> AsyncIterator[NatsBroker]:
         yield broker
     finally:
         await broker.stop()
+
+
+@pytest.fixture
+async def admin(cluster: NatsCluster) -> AsyncIterator[NatsBroker]:
+    async with deployed(cluster) as broker:
+        yield broker
 
 
 @pytest.fixture
@@ -111,6 +154,19 @@ def peers(info: api.StreamInfo) -> tuple[str | None, list[api.PeerInfo]]:
     """The stream's leader and its other replicas."""
     assert info.cluster is not None
     return info.cluster.leader, list(info.cluster.replicas or [])
+
+
+def new_leader(broker: NatsBroker, old: str | None) -> Callable[[], Awaitable[bool]]:
+    """Whether the raw stream has a leader, and not ``old`` (asked through ``broker``)."""
+
+    async def elected() -> bool:
+        try:
+            leader, _ = peers(await stream_info(broker, wait=0.25))
+        except (nats.errors.Error, TimeoutError):
+            return False
+        return leader not in (None, old)
+
+    return elected
 
 
 def raw_events(count: int) -> list[RawArchived]:
@@ -217,15 +273,7 @@ async def test_three_replicas_lose_nothing_when_the_leader_is_killed(
     acked_at_kill, in_flight_at_kill = len(tally.acked), tally.in_flight
     cluster.node(leader).server.kill()
     killed_at = time.monotonic()
-
-    async def new_leader() -> bool:
-        try:
-            now_leader, _ = peers(await stream_info(admin, wait=0.25))
-        except (nats.errors.Error, TimeoutError):
-            return False
-        return now_leader not in (None, leader)
-
-    await eventually(new_leader, within=20, what="a new leader of the raw stream")
+    await eventually(new_leader(admin, leader), within=20, what="a new leader of the raw stream")
     elected_s = time.monotonic() - killed_at
     await asyncio.wait_for(publishing, 40)
 
@@ -358,3 +406,408 @@ async def test_a_service_reconnects_when_the_nodes_advertise(tmp_path: Path) -> 
             await client.close()
     finally:
         cluster.stop()
+
+
+# -- ingest's own handler through the faults -----------------------------------------------------
+
+
+def message_id_of(key: str) -> str:
+    """The device's message id in a raw key (``raw/.../{message_id}.json``)."""
+    return key.rsplit("/", 1)[1].removesuffix(".json")
+
+
+class CountingStore(ObjectStore):
+    """The real object store, counting the attempts of ingest's handler: each begins with the
+    raw object's put."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        super().__init__(store._s3, store.bucket)
+        self.attempts: Counter[str] = Counter()
+
+    async def put_immutable(self, key: str, body: bytes, **options: Any) -> PutResult:
+        self.attempts[message_id_of(key)] += 1
+        return await super().put_immutable(key, body, **options)
+
+
+@dataclass
+class Feed:
+    """Device messages handed to ingest's real handler the way the MQTT broker hands them: at
+    most ``settings.max_concurrency`` at once (the slots of ingest's reader, its Receive Maximum
+    in front), each acknowledged when the handler says so, and handed again when the handler
+    deferred it (the broker delivers what was not acknowledged again)."""
+
+    handler: IngestHandler
+    store: CountingStore
+    factory: str = field(default_factory=lambda: f"f-{random.getrandbits(32):08x}")
+    published: int = 0
+    acked: dict[str, float] = field(default_factory=dict)  # message id: when it was acked
+    ack_times: list[float] = field(default_factory=list)
+    first_handed: dict[str, float] = field(default_factory=dict)
+    deferred: Counter[str] = field(default_factory=Counter)
+    in_flight: int = 0
+    longest_handling_s: float = 0.0  # one delivery, from the handler's start to its outcome
+    waiting: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+    # what the device sent: a redelivery carries the same bytes
+    payloads: dict[str, bytes] = field(default_factory=dict)
+
+    async def device(self, rate: float, stop: asyncio.Event, count: int | None = None) -> None:
+        """Publish ``rate`` messages a second until ``stop`` is set or ``count`` are out."""
+        began = time.monotonic()
+        while not stop.is_set() and (count is None or self.published < count):
+            message_id = f"msg-{self.published:08d}"
+            self.payloads[message_id] = factory_state_message(self.factory, message_id, utc_now())
+            self.waiting.put_nowait(message_id)
+            self.published += 1
+            ahead = began + self.published / rate - time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, ahead))
+
+    async def deliver(self) -> None:
+        """Hand messages to the handler until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            for _ in range(self.handler.settings.max_concurrency):
+                group.create_task(self._slot())
+
+    async def _slot(self) -> None:
+        while True:
+            message_id = await self.waiting.get()
+            self.first_handed.setdefault(message_id, time.monotonic())
+            inbound = Inbound(
+                topic=f"aegis/{self.factory}/factory_state",
+                payload=self.payloads[message_id],
+                qos=1,
+                received_at=utc_now(),
+            )
+            self.in_flight += 1
+            began = time.monotonic()
+            try:
+                outcome = await self.handler.handle(inbound)
+            finally:
+                self.in_flight -= 1
+            self.longest_handling_s = max(self.longest_handling_s, time.monotonic() - began)
+            if outcome.acknowledge:
+                assert message_id not in self.acked, f"{message_id} acknowledged twice"
+                self.acked[message_id] = time.monotonic()
+                self.ack_times.append(self.acked[message_id])
+            else:
+                assert message_id not in self.acked, f"{message_id} deferred after its ack"
+                self.deferred[message_id] += 1
+                self.waiting.put_nowait(message_id)
+
+    def longest_gap(self, since: float = 0.0, until: float = math.inf) -> float:
+        """The longest time between two acknowledgements in a row, of those that end after
+        ``since`` and begin before ``until``."""
+        pairs = itertools.pairwise(sorted(self.ack_times))
+        return max((b - a for a, b in pairs if b > since and a < until), default=0.0)
+
+    def all_acked(self) -> bool:
+        return len(self.acked) == self.published
+
+    def redelivered_until_acked(self) -> bool:
+        """Every message the handler deferred (its budget spent: not acknowledged) was handed
+        again, and acknowledged at last; the deferrals are the handler's own count."""
+        counted = self.handler.metrics.total("messages_total", outcome=Outcome.DEFERRED.value)
+        return set(self.deferred) <= set(self.acked) and counted == self.deferred.total()
+
+
+def assert_stored_once(feed: Feed, stored: Counter[str]) -> None:
+    """Every message the handler acknowledged is in the stream exactly once, and nothing else
+    is; every message it deferred (not acknowledged: its budget spent) was handed again until
+    it was acknowledged; and every message published was acknowledged at last."""
+    assert feed.redelivered_until_acked()
+    assert feed.all_acked() and set(stored) == set(feed.acked)
+    assert set(stored.values()) == {1}
+
+
+def budget_floor_s(settings: IngestSettings) -> float:
+    """The shortest time ingest's retries of one delivery can span: every delay between its
+    attempts at the low end of its jitter (half)."""
+    return sum(
+        0.5 * min(settings.ingest_retry_max_delay_s, settings.ingest_retry_first_delay_s * 2**n)
+        for n in range(settings.ingest_retry_attempts - 1)
+    )
+
+
+@contextlib.asynccontextmanager
+async def feeding(
+    settings: IngestSettings, broker: NatsBroker, foundation: Foundation
+) -> AsyncIterator[Feed]:
+    """A :class:`Feed` of a new factory's messages to ingest's handler on ``broker``, delivering
+    while the block runs."""
+    store = CountingStore(foundation.store)
+    handler = IngestHandler(
+        settings=settings, store=store, broker=broker, metrics=Metrics(settings.service)
+    )
+    feed = Feed(handler, store)
+    delivering = asyncio.create_task(feed.deliver())
+    try:
+        yield feed
+    finally:
+        delivering.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await delivering
+
+
+async def stored_message_ids(broker: NatsBroker, factory: str) -> Counter[str]:
+    """How many times each message id of ``factory`` is in the raw stream (read again when
+    JetStream is between leaders)."""
+    for _ in range(10):
+        try:
+            info = await stream_info(broker, wait=5.0)
+            keys = await stored_msg_ids(broker, info)
+        except nats.js.errors.ServiceUnavailableError:
+            await asyncio.sleep(1.0)
+            continue
+        return Counter(message_id_of(k) for k in keys if k.startswith(f"raw/{factory}/"))
+    raise AssertionError("JetStream unavailable for 10 reads of the raw stream")
+
+
+def ingest_settings(cluster: NatsCluster, foundation: Foundation, endpoint: str) -> IngestSettings:
+    """Ingest's settings against ``cluster`` and this test's bucket: every retry, timeout and
+    ping setting its default."""
+    return IngestSettings(
+        **cluster.identity("ingest"), aws_endpoint_url=endpoint, bucket=foundation.bucket
+    )
+
+
+async def test_ingests_own_retries_carry_every_message_through_a_leader_kill_once(
+    cluster: NatsCluster, admin: NatsBroker, foundation: Foundation, aws_endpoint: str
+) -> None:
+    settings = ingest_settings(cluster, foundation, aws_endpoint)
+    broker = create_broker(settings, name=settings.service)
+    try:
+        await ensure_deployed_streams(broker, settings)
+        async with feeding(settings, broker, foundation) as feed:
+            stop = asyncio.Event()
+            device = asyncio.create_task(feed.device(rate=40, stop=stop, count=EVENTS))
+            leader, _ = peers(await stream_info(admin))
+            assert leader is not None
+            # killed with messages in the handler's hands: nothing awaited between look and kill
+            await eventually(
+                lambda: len(feed.acked) >= EVENTS // 4 and feed.in_flight > 0,
+                within=20,
+                what="a quarter acknowledged, and messages in the handler's hands",
+            )
+            acked_at_kill, in_flight_at_kill = len(feed.acked), feed.in_flight
+            cluster.node(leader).server.kill()
+            killed_at = time.monotonic()
+            await eventually(
+                new_leader(admin, leader), within=20, what="a new leader of the raw stream"
+            )
+            elected_s = time.monotonic() - killed_at
+            await device
+            await eventually(feed.all_acked, within=40, what="every message acknowledged")
+        stored = await stored_message_ids(admin, feed.factory)
+    finally:
+        await broker.stop()
+
+    # the election hit messages the handler held: some were in its hands at the kill and were
+    # acknowledged after it, and those that took more than one attempt were all waiting on it
+    across = [
+        m for m, t in feed.acked.items() if t > killed_at and feed.first_handed[m] < killed_at
+    ]
+    retried = {m: n for m, n in feed.store.attempts.items() if n > 1}
+    assert in_flight_at_kill > 0 and acked_at_kill < EVENTS
+    assert across and retried and all(feed.acked[m] > killed_at for m in retried)
+    # (a message whose budget ran out, if the election outlasted it, was handed again)
+    assert len(feed.acked) == EVENTS
+    assert_stored_once(feed, stored)
+    print(  # the measured numbers, shown with -rP
+        f"published={feed.published} acked_at_kill={acked_at_kill} "
+        f"in_flight_at_kill={in_flight_at_kill} acked_across_kill={len(across)} "
+        f"retried={len(retried)} most_attempts={max(feed.store.attempts.values())} "
+        f"(budget {settings.ingest_retry_attempts} a delivery) "
+        f"deferred={sum(feed.deferred.values())} election_s={elected_s:.2f} "
+        f"longest_handling_s={feed.longest_handling_s:.2f} "
+        f"budget_floor_s={budget_floor_s(settings):.2f} "
+        f"longest_gap_between_acks_s={feed.longest_gap():.2f}"
+    )
+
+
+PARTITION_S = 30.0
+# how long the cluster must stay whole after a partition to count as recovered
+WHOLE_FOR_S = 3.0
+# messages a second from the device while the partition test runs
+PARTITION_RATE = 10
+
+
+async def lead_from(admin: NatsBroker, node: str) -> None:
+    """Make ``node`` the raw stream's leader: its leader steps down until the election falls
+    on ``node`` (each is won by one of the others at random)."""
+    for _ in range(12):
+        leader, _ = peers(await stream_info(admin))
+        if leader == node:
+            return
+        await natsio.client(admin).request(
+            f"$JS.API.STREAM.LEADER.STEPDOWN.{RAW.name}", b"", timeout=2
+        )
+        await eventually(
+            new_leader(admin, leader), within=15, what="a leader elected after a step-down"
+        )
+    raise AssertionError(f"{node} never won the raw stream's election")
+
+
+def connected_node(cluster: NatsCluster, broker: NatsBroker) -> Node | None:
+    client = natsio.client(broker)
+    if not client.is_connected or client.connected_url is None:
+        return None
+    netloc = client.connected_url.netloc
+    return next((node for node in cluster.nodes if f"{node.host}:{node.port}" == netloc), None)
+
+
+@dataclass
+class PartitionLog:
+    """When each thing was first seen after the cut (monotonic seconds)."""
+
+    ingest_disconnected: float | None = None
+    ingest_reconnected: float | None = None
+    ingest_reconnected_to: str | None = None
+    majority_elected: float | None = None
+    majority_leader: str | None = None
+    minority_stepped_down: float | None = None
+
+
+async def watch_partition(
+    cluster: NatsCluster, cut: Node, ingest: NatsBroker, observer: NatsBroker, log: PartitionLog
+) -> None:
+    """Note when ingest drops its connection to the cut node and makes one to another, when
+    the other two elect a leader among themselves, and when the cut node stops calling itself
+    the leader (asked on its own host), until cancelled."""
+
+    async def ingest_connection() -> None:
+        while log.ingest_reconnected is None:
+            node = connected_node(cluster, ingest)
+            if node is None and log.ingest_disconnected is None:
+                log.ingest_disconnected = time.monotonic()
+            elif node is not None and node is not cut:
+                log.ingest_reconnected = time.monotonic()
+                log.ingest_reconnected_to = node.name
+            await asyncio.sleep(0.05)
+
+    async def majority() -> None:
+        while log.majority_elected is None:
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                leader, _ = peers(await stream_info(observer, wait=0.5))
+                if leader not in (None, cut.name):
+                    log.majority_elected, log.majority_leader = time.monotonic(), leader
+            await asyncio.sleep(0.1)
+
+    async def minority() -> None:
+        while log.minority_stepped_down is None:
+            if await asyncio.to_thread(cut.stream_leader, RAW.name) != cut.name:
+                log.minority_stepped_down = time.monotonic()
+            await asyncio.sleep(0.25)
+
+    async with asyncio.TaskGroup() as group:
+        for watch in (ingest_connection, majority, minority):
+            group.create_task(watch())
+
+
+async def cluster_whole(observer: NatsBroker, cluster: NatsCluster) -> bool:
+    """A leader, and every other node a current replica of the raw stream."""
+    try:
+        leader, others = peers(await stream_info(observer, wait=0.5))
+    except (nats.errors.Error, TimeoutError):
+        return False
+    names = {leader, *(p.name for p in others)}
+    return (
+        leader is not None
+        and names == {node.name for node in cluster.nodes}
+        and all(p.current and not p.offline and not p.lag for p in others)
+    )
+
+
+async def whole_again(observer: NatsBroker, cluster: NatsCluster, within: float) -> float:
+    """Wait until the cluster has been whole for ``WHOLE_FOR_S`` running (a node back from a
+    partition may still cost an election or two); when that began (monotonic seconds)."""
+    deadline = time.monotonic() + within
+    since: float | None = None
+    while time.monotonic() < deadline:
+        if await cluster_whole(observer, cluster):
+            since = since or time.monotonic()
+            if time.monotonic() - since >= WHOLE_FOR_S:
+                return since
+        else:
+            since = None
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"the cluster not whole for {WHOLE_FOR_S} s running within {within} s")
+
+
+@pytest.mark.timeout(180)
+async def test_a_partitioned_leader_steps_down_and_every_acked_message_is_stored_once(
+    hosted_cluster: NatsCluster, network: Network, foundation: Foundation, aws_endpoint: str
+) -> None:
+    cluster = hosted_cluster
+    settings = ingest_settings(cluster, foundation, aws_endpoint)
+    async with contextlib.AsyncExitStack() as stack:
+        admin = await stack.enter_async_context(deployed(cluster))
+        broker = create_broker(settings, name=settings.service)
+        stack.push_async_callback(broker.stop)
+        await ensure_deployed_streams(broker, settings)
+        # the hard case: ingest is connected to the node that leads the raw stream, so the
+        # partition cuts ingest's own connection too, and nothing closes it
+        cut = connected_node(cluster, broker)
+        assert cut is not None and cut.place is not None
+        await lead_from(admin, cut.name)
+        majority = [node for node in cluster.nodes if node is not cut]
+        observer = create_broker(
+            AegisSettings(
+                **(cluster.identity(ADMIN) | {"nats_url": ",".join(n.url for n in majority)})
+            ),
+            name="observer",
+        )
+        stack.push_async_callback(observer.stop)
+        await observer.connect()
+
+        feed = await stack.enter_async_context(feeding(settings, broker, foundation))
+        stop = asyncio.Event()
+        device = asyncio.create_task(feed.device(rate=PARTITION_RATE, stop=stop))
+        await eventually(lambda: len(feed.acked) >= 2 * PARTITION_RATE, what="acks before the cut")
+        log = PartitionLog()
+        acked_before_cut = len(feed.acked)
+        network.cut(cut.place)
+        cut_at = time.monotonic()
+        watching = asyncio.create_task(watch_partition(cluster, cut, broker, observer, log))
+        await asyncio.sleep(PARTITION_S)
+        network.heal(cut.place)
+        healed_at = time.monotonic()
+        acked_during = sum(1 for t in feed.acked.values() if cut_at < t < healed_at)
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+        recovered_s = await whole_again(observer, cluster, within=75) - healed_at
+        stop.set()
+        await device
+        await eventually(feed.all_acked, within=40, what="every message acknowledged")
+        drained_s = time.monotonic() - healed_at
+        stored = await stored_message_ids(observer, feed.factory)
+
+    # the longest time without an acknowledgement while the partition lasted, and after it
+    unavailable_s = feed.longest_gap(since=cut_at, until=healed_at)
+    unavailable_after_heal_s = feed.longest_gap(since=healed_at)
+    stale_within = (settings.nats_max_outstanding_pings + 1) * settings.nats_ping_interval_s
+    # the minority's leader stepped down and the majority elected one, while the partition lasted
+    assert log.minority_stepped_down is not None and log.minority_stepped_down < healed_at
+    assert log.majority_elected is not None and log.majority_elected < healed_at
+    assert log.majority_leader in {node.name for node in majority}
+    # ingest gave its silent connection up by its pings, and took acknowledgements again from
+    # the majority before the partition ended
+    assert log.ingest_disconnected is not None
+    assert log.ingest_disconnected - cut_at <= stale_within + 1.0
+    assert log.ingest_reconnected is not None and log.ingest_reconnected < healed_at
+    assert acked_before_cut > 0 and acked_during > 0 and unavailable_s < PARTITION_S
+    assert_stored_once(feed, stored)
+    print(  # the measured numbers, shown with -rP
+        f"published={feed.published} acked_before_cut={acked_before_cut} "
+        f"acked_during_partition={acked_during} deferred={sum(feed.deferred.values())} "
+        f"most_attempts_at_one_message={max(feed.store.attempts.values())} "
+        f"(budget {settings.ingest_retry_attempts} a delivery) "
+        f"cut={cut.name} new_leader={log.majority_leader} "
+        f"majority_elected_s={log.majority_elected - cut_at:.2f} "
+        f"minority_stepped_down_s={log.minority_stepped_down - cut_at:.2f} "
+        f"ingest_gave_up_connection_s={log.ingest_disconnected - cut_at:.2f} "
+        f"ingest_reconnected_s={log.ingest_reconnected - cut_at:.2f} "
+        f"to={log.ingest_reconnected_to} "
+        f"unavailable_s={unavailable_s:.2f} unavailable_after_heal_s={unavailable_after_heal_s:.2f} "
+        f"recovered_after_heal_s={recovered_s:.2f} all_acked_after_heal_s={drained_s:.2f}"
+    )
