@@ -18,6 +18,7 @@ from aegis_storage.bootstrap import (
     drift,
     expected_foundation,
 )
+from aegis_storage.fleetindex import FAMILIES, Backfilled, IndexBackfill
 from aegis_storage.readmodel import ReadModel
 
 pytestmark = pytest.mark.integration
@@ -122,7 +123,7 @@ def test_bootstrap_fails_clearly_when_the_endpoint_is_down():
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 
 
-async def test_bootstrap_adds_the_index_to_a_previous_version_table_and_backfills_it(
+async def test_bootstrap_adds_the_index_to_a_previous_version_table_and_its_writers_backfill_it(
     aws_endpoint, aws, unique_id, fire_alert
 ):
     bucket, table = f"aegis-{unique_id}", f"AEGIS-{unique_id}"
@@ -176,9 +177,19 @@ async def test_bootstrap_adds_the_index_to_a_previous_version_table_and_backfill
     first = run_cli(aws_endpoint, AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
     assert first.returncode == 0, first.stderr
     assert "fleet-index" in first.stdout and "created" in first.stdout
-    assert "14 items given index keys" in first.stdout  # 12 LATEST + 2 firing alerts
+    assert "generation 1 asked of the processor and the alert dispatcher" in first.stdout
 
     rm = ReadModel(ddb, table)
+    assert await rm.fleet_ids() == []  # asked, not yet done: bootstrap's role writes no item
+    backfills = {
+        family.name: IndexBackfill(ddb, table, family, clock=lambda: T0, interval=timedelta(1))
+        for family in FAMILIES
+    }
+    done = {name: await b.check() for name, b in backfills.items()}
+    assert done == {
+        "factory": Backfilled("factory", 1, 12),
+        "alert": Backfilled("alert", 1, 2),  # the two firing ones
+    }
     assert await rm.fleet_ids() == factories
     assert [a["pk"] for a in await rm.firing_alerts(now=T0)] == [
         "ALERT#cloud-infra",
@@ -193,13 +204,14 @@ async def test_bootstrap_adds_the_index_to_a_previous_version_table_and_backfill
     again = run_cli(aws_endpoint, AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
     assert again.returncode == 0, again.stderr
     assert "nothing to change" in again.stdout
-    assert "done before" in again.stdout  # no second scan of the whole table
+    assert "generation 1" in again.stdout and "asked" not in again.stdout
+    assert [await b.check() for b in backfills.values()] == [None, None]  # no second scan
     assert run_cli(aws_endpoint, "--check", AEGIS_BUCKET=bucket, AEGIS_TABLE=table).returncode == 0
     report = await bootstrap(aws, bucket=bucket, table=table)
     assert not report.changed
 
     # a writer of the previous version, still running during the rollout, adds a factory
-    # without index keys; --reindex picks it up, and finds nothing the next time
+    # without index keys; --reindex asks again, the processor's next check picks it up
     await ddb.put_item(
         TableName=table,
         Item={"pk": {"S": "FACTORY#factory-late"}, "sk": {"S": "LATEST"}},
@@ -207,12 +219,10 @@ async def test_bootstrap_adds_the_index_to_a_previous_version_table_and_backfill
     assert "factory-late" not in await rm.fleet_ids()
     reindexed = run_cli(aws_endpoint, "--reindex", AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
     assert reindexed.returncode == 0, reindexed.stderr
-    assert "1 items given index keys" in reindexed.stdout
+    assert "generation 2 asked" in reindexed.stdout
+    assert await backfills["factory"].check() == Backfilled("factory", 2, 1)
     assert await rm.fleet_ids() == sorted([*factories, "factory-late"])
-    assert (
-        "0 items given index keys"
-        in run_cli(aws_endpoint, "--reindex", AEGIS_BUCKET=bucket, AEGIS_TABLE=table).stdout
-    )
+    assert await backfills["factory"].check() is None
 
 
 async def test_a_new_table_is_made_with_the_index_and_never_scanned(aws, unique_id):

@@ -33,8 +33,8 @@ from aegis_devstack.localservers import free_port, start_moto_server
 from aegis_devstack.testing.infra import load_render, resolve
 from aegis_orchestrator.expiry import READER, ExpiryAnnouncer
 from aegis_runtime.metrics import Metrics
+from aegis_storage import fleetindex
 from aegis_storage.bootstrap import (
-    backfill_fleet_index,
     bootstrap,
     describe_foundation,
     expected_foundation,
@@ -393,7 +393,8 @@ async def denied(call: Awaitable[Any]) -> None:
 
 
 async def scan_table(me: As, **kwargs: Any) -> Any:
-    """A Scan of the read-model table (no service's policy grants one: listings use the index)."""
+    """A Scan of the read-model table (granted to the index backfill's writers only, keys only:
+    listings use the index)."""
     try:
         return await me.clients.dynamodb.scan(TableName=TABLE, **kwargs)
     except Exception as err:
@@ -710,36 +711,81 @@ async def test_storage_tools_seals_and_audits_raw_with_what_its_role_allows(as_s
     assert await delete_refused(me, [raw_metadata_key(F, "factory_state", day)])
 
 
+ITEM_ACTIONS = {
+    f"dynamodb:{a}"
+    for a in (
+        "GetItem",
+        "BatchGetItem",
+        "Query",
+        "Scan",
+        "PutItem",
+        "UpdateItem",
+        "DeleteItem",
+        "BatchWriteItem",
+        "TransactGetItems",
+        "TransactWriteItems",
+        "PartiQLSelect",
+        "PartiQLInsert",
+        "PartiQLUpdate",
+        "PartiQLDelete",
+    )
+}
+WRITE_ACTIONS = {
+    f"dynamodb:{a}"
+    for a in ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "PartiQLUpdate")
+}
+
+
+def _allowed_actions(statement: dict[str, Any]) -> set[str]:
+    return set(_list(statement.get("Action", []))) if statement["Effect"] == "Allow" else set()
+
+
 async def test_bootstrap_role_checks_the_foundation_and_reads_no_data(as_service):
     me = await as_service("bootstrap")
     report = await bootstrap(me.clients, bucket=BUCKET, table=TABLE)
-    assert not report.changed  # the backfill's scan of keys found nothing to add
+    assert not report.changed
     await denied(me.store.get_bytes(RAW))
     await denied(me.readmodel.get_latest(F))
-    # its scan (the index backfill) is allowed on keys only: asking for data is refused
-    keys_only = {"ProjectionExpression": "pk, sk, firing", "Select": "SPECIFIC_ATTRIBUTES"}
-    assert "Items" in await scan_table(me, **keys_only)
-    await denied(scan_table(me, ProjectionExpression="pk, sk, payload"))
-    await denied(scan_table(me, **{**keys_only, "Select": "ALL_ATTRIBUTES"}))
-    statements = {st["Sid"]: st for st in render.load_policy("bootstrap")["Statement"]}
-    scan, update = (
-        statements["ScanOnlyTheKeysTheBackfillNeeds"],
-        statements["WriteOnlyTheFleetIndexKeys"],
-    )
-    for statement in (scan, update):
+    await denied(scan_table(me, ProjectionExpression="pk, sk", Select="SPECIFIC_ATTRIBUTES"))
+    policy = render.load_policy("bootstrap")["Statement"]
+    assert not {a for st in policy for a in _allowed_actions(st)} & ITEM_ACTIONS
+
+
+def test_every_role_that_may_write_an_item_may_read_it():
+    """An UpdateItem, PutItem or DeleteItem whose condition fails returns the whole item when it
+    asks for ``ReturnValuesOnConditionCheckFailure: ALL_OLD``, and no IAM condition key covers
+    that parameter: a role that may write items it may not read would read them that way. So
+    every role with a write grant also holds an unconditioned GetItem of the table."""
+    writers = []
+    for service in SERVICES:
+        statements = render.load_policy(service)["Statement"]
+        if not any(_allowed_actions(st) & WRITE_ACTIONS for st in statements):
+            continue
+        writers.append(service)
+        assert any(
+            "dynamodb:GetItem" in _allowed_actions(st)
+            and "Condition" not in st
+            and str(st["Resource"]).endswith(":table/${TableName}")
+            for st in statements
+        ), service
+    assert {"processor", "alert-dispatcher", "dashboard-api", "orchestrator"} <= set(writers)
+
+
+def test_only_the_index_backfills_writers_scan_and_only_keys():
+    scanners = {}
+    for service in SERVICES:
+        for st in render.load_policy(service)["Statement"]:
+            if "dynamodb:Scan" in _allowed_actions(st):
+                scanners[service] = st
+    assert set(scanners) == {"processor", "alert-dispatcher"}
+    for statement in scanners.values():
         condition = statement["Condition"]
-        assert condition["ForAllValues:StringEquals"]["dynamodb:Attributes"] == list(BACKFILL_KEYS)
+        assert condition["StringEquals"] == {"dynamodb:Select": "SPECIFIC_ATTRIBUTES"}
+        assert condition["ForAllValues:StringEquals"]["dynamodb:Attributes"] == list(
+            fleetindex.SCAN_ATTRIBUTES
+        )
         # ForAllValues holds on an empty set: the attributes must be named as well
         assert condition["Null"] == {"dynamodb:Attributes": "false"}
-    assert scan["Condition"]["StringEquals"] == {"dynamodb:Select": "SPECIFIC_ATTRIBUTES"}
-    assert update["Condition"]["StringEquals"] == {"dynamodb:ReturnValues": "NONE"}
-    assert not [
-        service
-        for service in SERVICES
-        if service != "bootstrap"
-        for st in render.load_policy(service)["Statement"]
-        if st["Effect"] == "Allow" and "dynamodb:Scan" in st["Action"]
-    ]
 
 
 async def test_the_bootstrap_role_cannot_rewrite_the_buckets_rules_after_the_template_made_them(
@@ -780,7 +826,6 @@ async def test_the_bootstrap_role_cannot_rewrite_the_buckets_rules_after_the_tem
     assert (await s3.get_bucket_versioning(Bucket=BUCKET))["Status"] == "Enabled"
 
 
-BACKFILL_KEYS = ("pk", "sk", "firing", "fleet_pk", "fleet_sk")
 KEYS_ONLY = "pk, sk, firing"
 LATEST_KEY = {"pk": {"S": f"FACTORY#{F}"}, "sk": {"S": "LATEST"}}
 
@@ -801,38 +846,69 @@ def _update(expression: str, **kwargs: Any) -> dict[str, Any]:
     }
 
 
+# the ways a holder of a keys-only Scan grant would try to read data through it
+SCANS_FOR_DATA = [
+    pytest.param(_scan(), id="scan-bare"),
+    pytest.param(_scan(Select="ALL_ATTRIBUTES"), id="scan-select-all"),
+    pytest.param(_scan(Select="COUNT"), id="scan-select-count"),
+    pytest.param(_scan(ProjectionExpression=KEYS_ONLY), id="scan-keys-without-select"),
+    pytest.param(
+        _scan(Select="SPECIFIC_ATTRIBUTES", ProjectionExpression="pk, sk, payload"),
+        id="scan-projects-payload",
+    ),
+    pytest.param(
+        _scan(
+            Select="SPECIFIC_ATTRIBUTES",
+            ProjectionExpression="pk, #p",
+            ExpressionAttributeNames={"#p": "payload"},
+        ),
+        id="scan-projects-payload-aliased",
+    ),
+    pytest.param(
+        _scan(
+            Select="SPECIFIC_ATTRIBUTES",
+            ProjectionExpression=KEYS_ONLY,
+            FilterExpression="begins_with(payload, :v)",
+            ExpressionAttributeValues={":v": {"S": "{"}},
+        ),
+        id="scan-filters-on-payload",
+    ),
+    pytest.param(
+        _scan(Select="SPECIFIC_ATTRIBUTES", AttributesToGet=["pk", "payload"]),
+        id="scan-legacy-attributes-to-get",
+    ),
+]
+
+
+@pytest.mark.parametrize("service", ["processor", "alert-dispatcher"])
+@pytest.mark.parametrize("call", SCANS_FOR_DATA)
+async def test_the_backfills_scan_grant_reads_no_data_in_any_form(as_service, service, call):
+    me = await as_service(service)
+    assert "Items" in await scan_table(
+        me, ProjectionExpression="pk, sk", Select="SPECIFIC_ATTRIBUTES"
+    )
+    kwargs = {k: v for k, v in call.items() if k != "op"}
+    with pytest.raises(ClientError, match="AccessDenied"):
+        await me.clients.dynamodb.scan(**kwargs)
+
+
 @pytest.mark.parametrize(
     "call",
     [
-        pytest.param(_scan(), id="scan-bare"),
-        pytest.param(_scan(Select="ALL_ATTRIBUTES"), id="scan-select-all"),
-        pytest.param(_scan(Select="COUNT"), id="scan-select-count"),
-        pytest.param(_scan(ProjectionExpression=KEYS_ONLY), id="scan-keys-without-select"),
+        *SCANS_FOR_DATA,
         pytest.param(
-            _scan(Select="SPECIFIC_ATTRIBUTES", ProjectionExpression="pk, sk, payload"),
-            id="scan-projects-payload",
+            _scan(Select="SPECIFIC_ATTRIBUTES", ProjectionExpression=KEYS_ONLY), id="scan-keys"
         ),
         pytest.param(
-            _scan(
-                Select="SPECIFIC_ATTRIBUTES",
-                ProjectionExpression="pk, #p",
-                ExpressionAttributeNames={"#p": "payload"},
+            _update(
+                "SET fleet_pk = :v",
+                ConditionExpression="attribute_not_exists(pk)",
+                ReturnValues="NONE",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             ),
-            id="scan-projects-payload-aliased",
+            id="update-index-key-returning-the-item-when-its-condition-fails",
         ),
-        pytest.param(
-            _scan(
-                Select="SPECIFIC_ATTRIBUTES",
-                ProjectionExpression=KEYS_ONLY,
-                FilterExpression="begins_with(payload, :v)",
-                ExpressionAttributeValues={":v": {"S": "{"}},
-            ),
-            id="scan-filters-on-payload",
-        ),
-        pytest.param(
-            _scan(Select="SPECIFIC_ATTRIBUTES", AttributesToGet=["pk", "payload"]),
-            id="scan-legacy-attributes-to-get",
-        ),
+        pytest.param(_update("SET fleet_pk = :v", ReturnValues="NONE"), id="update-index-key-only"),
         pytest.param(_update("SET payload = :v"), id="update-sets-payload"),
         pytest.param(
             _update("SET #p = :v", ExpressionAttributeNames={"#p": "payload"}),
@@ -842,14 +918,7 @@ def _update(expression: str, **kwargs: Any) -> dict[str, Any]:
             _update("REMOVE payload", ExpressionAttributeValues=None), id="update-removes"
         ),
         pytest.param(
-            _update("SET fleet_pk = :v", ReturnValues="ALL_NEW"), id="update-returns-all-new"
-        ),
-        pytest.param(
             _update("SET fleet_pk = :v", ReturnValues="ALL_OLD"), id="update-returns-all-old"
-        ),
-        pytest.param(
-            _update("SET fleet_pk = :v", ConditionExpression="attribute_exists(payload)"),
-            id="update-conditioned-on-payload",
         ),
         pytest.param(
             {
@@ -861,8 +930,18 @@ def _update(expression: str, **kwargs: Any) -> dict[str, Any]:
             id="update-legacy-attribute-updates",
         ),
         pytest.param(
-            {"op": "put_item", "TableName": TABLE, "Item": {**LATEST_KEY, "fleet_pk": {"S": "x"}}},
-            id="put-item",
+            {
+                "op": "put_item",
+                "TableName": TABLE,
+                "Item": {**LATEST_KEY, "fleet_pk": {"S": "x"}},
+                "ConditionExpression": "attribute_not_exists(pk)",
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            },
+            id="put-item-returning-the-item-when-its-condition-fails",
+        ),
+        pytest.param(
+            {"op": "delete_item", "TableName": TABLE, "Key": LATEST_KEY, "ReturnValues": "ALL_OLD"},
+            id="delete-item-returning-the-item",
         ),
         pytest.param({"op": "get_item", "TableName": TABLE, "Key": LATEST_KEY}, id="get-item"),
         pytest.param(
@@ -887,22 +966,22 @@ def _update(expression: str, **kwargs: Any) -> dict[str, Any]:
         ),
     ],
 )
-async def test_the_bootstrap_role_is_refused_every_read_or_write_beyond_the_index_keys(
-    as_service, call
-):
-    """The backfill's grant (Scan and UpdateItem of pk, sk, firing and the index keys) tried
-    the ways a holder of the role would try to read or change the data through it."""
+async def test_the_bootstrap_role_reads_and_writes_no_item_in_any_form(as_service, call):
+    """The bootstrap role manages the table, not its items: every item read or write refused,
+    the keys-only forms and a failed condition's returned item included."""
     me = await as_service("bootstrap")
     kwargs = {k: v for k, v in call.items() if k != "op" and v is not None}
     with pytest.raises(ClientError, match="AccessDenied"):
         await getattr(me.clients.dynamodb, call["op"])(**kwargs)
 
 
-async def test_the_bootstrap_role_backfills_the_fleet_index_with_exactly_what_its_policy_allows(
+async def test_each_writer_backfills_its_own_items_into_the_fleet_index_when_bootstrap_asks(
     as_service,
 ):
     """Items written before the index (no fleet keys; a payload beside the keys) get their
-    index keys from the bootstrap role's own backfill, the very calls its policy allows."""
+    index keys once bootstrap raised the table's backfill generation: FACTORY LATEST from the
+    processor's role, firing alert states from the alert dispatcher's, each with exactly the
+    calls its policy allows and neither the other's."""
     admin = await as_service(OPERATOR)
     factory, alert = "FACTORY#factory-backfill", "ALERT#factory-backfill"
     await admin.clients.dynamodb.put_item(
@@ -918,10 +997,21 @@ async def test_the_bootstrap_role_backfills_the_fleet_index_with_exactly_what_it
             "payload": {"S": "{}"},
         },
     )
-    me = await as_service("bootstrap")
-    keys_only = {"ProjectionExpression": KEYS_ONLY, "Select": "SPECIFIC_ATTRIBUTES"}
-    assert "Items" in await scan_table(me, **keys_only)
-    assert await backfill_fleet_index(me.clients, TABLE) >= 2
+    boot = await as_service("bootstrap")
+    report = await bootstrap(boot.clients, bucket=BUCKET, table=TABLE, reindex=True)
+    [asked] = [s for s in report.steps if s.setting == "fleet-index-backfill"]
+    assert asked.action == "updated" and "asked" in asked.detail
+
+    processor = await as_service("processor")
+    dispatcher = await as_service("alert-dispatcher")
+    await denied(fleetindex.backfill(processor.clients.dynamodb, TABLE, fleetindex.FIRING_ALERTS))
+    await denied(fleetindex.backfill(dispatcher.clients.dynamodb, TABLE, fleetindex.FACTORIES))
+    for me, family in ((processor, fleetindex.FACTORIES), (dispatcher, fleetindex.FIRING_ALERTS)):
+        done = await fleetindex.backfill_if_asked(me.clients.dynamodb, TABLE, family, now=NOW)
+        assert done is not None and done.items >= 1, family.name
+        assert (
+            await fleetindex.backfill_if_asked(me.clients.dynamodb, TABLE, family, now=NOW) is None
+        )
     for pk, sk in ((factory, "LATEST"), (alert, "CRITICAL#FIRE#STATE")):
         got = await admin.clients.dynamodb.get_item(
             TableName=TABLE, Key={"pk": {"S": pk}, "sk": {"S": sk}}

@@ -29,6 +29,7 @@ from aegis_processor.app import ProcessorApp, create_app
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime.broker import DeadLetter, create_broker, ensure_streams, publish
 from aegis_runtime.settings import AegisSettings
+from aegis_storage import fleetindex
 
 pytestmark = pytest.mark.integration
 
@@ -898,3 +899,26 @@ async def test_image_snapshot_updates_its_own_group(
     assert latest["pipeline_status"]["status"] == "NO_DATA"
     assert latest["risk"]["level"] == "NORMAL"
     assert len(await h.history()) == 1
+
+
+async def test_the_processor_gives_index_keys_to_latest_items_written_before_the_index(
+    harness: Harness, run_app: Callable[..., Any]
+) -> None:
+    """A LATEST item of a version before the fleet index, then bootstrap asking for a
+    backfill: the processor does it at start, and the factory is listed."""
+    h = harness
+    ddb, table = h.foundation.clients.dynamodb, h.foundation.table
+    await ddb.put_item(
+        TableName=table,
+        Item={"pk": {"S": keys.factory_pk(h.f)}, "sk": {"S": "LATEST"}, "factory_id": {"S": h.f}},
+    )
+    assert h.f not in await h.readmodel.fleet_ids()
+    arn = (await ddb.describe_table(TableName=table))["Table"]["TableArn"]
+    await fleetindex.ask_for_backfill(ddb, table, arn)
+    async with run_app():
+
+        async def listed() -> bool:
+            return h.f in await h.readmodel.fleet_ids()
+
+        await eventually(listed, what="the factory in the fleet index")
+    assert await fleetindex.done_generation(ddb, table, fleetindex.FACTORIES) == 1

@@ -52,6 +52,7 @@ from aegis_devstack.testing.webhook import ABANDONED, FakeWebhook
 from aegis_runtime.broker import create_broker, ensure_streams, publish
 from aegis_runtime.health import answers_ready
 from aegis_runtime.logging import configure
+from aegis_storage import fleetindex
 from aegis_storage.errors import Conflict
 from aegis_storage.incidents import IncidentStore
 from aegis_storage.silences import SilenceStore
@@ -1210,3 +1211,36 @@ async def test_an_escalation_due_while_its_only_replica_was_killed_is_sent_once_
 
 def headlines_of(bodies: list[dict[str, Any]]) -> list[str]:
     return [str(body["text"]).split(" AEGIS ", 1)[1] for body in bodies]
+
+
+async def test_the_dispatcher_gives_index_keys_to_firing_alerts_written_before_the_index(
+    foundation: Foundation, aws_endpoint: str, private_nats, webhook: FakeWebhook, unique_id: str
+) -> None:
+    """A firing alert state of a version before the fleet index, then bootstrap asking for a
+    backfill: the dispatcher does it at start, and the alert is listed as firing."""
+    ddb, table = foundation.clients.dynamodb, foundation.table
+    await ddb.put_item(
+        TableName=table,
+        Item={
+            "pk": {"S": "ALERT#factory-old"},
+            "sk": {"S": "CRITICAL#FIRE_DETECTED#STATE"},
+            "firing": {"BOOL": True},
+            "ttl": {"N": str(int(utc_now().timestamp()) + 3600)},
+        },
+    )
+    arn = (await ddb.describe_table(TableName=table))["Table"]["TableArn"]
+    await fleetindex.ask_for_backfill(ddb, table, arn)
+    app = DispatcherApp(
+        settings_for(foundation, aws_endpoint, private_nats.url, webhook, unique_id)
+    )
+    await app.start()
+    try:
+
+        async def listed() -> bool:
+            firing = await foundation.readmodel.firing_alerts(now=utc_now())
+            return "ALERT#factory-old" in [a["pk"] for a in firing]
+
+        await eventually(listed, what="the alert among the firing ones")
+    finally:
+        await app.stop()
+    assert await fleetindex.done_generation(ddb, table, fleetindex.FIRING_ALERTS) == 1

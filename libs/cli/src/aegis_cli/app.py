@@ -214,8 +214,9 @@ def bootstrap(
         bool,
         typer.Option(
             "--reindex",
-            help="Backfill the fleet index again (after a rollout during which writers of the "
-            "previous version kept writing); a full scan of the table.",
+            help="Ask the processor and the alert dispatcher to backfill the fleet index again "
+            "(after a rollout during which writers of the previous version kept writing); each "
+            "then scans the table's keys once, on its next check.",
         ),
     ] = False,
     json_output: Annotated[

@@ -598,6 +598,22 @@ def honour_copy_if_none_match() -> None:
     S3Response.copy_object = conditional_copy_object  # type: ignore[method-assign]
 
 
+def replace_dynamodb_tag_values() -> None:
+    """DynamoDB's TagResource with a key the table already carries replaces that tag's value
+    (AWS's tagging rules: keys are unique per resource); moto appends a second tag of the same
+    key, so the first value read back would be the stale one."""
+    from moto.dynamodb.models import DynamoDBBackend  # noqa: PLC0415
+
+    def tag_resource(self: Any, arn: str, tags: dict[str, str]) -> None:
+        new = dict(tags)
+        for table in self.tables.values():
+            if table.table_arn == arn:
+                kept = [t for t in table.tags if t["Key"] not in new]
+                table.tags = kept + [{"Key": k, "Value": v} for k, v in new.items()]
+
+    DynamoDBBackend.tag_resource = tag_resource  # type: ignore[method-assign]
+
+
 def route_cloudformation_state_machines() -> None:
     """CloudFormation's ``AWS::StepFunctions::StateMachine`` into the backend the API uses (see
     the module docstring): the models module's own backend lookups go through moto's
@@ -1129,6 +1145,7 @@ def main(argv: list[str] | None = None) -> None:
     bound_memory()
     serialize_requests(float(os.environ.get(LATENCY_ENV, "0")) / 1000)
     honour_copy_if_none_match()
+    replace_dynamodb_tag_values()
     route_cloudformation_state_machines()
     authorize_like_aws()
     refuse_unsupported_policies()

@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 from contextlib import AsyncExitStack
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import pydantic
@@ -35,6 +36,7 @@ from aegis_runtime.health import HealthServer
 from aegis_runtime.heartbeat import HeartbeatPublisher
 from aegis_runtime.lifecycle import start_background
 from aegis_runtime.metrics import Metrics
+from aegis_storage import fleetindex
 from aegis_storage.clients import AwsClients, open_clients
 from aegis_storage.readmodel import Change
 
@@ -174,6 +176,21 @@ class ServiceApp:
             producer=self.settings.service,
             at=self.clock(),
         )
+
+    def backfill_fleet_index(
+        self, stack: AsyncExitStack, clients: AwsClients, family: fleetindex.Family
+    ) -> None:
+        """Give the fleet index keys to this service's items written before the index, when the
+        table asks (:mod:`aegis_storage.fleetindex`): at start and every
+        ``fleet_index_check_s``, for as long as ``stack`` is open."""
+        backfill = fleetindex.IndexBackfill(
+            clients.dynamodb,
+            self.settings.table,
+            family,
+            clock=self.clock,
+            interval=timedelta(seconds=self.settings.fleet_index_check_s),
+        )
+        start_background(stack, backfill.run, "fleet-index-backfill")
 
     async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
         """Build the service's parts; what it registers on ``stack`` is closed first on stop."""

@@ -68,6 +68,14 @@ class AegisSettings(BaseSettings):
     table: str = Field(
         default="AEGIS-DynamoDB-FactoryStatus", description="The DynamoDB read-model table."
     )
+    fleet_index_check_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="The processor and the alert dispatcher: seconds between their checks "
+        "whether the table asks them to give the fleet index keys to items written before the "
+        "index (`aegis bootstrap` asks when it adds the index, or with `--reindex`); each also "
+        "checks at start.",
+    )
     mqtt_url: str = Field(
         default="mqtt://127.0.0.1:1883",
         description="The device broker: `mqtt://host:port`, or `mqtts://host:port` for TLS "

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aegis_contracts import keys
+from aegis_storage import fleetindex
 from aegis_storage.clients import AwsClients
 from aegis_storage.errors import NotFound, StorageError, translated
-from aegis_storage.readmodel import indexed
 
 LIFECYCLE_RULES: list[dict[str, Any]] = [
     {
@@ -66,10 +66,6 @@ FLEET_INDEX: dict[str, Any] = {
     "Projection": {"ProjectionType": "KEYS_ONLY"},
 }
 INDEX_WAIT_S = 600.0
-# a tag on the table, set once the index has been backfilled (or the table was made with it):
-# later runs of bootstrap do not scan the table again unless asked to (``reindex``); a tag, not an
-# item, so bootstrap's role reads no data
-BACKFILL_TAG = "aegis:fleet-index-backfill"
 STREAM = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}
 TTL_ATTRIBUTE = "ttl"
 
@@ -306,12 +302,12 @@ async def ensure_fleet_index(
     wait_s: float = INDEX_WAIT_S,
 ) -> None:
     """Add the fleet index to a table made without it (DynamoDB builds it in the background:
-    wait until it is ACTIVE), then backfill: every FACTORY LATEST and firing alert state that
-    lacks the index keys gets them. The backfill scans the whole table, so it runs once: a
-    marker item records it, and later runs skip it unless ``reindex`` (after a rollout in which
-    writers of the previous version kept writing). A table just created (``empty``) needs none.
-    An index of that name with another shape is an error an operator must resolve (it cannot be
-    changed in place)."""
+    wait until it is ACTIVE) and ask its writers to backfill it: the items written before the
+    index lack its keys (see :mod:`aegis_storage.fleetindex`; this role reads and writes no
+    item, it raises the table's backfill generation). ``reindex`` asks again (after a rollout in
+    which writers of the previous version kept writing). A table just created (``empty``) asks
+    for nothing. An index of that name with another shape is an error an operator must resolve
+    (it cannot be changed in place)."""
     ddb = clients.dynamodb
     current = _index_of(desc, keys.FLEET_INDEX)
     if current is None:
@@ -331,25 +327,21 @@ async def ensure_fleet_index(
     else:
         report.add(table, "fleet-index", "unchanged", f"{keys.FLEET_INDEX} (KEYS_ONLY)")
     await _wait_index_active(clients, table, wait_s)
-    with translated(f"tags of {table}"):
-        arn = str(desc["TableArn"])
-        tags = (await ddb.list_tags_of_resource(ResourceArn=arn)).get("Tags", [])
-    done = any(t.get("Key") == BACKFILL_TAG for t in tags)
-    if done and not reindex:
-        report.add(table, "fleet-index-backfill", "unchanged", "done before")
-        return
-    added = 0 if empty else await backfill_fleet_index(clients, table)
-    with translated(f"tag {table}"):
-        await ddb.tag_resource(
-            ResourceArn=arn,
-            Tags=[{"Key": BACKFILL_TAG, "Value": "empty table" if empty else f"{added} items"}],
+    arn = str(desc["TableArn"])
+    if empty:
+        report.add(table, "fleet-index-backfill", "unchanged", "new table: nothing to backfill")
+    elif current is None or reindex:
+        generation = await fleetindex.ask_for_backfill(ddb, table, arn)
+        report.add(
+            table,
+            "fleet-index-backfill",
+            "updated",
+            f"generation {generation} asked of the processor and the alert dispatcher "
+            "(each backfills its items on its next check)",
         )
-    report.add(
-        table,
-        "fleet-index-backfill",
-        "updated" if added or not done else "unchanged",
-        "new table: nothing to backfill" if empty else f"{added} items given index keys",
-    )
+    else:
+        generation = await fleetindex.wanted_generation(ddb, table, arn)
+        report.add(table, "fleet-index-backfill", "unchanged", f"generation {generation}")
 
 
 async def _wait_index_active(clients: AwsClients, table: str, wait_s: float) -> None:
@@ -369,69 +361,11 @@ async def _wait_index_active(clients: AwsClients, table: str, wait_s: float) -> 
         await asyncio.sleep(5.0)
 
 
-async def backfill_fleet_index(clients: AwsClients, table: str) -> int:
-    """Give the index keys to every item that belongs in the index and lacks them (a table
-    written by a version without the index). A one-off scan of the whole table, run by
-    bootstrap only, never on a recurring path. Each update is conditional on the item still
-    being what was read (present; for an alert, still firing), so a writer racing with it wins.
-    Returns how many items were updated.
-
-    The bootstrap role may scan and update the index's keys and nothing else
-    (deploy/infra/policies/bootstrap.json): the scan says ``Select: SPECIFIC_ATTRIBUTES`` and
-    names only those attributes, and the updates ask for nothing back (``ReturnValues: NONE``)."""
-    ddb = clients.dynamodb
-    added = 0
-    paginator = ddb.get_paginator("scan")
-    with translated(f"backfill index {keys.FLEET_INDEX} of {table}"):
-        async for page in paginator.paginate(
-            TableName=table,
-            FilterExpression=(
-                "attribute_not_exists(#ipk) AND ((sk = :latest AND begins_with(pk, :factory))"
-                " OR (begins_with(pk, :alert) AND firing = :true))"
-            ),
-            ExpressionAttributeNames={"#ipk": keys.FLEET_PK},
-            ExpressionAttributeValues={
-                ":latest": {"S": keys.LATEST_SK},
-                ":factory": {"S": "FACTORY#"},
-                ":alert": {"S": "ALERT#"},
-                ":true": {"BOOL": True},
-            },
-            ProjectionExpression="pk, sk, firing",
-            Select="SPECIFIC_ATTRIBUTES",
-        ):
-            for item in page.get("Items", []):
-                index = {k: v for k, v in indexed(item).items() if k in keys.FLEET_ATTRIBUTES}
-                if not index:
-                    continue
-                condition = "attribute_exists(pk)"
-                values: dict[str, Any] = {
-                    ":ipk": index[keys.FLEET_PK],
-                    ":isk": index[keys.FLEET_SK],
-                }
-                if str(item["pk"]["S"]).startswith("ALERT#"):
-                    condition += " AND firing = :true"
-                    values[":true"] = {"BOOL": True}
-                try:
-                    await ddb.update_item(
-                        TableName=table,
-                        Key={"pk": item["pk"], "sk": item["sk"]},
-                        UpdateExpression="SET #ipk = :ipk, #isk = :isk",
-                        ConditionExpression=condition,
-                        ExpressionAttributeNames={"#ipk": keys.FLEET_PK, "#isk": keys.FLEET_SK},
-                        ExpressionAttributeValues=values,
-                        ReturnValues="NONE",
-                    )
-                except ddb.exceptions.ConditionalCheckFailedException:
-                    continue  # deleted or resolved meanwhile: it belongs out of the index
-                added += 1
-    return added
-
-
 async def bootstrap(
     clients: AwsClients, *, bucket: str, table: str, reindex: bool = False
 ) -> BootstrapReport:
     """Create or correct the bucket and the table. A second run reports every step unchanged.
-    ``reindex``: backfill the fleet index again even if it was done before."""
+    ``reindex``: ask the writers to backfill the fleet index again."""
     report = BootstrapReport()
     bucket_report, table_report = BootstrapReport(), BootstrapReport()
     await asyncio.gather(

@@ -42,6 +42,7 @@ from aegis_runtime.lifecycle import run_service, start_background
 from aegis_runtime.service import ServiceApp
 from aegis_storage.clients import AwsClients
 from aegis_storage.errors import StorageError
+from aegis_storage.fleetindex import FIRING_ALERTS
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
@@ -193,6 +194,7 @@ class DispatcherApp(ServiceApp):
         stack.push_async_callback(self._drain)
         start_background(stack, self._sweeps, "incident-sweep")
         start_background(stack, self.incident_metrics.run, "incident-metrics")
+        self.backfill_fleet_index(stack, clients, FIRING_ALERTS)
         log.info(
             "alert_dispatcher_started",
             webhook=bool(webhook),

@@ -27,6 +27,7 @@ from aegis_runtime.broker import (
 from aegis_runtime.lifecycle import run_service, settle_heap, start_background
 from aegis_runtime.service import ServiceApp
 from aegis_storage.clients import AwsClients
+from aegis_storage.fleetindex import FACTORIES
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
@@ -112,6 +113,7 @@ class ProcessorApp(ServiceApp):
             report_check_cache_s=s.report_check_cache_s,
             late_after=timedelta(seconds=max(0.0, s.aggregate_delay_s - LATE_CLOCK_MARGIN_S)),
         )
+        self.backfill_fleet_index(stack, clients, FACTORIES)
         if s.refresh_enabled:
             refresher = Refresher(
                 self.processor,
