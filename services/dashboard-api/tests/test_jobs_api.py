@@ -22,6 +22,7 @@ from aegis_dashboard_api.access import token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.emulator import arequest_counts
 from aegis_devstack.testing.storage import Foundation
 from aegis_orchestration.model import Job
 from aegis_orchestration.store import DuplicateJob, JobStore
@@ -211,7 +212,7 @@ async def test_a_second_job_on_the_same_trigger_and_a_taken_id_are_refused(
 
 
 async def test_each_change_is_a_version_kept_with_who_made_it_and_two_versions_diff(
-    admin: Admin, unique_id: str
+    admin: Admin, unique_id: str, aws_endpoint: str
 ) -> None:
     job_id = f"kept-{unique_id}"
     await admin("POST", "/api/jobs", json=job(job_id))
@@ -220,8 +221,13 @@ async def test_each_change_is_a_version_kept_with_who_made_it_and_two_versions_d
     listed = (await admin("GET", f"/api/jobs/{job_id}/versions")).json()["versions"]
     who = f"token:ops-{unique_id}"
     assert [(v["version"], v["by"]) for v in listed] == [(1, who), (2, who), (3, who)]
+    before = await arequest_counts(aws_endpoint)
     first = (await admin("GET", f"/api/jobs/{job_id}/versions/1")).json()
+    read = (await arequest_counts(aws_endpoint)) - before
     assert (first["job_name"], first["version"]) == ("Incident noted", 1)
+    # one version is read by its key, not by reading every version of the job
+    assert read.count("dynamodb", "GetItem") >= 1
+    assert read.count("dynamodb", "Query") == 0
     assert (await admin("GET", f"/api/jobs/{job_id}/versions/9")).status_code == 404
     changed = (await admin("GET", f"/api/jobs/{job_id}/diff?from=1&to=3")).json()["diff"]
     removed = [ln for ln in changed.splitlines() if ln.startswith("-") and not ln.startswith("---")]

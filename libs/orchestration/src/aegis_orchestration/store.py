@@ -157,6 +157,14 @@ class JobStore:
             key=lambda v: int(v["version"] or 0),
         )
 
+    async def version(self, job_id: str, version: int) -> dict[str, Any] | None:
+        """One version of the job (``version``, ``at``, ``by``, ``job``), read by its key; None
+        when it has none of that number."""
+        item = await self.readmodel.get_item(
+            keys.JOB_REGISTRY_PK, keys.job_version_sk(job_id, version)
+        )
+        return {k: item.get(k) for k in ("version", "at", "by", "job")} if item else None
+
     # -- execution log ----------------------------------------------------------------------
 
     async def put_execution(

@@ -233,6 +233,15 @@ async def _versions(request: Request, job_id: str) -> list[dict[str, Any]]:
     return await store.versions(job_id)
 
 
+async def _version(request: Request, job_id: str, version: int) -> dict[str, Any]:
+    """One version of a job, by its key (a job deleted since keeps its versions)."""
+    found = await store_of(request).version(_known(job_id), version)
+    if found is None:
+        await _current(store_of(request), job_id)  # an unknown job: 404 unknown_job
+        raise ApiError(404, "unknown_version", f"job {job_id!r} has no version {version}")
+    return found
+
+
 def _document(version: dict[str, Any]) -> str:
     job = Job.model_validate(version["job"])
     return yaml.safe_dump(job_document(job), sort_keys=False, allow_unicode=True)
@@ -261,10 +270,7 @@ async def versions(job_id: str, request: Request) -> JobVersions:
 )
 async def job_version(job_id: str, version: int, request: Request) -> Job:
     """The job as it was at ``version``."""
-    found = {int(v["version"]): v for v in await _versions(request, job_id)}
-    if version not in found:
-        raise ApiError(404, "unknown_version", f"job {job_id!r} has no version {version}")
-    return Job.model_validate(found[version]["job"])
+    return Job.model_validate((await _version(request, job_id, version))["job"])
 
 
 @router.get(
@@ -277,13 +283,10 @@ async def diff(
     to_version: Annotated[int, Query(alias="to", ge=1)],
 ) -> JobDiff:
     """What changed from one version to another, as a unified diff of the jobs-file YAML."""
-    found = {int(v["version"]): v for v in await _versions(request, job_id)}
-    for wanted in (from_version, to_version):
-        if wanted not in found:
-            raise ApiError(404, "unknown_version", f"job {job_id!r} has no version {wanted}")
+    old, new = [await _version(request, job_id, n) for n in (from_version, to_version)]
     lines = difflib.unified_diff(
-        _document(found[from_version]).splitlines(keepends=True),
-        _document(found[to_version]).splitlines(keepends=True),
+        _document(old).splitlines(keepends=True),
+        _document(new).splitlines(keepends=True),
         fromfile=f"{job_id} v{from_version}",
         tofile=f"{job_id} v{to_version}",
     )
