@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -669,6 +669,57 @@ class ReadModel:
                     if live(item, now)
                 )
         return items
+
+    async def query_pages(
+        self,
+        pk: str,
+        *,
+        now: datetime,
+        sk_condition: str | None = None,
+        filter_expression: str | None = None,
+        names: Mapping[str, str] | None = None,
+        values: Mapping[str, Any] | None = None,
+        projection: Sequence[str] | None = None,
+        forward: bool = True,
+        page_size: int | None = None,
+    ) -> AsyncGenerator[list[dict[str, Any]]]:
+        """The live items of one partition, a page at a time, in sort key order (``forward``)
+        or the reverse: ``sk_condition`` on the sort key (``sk``) narrows the range read,
+        ``filter_expression`` what comes back, ``projection`` (document paths over ``names``)
+        what each item holds; ``values`` are plain values; ``page_size`` the items each page
+        reads (before the filter). A projection keeps ``ttl`` so expired items stay out. The
+        caller stops reading by leaving the loop."""
+        condition = "pk = :pk" + (f" AND {sk_condition}" if sk_condition else "")
+        request: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": condition,
+            "ExpressionAttributeValues": {
+                ":pk": {"S": pk},
+                **{k: _ser.serialize(v) for k, v in (values or {}).items()},
+            },
+            "ScanIndexForward": forward,
+            "ConsistentRead": True,
+        }
+        all_names = dict(names or {})
+        if filter_expression:
+            request["FilterExpression"] = filter_expression
+        if page_size is not None:
+            request["Limit"] = page_size
+        if projection:
+            all_names.setdefault("#ttl", "ttl")
+            request["ProjectionExpression"] = ", ".join(
+                [*projection, *(["#ttl"] if "#ttl" not in projection else [])]
+            )
+        if all_names:
+            request["ExpressionAttributeNames"] = all_names
+        paginator = self._ddb.get_paginator("query")
+        with translated(f"query {pk}"):
+            async for page in paginator.paginate(**request):
+                yield [
+                    item
+                    for item in (from_attributes(i) for i in page.get("Items", []))
+                    if live(item, now)
+                ]
 
     async def history_states(
         self, factory_id: str, start: datetime, end: datetime, *, now: datetime

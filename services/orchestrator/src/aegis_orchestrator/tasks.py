@@ -9,6 +9,7 @@ same key, so a receiver that honours it acts once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -22,7 +23,7 @@ from aegis_contracts.events import SystemEvent
 from aegis_contracts.subjects import system_subject
 from aegis_orchestration.engine import Executor
 from aegis_orchestration.model import Job, JobStep, TaskKind
-from aegis_orchestration.query import build_query
+from aegis_orchestration.query import EMPTY, QuerySpec, build_query
 from aegis_orchestrator.egress import EgressPolicy, EgressRefused
 from aegis_runtime.redact import redact_url
 from aegis_storage.readmodel import ReadModel
@@ -136,8 +137,7 @@ class Tasks:
             step: JobStep, params: dict[str, Any], _: Mapping[str, Any], *, key: str
         ) -> Any:
             spec = build_query(job.conditions_of(step.id), params)
-            items = await self.readmodel.partition(spec.pk, now=self.clock())
-            found = spec.apply(items)
+            found = await read_query(self.readmodel, spec, now=self.clock())
             return {"items": found, "count": len(found)}
 
         return {
@@ -218,3 +218,33 @@ class Tasks:
         if proc.returncode:
             raise TaskFailed(f"aegis {name} exited {proc.returncode}: {text[-500:]}")
         return {"exit_code": proc.returncode, "output": text}
+
+
+async def read_query(
+    readmodel: ReadModel, spec: QuerySpec, *, now: datetime
+) -> list[dict[str, Any]]:
+    """A READ_MODEL_QUERY's answer, reading only the range of the partition that can hold it
+    (:meth:`QuerySpec.plan`) and, when the order is the sort key's, only until it is complete."""
+    plan = spec.plan()
+    if plan.key_condition == EMPTY:
+        return []
+    kept: list[dict[str, Any]] = []
+    pages = contextlib.aclosing(
+        readmodel.query_pages(
+            spec.pk,
+            now=now,
+            sk_condition=plan.key_condition,
+            filter_expression=plan.filter,
+            names=plan.names,
+            values=plan.values,
+            projection=plan.projection,
+            forward=plan.forward,
+            page_size=spec.limit if plan.stops_early else None,
+        )
+    )
+    async with pages as read:
+        async for page in read:
+            kept.extend(i for i in page if spec.matches(i))
+            if plan.stops_early and len(kept) >= spec.limit:
+                break
+    return spec.apply(kept)
