@@ -374,3 +374,104 @@ async def test_a_failure_naming_an_environment_value_is_logged_scrubbed() -> Non
     hook = next(r for r in result.records if r.step_id == "hook")
     assert hook.error == {"Error": "RuntimeError", "Cause": "connection to **********?x=1 reset"}
     assert "T0KEN" not in repr(result.records) and "T0KEN" not in repr(result.context)
+
+
+# -- OUT and INOUT params: a step's output written back for the steps after it ---------------
+
+
+def counting() -> Job:
+    """``count`` reads the read model (its answer has ``count``), ``bump`` takes a counter in
+    and gives it back changed, ``tell`` reads both back: from the globals and the payload."""
+    return Job.model_validate(
+        {
+            "id": "counting",
+            "job_name": "counting",
+            "trigger_type": "Automation",
+            "global_params": {"attempts": 1},
+            "steps": [
+                {"id": "count", "step_type": "TASK", "step_sub_type": "READ_MODEL_QUERY",
+                 "is_start_point": True, "seq": 1},
+                {"id": "bump", "step_type": "TASK", "step_sub_type": "RUN_COMMAND", "seq": 2},
+                {"id": "tell", "step_type": "TASK", "step_sub_type": "SLACK_NOTIFY", "seq": 3},
+            ],
+            "params": [
+                {"id": "c1", "step_id": "count", "param_key": "pk", "param_value": "FACTORY#x"},
+                {"id": "c2", "step_id": "count", "param_key": "found", "param_type": "OUT",
+                 "ref_path": "$.count", "data_type": "INTEGER"},
+                {"id": "c3", "step_id": "count", "param_key": "first", "param_type": "OUT",
+                 "ref_path": "$.items[0].level", "target_type": "PAYLOAD"},
+                {"id": "b1", "step_id": "bump", "param_key": "attempts", "param_type": "INOUT",
+                 "source_type": "GLOBAL_TASK_PARAMETER", "ref_path": "attempts",
+                 "data_type": "INTEGER"},
+                {"id": "t1", "step_id": "tell", "param_key": "found", "data_type": "INTEGER",
+                 "source_type": "GLOBAL_TASK_PARAMETER", "ref_path": "found"},
+                {"id": "t2", "step_id": "tell", "param_key": "attempts", "data_type": "INTEGER",
+                 "source_type": "GLOBAL_TASK_PARAMETER", "ref_path": "attempts"},
+                {"id": "t3", "step_id": "tell", "param_key": "first", "source_type": "PAYLOAD",
+                 "ref_path": "$.first"},
+            ],
+        }
+    )  # fmt: skip
+
+
+class Counter(Fake):
+    async def __call__(
+        self, step: JobStep, params: dict[str, Any], ctx: Mapping[str, Any], *, key: str
+    ) -> Any:
+        self.calls.append((step.id, params, time.monotonic()))
+        if step.id == "count":
+            return {"items": [{"level": "CRITICAL"}, {"level": "NORMAL"}], "count": "2"}
+        if step.id == "bump":
+            return {"attempts": params["attempts"] + 1}
+        return {"ok": True}
+
+
+async def test_out_and_inout_params_write_the_outputs_that_later_steps_read() -> None:
+    fake = Counter()
+    result = await interpreter(counting(), fake).run(TRIGGER)
+    assert result.status == "SUCCEEDED", result.error
+    calls = {name: params for name, params, _ in fake.calls}
+    assert "found" not in calls["count"]  # an OUT param is not an input
+    assert calls["bump"] == {"attempts": 1}  # an INOUT param goes in from its source...
+    assert calls["tell"] == {"found": 2, "attempts": 2, "first": "CRITICAL"}  # ...and back
+    assert result.context["globals"] == {"attempts": 2, "found": 2}
+    assert result.context["payload"]["first"] == "CRITICAL"
+
+
+async def test_a_resumed_run_writes_the_recorded_outputs_again() -> None:
+    fake = Counter()
+    journal = await interrupted(counting(), fake, at="bump")  # recorded, then the crash
+    again = Counter()
+    result = await interpreter(counting(), again).run(TRIGGER, journal=journal)
+    assert [name for name, _, _ in again.calls] == ["tell"]
+    assert again.calls[0][1] == {"found": 2, "attempts": 2, "first": "CRITICAL"}
+    assert result.status == "SUCCEEDED"
+
+
+async def test_a_required_out_param_the_output_lacks_fails_the_step() -> None:
+    job = counting()
+    params = [
+        p.model_copy(update={"ref_path": "$.missing", "is_required": True}) if p.id == "c2" else p
+        for p in job.params
+    ]
+    fake = Counter()
+    result = await interpreter(job.model_copy(update={"params": params}), fake).run(TRIGGER)
+    assert result.status == "FAILED"
+    assert result.error is not None and result.error["Error"] == "ParamError"
+    assert "found" in result.error["Cause"]
+    assert [name for name, _, _ in fake.calls] == ["count"]
+
+
+def test_out_params_are_checked_where_they_are_and_where_they_write() -> None:
+    base = counting().model_dump()
+    params = [
+        *base["params"],
+        {"id": "x1", "step_id": "tell", "param_key": "k", "target_type": "PAYLOAD"},
+        {"id": "x2", "step_id": "tell", "param_key": "k2", "param_type": "OUT",
+         "target_type": "FACTORY"},
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="target_type") as caught:
+        Job.model_validate({**base, "params": params})
+    text = str(caught.value)
+    assert "param x1: target_type is for OUT and INOUT params" in text
+    assert "param x2: target_type FACTORY is not one of GLOBAL_TASK_PARAMETER, PAYLOAD" in text

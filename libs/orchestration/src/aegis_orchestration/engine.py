@@ -47,7 +47,14 @@ from aegis_orchestration.limits import (
     check_steps,
 )
 from aegis_orchestration.model import FlowKind, Job, JobStep, StepType, TaskKind
-from aegis_orchestration.params import environment_secrets, resolve_params, scrub, slack_escape
+from aegis_orchestration.params import (
+    ParamError,
+    environment_secrets,
+    resolve_params,
+    scrub,
+    slack_escape,
+    write_outputs,
+)
 
 
 class Executor(Protocol):
@@ -251,6 +258,8 @@ class Interpreter:
         if done.status == "SUCCEEDED":
             if step.step_type is StepType.TASK or step.step_sub_type is FlowKind.PARALLEL:
                 context["steps"][step.id] = done.output
+            if step.step_type is StepType.TASK:
+                _write_outputs(self.job, step, done.output, context)
             return None
         error = done.error or {"Error": "Unknown", "Cause": "recorded without an error"}
         context["errors"][step.id] = error
@@ -290,6 +299,7 @@ class Interpreter:
             else:
                 context["steps"][step.id] = output
                 record.output = output
+                _write_outputs(self.job, step, output, context)
                 check_context(step.id, context, self.limits)
                 return
 
@@ -413,6 +423,15 @@ async def run_task(
     except Exception as err:
         raise StepFailed(step.id, type(err).__name__, scrub(str(err), secrets)[:1000]) from None
     return scrub(output, secrets)
+
+
+def _write_outputs(job: Job, step: JobStep, output: Any, context: dict[str, Any]) -> None:
+    """The step's OUT and INOUT params written back (:func:`params.write_outputs`); one the
+    output cannot give fails the step like any other param error."""
+    try:
+        write_outputs(job, step.id, output, context)
+    except ParamError as err:
+        raise StepFailed(step.id, "ParamError", str(err)) from None
 
 
 def _kind(step: JobStep) -> str:

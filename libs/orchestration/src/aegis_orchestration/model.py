@@ -12,6 +12,7 @@ Errors: :class:`JobError` (a ``ValueError``) with the list of ``problems`` found
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -327,8 +328,10 @@ def problems_of(job: Job) -> list[str]:  # noqa: PLR0912 - one check after anoth
                 DataType.ARRAY,
             ):
                 problems.append(f"param {p.id}: parent must be an OBJECT/ARRAY of the same step")
+        problems.extend(_direction_problems(p, by_id))
         if (
-            p.source_type not in (SourceType.STATIC, SourceType.ENVIRONMENT)
+            p.param_type != "OUT"
+            and p.source_type not in (SourceType.STATIC, SourceType.ENVIRONMENT)
             and p.data_type not in (DataType.OBJECT, DataType.ARRAY)
             and not p.ref_path
         ):
@@ -442,6 +445,27 @@ def _never_fires(job: Job) -> list[str]:
                 f"a Component job's trigger_sub_type is Insert (objects are only created), not {sub!r}"
             ]
     return []
+
+
+# where an OUT or INOUT param's value goes after its step: read there by later steps with the
+# source of the same name (``ref_path`` = the param's key)
+OUT_TARGETS = ("GLOBAL_TASK_PARAMETER", "PAYLOAD")
+
+
+def _direction_problems(p: StepParam, by_id: Mapping[str, JobStep]) -> list[str]:
+    if p.param_type == "IN":
+        return [f"param {p.id}: target_type is for OUT and INOUT params"] if p.target_type else []
+    problems = []
+    step = by_id.get(p.step_id)
+    if step is not None and step.step_type is not StepType.TASK:
+        problems.append(f"param {p.id}: {p.param_type} params belong to TASK steps")
+    if p.parent_param_id is not None:
+        problems.append(f"param {p.id}: an {p.param_type} param is top-level")
+    if p.target_type is not None and p.target_type not in OUT_TARGETS:
+        problems.append(
+            f"param {p.id}: target_type {p.target_type} is not one of {', '.join(OUT_TARGETS)}"
+        )
+    return problems
 
 
 def _cycle(start: str, parent_of: dict[str, str | None]) -> bool:

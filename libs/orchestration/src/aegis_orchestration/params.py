@@ -169,7 +169,7 @@ def _resolve_level(
     escape: Callable[[str], str] | None,
 ) -> dict[str, Any]:
     level = sorted(
-        (p for p in params if p.parent_param_id == parent),
+        (p for p in params if p.parent_param_id == parent and p.param_type != "OUT"),
         key=lambda p: (p.param_index or 0, p.param_seq or 0, p.id),
     )
     resolved: dict[str, Any] = {}
@@ -198,14 +198,46 @@ def _resolve_one(
         value = source_value(param, context, env)
         if escape is not None and param.source_type in _DATA_SOURCES and value is not _MISSING:
             value = _escaped(value, escape)
+    return _settled(param, value, "its source")
+
+
+def _settled(param: StepParam, value: Any, where: str) -> Any:
+    """``value`` coerced, or the default when there is none; ``_MISSING`` for an optional
+    param without either; :class:`ParamError` for a required one."""
     if value is _MISSING or value is None:
         if param.default_value is not None:
             value = param.default_value
         elif param.is_required:
-            raise ParamError(param, "required, and its source has no value")
+            raise ParamError(param, f"required, and {where} has no value for it")
         else:
             return _MISSING
     return coerce(param, value)
+
+
+def write_outputs(job: Job, step_id: str, output: Any, context: dict[str, Any]) -> dict[str, Any]:
+    """After a TASK step succeeded: each of its OUT and INOUT params takes its value from the
+    step's output (an OUT param at ``ref_path``, else at its key; an INOUT param at its key, the
+    value it went in with coming back changed) and writes it, coerced to its ``data_type``,
+    where ``target_type`` says: the job's globals (the default; later steps read it with
+    GLOBAL_TASK_PARAMETER) or the execution's payload (PAYLOAD). Returns what was written, by
+    target. A required one the output lacks raises :class:`ParamError`."""
+    written: dict[str, Any] = {}
+    for param in job.params_of(step_id):
+        if param.param_type == "IN" or param.parent_param_id is not None:
+            continue
+        path = param.ref_path if param.param_type == "OUT" and param.ref_path else None
+        found = lookup(output, path) if path else _key_of(output, param.param_key)
+        value = _settled(param, found, "the step's output")
+        if value is _MISSING:
+            continue
+        target = "payload" if param.target_type == "PAYLOAD" else "globals"
+        context.setdefault(target, {})[param.param_key] = value
+        written.setdefault(target, {})[param.param_key] = value
+    return written
+
+
+def _key_of(output: Any, key: str) -> Any:
+    return output.get(key, _MISSING) if isinstance(output, Mapping) else _MISSING
 
 
 REDACTED = "**********"
