@@ -7,9 +7,10 @@ each may not do is refused: another service's events, raw events, stream managem
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from dataclasses import replace
-from datetime import UTC, date, datetime
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -44,6 +45,7 @@ from aegis_dashboard_api.feed import SUBJECTS, LiveFeed
 from aegis_dashboard_api.live import Hub, Listener, LiveEvent
 from aegis_dashboard_api.routes import Reader
 from aegis_dashboard_api.settings import DashboardSettings
+from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.natsbus import Bus, Connect
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
@@ -163,16 +165,53 @@ async def test_the_orchestrator_runs_a_job_from_a_change_under_its_identity(
     await refused(app.broker, raw_subject(factory, "factory_state"))
 
 
-async def test_jobs_an_admin_registers_on_the_dashboard_start_from_its_sign_ins(
+@dataclass
+class Desk:
+    """A dashboard and an orchestrator, each under its own NATS identity, on one bus."""
+
+    client: httpx.AsyncClient
+    app: Any
+    orchestrator: OrchestratorApp
+    admin: str
+    viewer: str
+
+    async def register(self, job_id: str, sub_type: str, condition: str) -> None:
+        made = await self.client.post(
+            "/api/jobs",
+            headers={"Authorization": f"Bearer {self.admin}"},
+            json={
+                "id": job_id,
+                "job_name": job_id,
+                "trigger_type": "Automation",
+                "object_id": "dashboard-api",
+                "trigger_sub_type": sub_type,
+                "trigger_condition_expr": condition,
+                "steps": [{"id": "warn", "step_type": "DUMMY", "is_start_point": True}],
+            },
+        )
+        assert made.status_code == 201, made.text
+
+    async def heard(self, jobs: Iterable[str]) -> None:
+        await eventually(
+            lambda: set(jobs) <= {j.id for j in self.orchestrator.index.jobs()},
+            within=10,
+            what="the jobs heard by the orchestrator",
+        )
+
+    async def runs(self, jobs: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
+        assert self.orchestrator.store is not None
+        return {j: await self.orchestrator.store.executions(j, limit=10) for j in jobs}
+
+
+@asynccontextmanager
+async def desk(
     bus: Bus,
     foundation: Foundation,
     aws_endpoint: str,
     unique_id: str,
     started: list[ServiceApp],
-) -> None:
-    """The dashboard announces, under its own identity, the jobs an admin registers through
-    its API (the orchestrator takes them at once) and each sign-in; each Login job starts once,
-    for the sign-in its condition names: one that succeeded, one with a wrong token."""
+    clock: Callable[[], datetime] = utc_now,
+) -> AsyncIterator[Desk]:
     orchestrator = OrchestratorApp(
         orchestrator_settings(bus, foundation, aws_endpoint, unique_id), environment={}
     )
@@ -186,57 +225,50 @@ async def test_jobs_an_admin_registers_on_the_dashboard_start_from_its_sign_ins(
         table=foundation.table,
         dashboard_tokens=f"admin:{token_digest(admin_token)},viewer:{token_digest(viewer_token)}",
     )
-    app = create_dashboard(settings, clients=foundation.clients, clock=utc_now)
+    app = create_dashboard(settings, clients=foundation.clients, clock=clock)
     app.state.reader.readmodel.changes = app.state.feed.announce  # as its lifespan does
     stop = asyncio.Event()
     running = asyncio.create_task(app.state.feed.run(stop))
-    jobs = {
-        f"signed-in-{unique_id}": 'StringEQ([$.detail.outcome], "ok")',
-        f"wrong-token-{unique_id}": 'StringEQ([$.detail.exception], "wrong_token")',
-    }
-
-    async def runs() -> dict[str, list[dict[str, Any]]]:
-        assert orchestrator.store is not None
-        return {j: await orchestrator.store.executions(j, limit=10) for j in jobs}
-
-    async def both_ran() -> bool:
-        return all((await runs()).values())
-
     try:
         await eventually(lambda: app.state.feed.connected, within=10, what="the dashboard's NATS")
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://dash"
         ) as client:
-            for job_id, condition in jobs.items():
-                made = await client.post(
-                    "/api/jobs",
-                    headers={"Authorization": f"Bearer {admin_token}"},
-                    json={
-                        "id": job_id,
-                        "job_name": job_id,
-                        "trigger_type": "Automation",
-                        "object_id": "dashboard-api",
-                        "trigger_sub_type": "Login",
-                        "trigger_condition_expr": condition,
-                        "steps": [{"id": "warn", "step_type": "DUMMY", "is_start_point": True}],
-                    },
-                )
-                assert made.status_code == 201, made.text
-            await eventually(
-                lambda: set(jobs) <= {j.id for j in orchestrator.index.jobs()},
-                within=10,
-                what="the jobs heard by the orchestrator",
-            )
-            form = {"Content-Type": "application/x-www-form-urlencoded"}
-            ok = await client.post("/login", content=f"token={viewer_token}", headers=form)
-            wrong = await client.post("/login", content="token=guessed", headers=form)
-            assert (ok.status_code, wrong.status_code) == (303, 401)
-            await eventually(both_ran, within=20, what="each Login job's execution")
+            yield Desk(client, app, orchestrator, admin_token, viewer_token)
             await audit.settled(app)
     finally:
         stop.set()
         await running
-    ran = await runs()
+
+
+async def test_jobs_an_admin_registers_on_the_dashboard_start_from_its_sign_ins(
+    bus: Bus,
+    foundation: Foundation,
+    aws_endpoint: str,
+    unique_id: str,
+    started: list[ServiceApp],
+) -> None:
+    """The dashboard announces, under its own identity, the jobs an admin registers through
+    its API (the orchestrator takes them at once) and each sign-in; each Login job starts once,
+    for the sign-in its condition names: one that succeeded, one with a wrong token."""
+    jobs = {
+        f"signed-in-{unique_id}": 'StringEQ([$.detail.outcome], "ok")',
+        f"wrong-token-{unique_id}": 'StringEQ([$.detail.exception], "wrong_token")',
+    }
+    async with desk(bus, foundation, aws_endpoint, unique_id, started) as d:
+        for job_id, condition in jobs.items():
+            await d.register(job_id, "Login", condition)
+        await d.heard(jobs)
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        ok = await d.client.post("/login", content=f"token={d.viewer}", headers=form)
+        wrong = await d.client.post("/login", content="token=guessed", headers=form)
+        assert (ok.status_code, wrong.status_code) == (303, 401)
+
+        async def both_ran() -> bool:
+            return all((await d.runs(jobs)).values())
+
+        await eventually(both_ran, within=20, what="each Login job's execution")
+    ran = await d.runs(jobs)
     assert {j: len(r) for j, r in ran.items()} == dict.fromkeys(jobs, 1)
     assert {r[0]["trigger"]["sub_type"] for r in ran.values()} == {"Login"}
     (refused,) = [
@@ -244,6 +276,46 @@ async def test_jobs_an_admin_registers_on_the_dashboard_start_from_its_sign_ins(
         if e.action == "sign_in" and e.outcome == "refused"
     ]  # fmt: skip
     assert refused.failure == "wrong_token"
+
+
+async def test_reads_of_one_entity_through_the_api_start_select_jobs_once_a_minute_per_person(
+    bus: Bus,
+    foundation: Foundation,
+    aws_endpoint: str,
+    unique_id: str,
+    started: list[ServiceApp],
+) -> None:
+    """A viewer reads one job three times within a minute and an unknown one: the Select job
+    whose condition names that job starts once (the repeats are one read), the one naming
+    another job never; a read in the next minute starts it again."""
+    clock = FakeClock(datetime(2026, 11, 30, 9, 0, 5, tzinfo=UTC))
+    read, other = f"read-{unique_id}", f"other-{unique_id}"
+    jobs = {
+        read: (
+            f'AND(StringEQ([$.detail.entity], "job"), StringEQ([$.detail.id], "{read}"), '
+            'StringEQ([$.detail.via], "token"))'
+        ),
+        other: f'StringEQ([$.detail.id], "nobody-reads-{unique_id}")',
+    }
+    async with desk(bus, foundation, aws_endpoint, unique_id, started, clock) as d:
+        for job_id, condition in jobs.items():
+            await d.register(job_id, "Select", condition)
+        await d.heard(jobs)
+        viewer = {"Authorization": f"Bearer {d.viewer}"}
+        for _ in range(3):
+            assert (await d.client.get(f"/api/jobs/{read}", headers=viewer)).status_code == 200
+        assert (await d.client.get("/api/jobs/no-such-job", headers=viewer)).status_code == 404
+
+        async def ran(n: int) -> bool:
+            return len((await d.runs([read]))[read]) >= n
+
+        await eventually(lambda: ran(1), within=20, what="the Select job's execution")
+        clock.now += timedelta(minutes=1)
+        assert (await d.client.get(f"/api/jobs/{read}", headers=viewer)).status_code == 200
+        await eventually(lambda: ran(2), within=20, what="its execution for the next minute")
+    runs = await d.runs(jobs)
+    assert (len(runs[read]), len(runs[other])) == (2, 0)
+    assert runs[read][0]["trigger"]["sub_type"] == "Select"
 
 
 def heard(listener: Listener) -> list[LiveEvent]:

@@ -14,7 +14,8 @@ JetStream API (``$JS.API.STREAM.PURGE.*``). With them:
   its reports, the cloud collector its snapshots, the alert dispatcher ``alert_sent``, the
   orchestrator's jobs system events of other kinds); the dashboard only the changes of the
   incidents people acknowledge or resolve and the jobs admins change on it, and its sign-ins
-  (``aegis.events.login``, which no other identity may forge);
+  (``aegis.events.login``) and each read of one entity (``aegis.events.select``), which no
+  other identity may forge;
 * every service publishes its own heartbeat and dead letters, and checks the streams exist
   (``$JS.API.STREAM.INFO``), but only ``admin`` (``aegis bootstrap``, operators) creates, updates,
   purges or deletes streams: services run with ``AEGIS_NATS_MANAGE_STREAMS=false``;
@@ -103,6 +104,7 @@ def _consumes(stream: str) -> tuple[str, ...]:
 ALERT_SENT = f"{SYSTEM}.alert_sent"
 REPORT_GENERATED = f"{SYSTEM}.report_generated"
 SIGNED_IN = f"{SYSTEM}.login"
+READ_ONE = f"{SYSTEM}.select"
 # what the dashboard's live feed hears (aegis_dashboard_api.feed)
 LIVE_FEED = (
     f"{CHANGES}.factory_latest",
@@ -162,7 +164,7 @@ IDENTITIES: dict[str, Identity] = {
             *_consumes("AEGIS_RAW"),
         ),
         subscribe=(f"{CHANGES}.orch_job",),
-        deny_publish=(ALERT_SENT, REPORT_GENERATED, SIGNED_IN),
+        deny_publish=(ALERT_SENT, REPORT_GENERATED, SIGNED_IN, READ_ONE),
     ),
     # announces its 5-minute windows (the service and `aegis aggregate`), and the changes of its
     # graph windows and of the late-data markers it clears
@@ -194,10 +196,10 @@ IDENTITIES: dict[str, Identity] = {
     ),
     # the live feed: plain subscriptions; it announces the incidents people acknowledge or
     # resolve and the jobs admins change on a dashboard (through JetStream, like the
-    # dispatcher's own changes and `aegis jobs`), and each sign-in
+    # dispatcher's own changes and `aegis jobs`), each sign-in and each read of one entity
     "dashboard-api": Identity(
         "dashboard-api",
-        (f"{CHANGES}.incident", f"{CHANGES}.orch_job", SIGNED_IN),
+        (f"{CHANGES}.incident", f"{CHANGES}.orch_job", SIGNED_IN, READ_ONE),
         subscribe=LIVE_FEED,
     ),
 }

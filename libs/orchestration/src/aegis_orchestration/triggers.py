@@ -16,7 +16,9 @@ registered with ``*`` for object or sub type), each with its condition compiled 
   (``alert_sent``), data ``{kind, producer, at, detail}``; a sign-in on the dashboard is the
   sub type ``Login`` (object ``dashboard-api``, kind ``login``), with ``detail.outcome`` ok,
   refused or failed and ``detail.exception`` why (``wrong_token``, ``locked``,
-  ``unknown_user``, ``provider_refused``, ``provider_unreachable``; null on success).
+  ``unknown_user``, ``provider_refused``, ``provider_unreachable``; null on success); a read
+  of one factory, incident or job through the dashboard's API is the sub type ``Select``
+  (kind ``select``), with ``detail.entity``, ``detail.id``, ``detail.view`` and who read it.
 - Component: an S3 object written (``ObjectCreated``): object = the key's family (the last token
   of ``aegis.objects.created.{family}``), sub type ``Insert``, data ``{family, bucket, key,
   size_bytes, etag, producer, created_at}``; a bucket, prefix or key pattern is a condition on
@@ -91,7 +93,7 @@ def platform_trigger(raw: Mapping[str, Any]) -> Trigger:
 
 
 # system event kinds that are the Automation sub types of the job model's own vocabulary
-AUTOMATION_SUB_TYPES = {"login": "Login"}
+AUTOMATION_SUB_TYPES = {"login": "Login", "select": "Select"}
 
 
 def automation_trigger(event: Mapping[str, Any]) -> Trigger:

@@ -406,6 +406,21 @@ CHANNELS: tuple[Channel, ...] = (
         readers=(_ON_EVENTS,),
     ),
     Channel(
+        id="entityReads",
+        address=system_subject("select"),
+        title="Reads of one entity",
+        description=(
+            "A read of one factory, incident or job through the dashboard's API, at most one "
+            "per person, entity, view and minute: `detail` holds the `entity` (factory, "
+            "incident, job), its `id`, the `view` read (latest, history, images; else the "
+            "entity), its `factory`, who (`actor`, `subject`, `via`) and from where (`source`, "
+            "`agent`). The orchestrator's Automation jobs of sub type `Select`."
+        ),
+        message=SystemEvent,
+        senders=(Use(_FEED, "Each read of one entity through the API."),),
+        readers=(_ON_EVENTS,),
+    ),
+    Channel(
         id="reportsGenerated",
         address=system_subject("report_generated"),
         title="Reports generated",

@@ -38,6 +38,7 @@ from aegis_contracts.times import Clock, format_ts
 from aegis_dashboard_api import audit
 from aegis_dashboard_api.authz import Permission, identity_of, public
 from aegis_dashboard_api.models import Problem
+from aegis_dashboard_api.selects import announce_select
 from aegis_storage.errors import Conflict, NotFound
 from aegis_storage.incidents import IncidentStore, Transition
 from aegis_storage.readmodel import ReadModel
@@ -147,6 +148,7 @@ async def incident(incident_id: str, request: Request) -> Incident | JSONRespons
     found = await _store(request).get(incident_id) if _known(incident_id) else None
     if found is None or not _may(request, Act.READ, found):
         return _problem(404, "unknown_incident", f"no incident {incident_id!r}")
+    announce_select(request, "incident", incident_id, factory=found.scope)
     return found
 
 

@@ -26,6 +26,7 @@ from aegis_dashboard_api import audit
 from aegis_dashboard_api.authz import Permission, identity_of
 from aegis_dashboard_api.errors import ApiError
 from aegis_dashboard_api.models import Invalid, Problem
+from aegis_dashboard_api.selects import announce_select
 from aegis_orchestration.model import Job, valid_id
 from aegis_orchestration.store import DuplicateJob, JobNotFound, JobStore
 from aegis_orchestration.yamlio import JobProblem, check_jobs, job_document
@@ -188,7 +189,9 @@ async def jobs(
 @router.get("/jobs/{job_id}", response_model=Job, responses=ERRORS, dependencies=[READ_ONE])
 async def job(job_id: str, request: Request, response: Response) -> Job:
     """One job, whole (its ``ETag`` is its version, for ``If-Match``)."""
-    return _etag(response, await _current(store_of(request), job_id))
+    found = await _current(store_of(request), job_id)
+    announce_select(request, "job", job_id)
+    return _etag(response, found)
 
 
 @router.get(

@@ -63,6 +63,12 @@ class DashboardMetrics:
             "Sign-ins not announced as a login system event (NATS away): Login jobs did not start.",
         )
 
+        self.select_events_lost = self.metrics.counter(
+            "dashboard_select_events_lost_total",
+            "Reads of one entity not announced as a select system event (NATS away): Select "
+            "jobs did not start.",
+        )
+
     def slack_refused(self, why: str) -> None:
         self.slack_refusals.labels(why=why).inc()
 

@@ -43,6 +43,7 @@ from aegis_dashboard_api.models import (
     Reports,
     Window,
 )
+from aegis_dashboard_api.selects import announce_select
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_storage.audit import AuditLog
 from aegis_storage.clients import AwsClients
@@ -239,6 +240,7 @@ async def fleet(request: Request) -> Fleet:
 async def factory(factory_id: str, request: Request) -> Factory:
     """One factory's LATEST item."""
     item = await _reader(request).latest(factory_id)
+    announce_select(request, "factory", factory_id, view="latest", factory=factory_id)
     return Factory(factory_id=factory_id, latest=item)
 
 
@@ -253,6 +255,7 @@ async def history(factory_id: str, request: Request, window: Window = "1h") -> H
     reader = _reader(request)
     await reader.latest(factory_id)
     family, items = await reader.readmodel.factory_window(factory_id, window, now=reader.clock())
+    announce_select(request, "factory", factory_id, view="history", factory=factory_id)
     return History(factory_id=factory_id, window=window, family=family, items=items)
 
 
@@ -300,6 +303,7 @@ async def latest_image(factory_id: str, request: Request) -> LatestImage:
         camera_id=ref.get("camera_id"),
         content_type=ref.get("content_type"),
     )
+    announce_select(request, "factory", factory_id, view="images", factory=factory_id)
     return LatestImage(factory_id=factory_id, image=image)
 
 
@@ -322,6 +326,7 @@ async def day_images(
         await reader.link(info.key, size_bytes=info.size_bytes)
         async for info in reader.store.list_objects(prefix)
     ]
+    announce_select(request, "factory", factory_id, view="images", factory=factory_id)
     return DayImages(factory_id=factory_id, day=day, images=images)
 
 

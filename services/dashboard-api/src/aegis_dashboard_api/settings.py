@@ -81,6 +81,12 @@ class DashboardSettings(AegisSettings):
         description="Live updates (`/api/live`): the dashboard subscribes to the change events "
         "on NATS and streams them to the browsers.",
     )
+    dashboard_select_events: bool = Field(
+        default=True,
+        description="Announce each read of one factory, incident or job through the API as a "
+        "system event `select` (`aegis.events.select`, one per person, entity and minute): "
+        "the orchestrator's Automation jobs of sub type `Select`. Needs `AEGIS_DASHBOARD_LIVE`.",
+    )
     dashboard_live_queue: int = Field(
         default=256,
         ge=1,
