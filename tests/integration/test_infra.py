@@ -30,7 +30,7 @@ from aegis_contracts import keys
 from aegis_contracts.keys import raw_metadata_key
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port, start_moto_server
-from aegis_devstack.testing.infra import load_render, resolve
+from aegis_devstack.testing.infra import cfn_lifecycle_rule, load_render, resolve
 from aegis_orchestrator.expiry import READER, ExpiryAnnouncer
 from aegis_runtime.metrics import Metrics
 from aegis_storage import fleetindex
@@ -120,23 +120,7 @@ def foundation_from_template(template: dict[str, Any], *, bucket: str, table: st
     property names mapped to the S3/DynamoDB API's, independently of render.py)."""
     res = template["Resources"]
     b, t = res["DataBucket"]["Properties"], res["ReadModelTable"]["Properties"]
-    rules = []
-    for rule in b["LifecycleConfiguration"]["Rules"]:
-        api: dict[str, Any] = {
-            "ID": rule["Id"],
-            "Status": rule["Status"],
-            "Filter": {"Prefix": rule.get("Prefix", "")},
-        }
-        if "Transitions" in rule:
-            api["Transitions"] = [
-                {"Days": x["TransitionInDays"], "StorageClass": x["StorageClass"]}
-                for x in rule["Transitions"]
-            ]
-        if "NoncurrentVersionExpiration" in rule:
-            api["NoncurrentVersionExpiration"] = rule["NoncurrentVersionExpiration"]
-        if "AbortIncompleteMultipartUpload" in rule:
-            api["AbortIncompleteMultipartUpload"] = rule["AbortIncompleteMultipartUpload"]
-        rules.append(api)
+    rules = [cfn_lifecycle_rule(rule) for rule in b["LifecycleConfiguration"]["Rules"]]
     stream = t.get("StreamSpecification", {})
     ttl = t.get("TimeToLiveSpecification", {})
     return {

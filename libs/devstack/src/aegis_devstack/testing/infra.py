@@ -38,3 +38,23 @@ def resolve(
     if isinstance(value, list):
         return [resolve(render, v, parameters, conditions) for v in value]
     return value
+
+
+def cfn_lifecycle_rule(rule: Mapping[str, Any]) -> dict[str, Any]:
+    """A template's lifecycle rule (CloudFormation's spelling) in the S3 API's, as
+    ``aegis_storage.bootstrap.normalize_rules`` takes it."""
+    api: dict[str, Any] = {
+        "ID": rule["Id"],
+        "Status": rule["Status"],
+        "Filter": {"Prefix": rule.get("Prefix", "")},
+    }
+    if "Transitions" in rule:
+        api["Transitions"] = [
+            {"Days": t["TransitionInDays"], "StorageClass": t["StorageClass"]}
+            for t in rule["Transitions"]
+        ]
+    if "NoncurrentVersionExpiration" in rule:
+        api["NoncurrentVersionExpiration"] = rule["NoncurrentVersionExpiration"]
+    if "AbortIncompleteMultipartUpload" in rule:
+        api["AbortIncompleteMultipartUpload"] = rule["AbortIncompleteMultipartUpload"]
+    return api

@@ -1,0 +1,11 @@
+terraform {
+  # strcontains (the task secrets), preconditions
+  required_version = ">= 1.5"
+
+  required_providers {
+    aws = {
+      source  = "hashicorp/aws"
+      version = ">= 5.0, < 7.0"
+    }
+  }
+}
