@@ -1,4 +1,4 @@
-"""``aegis migrate plan|run``, ``aegis replay``, ``aegis seal raw`` and ``aegis audit raw``.
+"""``aegis migrate plan|run``, ``aegis replay``, ``aegis seal raw|schedule`` and ``aegis audit raw``.
 
 Exit codes (:mod:`aegis_cli.exitcodes`): 0 done; 1 something failed (see the summary and the
 journal); 2 bad options; 3 conflicts (destinations with another body, left untouched, their
@@ -560,6 +560,22 @@ def run_seal(
         summary = " ".join(f"{o.value.replace(' ', '_')}={counts.get(o.value, 0)}" for o in Outcome)
         typer.echo(f"seal raw: {len(shown)} partitions of {looked_at}: {summary}")
     return EXIT_FAILED if counts.get(Outcome.FAILED.value) else 0
+
+
+@seal_app.command("schedule")
+def seal_schedule() -> None:
+    """Run `aegis seal raw` every day at AEGIS_SEAL_SCHEDULE_UTC (02:30) and
+    once at start (AEGIS_SEAL_ON_START), until stopped (SIGTERM, Ctrl-C).
+
+    The seal-raw service of compose and of `make run`; a Kubernetes
+    CronJob and an ECS EventBridge schedule run `aegis seal raw`
+    themselves. Serves /healthz, /readyz and /metrics on
+    AEGIS_HEALTH_PORT. A run that fails is logged (seal_schedule_failed)
+    and tried again at the next time; the service keeps running.
+    """
+    from aegis_storage_tools.schedule import main  # noqa: PLC0415
+
+    main()
 
 
 @audit_app.command("raw")
