@@ -35,6 +35,10 @@ from aegis_storage.bootstrap import (
 HERE = Path(__file__).resolve().parent
 POLICIES = HERE / "policies"
 ECS = HERE.parent / "ecs"
+# task definitions that run on a schedule (EventBridge Scheduler), not as ECS services; each has
+# the Kubernetes CronJob of the same name, whose schedule it keeps
+SCHEDULED = ECS / "scheduled"
+K8S_BASE = HERE.parent / "k8s" / "base"
 BUCKET_POLICY = HERE / "bucket-policy.json"
 BREAK_GLASS = HERE / "break-glass.json"
 TEMPLATE = HERE / "foundation.yaml"
@@ -158,6 +162,19 @@ def ecs_services() -> list[str]:
     return sorted(p.stem for p in ECS.glob("*.json"))
 
 
+def scheduled_tasks() -> list[str]:
+    return sorted(p.stem for p in SCHEDULED.glob("*.json"))
+
+
+def task_definition(name: str) -> dict[str, Any]:
+    """The task definition of a service (deploy/ecs) or of a scheduled task (its scheduled/)."""
+    path = ECS / f"{name}.json"
+    doc: dict[str, Any] = json.loads(
+        (path if path.exists() else SCHEDULED / f"{name}.json").read_text()
+    )
+    return doc
+
+
 def _ecs_placeholders(text: str) -> str:
     """A task definition's envsubst placeholders as CloudFormation's pseudo parameters."""
     return text.replace("${AWS_REGION}", "${AWS::Region}").replace(
@@ -169,7 +186,7 @@ def secret_resources(service: str) -> list[str]:
     """What the task of ``service`` reads at start (its ``secrets``), as IAM resources: a
     Secrets Manager secret by name (its ARN ends in a random suffix, and a JSON key may follow),
     an SSM parameter as is."""
-    task = json.loads((ECS / f"{service}.json").read_text())
+    task = task_definition(service)
     found = []
     for container in task["containerDefinitions"]:
         for secret in container.get("secrets", []):
@@ -207,6 +224,134 @@ def _execution_role(service: str) -> dict[str, Any]:
         document = {"Version": "2012-10-17", "Statement": statements}
         role["Policies"] = [{"PolicyName": "read-its-secrets", "PolicyDocument": _sub(document)}]
     return {"Type": "AWS::IAM::Role", "Properties": role}
+
+
+def schedule_expression(name: str) -> str:
+    """The EventBridge Scheduler cron of the Kubernetes CronJob ``name`` (``M H * * *`` ->
+    ``cron(M H * * ? *)``): one schedule for both, in UTC."""
+    manifests = yaml.safe_load_all((K8S_BASE / f"{name}.yaml").read_text())
+    (cron,) = [m for m in manifests if m and m.get("kind") == "CronJob"]
+    if cron["spec"].get("timeZone") != "Etc/UTC":
+        raise ValueError(f"{name}: the CronJob's timeZone must be Etc/UTC")
+    minute, hour, *rest = cron["spec"]["schedule"].split()
+    if rest != ["*", "*", "*"] or not (minute.isdigit() and hour.isdigit()):
+        raise ValueError(f"{name}: only a daily 'M H * * *' CronJob schedule is rendered")
+    return f"cron({minute} {hour} * * ? *)"
+
+
+def _role_logical(arn: str) -> str:
+    """The template's role behind a task definition's role ARN (``…:role/aegis-{x}-task`` or
+    ``…-execution``)."""
+    name = arn.rsplit("/", 1)[1].removeprefix("aegis-")
+    for suffix, kind in (("-task", "Role"), ("-execution", "ExecutionRole")):
+        if name.endswith(suffix):
+            return _logical(name.removesuffix(suffix)) + kind
+    raise ValueError(f"{arn}: not a role of this template")
+
+
+def _scheduled(name: str) -> dict[str, Any]:
+    """A scheduled task's schedule and the role EventBridge Scheduler takes to start it: that
+    role may run this task definition on the given cluster and pass its two roles to ECS tasks,
+    nothing else. Made only when a cluster is given (``EcsClusterArn``)."""
+    logical = _logical(name)
+    task = task_definition(name)
+    family = (
+        "arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/"
+        + task["family"]
+    )
+    passed = [
+        {"Fn::GetAtt": [_role_logical(task[field]), "Arn"]}
+        for field in ("taskRoleArn", "executionRoleArn")
+    ]
+    role = {
+        "Type": "AWS::IAM::Role",
+        "Condition": "SchedulesOn",
+        "Properties": {
+            "RoleName": {"Fn::Sub": f"${{NamePrefix}}-{name}-scheduler"},
+            "Description": f"AEGIS: EventBridge Scheduler starts the {name} task, nothing else",
+            "AssumeRolePolicyDocument": {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Effect": "Allow",
+                        "Principal": {"Service": "scheduler.amazonaws.com"},
+                        "Action": "sts:AssumeRole",
+                        "Condition": {
+                            "StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+                        },
+                    }
+                ],
+            },
+            "Policies": [
+                {
+                    "PolicyName": f"run-{name}",
+                    "PolicyDocument": {
+                        "Version": "2012-10-17",
+                        "Statement": [
+                            {
+                                "Sid": "RunThisTaskDefinitionOnTheCluster",
+                                "Effect": "Allow",
+                                "Action": "ecs:RunTask",
+                                "Resource": [{"Fn::Sub": family}, {"Fn::Sub": f"{family}:*"}],
+                                "Condition": {
+                                    "ArnEquals": {"ecs:cluster": {"Ref": "EcsClusterArn"}}
+                                },
+                            },
+                            {
+                                "Sid": "PassItsTaskAndExecutionRoles",
+                                "Effect": "Allow",
+                                "Action": "iam:PassRole",
+                                "Resource": passed,
+                                "Condition": {
+                                    "StringEquals": {
+                                        "iam:PassedToService": "ecs-tasks.amazonaws.com"
+                                    }
+                                },
+                            },
+                        ],
+                    },
+                }
+            ],
+        },
+    }
+    schedule = {
+        "Type": "AWS::Scheduler::Schedule",
+        "Condition": "SchedulesOn",
+        # the subnets' and security groups' empty defaults mean "no schedule" (SchedulesOn is
+        # false then): cfn-lint checks the defaults' shape regardless of the condition
+        "Metadata": {"cfn-lint": {"config": {"ignore_checks": ["W1030"]}}},
+        "Properties": {
+            "Name": {"Fn::Sub": f"${{NamePrefix}}-{name}"},
+            "Description": f"AEGIS: {' '.join(task['containerDefinitions'][0]['command'])}, "
+            f"as the Kubernetes CronJob {name}",
+            "ScheduleExpression": schedule_expression(name),
+            "ScheduleExpressionTimezone": "Etc/UTC",
+            "FlexibleTimeWindow": {"Mode": "OFF"},
+            "State": "ENABLED",
+            "Target": {
+                "Arn": {"Ref": "EcsClusterArn"},
+                "RoleArn": {"Fn::GetAtt": [f"{logical}SchedulerRole", "Arn"]},
+                # a start that fails is tried again within the hour (the CronJob's
+                # startingDeadlineSeconds); a day missed is caught up by the next run's lookback
+                "RetryPolicy": {"MaximumRetryAttempts": 3, "MaximumEventAgeInSeconds": 3600},
+                "EcsParameters": {
+                    # no revision: the newest ACTIVE one, what register-task-definition made last
+                    "TaskDefinitionArn": {"Fn::Sub": family},
+                    "LaunchType": "FARGATE",
+                    "PlatformVersion": "LATEST",
+                    "TaskCount": 1,
+                    "NetworkConfiguration": {
+                        "AwsvpcConfiguration": {
+                            "Subnets": {"Ref": "ScheduledTaskSubnets"},
+                            "SecurityGroups": {"Ref": "ScheduledTaskSecurityGroups"},
+                            "AssignPublicIp": "DISABLED",
+                        }
+                    },
+                },
+            },
+        },
+    }
+    return {f"{logical}SchedulerRole": role, f"{logical}Schedule": schedule}
 
 
 def _if_locked(value: Any) -> dict[str, Any]:
@@ -330,7 +475,7 @@ def render() -> dict[str, Any]:
                 "ImageScanningConfiguration": {"ScanOnPush": True},
             },
         }
-    for service in ecs_services():
+    for service in [*ecs_services(), *scheduled_tasks()]:
         logical = _logical(service)
         resources[f"{logical}ExecutionRole"] = _execution_role(service)
         resources[f"{logical}LogGroup"] = {
@@ -339,6 +484,8 @@ def render() -> dict[str, Any]:
             "UpdateReplacePolicy": "Retain",
             "Properties": {"LogGroupName": f"/aegis/{service}", "RetentionInDays": 30},
         }
+    for name in scheduled_tasks():
+        resources.update(_scheduled(name))
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
         "Description": "AEGIS foundation: data bucket, read-model table, IAM role per service",
@@ -372,6 +519,23 @@ def render() -> dict[str, Any]:
                 "Description": "A bucket of yours that receives the data bucket's S3 server "
                 "access logs (it must let logging.s3.amazonaws.com write); empty: none",
             },
+            "EcsClusterArn": {
+                "Type": "String",
+                "Default": "",
+                "Description": "The ECS cluster the scheduled tasks (deploy/ecs/scheduled: the "
+                "daily raw seal) run on, with EventBridge Scheduler; empty: no schedules",
+            },
+            "ScheduledTaskSubnets": {
+                "Type": "CommaDelimitedList",
+                "Default": "",
+                "Description": "Subnets of the scheduled tasks (awsvpc; they reach S3, e.g. "
+                "through a gateway endpoint or NAT)",
+            },
+            "ScheduledTaskSecurityGroups": {
+                "Type": "CommaDelimitedList",
+                "Default": "",
+                "Description": "Security groups of the scheduled tasks (outbound HTTPS only)",
+            },
         },
         "Conditions": {
             "BreakGlassPrincipalGiven": {
@@ -379,6 +543,7 @@ def render() -> dict[str, Any]:
             },
             "ObjectLockOn": {"Fn::Not": [{"Fn::Equals": [{"Ref": "ObjectLockMode"}, "NONE"]}]},
             "AccessLogsOn": {"Fn::Not": [{"Fn::Equals": [{"Ref": "AccessLogBucketName"}, ""]}]},
+            "SchedulesOn": {"Fn::Not": [{"Fn::Equals": [{"Ref": "EcsClusterArn"}, ""]}]},
         },
         "Resources": resources,
         "Outputs": outputs,

@@ -445,3 +445,28 @@ def test_brokers_run_a_mosquitto_that_has_the_persistence_plugin(file: Path) -> 
     for image in images:
         version = tuple(int(n) for n in image.split(":")[1].split("-")[0].split(".")[:2])
         assert version >= (2, 1), f"{file}: {image} has no persist-sqlite plugin (2.1 and later)"
+
+
+def test_the_daily_raw_seal_runs_in_compose_on_the_cronjobs_schedule() -> None:
+    """What Kubernetes runs as the CronJob seal-raw and ECS as an EventBridge schedule, compose
+    runs as a service of the storage-tools image: `aegis seal schedule`, at the CronJob's time
+    unless AEGIS_SEAL_SCHEDULE_UTC says otherwise, health-checked like every service; and every
+    schedule `aegis up` runs (entry points aegis.schedules) is a compose service too."""
+    service = services()["seal-raw"]
+    assert build_args(builds()["seal-raw"])["PACKAGE"] == "aegis-storage-tools"
+    assert command_words(service) == ["aegis", "seal", "schedule"]
+    assert service.get("restart") == "unless-stopped" and service.get("stop_grace_period")
+    assert health_url_port(service) == 8081
+    assert set(service["depends_on"]) == {"localstack", "bootstrap"}, "S3 only"
+    manifests = yaml.safe_load_all((ROOT / "deploy/k8s/base/seal-raw.yaml").read_text())
+    (cron,) = [m for m in manifests if m["kind"] == "CronJob"]
+    minute, hour, *_ = cron["spec"]["schedule"].split()
+    assert service["environment"]["AEGIS_SEAL_SCHEDULE_UTC"] == (
+        f"${{AEGIS_SEAL_SCHEDULE_UTC:-{int(hour):02d}:{int(minute):02d}}}"
+    )
+    schedules = {
+        name
+        for member in WORKSPACE.members.values()
+        for name in member.entry_points("aegis.schedules")
+    }
+    assert schedules == {"seal-raw"} and schedules <= set(services())

@@ -320,3 +320,108 @@ def test_what_a_task_definition_names_the_template_creates() -> None:
         # are one grant)
         named = {":".join(x["valueFrom"].split(":")[:7]) for x in container.get("secrets", [])}
         assert sum(len(v) for v in granted.values()) == len(named), name
+
+
+# -- scheduled tasks (deploy/ecs/scheduled: run by EventBridge Scheduler, not as services) -------
+
+SCHEDULED = ECS / "scheduled"
+
+
+def scheduled_tasks() -> dict[str, Task]:
+    return {path.stem: substituted(path) for path in sorted(SCHEDULED.glob("*.json"))}
+
+
+def test_the_daily_raw_seal_is_the_one_scheduled_task_and_matches_the_register_shape() -> None:
+    tasks_ = scheduled_tasks()
+    assert set(tasks_) == {"seal-raw"}
+    for name, task in tasks_.items():
+        errors = validation_errors(task)
+        assert not errors, f"{name}: {errors}"
+
+
+def test_the_seal_task_runs_aegis_seal_raw_of_the_storage_tools_image_locked_down() -> None:
+    """As the Kubernetes CronJob: `aegis seal raw` of the storage-tools image under its role
+    (the policy the CronJob's IRSA role carries), its own execution role and log group; S3 only:
+    no port, no health check (a run ends), no secret, no NATS identity."""
+    task = scheduled_tasks()["seal-raw"]
+    container = container_of("seal-raw", task)
+    account = PLACEHOLDERS["AWS_ACCOUNT_ID"]
+    assert task["family"] == "aegis-seal-raw"
+    assert container["command"] == ["aegis", "seal", "raw"]
+    assert "seal" in WORKSPACE.aegis_commands("aegis-storage-tools")
+    assert container["image"].rsplit("/", 1)[1] == "aegis-storage-tools:0.1.0"
+    assert task["taskRoleArn"] == f"arn:aws:iam::{account}:role/aegis-storage-tools-task"
+    assert task["executionRoleArn"] == f"arn:aws:iam::{account}:role/aegis-seal-raw-execution"
+    assert container["user"] == AEGIS_USER and container["readonlyRootFilesystem"] is True
+    assert container["linuxParameters"]["capabilities"]["drop"] == ["ALL"]
+    assert {"sourceVolume": "tmp", "containerPath": "/tmp", "readOnly": False} in container[
+        "mountPoints"
+    ]
+    assert int(task["memory"]) in FARGATE_MEMORY[int(task["cpu"])]
+    assert container["logConfiguration"]["options"]["awslogs-group"] == "/aegis/seal-raw"
+    assert "portMappings" not in container and "healthCheck" not in container
+    assert "secrets" not in container
+    environment = {item["name"]: item["value"] for item in container["environment"]}
+    assert environment["AEGIS_REGION"] == PLACEHOLDERS["AWS_REGION"]
+    assert environment["AEGIS_BUCKET"] == "aegis-bucket-data"
+    assert not [key for key in environment if "NATS" in key or key.startswith("AWS_")]
+    assert "AEGIS_AWS_ENDPOINT_URL" not in environment
+
+
+def test_the_seal_schedule_runs_that_task_daily_at_the_cronjobs_time_with_least_privilege() -> None:
+    """The template's AWS::Scheduler::Schedule starts the task definition's family (its newest
+    revision) on the operator's cluster at the CronJob's time, and the role it takes may do that
+    and pass the task's two roles to ECS tasks, nothing else; the roles, the log group and the
+    image repository the task names are the template's too."""
+    resources = template_resources()
+    task = scheduled_tasks()["seal-raw"]
+    schedule = resources["SealRawSchedule"]
+    role = resources["SealRawSchedulerRole"]
+    assert schedule["Condition"] == role["Condition"] == "SchedulesOn"
+    props = schedule["Properties"]
+    manifests = yaml.safe_load_all((ROOT / "deploy/k8s/base/seal-raw.yaml").read_text())
+    (cron,) = [m for m in manifests if m["kind"] == "CronJob"]
+    minute, hour, *_ = cron["spec"]["schedule"].split()
+    assert props["ScheduleExpression"] == f"cron({minute} {hour} * * ? *)"
+    assert props["ScheduleExpressionTimezone"] == cron["spec"]["timeZone"] == "Etc/UTC"
+    assert props["State"] == "ENABLED" and props["FlexibleTimeWindow"] == {"Mode": "OFF"}
+    target = props["Target"]
+    family = (
+        "arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/"
+        + task["family"]
+    )
+    ecs = target["EcsParameters"]
+    assert ecs["TaskDefinitionArn"] == {"Fn::Sub": family}
+    assert (ecs["LaunchType"], ecs["TaskCount"]) == ("FARGATE", 1)
+    assert ecs["NetworkConfiguration"]["AwsvpcConfiguration"]["AssignPublicIp"] == "DISABLED"
+    assert target["Arn"] == {"Ref": "EcsClusterArn"}
+    assert target["RoleArn"] == {"Fn::GetAtt": ["SealRawSchedulerRole", "Arn"]}
+
+    (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "scheduler.amazonaws.com"}
+    assert trust["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
+    assert "ManagedPolicyArns" not in role["Properties"]
+    (policy,) = role["Properties"]["Policies"]
+    run, passing = policy["PolicyDocument"]["Statement"]
+    assert (run["Effect"], run["Action"]) == ("Allow", "ecs:RunTask")
+    assert run["Resource"] == [{"Fn::Sub": family}, {"Fn::Sub": family + ":*"}]
+    assert run["Condition"] == {"ArnEquals": {"ecs:cluster": {"Ref": "EcsClusterArn"}}}
+    assert (passing["Effect"], passing["Action"]) == ("Allow", "iam:PassRole")
+    assert passing["Condition"] == {
+        "StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}
+    }
+    roles = {
+        logical: r["Properties"]["RoleName"]["Fn::Sub"].replace("${NamePrefix}", "aegis")
+        for logical, r in resources.items()
+        if r["Type"] == "AWS::IAM::Role"
+    }
+    passed = {roles[ref["Fn::GetAtt"][0]] for ref in passing["Resource"]}
+    named = {task[field].rsplit("/", 1)[1] for field in ("taskRoleArn", "executionRoleArn")}
+    assert passed == named == {"aegis-storage-tools-task", "aegis-seal-raw-execution"}
+
+    execution = resources["SealRawExecutionRole"]["Properties"]
+    assert "Policies" not in execution, "no secrets to read"
+    groups = {r["Properties"].get("LogGroupName") for r in resources.values()}
+    assert "/aegis/seal-raw" in groups
+    repositories = {r["Properties"].get("RepositoryName") for r in resources.values()}
+    assert "aegis-storage-tools" in repositories

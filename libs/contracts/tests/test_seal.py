@@ -17,11 +17,15 @@ from aegis_contracts.seal import (
     INVALID_SCHEMA_VERSION,
     NO_SCHEMA_VERSION,
     Change,
+    DatasetPartitionSeal,
     RawPartitionSeal,
     compare,
+    dataset_seal_document,
     days_to_seal,
     is_message_of,
+    is_object_of,
     is_seal_key,
+    is_seal_name,
     late_keys,
     next_supplement,
     read_document,
@@ -223,3 +227,103 @@ def test_messages_and_seal_documents_are_told_apart_by_name() -> None:
     assert is_seal_key(keys.raw_metadata_late_key(F, ST, DAY, 3))
     assert not is_seal_key(f"{prefix}raw_metadata.late-0000.json")  # no such supplement
     assert not is_seal_key(key(1))
+
+
+# -- dataset partitions (raw/name=value/.../date=YYYY-MM-DD/) -----------------------------------
+
+PART = "raw/country=us/category=news/date=2026-01-28/"
+
+
+@pytest.mark.parametrize(
+    ("key", "partition"),
+    [
+        (f"{PART}raw_0001.json", PART),
+        (f"{PART}sub/page.html", PART),
+        (f"{PART}raw_metadata.json", PART),
+        ("raw/country=us/date=2026-01-28/x.json", "raw/country=us/date=2026-01-28/"),
+        ("raw/country=us/category=news/x.json", None),  # no date= folder
+        ("raw/date=2026-01-28/x.json", None),  # no label above it
+        ("raw/country=us/date=2026-02-30/x.json", None),  # no such day
+        ("raw/country=us/date=2026-01-28", None),  # a file, not a folder
+        ("raw/country=us/notes/date=2026-01-28/x.json", None),  # a folder of no label
+        ("raw/factory-a/factory_state/yyyy=2026/mm=01/dd=28/m-00000001.json", None),
+        ("prod/country=us/date=2026-01-28/x.json", None),
+    ],
+)
+def test_a_key_lies_in_the_dataset_partition_of_its_first_date_folder(
+    key: str, partition: str | None
+) -> None:
+    found = keys.dataset_partition_of(key)
+    assert (found.prefix if found else None) == partition
+
+
+def test_a_dataset_partition_is_labels_then_a_date_folder() -> None:
+    info = keys.dataset_partition(PART)
+    assert (info.labels, info.day) == (
+        (("country", "us"), ("category", "news")),
+        date(2026, 1, 28),
+    )
+    deep = "raw/" + "".join(f"l{i}=v/" for i in range(keys.DATASET_MAX_LABELS + 1))
+    for bad in (
+        "raw/country=us/",
+        "raw/date=2026-01-28/",
+        PART.rstrip("/"),
+        deep + "date=2026-01-28/",
+    ):
+        with pytest.raises(ContractError, match=r"no dataset partition|no folder"):
+            keys.dataset_partition(bad)
+
+
+def dataset_seal(names: list[str], supplement: int = 0) -> DatasetPartitionSeal:
+    objects = [
+        sealed_object(f"{PART}{n}", n.encode(), etag(n.encode()), {}, LAST_MODIFIED) for n in names
+    ]
+    return dataset_seal_document(PART, objects, sealed_at=SEALED_AT, supplement=supplement)
+
+
+def test_a_dataset_seal_lists_every_object_under_its_folder_and_reads_back() -> None:
+    doc = dataset_seal(["raw_0002.json", "raw_0001.json", "raw_0001.json.success", "sub/a.html"])
+    assert doc.key == f"{PART}raw_metadata.json"
+    assert doc.labels == {"country": "us", "category": "news"}
+    assert [e.key.removeprefix(PART) for e in doc.manifest] == [
+        "raw_0001.json",
+        "raw_0001.json.success",
+        "raw_0002.json",
+        "sub/a.html",
+    ]
+    assert doc.first_arrival == LAST_MODIFIED  # no ingest metadata: S3's time
+    assert read_document(doc.key, doc.model_dump_json().encode()) == doc
+    late = dataset_seal(["raw_0003.json"], supplement=1)
+    assert late.key == f"{PART}raw_metadata.late-0001.json"
+    assert read_document(late.key, late.model_dump_json().encode()) == late
+
+
+def test_a_dataset_seal_refuses_other_folders_objects_and_labels_not_its_own() -> None:
+    with pytest.raises(ValueError, match="no message of this partition"):
+        dataset_seal_document(
+            PART,
+            [sealed_object("raw/country=kr/date=2026-01-28/x", b"x", '"e"', {}, LAST_MODIFIED)],
+            sealed_at=SEALED_AT,
+        )
+    with pytest.raises(ValueError, match="no message of this partition"):
+        dataset_seal(["raw_metadata.json"])  # the seal's own name
+    doc = dataset_seal(["raw_0001.json"]).model_dump(mode="json")
+    with pytest.raises(ContractError, match="differ from the folder"):
+        read_document(f"{PART}raw_metadata.json", json.dumps(doc | {"labels": {}}).encode())
+    with pytest.raises(ContractError, match="describes"):
+        read_document(
+            "raw/country=us/date=2026-01-28/raw_metadata.json",
+            json.dumps(doc).encode(),
+        )
+
+
+def test_dataset_objects_and_their_seal_documents_are_told_apart_by_name() -> None:
+    assert is_object_of(PART, f"{PART}raw_0001.json")
+    assert is_object_of(PART, f"{PART}sub/raw_metadata.json")  # not at the root: an object
+    assert not is_object_of(PART, PART)  # a folder marker
+    assert not is_object_of(PART, f"{PART}raw_metadata.late-0002.json")
+    assert is_seal_key(f"{PART}raw_metadata.json")
+    assert is_seal_key(f"{PART}raw_metadata.late-0002.json")
+    assert not is_seal_key(f"{PART}raw_metadata.late-0000.json")
+    assert not is_seal_key(f"{PART}sub/raw_metadata.json")
+    assert is_seal_name("raw_metadata.json") and not is_seal_name("raw_metadata.json.success")

@@ -97,3 +97,11 @@ async def test_a_new_store_empties_every_aegis_stream_and_says_how_much(
             assert state is not None and state.messages == 0, spec.name
     finally:
         await natsio.close(broker)
+
+
+def test_aegis_up_runs_the_daily_seal_beside_the_services() -> None:
+    """`make run` seals raw/ daily as compose does: the storage-tools schedule seal-raw is one
+    of the children aegis up starts, served by the same loop `aegis seal schedule` runs."""
+    names = devstack.stack_names()
+    assert "seal-raw" in names and "ingest" in names
+    assert devstack.stack_entry_point("seal-raw").value == "aegis_storage_tools.schedule:main"

@@ -37,6 +37,8 @@ FLAT, MIXED = "aegis-migrate-flat", "aegis-migrate-mixed"  # a bucket per test
 F = "factory-mig"
 FLAT_KEYS = [f"raw/{F}/factory_state/m-0000000{i}.json" for i in (1, 2, 3)]
 LATEST = f"latest/{F}/LATEST.json"
+# the dated partition the flat keys move into, sealed by the migration (with the role's own rights)
+SEAL = f"raw/{F}/factory_state/yyyy=2026/mm=11/dd=30/raw_metadata.json"
 
 
 def dated(key: str) -> str:
@@ -215,10 +217,11 @@ def test_flat_raw_cannot_delete_its_sources_and_keep_sources_hands_them_over(
     summary = json.loads(kept.stdout)
     assert (summary["copied"], summary["verified"], summary["deleted"]) == (3, 3, 0)
     assert summary["kept"] == 3 and summary["failed"] == 0
+    assert summary["sealed"] == {"sealed": 1}
     after = versions(emulator, FLAT)
     assert not any(after.values())  # no delete marker: nothing deleted
     assert set(before) <= set(after)  # every version of every source still there
-    assert {key for key, _ in set(after) - set(before)} == {dated(k) for k in FLAT_KEYS}
+    assert {key for key, _ in set(after) - set(before)} == {dated(k) for k in FLAT_KEYS} | {SEAL}
 
     # the hand-over: the exact batches and commands, to be run as the break-glass role
     folder = Path(summary["handover"])
@@ -242,7 +245,9 @@ def test_flat_raw_cannot_delete_its_sources_and_keep_sources_hands_them_over(
     current = {k for (k, _), marker in versions(emulator, FLAT).items() if not marker}
     assert {k for k in FLAT_KEYS if k in current} == set(FLAT_KEYS)  # as noncurrent versions
     listed = asyncio.run(_s3_call(emulator, emulator.storage_tools, "list_objects_v2", Bucket=FLAT))
-    assert sorted(o["Key"] for o in listed["Contents"]) == sorted(dated(k) for k in FLAT_KEYS)
+    assert sorted(o["Key"] for o in listed["Contents"]) == sorted(
+        [*(dated(k) for k in FLAT_KEYS), SEAL]
+    )
 
 
 def test_keep_sources_still_deletes_what_the_role_may_delete(
@@ -270,5 +275,6 @@ def test_keep_sources_still_deletes_what_the_role_may_delete(
     assert {key for key, _ in after} == {
         *FLAT_KEYS,
         *(dated(k) for k in FLAT_KEYS),
+        SEAL,
         f"legacy/{LATEST}",
     }

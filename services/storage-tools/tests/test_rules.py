@@ -10,7 +10,9 @@ import pytest
 
 from aegis_storage_tools.rules import (
     Move,
+    Rule,
     RuleError,
+    RuleSet,
     Skip,
     TargetClass,
     aegis_legacy,
@@ -26,7 +28,9 @@ RAW, DERIVED = TargetClass.RAW, TargetClass.DERIVED
 PATH_TABLE = [
     # row 1: datasets/ -> raw/ (immutable)
     ("prod/", f"datasets/{D}/raw_0001.json", f"raw/{D}/raw_0001.json", RAW),
-    ("prod/", f"datasets/{D}/raw_metadata.json", f"raw/{D}/raw_metadata.json", RAW),
+    # a legacy partition manifest is derived data, and its name is the sealer's: it goes with
+    # the checkpoints to prod/
+    ("prod/", f"datasets/{D}/raw_metadata.json", f"prod/{D}/raw_metadata.json", DERIVED),
     # row 2: the .success checkpoint: raw/ beside the object, or prod/, by policy
     ("beside", f"datasets/{D}/raw_0001.json.success", f"raw/{D}/raw_0001.json.success", RAW),
     ("prod/", f"datasets/{D}/raw_0001.json.success", f"prod/{D}/raw_0001.json.success", DERIVED),
@@ -108,14 +112,37 @@ target = "prod/"
         encoding="utf-8",
     )
     rules = load_rules(path)
-    assert map_key("datasets/country=us/a/x.json", rules) == Move(
-        "datasets/country=us/a/x.json", "raw/country=us/a/x.json", "datasets", RAW
+    partition = "country=us/date=2026-01-28"
+    assert map_key(f"datasets/{partition}/x.json", rules) == Move(
+        f"datasets/{partition}/x.json", f"raw/{partition}/x.json", "datasets", RAW
     )
-    assert map_key("datasets/country=us/a/_tmp/x.json", rules).reason == "excluded"  # type: ignore[union-attr]
-    assert map_key("datasets/country=us/a/x.crc", rules).reason == "excluded"  # type: ignore[union-attr]
-    side = map_key("datasets/country=us/a/x.json.success", rules)
-    assert isinstance(side, Move) and side.dest == "prod/a/x.json.success"
+    assert map_key(f"datasets/{partition}/_tmp/x.json", rules).reason == "excluded"  # type: ignore[union-attr]
+    assert map_key(f"datasets/{partition}/x.crc", rules).reason == "excluded"  # type: ignore[union-attr]
+    side = map_key(f"datasets/{partition}/x.json.success", rules)
+    assert isinstance(side, Move) and side.dest == "prod/date=2026-01-28/x.json.success"
     assert map_key("datasets/country=kr/a/x.json", rules).reason == "no_rule"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "datasets/country=us/a/x.json",  # no date= folder
+        "datasets/country=us/readme.txt",  # above the partitions
+        "datasets/country=us/date=2026-02-30/x.json",  # no such day
+        "datasets/country=us/date=2026-01-28",  # an object named like the folder
+    ],
+)
+def test_a_raw_destination_in_no_sealed_partition_is_skipped(source: str) -> None:
+    rules = RuleSet((Rule("datasets", "datasets/", "raw/", RAW, sidecars="prod/"),))
+    skipped = map_key(source, rules)
+    assert isinstance(skipped, Skip) and skipped.reason == "no_partition", skipped
+
+
+def test_a_legacy_manifest_stays_when_checkpoints_stay_beside() -> None:
+    skipped = map_key(
+        f"datasets/{D}/raw_metadata.late-0001.json", datasets_processing(sidecars="beside")
+    )
+    assert isinstance(skipped, Skip) and skipped.reason == "reserved_name"
 
 
 @pytest.mark.parametrize(

@@ -123,6 +123,78 @@ def raw_metadata_late_key(factory_id: str, source_type: SourceType | str, day: d
     return f"{raw_day_prefix(factory_id, source_type, day)}{raw_metadata_late_name(n)}"
 
 
+# Dataset partitions under raw/: the two-tier layout of seed-style datasets
+# (``raw/country={cc}/category={cat}/date=YYYY-MM-DD/raw_0001.json``, where the
+# ``datasets-processing`` migration puts ``datasets/``): folders of ``name=value`` labels ending in
+# one ``date=YYYY-MM-DD`` folder, which is the partition (everything under it, whatever its name,
+# except the seal documents at its root). A factory id has no ``=``, so the two layouts never
+# share a folder under raw/.
+DATASET_DATE_LABEL = "date"
+DATASET_MAX_LABELS = 8  # label folders above the date one; deeper trees are not partitions
+_LABEL = re.compile(r"(?P<k>[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})=(?P<v>[^/\x00-\x1f]{1,256})")
+_DATE_LABEL = re.compile(rf"{DATASET_DATE_LABEL}=(?P<d>\d{{4}}-\d{{2}}-\d{{2}})")
+
+
+def dataset_label(segment: str) -> tuple[str, str] | None:
+    """``(name, value)`` of a folder name ``name=value`` that is not the ``date=`` one."""
+    match = _LABEL.fullmatch(segment)
+    if match is None or match["k"] == DATASET_DATE_LABEL:
+        return None
+    return match["k"], match["v"]
+
+
+def dataset_date(segment: str) -> date | None:
+    """The day of a ``date=YYYY-MM-DD`` folder name; ``None`` for any other name."""
+    match = _DATE_LABEL.fullmatch(segment)
+    if match is None:
+        return None
+    try:
+        return date.fromisoformat(match["d"])
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetPartitionInfo:
+    prefix: str  # raw/{label=value/...}date=YYYY-MM-DD/
+    labels: tuple[tuple[str, str], ...]
+    day: date
+
+
+def dataset_partition(prefix: str) -> DatasetPartitionInfo:
+    """Check that ``prefix`` is a dataset partition folder: ``raw/``, 1 to
+    :data:`DATASET_MAX_LABELS` ``name=value`` folders, one ``date=YYYY-MM-DD`` folder, ``/``."""
+    if not prefix.startswith(RAW_PREFIX) or not prefix.endswith("/"):
+        raise ContractError("invalid_partition", f"{prefix!r:.120} is no folder under raw/")
+    *names, last = prefix[len(RAW_PREFIX) : -1].split("/")
+    labels = [dataset_label(n) for n in names]
+    day = dataset_date(last)
+    if day is None or not 1 <= len(labels) <= DATASET_MAX_LABELS or None in labels:
+        raise ContractError(
+            "invalid_partition",
+            f"{prefix!r:.120} is no dataset partition (raw/name=value/.../date=YYYY-MM-DD/)",
+        )
+    return DatasetPartitionInfo(prefix, tuple(label for label in labels if label), day)
+
+
+def dataset_partition_of(key: str) -> DatasetPartitionInfo | None:
+    """The dataset partition ``key`` lies in (below its ``date=`` folder), if it lies in one."""
+    if not key.startswith(RAW_PREFIX):
+        return None
+    segments = key[len(RAW_PREFIX) :].split("/")
+    for depth, segment in enumerate(segments[: DATASET_MAX_LABELS + 1]):
+        if dataset_date(segment) is not None:
+            if depth == 0 or depth == len(segments) - 1:  # no label above, or a file named so
+                return None
+            try:
+                return dataset_partition(RAW_PREFIX + "/".join(segments[: depth + 1]) + "/")
+            except ContractError:
+                return None
+        if dataset_label(segment) is None:
+            return None
+    return None
+
+
 def processed_key(
     factory_id: str, dataset: Dataset | str, event_time: datetime, message_id: str
 ) -> str:

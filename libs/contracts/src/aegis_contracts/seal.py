@@ -2,11 +2,14 @@
 root of a raw/ day partition (``raw_metadata.json``), the supplements that record late arrivals
 (``raw_metadata.late-NNNN.json``), and how ``aegis audit raw`` compares a partition with them.
 
-A partition is one factory, one source type, one UTC arrival day. Its seal is written once the
-day is over plus a grace period, with If-None-Match, and never rewritten: objects that arrive
-later go into the next supplement, which lists only keys no earlier document of the partition
-lists. A manifest entry holds what a listing shows (size, ETag) and what only the bytes show
-(SHA-256), so an audit can check the partition with a listing, or re-read it (``--deep``).
+A partition is one factory, one source type, one UTC arrival day
+(``raw/{f}/{source_type}/yyyy=/mm=/dd=/``, whose objects are messages), or a dataset partition,
+the two-tier layout legacy datasets migrate into (``raw/country=us/category=news/date=2026-01-28/``,
+whose objects may have any name). Its seal is written once the day is over plus a grace period,
+with If-None-Match, and never rewritten: objects that arrive later go into the next supplement,
+which lists only keys no earlier document of the partition lists. A manifest entry holds what a
+listing shows (size, ETag) and what only the bytes show (SHA-256), so an audit can check the
+partition with a listing, or re-read it (``--deep``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -26,12 +29,14 @@ from aegis_contracts.errors import ContractError
 from aegis_contracts.ids import MESSAGE_ID_PATTERN, FactoryId, SourceType
 from aegis_contracts.keys import (
     RAW_METADATA_LATE_MAX,
+    RAW_METADATA_NAME,
     RAW_METADATA_STEM,
     KeyFamily,
+    dataset_partition,
+    dataset_partition_of,
     parse_key,
     raw_day_prefix,
-    raw_metadata_key,
-    raw_metadata_late_key,
+    raw_metadata_late_name,
 )
 from aegis_contracts.payloads import SCHEMA_VERSION_PATTERN
 from aegis_contracts.times import Timestamp, ensure_utc, parse_ts
@@ -43,6 +48,7 @@ SEAL_FAMILIES = frozenset({KeyFamily.RAW_METADATA, KeyFamily.RAW_METADATA_LATE})
 _SCHEMA_VERSION = re.compile(SCHEMA_VERSION_PATTERN)
 _SHA256 = r"^[0-9a-f]{64}$"
 _MESSAGE_NAME = re.compile(rf"(?:{MESSAGE_ID_PATTERN.pattern})\.json")
+_SEAL_NAME = re.compile(rf"{re.escape(RAW_METADATA_STEM)}(?:\.late-(?!0000)\d{{4}})?\.json")
 
 
 class ManifestEntry(BaseModel):
@@ -56,14 +62,13 @@ class ManifestEntry(BaseModel):
     sha256: str = Field(pattern=_SHA256)  # hex, of the bytes
 
 
-class RawPartitionSeal(BaseModel):
-    """``raw_metadata.json`` (``supplement`` 0) or ``raw_metadata.late-NNNN.json`` (1..9999)."""
+class PartitionSeal(BaseModel):
+    """What the seal (``supplement`` 0) and each supplement (1..9999) of a partition hold, in
+    either layout; its ``key`` is a name at the partition's root (:func:`seal_name`)."""
 
     model_config = ConfigDict(frozen=True)
 
     format: Literal[1] = 1  # of this document; a reader refuses one it does not know
-    factory_id: FactoryId
-    source_type: SourceType
     day: date
     supplement: int = Field(default=0, ge=0, le=RAW_METADATA_LATE_MAX)
     sealed_at: Timestamp
@@ -75,8 +80,17 @@ class RawPartitionSeal(BaseModel):
     schema_versions: dict[str, int]
     manifest: list[ManifestEntry]
 
+    @property
+    def prefix(self) -> str:
+        """The partition's folder."""
+        raise NotImplementedError
+
+    def holds(self, key: str) -> bool:
+        """Whether ``key`` is an object of the partition the manifest may list."""
+        raise NotImplementedError
+
     @model_validator(mode="after")
-    def _consistent(self) -> RawPartitionSeal:
+    def _consistent(self) -> PartitionSeal:
         if self.message_count != len(self.manifest):
             raise ValueError(f"message_count {self.message_count} != {len(self.manifest)} entries")
         if self.total_bytes != sum(e.size_bytes for e in self.manifest):
@@ -85,18 +99,56 @@ class RawPartitionSeal(BaseModel):
             raise ValueError("schema_versions do not count every message")
         if len({e.key for e in self.manifest}) != len(self.manifest):
             raise ValueError("a key is listed twice")
-        prefix = raw_day_prefix(self.factory_id, self.source_type, self.day)
         for entry in self.manifest:
-            if not is_message_of(prefix, entry.key):
+            if not self.holds(entry.key):
                 raise ValueError(f"{entry.key} is no message of this partition")
         return self
 
     @property
     def key(self) -> str:
         """Where this document lives."""
-        if self.supplement == 0:
-            return raw_metadata_key(self.factory_id, self.source_type, self.day)
-        return raw_metadata_late_key(self.factory_id, self.source_type, self.day, self.supplement)
+        return self.prefix + seal_name(self.supplement)
+
+
+class RawPartitionSeal(PartitionSeal):
+    """A partition of the contract: one factory, one source type, one UTC arrival day
+    (``raw/{f}/{source_type}/yyyy=/mm=/dd=/``), whose objects are messages."""
+
+    factory_id: FactoryId
+    source_type: SourceType
+
+    @property
+    def prefix(self) -> str:
+        return raw_day_prefix(self.factory_id, self.source_type, self.day)
+
+    def holds(self, key: str) -> bool:
+        return is_message_of(self.prefix, key)
+
+
+class DatasetPartitionSeal(PartitionSeal):
+    """A dataset partition (``raw/name=value/.../date=YYYY-MM-DD/``, the two-tier layout legacy
+    datasets migrate into): every object under the folder but the seal documents at its root."""
+
+    layout: Literal["dataset"] = "dataset"
+    partition: str
+    labels: dict[str, str]
+
+    @model_validator(mode="after")
+    def _its_folder(self) -> DatasetPartitionSeal:
+        try:
+            info = dataset_partition(self.partition)
+        except ContractError as err:
+            raise ValueError(str(err)) from None
+        if info.day != self.day or dict(info.labels) != self.labels:
+            raise ValueError(f"day or labels differ from the folder {self.partition}")
+        return self
+
+    @property
+    def prefix(self) -> str:
+        return self.partition
+
+    def holds(self, key: str) -> bool:
+        return is_object_of(self.partition, key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,28 +221,57 @@ def seal_document(
     supplement: int = 0,
 ) -> RawPartitionSeal:
     """The seal (``supplement`` 0) or a supplement of a partition, entries in key order."""
-    found = sorted(objects, key=lambda o: o.entry.key)
-    arrivals = [o.arrival for o in found]
     return RawPartitionSeal(
         factory_id=factory_id,
         source_type=source_type,
         day=day,
-        supplement=supplement,
-        sealed_at=sealed_at,
-        message_count=len(found),
-        total_bytes=sum(o.entry.size_bytes for o in found),
-        first_arrival=min(arrivals, default=None),
-        last_arrival=max(arrivals, default=None),
-        schema_versions=dict(sorted(Counter(o.schema_version for o in found).items())),
-        manifest=[o.entry for o in found],
+        **_summary(objects, sealed_at, supplement),
     )
 
 
-def read_document(key: str, data: bytes) -> RawPartitionSeal:
-    """A seal document read back from ``key``; :class:`ContractError` when it is not one, or
-    describes another partition or number than its key says."""
+def dataset_seal_document(
+    partition: str,
+    objects: Iterable[SealedObject],
+    *,
+    sealed_at: datetime,
+    supplement: int = 0,
+) -> DatasetPartitionSeal:
+    """The seal or a supplement of the dataset partition ``partition`` (its folder)."""
+    info = dataset_partition(partition)
+    return DatasetPartitionSeal(
+        partition=info.prefix,
+        labels=dict(info.labels),
+        day=info.day,
+        **_summary(objects, sealed_at, supplement),
+    )
+
+
+def _summary(
+    objects: Iterable[SealedObject], sealed_at: datetime, supplement: int
+) -> dict[str, Any]:
+    found = sorted(objects, key=lambda o: o.entry.key)
+    arrivals = [o.arrival for o in found]
+    return {
+        "supplement": supplement,
+        "sealed_at": sealed_at,
+        "message_count": len(found),
+        "total_bytes": sum(o.entry.size_bytes for o in found),
+        "first_arrival": min(arrivals, default=None),
+        "last_arrival": max(arrivals, default=None),
+        "schema_versions": dict(sorted(Counter(o.schema_version for o in found).items())),
+        "manifest": [o.entry for o in found],
+    }
+
+
+def read_document(key: str, data: bytes) -> PartitionSeal:
+    """A seal document read back from ``key`` (a dataset partition's or a contract one's, as the
+    key says); :class:`ContractError` when it is not one, or describes another partition or
+    number than its key says."""
+    model: type[PartitionSeal] = (
+        RawPartitionSeal if dataset_partition_of(key) is None else DatasetPartitionSeal
+    )
     try:
-        document = RawPartitionSeal.model_validate_json(data)
+        document = model.model_validate_json(data)
     except ValidationError as err:
         raise ContractError("invalid_seal", f"{key} is no seal document: {err}") from None
     if document.key != key:
@@ -198,10 +279,22 @@ def read_document(key: str, data: bytes) -> RawPartitionSeal:
     return document
 
 
+def seal_name(supplement: int) -> str:
+    """``raw_metadata.json`` (0), else ``raw_metadata.late-NNNN.json``."""
+    return RAW_METADATA_NAME if supplement == 0 else raw_metadata_late_name(supplement)
+
+
+def is_seal_name(name: str) -> bool:
+    """A name the sealer writes at a partition's root, and no migration may put under raw/."""
+    return _SEAL_NAME.fullmatch(name) is not None
+
+
 def is_seal_key(key: str) -> bool:
     """A seal or supplement (what neither the sealer nor the audit treat as a message)."""
     if RAW_METADATA_STEM not in key:  # no message key holds it: most keys stop here
         return False
+    if (info := dataset_partition_of(key)) is not None:
+        return is_seal_name(key[len(info.prefix) :])
     try:
         return parse_key(key).family in SEAL_FAMILIES
     except ContractError:
@@ -214,18 +307,26 @@ def is_message_of(prefix: str, key: str) -> bool:
     return key.startswith(prefix) and _MESSAGE_NAME.fullmatch(key, len(prefix)) is not None
 
 
-def covered(documents: Iterable[RawPartitionSeal]) -> dict[str, ManifestEntry]:
+def is_object_of(partition: str, key: str) -> bool:
+    """Whether ``key`` is an object of the dataset partition ``partition``: anything below its
+    folder but the folder itself and the seal documents at its root."""
+    if not key.startswith(partition) or len(key) == len(partition):
+        return False
+    return not is_seal_name(key[len(partition) :])
+
+
+def covered(documents: Iterable[PartitionSeal]) -> dict[str, ManifestEntry]:
     """Every key the seal and its supplements list."""
     return {e.key: e for d in documents for e in d.manifest}
 
 
-def late_keys(documents: Sequence[RawPartitionSeal], message_keys: Iterable[str]) -> list[str]:
+def late_keys(documents: Sequence[PartitionSeal], message_keys: Iterable[str]) -> list[str]:
     """The message keys that no document of the partition lists yet, in key order."""
     known = covered(documents)
     return sorted(k for k in set(message_keys) if k not in known)
 
 
-def next_supplement(documents: Sequence[RawPartitionSeal]) -> int:
+def next_supplement(documents: Sequence[PartitionSeal]) -> int:
     """The number of the partition's next document: 0 (the seal) when it has none yet."""
     return max((d.supplement for d in documents), default=-1) + 1
 
@@ -262,7 +363,7 @@ class PartitionDiff:
 
 
 def compare(
-    documents: Sequence[RawPartitionSeal],
+    documents: Sequence[PartitionSeal],
     listing: Iterable[Listed],
     sha256s: Mapping[str, str] | None = None,
 ) -> PartitionDiff:

@@ -36,6 +36,13 @@ def installed_services() -> list[str]:
     return sorted(ep.name for ep in entry_points(group="aegis.services"))
 
 
+def installed_schedules() -> list[str]:
+    """The schedules ``aegis up`` runs beside the services (entry-point group
+    ``aegis.schedules``: what a cluster runs as a scheduled job, e.g. ``seal-raw``, a loop with
+    health endpoints here), by name."""
+    return sorted(ep.name for ep in entry_points(group="aegis.schedules"))
+
+
 class ControlError(Exception):
     """No ``aegis up`` answers in this directory, or its answer cannot be read."""
 

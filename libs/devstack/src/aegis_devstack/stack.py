@@ -3,7 +3,8 @@
 Makes sure Mosquitto and NATS JetStream answer (starting the machine's own when they do not), uses
 the S3/DynamoDB emulator on 127.0.0.1:4566 (LocalStack if one listens there, else a moto_server it
 starts), runs ``bootstrap``, then starts every installed service (entry-point group
-``aegis.services``: name -> a ``main()`` callable) as a child process with its own health port,
+``aegis.services``: name -> a ``main()`` callable) and schedule (``aegis.schedules``: the daily
+``seal-raw``, which a cluster runs as a scheduled job) as a child process with its own health port,
 prefixes their output with the service name, and stops them all on Ctrl-C or SIGTERM.
 
 A child that exits is started again, as a deployment's orchestrator would, after a back-off that
@@ -30,14 +31,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Literal
 
 from aegis_contracts.subjects import STREAMS
 from aegis_contracts.times import format_ts, utc_now
 from aegis_devstack import control
-from aegis_devstack.control import Outcome, Request, installed_services
+from aegis_devstack.control import Outcome, Request, installed_schedules, installed_services
 from aegis_devstack.localservers import (
     LocalServerError,
     ensure_mosquitto,
@@ -107,10 +108,26 @@ def dashboard_access(specs: list[ServiceSpec]) -> tuple[dict[str, str], str]:
     return {variable: f"admin:{digest}"}, f"the token in {path.resolve()}"
 
 
+def stack_entry_point(name: str) -> EntryPoint:
+    """The installed service or schedule called ``name``."""
+    (ep,) = [
+        ep
+        for group in ("aegis.services", "aegis.schedules")
+        for ep in entry_points(group=group)
+        if ep.name == name
+    ]
+    return ep
+
+
+def stack_names() -> list[str]:
+    """What ``aegis up`` starts: every installed service, then every schedule."""
+    return [*installed_services(), *installed_schedules()]
+
+
 def serve(name: str) -> None:
-    """Run one installed service in this process (what each child of ``aegis up`` does)."""
-    (ep,) = [ep for ep in entry_points(group="aegis.services") if ep.name == name]
-    ep.load()()
+    """Run one installed service or schedule in this process (what each child of ``aegis up``
+    does)."""
+    stack_entry_point(name).load()()
 
 
 def endpoint_of(settings: AegisSettings) -> str:
@@ -161,7 +178,7 @@ async def run_stack(
             flush=True,
         )
         print(await align_queue(settings, store_created=report.store_created, start=start))
-        names = installed_services() if services is None else services
+        names = stack_names() if services is None else services
         first = int(os.environ.get("AEGIS_UP_FIRST_HEALTH_PORT", FIRST_HEALTH_PORT))
         # 0: any free port per service (tests run stacks side by side), below the ephemeral
         # range, so a restarted service finds its port free

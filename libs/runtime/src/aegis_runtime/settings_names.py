@@ -199,6 +199,8 @@ KNOWN: frozenset[str] = frozenset(
         "AEGIS_SEAL_CONCURRENCY",
         "AEGIS_SEAL_GRACE_HOURS",
         "AEGIS_SEAL_LOOKBACK_DAYS",
+        "AEGIS_SEAL_ON_START",
+        "AEGIS_SEAL_SCHEDULE_UTC",
         "AEGIS_SERVICE",
         "AEGIS_SIMULATOR_FACTORIES",
         "AEGIS_SIMULATOR_IMAGES",

@@ -1,4 +1,5 @@
-"""``aegis audit raw``: check a raw partition against its seal and supplements.
+"""``aegis audit raw``: check a raw partition (either layout: the contract's, or a dataset
+partition) against its seal and supplements.
 
 One listing of the partition (size and ETag of every object) against the manifests, which names
 every object missing, added (in no manifest: a late arrival not sealed yet is one) or changed.
@@ -23,7 +24,13 @@ from aegis_contracts.seal import PartitionDiff, compare, covered
 from aegis_storage.errors import StorageError
 from aegis_storage.s3 import ObjectStore
 from aegis_storage.tasks import map_bounded
-from aegis_storage_tools.seal import RawPartition, raw_sources, read_documents
+from aegis_storage_tools.seal import (
+    Partition,
+    RawPartition,
+    find_partitions,
+    raw_sources,
+    read_documents,
+)
 
 log = structlog.get_logger("aegis_storage_tools.audit")
 
@@ -47,7 +54,7 @@ _WORST_FIRST = (AuditStatus.ERROR, AuditStatus.DIFFERS, AuditStatus.NOT_SEALED)
 
 @dataclass(frozen=True, slots=True)
 class PartitionAudit:
-    partition: RawPartition
+    partition: Partition
     status: AuditStatus
     objects: int = 0  # objects listed (seal documents not counted)
     documents: int = 0  # the seal and its supplements
@@ -78,6 +85,10 @@ def exit_code(audits: Sequence[PartitionAudit]) -> int:
     return EXIT_CODES[AuditStatus.INTACT]
 
 
+def _found(audits: Sequence[PartitionAudit]) -> list[PartitionAudit]:
+    return [a for a in audits if a.objects or a.documents or a.status is AuditStatus.ERROR]
+
+
 @dataclass(slots=True)
 class Auditor:
     store: ObjectStore
@@ -96,10 +107,17 @@ class Auditor:
         if source_types is None:
             sources = [s for _, s in await raw_sources(self.store, [factory_id])]
             audits = [await self.partition(RawPartition(factory_id, s, day)) for s in sources]
-            return [a for a in audits if a.objects or a.documents or a.status is AuditStatus.ERROR]
+            return _found(audits)
         return [await self.partition(RawPartition(factory_id, s, day)) for s in source_types]
 
-    async def partition(self, part: RawPartition) -> PartitionAudit:
+    async def audit_under(self, under: str, day: date | None = None) -> list[PartitionAudit]:
+        """Every partition under the folder ``under`` (below raw/; either layout: a dataset's
+        ``raw/country=us/`` or a factory's ``raw/factory-a/``), of ``day`` or of every day;
+        partitions with nothing on that day are left out."""
+        parts = await find_partitions(self.store, None if day is None else [day], under=under)
+        return _found([await self.partition(p) for p in parts])
+
+    async def partition(self, part: Partition) -> PartitionAudit:
         try:
             audit = await self._partition(part)
         except (StorageError, ContractError) as err:
@@ -119,7 +137,7 @@ class Auditor:
         )
         return audit
 
-    async def _partition(self, part: RawPartition) -> PartitionAudit:
+    async def _partition(self, part: Partition) -> PartitionAudit:
         listing = [info async for info in self.store.list_objects(part.prefix)]
         documents = await read_documents(self.store, listing)
         objects = len(listing) - len(documents)

@@ -1,4 +1,4 @@
-"""``aegis migrate plan|run``, ``aegis replay``, ``aegis seal raw`` and ``aegis audit raw``.
+"""``aegis migrate plan|run``, ``aegis replay``, ``aegis seal raw|schedule`` and ``aegis audit raw``.
 
 Exit codes (:mod:`aegis_cli.exitcodes`): 0 done; 1 something failed (see the summary and the
 journal); 2 bad options; 3 conflicts (destinations with another body, left untouched, their
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import date, datetime, timedelta
 from pathlib import Path
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from aegis_storage_tools.replay import ReplaySummary
     from aegis_storage_tools.rules import RuleSet
     from aegis_storage_tools.seal import SealResult
+    from aegis_storage_tools.settings import StorageToolsSettings
 
 EXIT_FAILED = exitcodes.FAILED
 EXIT_CONFLICTS = exitcodes.FOUND
@@ -185,12 +187,15 @@ def migrate_run(  # noqa: PLR0917 - typer options are parameters
     ] = None,
     progress: ProgressOpt = None,
 ) -> None:
-    """Copy (server-side), verify size and ETag, then delete the sources in batches of 1000.
+    """Copy (server-side), verify size and ETag, seal the raw partitions copied into, then
+    delete the sources in batches of 1000.
 
-    Safe to interrupt: running it again finishes the job and does nothing twice. Prints one
-    JSON summary.
+    Every raw partition a verified copy lies in whose UTC day is over plus grace
+    (AEGIS_SEAL_GRACE_HOURS) is sealed as `aegis seal raw` seals it (a supplement when it was
+    sealed before); the others are the daily run's. Safe to interrupt: running it again
+    finishes the job and does nothing twice. Prints one JSON summary.
 
-    Exit codes: 0 done, 1 a copy, delete or purge failed, 2 bad options (a rule whose sources
+    Exit codes: 0 done, 1 a copy, seal, delete or purge failed, 2 bad options (a rule whose sources
     the role may not delete, without --keep-sources, too: nothing done), 3 conflicts, 5 S3 not
     reachable."""
     from aegis_storage.clients import open_clients  # noqa: PLC0415
@@ -203,6 +208,7 @@ def migrate_run(  # noqa: PLR0917 - typer options are parameters
         SourcesNotDeletable,
     )
     from aegis_storage_tools.progress import progress_bar  # noqa: PLC0415
+    from aegis_storage_tools.seal import Sealer  # noqa: PLC0415
     from aegis_storage_tools.settings import StorageToolsSettings  # noqa: PLC0415
 
     ruleset = _rules(rules, preset_name, sidecars)
@@ -220,12 +226,15 @@ def migrate_run(  # noqa: PLR0917 - typer options are parameters
     async def go() -> Summary:
         async with open_clients(settings.aws()) as clients:
             with progress_bar(progress) as tracker:
+                store = ObjectStore(clients.s3, settings.bucket)
                 migrator = Migrator(
-                    ObjectStore(clients.s3, settings.bucket),
+                    store,
                     ruleset,
                     journal=Journal(journal),
                     options=options,
                     tracker=tracker,
+                    sealer=Sealer(store, concurrency=settings.seal_concurrency),
+                    seal_grace=timedelta(hours=settings.seal_grace_hours),
                 )
                 return await migrator.run(
                     delete=not no_delete, keep_sources=keep_sources, purge_versions=purge_versions
@@ -242,7 +251,7 @@ def migrate_run(  # noqa: PLR0917 - typer options are parameters
     typer.echo(json.dumps(asdict(summary) | {"journal": str(journal)}))
     if summary.handover:
         _print_handover(summary.handover, summary.kept)
-    if summary.failed:
+    if summary.failed or summary.sealed.get("failed"):
         raise typer.Exit(EXIT_FAILED)
     raise typer.Exit(EXIT_CONFLICTS if summary.conflicts else 0)
 
@@ -394,8 +403,33 @@ def _factory(name: str) -> str:
         raise typer.BadParameter(str(err), param_hint="--factory") from None
 
 
+def _under(prefix: str | None) -> str:
+    """A folder under raw/ to work below (``--prefix``); raw/ itself when none is given."""
+    from aegis_contracts.keys import RAW_PREFIX  # noqa: PLC0415
+
+    if prefix is None:
+        return RAW_PREFIX
+    folder = prefix if prefix.endswith("/") else f"{prefix}/"
+    if not folder.startswith(RAW_PREFIX) or "//" in folder or ".." in folder.split("/"):
+        raise typer.BadParameter(
+            f"{prefix!r} is no folder under raw/ (e.g. raw/country=us/ or raw/factory-a/)",
+            param_hint="--prefix",
+        )
+    return folder
+
+
+PrefixOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prefix",
+        help="Only partitions under this folder of raw/: a dataset's (raw/country=us/) or a "
+        "factory's (raw/factory-a/).",
+    ),
+]
+
+
 @seal_app.command("raw")
-def seal_raw(
+def seal_raw(  # noqa: PLR0917 - typer options are parameters
     day: Annotated[
         str | None,
         typer.Option("--date", help="Seal this UTC day (YYYY-MM-DD); it must be over plus grace."),
@@ -404,6 +438,7 @@ def seal_raw(
         list[str] | None,
         typer.Option("--factory", help="Only this factory (repeatable). Default: all under raw/."),
     ] = None,
+    prefix: PrefixOpt = None,
     grace_hours: Annotated[
         float | None,
         typer.Option(
@@ -421,15 +456,26 @@ def seal_raw(
             help="Without --date: the newest due days to look at (AEGIS_SEAL_LOOKBACK_DAYS, 7).",
         ),
     ] = None,
+    all_days: Annotated[
+        bool,
+        typer.Option(
+            "--all-days",
+            help="Every due day that has a partition, however old (lists the day folders): "
+            "after a migration, or for a layout found in place.",
+        ),
+    ] = False,
     json_output: JsonOpt = False,
 ) -> None:
     """Seal raw/ partitions whose UTC day is over plus grace.
 
-    Writes raw_metadata.json at the root of each partition (factory,
-    source type, day): counts, bytes, first and last arrival, schema
-    versions, and every message's size, ETag and SHA-256 (one GET per
-    object). Without --date: every partition of the newest --days due
-    days. A sealed partition gets a supplement, raw_metadata.late-NNNN.json,
+    Writes raw_metadata.json at the root of each partition: one
+    factory, source type and day (raw/F/SOURCE/yyyy=/mm=/dd=/), or a
+    dataset partition (raw/country=us/category=news/date=YYYY-MM-DD/,
+    where migrated legacy datasets land): counts, bytes, first and
+    last arrival, schema versions, and every object's size, ETag and
+    SHA-256 (one GET per object). Without --date: every partition of
+    the newest --days due days; --all-days: of every due day found. A
+    sealed partition gets a supplement, raw_metadata.late-NNNN.json,
     for the objects that arrived after its seal, if any. Nothing is
     rewritten (If-None-Match): running it again, or from two places at
     once, is safe. One summary line per partition.
@@ -437,17 +483,14 @@ def seal_raw(
     Exit codes: 0 done, 1 a partition failed, 2 bad options, 5 S3 not reachable.
     """
     from aegis_contracts.seal import days_to_seal, seal_due  # noqa: PLC0415
-    from aegis_storage.clients import open_clients  # noqa: PLC0415
-    from aegis_storage.errors import StorageError  # noqa: PLC0415
-    from aegis_storage.s3 import ObjectStore  # noqa: PLC0415
-    from aegis_storage_tools.seal import Outcome, Sealer  # noqa: PLC0415
     from aegis_storage_tools.settings import StorageToolsSettings  # noqa: PLC0415
 
     settings = StorageToolsSettings()
     now = utc_now()
     grace = timedelta(hours=settings.seal_grace_hours if grace_hours is None else grace_hours)
-    if day is not None and days is not None:
-        raise typer.BadParameter("give --date or --days, not both")
+    if sum(given is not None for given in (day, days, all_days or None)) > 1:
+        raise typer.BadParameter("give one of --date, --days or --all-days")
+    chosen: list[date] | None
     if day is not None:
         chosen = [_day(day)]
         if not seal_due(chosen[0], now, grace):
@@ -455,29 +498,52 @@ def seal_raw(
                 f"{day} is not over plus {grace} yet (UTC): its objects may still arrive",
                 param_hint="--date",
             )
+    elif all_days:
+        chosen = None
     else:
         chosen = days_to_seal(now, grace, days or settings.seal_lookback_days)
     factories = [_factory(name) for name in factory] if factory else None
+    under = _under(prefix)
+    code = run_seal(settings, chosen, factories, under=under, grace=grace, json_output=json_output)
+    raise typer.Exit(code)
+
+
+def run_seal(
+    settings: StorageToolsSettings,
+    days: list[date] | None,
+    factories: list[str] | None = None,
+    *,
+    under: str | None = None,
+    grace: timedelta,
+    json_output: bool = False,
+    clock: Callable[[], datetime] = utc_now,
+) -> int:
+    """One ``aegis seal raw`` run (the command's, and each of ``aegis seal schedule``'s): seal,
+    print one line per partition (or the JSON document), and return the exit code."""
+    from aegis_storage.clients import open_clients  # noqa: PLC0415
+    from aegis_storage.errors import StorageError  # noqa: PLC0415
+    from aegis_storage.s3 import ObjectStore  # noqa: PLC0415
+    from aegis_storage_tools.seal import Outcome, Sealer  # noqa: PLC0415
 
     async def go() -> list[SealResult]:
         async with open_clients(settings.aws()) as clients:
             store = ObjectStore(clients.s3, settings.bucket)
-            return await Sealer(store, concurrency=settings.seal_concurrency).seal(
-                chosen, factories
-            )
+            sealer = Sealer(store, clock=clock, concurrency=settings.seal_concurrency)
+            return await sealer.seal(days, factories, under=under or "raw/", grace=grace)
 
     try:
         results = asyncio.run(go())
     except StorageError as err:
         typer.echo(f"seal raw failed: {err}", err=True)
-        raise typer.Exit(exitcodes.code_of(err)) from None
+        return exitcodes.code_of(err)
     shown = [r for r in results if r.outcome is not Outcome.EMPTY]
     counts = Counter(r.outcome.value for r in results)
+    looked_at = "every due day" if days is None else f"{len(days)} days"
     if json_output:
         typer.echo(
             json.dumps(
                 {
-                    "days": [d.isoformat() for d in chosen],
+                    "days": None if days is None else [d.isoformat() for d in days],
                     "partitions": [r.as_dict() for r in shown],
                     "totals": {o.value: counts.get(o.value, 0) for o in Outcome},
                 }
@@ -492,14 +558,36 @@ def seal_raw(
             if r.error:
                 typer.echo(f"  {r.error}", err=True)
         summary = " ".join(f"{o.value.replace(' ', '_')}={counts.get(o.value, 0)}" for o in Outcome)
-        typer.echo(f"seal raw: {len(shown)} partitions of {len(chosen)} days: {summary}")
-    raise typer.Exit(EXIT_FAILED if counts.get(Outcome.FAILED.value) else 0)
+        typer.echo(f"seal raw: {len(shown)} partitions of {looked_at}: {summary}")
+    return EXIT_FAILED if counts.get(Outcome.FAILED.value) else 0
+
+
+@seal_app.command("schedule")
+def seal_schedule() -> None:
+    """Run `aegis seal raw` every day at AEGIS_SEAL_SCHEDULE_UTC (02:30) and
+    once at start (AEGIS_SEAL_ON_START), until stopped (SIGTERM, Ctrl-C).
+
+    The seal-raw service of compose and of `make run`; a Kubernetes
+    CronJob and an ECS EventBridge schedule run `aegis seal raw`
+    themselves. Serves /healthz, /readyz and /metrics on
+    AEGIS_HEALTH_PORT. A run that fails is logged (seal_schedule_failed)
+    and tried again at the next time; the service keeps running.
+    """
+    from aegis_storage_tools.schedule import main  # noqa: PLC0415
+
+    main()
 
 
 @audit_app.command("raw")
-def audit_raw(
-    factory: Annotated[str, typer.Option("--factory", help="The factory id.")],
-    day: Annotated[str, typer.Option("--date", help="The UTC day (YYYY-MM-DD).")],
+def audit_raw(  # noqa: PLR0917 - typer options are parameters
+    factory: Annotated[
+        str | None, typer.Option("--factory", help="The factory id (or --prefix).")
+    ] = None,
+    day: Annotated[
+        str | None,
+        typer.Option("--date", help="The UTC day (YYYY-MM-DD); with --prefix, every day if none."),
+    ] = None,
+    prefix: PrefixOpt = None,
     source_type: Annotated[
         SourceType | None,
         typer.Option("--source-type", help="Only this source type. Default: every one found."),
@@ -512,7 +600,9 @@ def audit_raw(
     ] = False,
     json_output: JsonOpt = False,
 ) -> None:
-    """Check a factory's raw/ partitions of one day against their seals.
+    """Check raw/ partitions against their seals: a factory's of one day
+    (--factory F --date D), or every partition under a folder
+    (--prefix raw/country=us/ [--date D]), dataset partitions included.
 
     A listing gives each object's size and ETag; every object missing,
     added (in no manifest, e.g. a late arrival not sealed yet) or
@@ -529,14 +619,24 @@ def audit_raw(
     from aegis_storage_tools.audit import Auditor, exit_code  # noqa: PLC0415
     from aegis_storage_tools.settings import StorageToolsSettings  # noqa: PLC0415
 
-    factory_id = _factory(factory)
-    the_day = _day(day)
+    if (factory is None) == (prefix is None):
+        raise typer.BadParameter("give --factory (with --date) or --prefix")
+    if factory is not None and day is None:
+        raise typer.BadParameter("--factory needs --date", param_hint="--date")
+    if prefix is not None and source_type is not None:
+        raise typer.BadParameter("--source-type goes with --factory", param_hint="--source-type")
+    factory_id = None if factory is None else _factory(factory)
+    the_day = None if day is None else _day(day)
+    under = None if prefix is None else _under(prefix)
     settings = StorageToolsSettings()
 
     async def go() -> list[PartitionAudit]:
         async with open_clients(settings.aws()) as clients:
             store = ObjectStore(clients.s3, settings.bucket)
             auditor = Auditor(store, deep=deep, concurrency=settings.seal_concurrency)
+            if under is not None:
+                return await auditor.audit_under(under, the_day)
+            assert factory_id is not None and the_day is not None
             return await auditor.audit(
                 factory_id, the_day, None if source_type is None else [source_type]
             )
@@ -551,7 +651,9 @@ def audit_raw(
         typer.echo(json.dumps({"partitions": [a.as_dict() for a in audits], "exit_code": code}))
         raise typer.Exit(code)
     if not audits:
-        typer.echo(f"not sealed: no raw/ partition of {factory_id} on {the_day.isoformat()}")
+        where = under or factory_id
+        when = f" on {the_day.isoformat()}" if the_day else ""
+        typer.echo(f"not sealed: no raw/ partition of {where}{when}")
     for a in audits:
         _print_audit(a)
     raise typer.Exit(code)

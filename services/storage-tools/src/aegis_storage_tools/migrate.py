@@ -10,9 +10,11 @@ refused by the store and reported, never overwritten: one request per object, no
 (S3 honours it on CopyObject; so does AEGIS's local emulator, see aegis_devstack.motoserver).
 Then the targets are listed
 again and every copy verified (size, and ETag: the MD5 of the body, or for a multipart copy the
-ETag the upload completed with); only verified sources are deleted, in DeleteObjects batches of
-1000. Everything is decided again from the bucket on each run, so an interrupted run is finished
-by running it again and nothing is done twice; the journal JSON records each run and each key.
+ETag the upload completed with); the raw partitions the verified copies lie in are sealed
+(:mod:`seal`: a migration fills past days, which the daily seal's lookback never reaches), and
+only verified sources are deleted, in DeleteObjects batches of 1000. Everything is decided
+again from the bucket on each run, so an interrupted run is finished by running it again and
+nothing is done twice; the journal JSON records each run and each key.
 
 Deletes the storage-tools role may not make (under raw/: see :mod:`rules`, ``ROLE_REFUSED``) are
 known before anything is copied: the plan says so per rule, and a run refuses to start while any
@@ -34,7 +36,7 @@ import shlex
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,7 @@ from aegis_storage_tools.rules import (
     role_may,
     source_deletes,
 )
+from aegis_storage_tools.seal import Sealer, partition_of
 
 log = structlog.get_logger("aegis_storage_tools.migrate")
 
@@ -199,6 +202,10 @@ class Summary:
     handover: str | None = None  # the folder of the hand-over (DeleteObjects batches, commands)
     purged: PurgeFigures | None = None  # with purge_versions
     skipped: dict[str, int] = field(default_factory=dict)
+    # the raw partitions the run wrote into, sealed at its end: outcome -> partitions; and those
+    # whose day is not over plus grace yet (the daily `aegis seal raw` takes them)
+    sealed: dict[str, int] = field(default_factory=dict)
+    seal_later: int = 0
     seconds: float = 0.0
 
     @property
@@ -410,9 +417,15 @@ class Migrator:
         journal: Journal | None = None,
         options: CopyOptions | None = None,
         tracker: Tracker | None = None,
+        sealer: Sealer | None = None,
+        seal_grace: timedelta = timedelta(hours=2),
     ) -> None:
+        """``sealer``: seal the raw partitions the run copied into, once copies are verified
+        (``aegis migrate run`` always gives one; ``None`` leaves them to ``aegis seal raw``)."""
         self.store = store
         self.rules = rules
+        self.sealer = sealer
+        self.seal_grace = seal_grace
         self.journal = journal or Journal(None)
         self.options = options or CopyOptions()
         self.tracker = tracker or Quiet()
@@ -446,6 +459,8 @@ class Migrator:
                 self._refuse_undeletable(the_plan, run)
             await self._copy_all(the_plan.items, summary)
             verified = await self._verify(the_plan.items, summary)
+            if self.sealer is not None:
+                await self._seal(self.sealer, verified, summary)
             if delete:
                 kept = [p for p in verified if not role_may(DELETE_OBJECT, p.move.source)]
                 if kept:
@@ -556,6 +571,27 @@ class Migrator:
                 self.journal.record(p.move, "failed", error=f"verification failed: {detail}")
                 log.warning("migration_verify_failed", source=p.move.source, found=detail)
         return verified
+
+    async def _seal(self, sealer: Sealer, verified: list[Planned], summary: Summary) -> None:
+        """Seal every raw partition a verified copy lies in whose day is over plus grace (a
+        migration fills past days, which the daily run's lookback may never reach again): a
+        partition sealed before gets a supplement for what the run added, one sealed by another
+        run is left as it is. The partitions of days not over yet are the daily run's."""
+        parts = {
+            part
+            for p in verified
+            if p.move.target_class is TargetClass.RAW
+            and (part := partition_of(p.move.dest)) is not None
+        }
+        due = sealer.due(sorted(parts, key=lambda part: part.prefix), self.seal_grace)
+        self.tracker.stage("seal", len(due))
+        results = await sealer.partitions(due)
+        self.tracker.advance(len(due))
+        summary.sealed = dict(Counter(r.outcome.value for r in results))
+        summary.seal_later = len(parts) - len(due)
+        for r in results:
+            if r.error is not None:
+                log.warning("migration_seal_failed", prefix=r.partition.prefix, error=r.error)
 
     async def _delete(self, verified: list[Planned], summary: Summary) -> list[str]:
         """Delete the verified sources; the keys deleted."""

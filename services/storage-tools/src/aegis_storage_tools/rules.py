@@ -5,7 +5,11 @@ A rule takes the keys under a source prefix to a target prefix (the relative pat
 contract's dated raw layout using the object's arrival time. ``class`` says what the target is:
 ``raw`` (immutable: never overwritten) or ``derived``. Sidecars (``*.success`` checkpoints) follow
 the two-tier policy: ``beside`` the object, or under another prefix (``prod/``), since raw/ holds
-originals only. Rules come from a TOML file or a preset (``datasets-processing``, ``aegis-legacy``).
+originals only. Every raw destination lies in a partition the sealer seals (the contract's, or a
+dataset partition ``raw/name=value/.../date=YYYY-MM-DD/``): a key that would lie in none is
+skipped (``no_partition``), and so is a legacy ``raw_metadata*.json`` (the sealer's names), which
+goes where the sidecars go when that is a prefix (``reserved_name`` when they stay beside). Rules
+come from a TOML file or a preset (``datasets-processing``, ``aegis-legacy``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Any
 
 from aegis_contracts.errors import ContractError
 from aegis_contracts.keys import RAW_PREFIX, raw_key
+from aegis_contracts.seal import is_seal_name
+from aegis_storage_tools.seal import partition_of
 
 BESIDE = "beside"
 DEFAULT_SIDECARS = ("*.success",)
@@ -70,7 +76,7 @@ class Move:
 class Skip:
     source: str
     rule: str | None
-    reason: str  # excluded | in_place | not_flat_legacy | no_rule
+    reason: str  # excluded | in_place | not_flat_legacy | no_rule | no_partition | reserved_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +108,24 @@ def map_key(key: str, rules: RuleSet, *, at: datetime | None = None) -> Move | S
         return _move(key, f"{rule.sidecars}{rel}", rule, TargetClass.DERIVED, sidecar=True)
     if rule.rewrite is Rewrite.AEGIS_RAW_DATED:
         return _dated(key, rel, rule, at)
+    if rule.target_class is TargetClass.RAW and is_seal_name(rel.rsplit("/", 1)[-1]):
+        return _legacy_manifest(key, rel, rule)
     return _move(key, f"{rule.target}{rel}", rule, rule.target_class, sidecar=sidecar)
+
+
+def _legacy_manifest(key: str, rel: str, rule: Rule) -> Move | Skip:
+    """A legacy system's own partition manifest: derived data, and its name is the sealer's."""
+    if rule.sidecars == BESIDE:
+        return Skip(key, rule.name, "reserved_name")
+    return _move(key, f"{rule.sidecars}{rel}", rule, TargetClass.DERIVED, sidecar=True)
 
 
 def _move(key: str, dest: str, rule: Rule, cls: TargetClass, *, sidecar: bool) -> Move | Skip:
     if dest == key:
         return Skip(key, rule.name, "in_place")
+    if cls is TargetClass.RAW and partition_of(dest) is None:
+        # raw/ holds partitions only, each sealed and audited: a key in none would be neither
+        return Skip(key, rule.name, "no_partition")
     return Move(key, dest, rule.name, cls, sidecar)
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from datetime import time
+
 from pydantic import AliasChoices, Field
 
 from aegis_runtime.settings import AegisSettings
@@ -74,6 +76,22 @@ class StorageToolsSettings(AegisSettings):
         le=512,
         description="Objects read at once by `aegis seal raw` and `aegis audit raw --deep`.",
     )
+
+    seal_schedule_utc: str = Field(
+        default="02:30",
+        pattern=r"^([01]\d|2[0-3]):[0-5]\d$",
+        description="`aegis seal schedule` (compose's and `make run`'s seal-raw): the UTC time "
+        "of day, HH:MM, of its daily `aegis seal raw` (the CronJob's and the ECS schedule's).",
+    )
+    seal_on_start: bool = Field(
+        default=True,
+        description="`aegis seal schedule` runs `aegis seal raw` once at start too (a machine "
+        "that was off at the time catches up).",
+    )
+
+    def seal_schedule_time(self) -> time:
+        """:attr:`seal_schedule_utc` as a UTC time of day."""
+        return time.fromisoformat(self.seal_schedule_utc)
 
     @property
     def nats_ack_timeout_seconds(self) -> float:
