@@ -1530,6 +1530,73 @@ async def test_the_job_page_draws_each_example_job_with_every_step_and_edge(
     )
 
 
+# a job its designer laid out left to right: each step's top left corner, in the designer's pixels
+PLACES = {
+    "x": 120,
+    "y": 40,
+    "begin": {"x": 100, "y": 300},
+    "fan": {"x": 340, "y": 300},
+    "left": {"x": 560, "y": 200},
+    "right": {"x": 560, "y": 400},
+    "pick": {"x": 820, "y": 300},
+    "again": {"x": 1060, "y": 220},
+    "finish": {"x": 1060, "y": 380},
+}
+
+
+async def test_a_job_its_designer_placed_is_drawn_where_the_designer_put_each_step(
+    jobs_site: JobsSite, browser: BrowserContext
+) -> None:
+    placed = Job.model_validate(
+        {
+            "id": "designer-placed",
+            "job_name": "Placed by its designer",
+            "trigger_type": "Automation",
+            "object_id": "designer",
+            "designer_offset": PLACES,
+            "steps": [
+                {"id": "begin", "step_type": "DUMMY", "is_start_point": True, "seq": 1},
+                {"id": "fan", "step_type": "FLOW", "step_sub_type": "PARALLEL", "seq": 2},
+                {"id": "left", "flow_step_id": "fan", "step_type": "DUMMY", "seq": 1},
+                {"id": "right", "flow_step_id": "fan", "step_type": "DUMMY", "seq": 2},
+                {"id": "pick", "step_type": "FLOW", "step_sub_type": "CHOICE", "seq": 3},
+                {
+                    "id": "again",
+                    "flow_step_id": "pick",
+                    "step_type": "DUMMY",
+                    "condition_expr": 'StringEQ([$.payload.again], "yes")',
+                    "next_step_id": "begin",
+                },
+                {"id": "finish", "step_type": "DUMMY", "seq": 4},
+            ],
+        }
+    )
+    page = await jobs_list_as(browser, jobs_site, VIEWER)
+    await jobs_site.store.register(placed)
+    await page.goto(f"{jobs_site.url}/jobs/{placed.id}")
+    holder = page.locator("#job-graph")
+    await expect(holder).to_have_attribute("data-drawn", str(len(placed.steps)))
+    await expect(holder).to_have_attribute("data-placed", "designer")
+    drawn = await page.evaluate(DRAWN)
+    scale = await page.evaluate(
+        "(() => { const s = document.querySelector('#job-graph svg');"
+        " return s.getBoundingClientRect().width / s.viewBox.baseVal.width; })()"
+    )
+    corner = {n["id"]: (n["box"][0], n["box"][1]) for n in drawn["nodes"]}
+    x0, y0 = corner["begin"]
+    for step_id, (x, y) in corner.items():
+        want = PLACES[step_id]
+        assert isinstance(want, dict)
+        dx, dy = (want["x"] - 100) * scale, (want["y"] - 300) * scale
+        assert abs(x - x0 - dx) < 2 and abs(y - y0 - dy) < 2, step_id
+    boxes = {n["id"]: n["box"] for n in drawn["nodes"]}
+    assert all(inside(boxes[i], drawn["clusters"]["fan"]) for i in ("fan", "left", "right"))
+    assert sorted(tuple(e) for e in drawn["edges"]) == sorted(
+        (e.source, e.target, e.kind.value) for e in graph(placed).edges
+    )
+    await page.screenshot(path=screenshot_path("job-graph-designer.png"), full_page=True)
+
+
 async def test_an_executions_steps_change_state_on_the_open_job_page_without_a_reload(
     jobs_site: JobsSite, browser: BrowserContext
 ) -> None:

@@ -973,9 +973,14 @@
     }
     const edges = drawn.map((e) => {
       const a = nodes[e.from], b = nodes[e.to];
-      const points = [border(a, b), border(b, a)];
-      const mid = { x: (points[0].x + points[1].x) / 2, y: (points[0].y + points[1].y) / 2 };
-      return { e, points, label: edgeLabel(e) ? mid : null };
+      const ends = [border(a, b), border(b, a)];
+      const mid = { x: (ends[0].x + ends[1].x) / 2, y: (ends[0].y + ends[1].y) / 2 };
+      if (!e.back) return { e, points: ends, label: edgeLabel(e) ? mid : null };
+      // a loop bows away from the straight line its way forward would take
+      const dx = ends[1].x - ends[0].x, dy = ends[1].y - ends[0].y, len = Math.hypot(dx, dy) || 1;
+      const bow = 30 + 0.15 * len;
+      const top = { x: mid.x + (dy / len) * bow, y: mid.y - (dx / len) * bow };
+      return { e, points: [ends[0], top, ends[1]], label: edgeLabel(e) ? top : null };
     });
     const all = [...Object.values(nodes).map((b) => ({ x: b.x + b.w / 2, y: b.y + b.h / 2 })),
       ...Object.values(clusters).map((c) => ({ x: c.x + c.w, y: c.y + c.h }))];
