@@ -61,7 +61,7 @@ from aegis_dashboard_api.jobs import state_of, store_of, summary, trigger_of
 from aegis_dashboard_api.live import alert_scope
 from aegis_dashboard_api.routes import Reader, fleet_entry
 from aegis_dashboard_api.settings import DashboardSettings
-from aegis_orchestration.graph import END, START, Graph, graph, step_states
+from aegis_orchestration.graph import END, START, Graph, StepState, graph, step_states
 from aegis_orchestration.model import Job, JobStep, valid_id
 from aegis_storage.audit import AuditLog
 from aegis_storage.errors import NotFound
@@ -623,8 +623,13 @@ def execution_view(job: Job, record: Mapping[str, Any]) -> dict[str, Any]:
     ]
     status = str(record.get("status") or "UNKNOWN")
     states = step_states(job, status, logged)
-    # the last error each step recorded, for the graph
-    errors = {s["step_id"]: s["error"] for s in steps if s["error"] and s["step_id"] in states}
+    # the last error of each step that failed (not one a later pass of a loop made good)
+    failed = {StepState.FAILED, StepState.CAUGHT, StepState.STOPPED}
+    errors: dict[str, str] = {}
+    for s in steps:
+        step_id, error = str(s["step_id"]), s["error"]
+        if isinstance(error, str) and states.get(step_id) in failed:
+            errors[step_id] = error
     return {
         "execution_id": str(record.get("execution_id", "")),
         "status": status,
