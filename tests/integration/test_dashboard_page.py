@@ -2,9 +2,11 @@
 path), served by the real app on a real HTTP server over a seeded read model in the emulator,
 with live updates from real NATS: a CRITICAL state made by the processor from a raw message
 reaches the open page without a reload. Also: no token, no data (page and event stream), a
-token given in a link never reaches a log, and the incidents as the people who answer them see
-them (the list, a factory's banners, Acknowledge and Resolve, a cloud check's alerting state), on
-a clock the test holds still."""
+token given in a link never reaches a log, the incidents as the people who answer them see
+them (the list, a factory's banners, Acknowledge and Resolve, a cloud check's alerting state), and
+the orchestration jobs (each example job drawn as a flow chart with every step and edge, a running
+execution's steps changing state on the open page, no Enable or Disable for a viewer), on a clock
+the test holds still."""
 
 from __future__ import annotations
 
@@ -47,6 +49,10 @@ from aegis_devstack.localservers import ManagedServer, free_port
 from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
+from aegis_orchestration.graph import EdgeKind, graph
+from aegis_orchestration.model import Job
+from aegis_orchestration.store import JobStore
+from aegis_orchestration.yamlio import load_jobs
 from aegis_runtime.broker import create_broker, ensure_streams, publish
 from aegis_runtime.service import change_message, change_sink
 from aegis_runtime.settings import AegisSettings
@@ -282,9 +288,9 @@ async def browser(tmp_path: Path) -> AsyncIterator[BrowserContext]:
             await context.close()
 
 
-async def sign_in(page: Page, base: str, next_path: str = "/") -> None:
+async def sign_in(page: Page, base: str, next_path: str = "/", token: str = TOKEN) -> None:
     await page.goto(f"{base}/login?next={next_path}")
-    await page.fill("#token", TOKEN)
+    await page.fill("#token", token)
     await page.click("button[type=submit]")
 
 
@@ -1348,3 +1354,330 @@ async def test_a_scoped_browser_gets_nothing_of_another_factory_live_or_after_a_
     snapshot = "\n".join(got)
     assert "event: fleet" in snapshot and "factory-a" in snapshot
     assert "factory-b" not in snapshot and "event: cloud" not in snapshot
+
+
+# -- the orchestration jobs ------------------------------------------------------------------------
+
+EXAMPLE_JOBS = Path(__file__).parents[2] / "deploy" / "jobs" / "examples.yaml"
+JOBS_NOW = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
+VIEWER = "wall-viewer-5d1e0a"  # the whole fleet's viewer
+ADMIN = "admin-desk-0c9b44"
+ESCALATION = "gas-leak-escalation"
+PHONE = {"width": 390, "height": 844}
+
+
+@dataclass
+class JobsSite:
+    url: str
+    store: JobStore
+    jobs: list[Job]
+
+
+@pytest.fixture
+async def jobs_site(
+    foundation: Foundation, nats_url: str, aws_endpoint: str
+) -> AsyncIterator[JobsSite]:
+    """The dashboard on a clock held at JOBS_NOW with the example jobs registered, for a viewer
+    and an admin, reading a job's executions again every second."""
+    settings = dashboard_settings(foundation, nats_url, aws_endpoint).model_copy(
+        update={
+            "dashboard_tokens": f"{token_digest(VIEWER)},admin:{token_digest(ADMIN)}",
+            "dashboard_executions_refresh_s": 1.0,
+        }
+    )
+    store = JobStore(foundation.readmodel, lambda: JOBS_NOW)
+    jobs = load_jobs(EXAMPLE_JOBS.read_text())
+    for job in jobs:
+        await store.register(job)
+    async with serving(settings, foundation, FakeClock(JOBS_NOW)) as dash:
+        yield JobsSite(dash.url, store, jobs)
+
+
+def run_log(
+    job_id: str, execution_id: str, started: datetime, status: str, *steps: tuple[str, ...]
+) -> dict[str, Any]:
+    """An execution log item as the orchestrator's runner writes it; each step (id, status, and
+    an error or, for a CHOICE, the branch taken)."""
+    records = []
+    for step_id, recorded, *extra in steps:
+        error = {"Error": "HTTPStatusError", "Cause": extra[0]} if recorded == "FAILED" else None
+        records.append(
+            {
+                "step_id": step_id,
+                "status": recorded,
+                "branch": extra[0] if extra and error is None else None,
+                "attempts": 1,
+                "error": error,
+                "started_at": format_ts(started),
+            }
+        )
+    return {
+        "pk": keys.exec_pk(job_id),
+        "sk": keys.exec_sk(started, execution_id),
+        "job_id": job_id,
+        "job_version": 1,
+        "execution_id": execution_id,
+        "trigger": {"type": "BizObject", "object_id": "factory_latest", "sub_type": "Update"},
+        "status": status,
+        "started_at": format_ts(started),
+        "runner": "orchestrator-1",
+        "steps": records,
+        "ttl": int((started + timedelta(days=30)).timestamp()),
+    }
+
+
+# what the chart shows: each step's box (place, state, name), each edge, each retry loop, each box
+# of a container with the steps it holds
+DRAWN = """() => {
+  const box = (el) => {
+    const r = el.getBoundingClientRect();
+    return [r.left, r.top, r.right, r.bottom];
+  };
+  const all = (what) => [...document.querySelectorAll("#job-graph " + what)];
+  return {
+    nodes: all(".gnode").map((n) => ({
+      id: n.dataset.node, state: n.dataset.state, label: n.getAttribute("aria-label"),
+      box: box(n.querySelector(".gbox")), retry: !!n.querySelector(".gretry"),
+    })),
+    edges: all("path.gedge[data-kind]").map((e) => [e.dataset.from, e.dataset.to, e.dataset.kind]),
+    clusters: Object.fromEntries(all(".gcluster").map((c) => [c.dataset.cluster, box(c)])),
+    svg: box(document.querySelector("#job-graph svg")),
+  };
+}"""
+
+
+def overlap(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def inside(inner: list[float], outer: list[float]) -> bool:
+    return (
+        outer[0] <= inner[0]
+        and outer[1] <= inner[1]
+        and inner[2] <= outer[2]
+        and inner[3] <= outer[3]
+    )
+
+
+async def jobs_list_as(browser: BrowserContext, site: JobsSite, token: str) -> Page:
+    """A page signed in with ``token`` on the jobs list, every example job listed."""
+    page = await browser.new_page()
+    await sign_in(page, site.url, "/jobs", token=token)
+    await expect(page.locator("[data-job-row]")).to_have_count(len(site.jobs))
+    return page
+
+
+async def drawn_states(page: Page) -> dict[str, str]:
+    return {n["id"]: n["state"] for n in (await page.evaluate(DRAWN))["nodes"]}
+
+
+async def test_the_job_page_draws_each_example_job_with_every_step_and_edge(
+    jobs_site: JobsSite, browser: BrowserContext
+) -> None:
+    page = await jobs_list_as(browser, jobs_site, VIEWER)
+    for job in jobs_site.jobs:
+        await page.goto(f"{jobs_site.url}/jobs/{job.id}")
+        await expect(page.locator("#job-graph")).to_have_attribute(
+            "data-drawn", str(len(job.steps))
+        )
+        drawn = await page.evaluate(DRAWN)
+        flow = graph(job)
+        assert sorted(n["id"] for n in drawn["nodes"]) == sorted(s.id for s in job.steps), job.id
+        drawn_edges = sorted(tuple(e) for e in drawn["edges"])
+        assert drawn_edges == sorted(
+            (e.source, e.target, e.kind.value) for e in flow.edges if e.kind is not EdgeKind.RETRY
+        ), job.id
+        retried = {e.source for e in flow.edges if e.kind is EdgeKind.RETRY}
+        assert {n["id"] for n in drawn["nodes"] if n["retry"]} == retried, job.id
+        boxes = {n["id"]: n["box"] for n in drawn["nodes"]}
+        for n in drawn["nodes"]:
+            assert n["label"].startswith(n["id"]), n  # each step named for screen readers
+            assert inside(n["box"], drawn["svg"]), n
+            assert not any(overlap(n["box"], b) for k, b in boxes.items() if k != n["id"]), n
+        # each SEQUENCE, PARALLEL and CHOICE is a box around itself and what it holds
+        for node in flow.nodes:
+            if node.container:
+                held = [node.id] + [m.id for m in flow.nodes if m.parent == node.id]
+                assert all(inside(boxes[i], drawn["clusters"][node.id]) for i in held), node.id
+        # no execution yet: said, and no step coloured
+        await expect(page.locator("#graph-run")).to_contain_text("No execution yet")
+        assert {n["state"] for n in drawn["nodes"]} == {""}
+    escalation = next(j for j in jobs_site.jobs if j.id == ESCALATION)
+    await page.goto(f"{jobs_site.url}/jobs/{escalation.id}")
+    label = await page.locator('.gnode[data-node="escalate"]').get_attribute("aria-label")
+    assert label is not None
+    assert label.startswith("escalate: TASK · SLACK_NOTIFY") and "loops back to wait_2m" in label
+    await expect(page.locator("#job-graph")).to_have_attribute(
+        "data-drawn", str(len(escalation.steps))
+    )
+    await page.screenshot(path=screenshot_path("job-graph-desktop.png"), full_page=True)
+    await page.set_viewport_size(PHONE)
+    await page.reload()
+    await expect(page.locator("#job-graph")).to_have_attribute(
+        "data-drawn", str(len(escalation.steps))
+    )
+    # narrowed as far as it stays readable, then the chart scrolls sideways, not the page
+    widths = await page.evaluate(
+        "[document.documentElement.scrollWidth, document.getElementById('job-graph').clientWidth,"
+        " document.querySelector('#job-graph svg').getBoundingClientRect().width,"
+        " document.querySelector('#job-graph svg').viewBox.baseVal.width]"
+    )
+    assert widths[0] <= PHONE["width"] and widths[1] < PHONE["width"]
+    assert widths[3] * 0.6 <= widths[2] < widths[3]
+    await page.screenshot(path=screenshot_path("job-graph-phone.png"), full_page=True)
+    await page.locator(".job-graph-panel").screenshot(
+        path=screenshot_path("job-graph-phone-chart.png")
+    )
+
+
+# a job its designer laid out left to right: each step's top left corner, in the designer's pixels
+PLACES = {
+    "x": 120,
+    "y": 40,
+    "begin": {"x": 100, "y": 300},
+    "fan": {"x": 340, "y": 300},
+    "left": {"x": 560, "y": 200},
+    "right": {"x": 560, "y": 400},
+    "pick": {"x": 820, "y": 300},
+    "again": {"x": 1060, "y": 220},
+    "finish": {"x": 1060, "y": 380},
+}
+
+
+async def test_a_job_its_designer_placed_is_drawn_where_the_designer_put_each_step(
+    jobs_site: JobsSite, browser: BrowserContext
+) -> None:
+    placed = Job.model_validate(
+        {
+            "id": "designer-placed",
+            "job_name": "Placed by its designer",
+            "trigger_type": "Automation",
+            "object_id": "designer",
+            "designer_offset": PLACES,
+            "steps": [
+                {"id": "begin", "step_type": "DUMMY", "is_start_point": True, "seq": 1},
+                {"id": "fan", "step_type": "FLOW", "step_sub_type": "PARALLEL", "seq": 2},
+                {"id": "left", "flow_step_id": "fan", "step_type": "DUMMY", "seq": 1},
+                {"id": "right", "flow_step_id": "fan", "step_type": "DUMMY", "seq": 2},
+                {"id": "pick", "step_type": "FLOW", "step_sub_type": "CHOICE", "seq": 3},
+                {
+                    "id": "again",
+                    "flow_step_id": "pick",
+                    "step_type": "DUMMY",
+                    "condition_expr": 'StringEQ([$.payload.again], "yes")',
+                    "next_step_id": "begin",
+                },
+                {"id": "finish", "step_type": "DUMMY", "seq": 4},
+            ],
+        }
+    )
+    page = await jobs_list_as(browser, jobs_site, VIEWER)
+    await jobs_site.store.register(placed)
+    await page.goto(f"{jobs_site.url}/jobs/{placed.id}")
+    holder = page.locator("#job-graph")
+    await expect(holder).to_have_attribute("data-drawn", str(len(placed.steps)))
+    await expect(holder).to_have_attribute("data-placed", "designer")
+    drawn = await page.evaluate(DRAWN)
+    scale = await page.evaluate(
+        "(() => { const s = document.querySelector('#job-graph svg');"
+        " return s.getBoundingClientRect().width / s.viewBox.baseVal.width; })()"
+    )
+    corner = {n["id"]: (n["box"][0], n["box"][1]) for n in drawn["nodes"]}
+    x0, y0 = corner["begin"]
+    for step_id, (x, y) in corner.items():
+        want = PLACES[step_id]
+        assert isinstance(want, dict)
+        dx, dy = (want["x"] - 100) * scale, (want["y"] - 300) * scale
+        assert abs(x - x0 - dx) < 2 and abs(y - y0 - dy) < 2, step_id
+    boxes = {n["id"]: n["box"] for n in drawn["nodes"]}
+    assert all(inside(boxes[i], drawn["clusters"]["fan"]) for i in ("fan", "left", "right"))
+    assert sorted(tuple(e) for e in drawn["edges"]) == sorted(
+        (e.source, e.target, e.kind.value) for e in graph(placed).edges
+    )
+    await page.screenshot(path=screenshot_path("job-graph-designer.png"), full_page=True)
+
+
+async def test_an_executions_steps_change_state_on_the_open_job_page_without_a_reload(
+    jobs_site: JobsSite, browser: BrowserContext
+) -> None:
+    store, started = jobs_site.store, JOBS_NOW - timedelta(minutes=3)
+    run = "20261130T025700-5e6f7a8b"
+    await store.put_execution(
+        run_log(ESCALATION, run, started, "RUNNING", ("notify", "SUCCEEDED")), new=True
+    )
+    page = await browser.new_page()
+    await sign_in(page, jobs_site.url, f"/jobs/{ESCALATION}", token=VIEWER)
+    await expect(page.locator("#job-graph")).to_have_attribute("data-execution", run)
+    states = await drawn_states(page)
+    assert states["notify"] == "SUCCEEDED"
+    assert [states[s] for s in ("respond", "call_maintenance", "evacuate")] == ["RUNNING"] * 3
+    assert states["wait_2m"] == states["done"] == "PENDING"
+    await page.evaluate("window.sameDocument = true")
+
+    # the maintenance webhook fails and the PARALLEL's catch path takes over
+    await store.put_execution(
+        run_log(
+            ESCALATION, run, started, "RUNNING",
+            ("notify", "SUCCEEDED"), ("evacuate", "SUCCEEDED"),
+            ("call_maintenance", "FAILED", "maintenance answered 503"), ("respond", "CAUGHT"),
+        )
+    )  # fmt: skip
+    node = page.locator('#job-graph .gnode[data-node="maintenance_down"]')
+    await expect(node).to_have_attribute("data-state", "RUNNING", timeout=15_000)
+    await expect(node).to_have_class(re.compile(r"\bgs-running\b"))
+    states = await drawn_states(page)
+    assert (states["call_maintenance"], states["respond"]) == ("FAILED", "CAUGHT")
+    await expect(page.locator("#graph-errors")).to_contain_text("maintenance answered 503")
+    failed = page.locator('#job-graph .gnode[data-node="call_maintenance"]')
+    assert "maintenance answered 503" in str(await failed.get_attribute("aria-label"))
+    await page.screenshot(path=screenshot_path("job-graph-running.png"), full_page=True)
+
+    # on to the wait, then the execution ends
+    await store.put_execution(
+        run_log(
+            ESCALATION, run, started, "FAILED",
+            ("notify", "SUCCEEDED"), ("evacuate", "SUCCEEDED"),
+            ("call_maintenance", "FAILED", "maintenance answered 503"), ("respond", "CAUGHT"),
+            ("maintenance_down", "SUCCEEDED"), ("wait_2m", "WAITING"),
+        )
+    )  # fmt: skip
+    row = page.locator(f'#executions tr[data-execution="{run}"]')
+    await expect(row).to_have_attribute("data-status", "FAILED", timeout=15_000)
+    await expect(page.locator('.gnode[data-node="wait_2m"]')).to_have_attribute(
+        "data-state", "STOPPED"
+    )
+    await expect(page.locator('.gnode[data-node="done"]')).to_have_attribute(
+        "data-state", "SKIPPED"
+    )
+
+    # a newer execution is shown as it comes; an older one chosen stays shown
+    newer = "20261130T025900-0c1d2e3f"
+    await store.put_execution(
+        run_log(ESCALATION, newer, JOBS_NOW - timedelta(minutes=1), "RUNNING"), new=True
+    )
+    await expect(page.locator("#job-graph")).to_have_attribute(
+        "data-execution", newer, timeout=15_000
+    )
+    assert (await drawn_states(page))["notify"] == "RUNNING"
+    await row.locator("button.exec-pick").click()
+    await expect(page.locator("#job-graph")).to_have_attribute("data-execution", run)
+    await expect(row.locator("button.exec-pick")).to_have_attribute("aria-pressed", "true")
+    assert (await drawn_states(page))["call_maintenance"] == "FAILED"
+    assert await page.evaluate("window.sameDocument") is True  # never reloaded
+
+
+async def test_a_viewer_gets_no_enable_or_disable_on_the_jobs_pages_and_an_admin_does(
+    jobs_site: JobsSite, browser: BrowserContext
+) -> None:
+    page = await jobs_list_as(browser, jobs_site, VIEWER)
+    assert await page.locator("button[data-job-action]").count() == 0
+    await page.goto(f"{jobs_site.url}/jobs/{ESCALATION}")
+    await expect(page.locator("#job-graph .gnode")).to_have_count(10)
+    assert await page.locator("button[data-job-action], .job-act").count() == 0
+    await browser.clear_cookies()
+    admin = await jobs_list_as(browser, jobs_site, ADMIN)
+    await expect(admin.locator("button[data-job-action]")).to_have_count(len(jobs_site.jobs))
+    await admin.goto(f"{jobs_site.url}/jobs/{ESCALATION}")
+    await expect(admin.locator("button[data-job-action]")).to_have_attribute(
+        "data-job-action", "disable"
+    )

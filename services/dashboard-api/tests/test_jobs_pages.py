@@ -1,12 +1,17 @@
 """The jobs pages (``/jobs`` and ``/jobs/{id}``) against the real S3/DynamoDB emulator, on a clock
 the test holds still: the list (the deleted jobs only when asked for), a job's steps as a nested
 outline in the order they run with what each does on failure and where it jumps, its global
-params and its latest executions, newest first. Admins get an Enable or Disable button; the whole
-fleet's viewers and responders read without buttons; a person scoped to a factory is refused
-both pages and is offered no way there."""
+params and its latest executions, newest first. Each execution's row carries where every step
+of the job stands in it, for the page's flow chart, and the list alone is read again with its ETag
+(304 while unchanged). Admins get an Enable or Disable button; the whole fleet's viewers and
+responders read without buttons; a person scoped to a factory is refused both pages and is
+offered no way there."""
 
 from __future__ import annotations
 
+import html
+import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -24,6 +29,7 @@ from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_devstack.testing.clock import FakeClock
 from aegis_devstack.testing.storage import Foundation
+from aegis_orchestration.graph import graph
 from aegis_orchestration.model import Job
 from aegis_orchestration.store import JobStore
 from aegis_storage.tokens import TokenStore
@@ -494,3 +500,110 @@ async def test_the_jobs_pages_are_in_korean_with_lang_ko(site: Site) -> None:
     one = await site.read("admin", f"/jobs/{RESPONSE}?lang=ko")
     assert "실행 순서별 단계" in one.text and "최대 3회 재시도" in one.text
     assert "실패" in one.text and "30초 대기" in one.text
+
+
+def states_of(page: Page, execution_id: str) -> dict[str, str]:
+    """Where each step stands in one execution, as its row on the page carries it."""
+    at = page.text.index(f'data-execution="{execution_id}"')
+    row = page.text[at : page.text.index(">", at)]
+    found = re.search(r'data-states="([^"]*)"', row)
+    assert found is not None, row
+    return dict(json.loads(html.unescape(found.group(1))))
+
+
+async def test_each_execution_row_carries_where_every_step_stands_in_it(site: Site) -> None:
+    page = await site.read("viewer-fleet", f"/jobs/{RESPONSE}")
+    assert states_of(page, LATEST_RUN) == {
+        "notify": "SUCCEEDED",
+        "fan_out": "FAILED",
+        "page_site": "FAILED",
+        "log_it": "STOPPED",  # cut off by the failed branch
+        "settle": "STOPPED",
+        "record": "SUCCEEDED",
+        "check": "SKIPPED",
+        "closed": "SKIPPED",
+        "still_open": "SKIPPED",
+        "give_up": "SKIPPED",
+    }
+    assert states_of(page, EARLIER_RUN)["notify"] == "SUCCEEDED"
+    assert (
+        'data-step-errors="{&#34;page_site&#34;:&#34;States.Timeout: over 60.0s&#34;' in page.text
+    )
+    assert page.text.count('class="exec-pick small"') == 2
+
+
+async def test_the_executions_are_read_again_alone_and_answered_304_while_unchanged(
+    site: Site, foundation: Foundation
+) -> None:
+    path = f"/jobs/{RESPONSE}/executions"
+    first = await site.get("viewer-fleet", path)
+    assert first.status_code == 200 and first.headers["content-type"].startswith("text/html")
+    part = Page(first.text)
+    assert [r.id for r in part.executions] == [LATEST_RUN, EARLIER_RUN]
+    assert "<html" not in first.text and part.outline == []
+    tag = first.headers["etag"]
+    cookie = {"Cookie": f"{COOKIE}={site.tokens['viewer-fleet']}"}
+    same = await site.client.get(path, headers={**cookie, "If-None-Match": tag})
+    assert same.status_code == 304 and same.content == b"" and same.headers["etag"] == tag
+    # a step recorded in a new execution: a new list, a new tag
+    newest = NOW - timedelta(minutes=1)
+    await JobStore(foundation.readmodel, lambda: NOW).put_execution(
+        execution("20261130T025900-77aa88bb", newest, "RUNNING", [
+            step_entry("notify", "SUCCEEDED", newest, attempts=1)
+        ]),
+        new=True,
+    )  # fmt: skip
+    changed = await site.client.get(path, headers={**cookie, "If-None-Match": tag})
+    assert changed.status_code == 200 and changed.headers["etag"] != tag
+    assert Page(changed.text).executions[0].id == "20261130T025900-77aa88bb"
+    assert states_of(Page(changed.text), "20261130T025900-77aa88bb")["fan_out"] == "RUNNING"
+
+
+async def test_the_executions_alone_are_refused_as_the_job_page_is(site: Site) -> None:
+    assert (await site.get("viewer-a", f"/jobs/{RESPONSE}/executions")).status_code == 403
+    assert (await site.get("admin", "/jobs/no-such-job/executions")).status_code == 404
+
+
+def config_of(page: Page) -> dict[str, Any]:
+    found = re.search(
+        r'<script id="aegis-config" type="application/json">(.*?)</script>', page.text
+    )
+    assert found is not None
+    config: dict[str, Any] = json.loads(found.group(1))
+    return config
+
+
+async def test_the_job_page_gives_its_script_the_graph_of_the_job(
+    site: Site, foundation: Foundation
+) -> None:
+    drawn = config_of(await site.read("viewer-fleet", f"/jobs/{RESPONSE}"))["jobGraph"]
+    job = await JobStore(foundation.readmodel, lambda: NOW).get(RESPONSE)
+    assert job is not None
+    flow = graph(job)
+    assert [n["id"] for n in drawn["nodes"]] == [n.id for n in flow.nodes]
+    assert [(e["from"], e["to"], e["kind"], e["back"]) for e in drawn["edges"]] == [
+        (e.source, e.target, e.kind.value, e.back) for e in flow.edges
+    ]
+    assert drawn["placed"] is False and all(n["at"] is None for n in drawn["nodes"])
+
+
+async def test_a_job_its_designer_placed_is_drawn_where_the_designer_put_each_step(
+    site: Site, foundation: Foundation
+) -> None:
+    placed = simple_job("placed-job", "Placed", trigger_type="Automation")
+    placed["steps"].append({"id": "after", "step_type": "DUMMY", "seq": 1})
+    placed["designer_offset"] = {
+        "x": 5,
+        "y": 5,
+        "noted": {"x": 40, "y": 10},
+        "after": {"x": 40, "y": 130},
+    }
+    await JobStore(foundation.readmodel, lambda: NOW).register(Job.model_validate(placed))
+    page = await site.read("viewer-fleet", "/jobs/placed-job")
+    drawn = config_of(page)["jobGraph"]
+    assert drawn["placed"] is True
+    assert [(n["id"], n["at"]) for n in drawn["nodes"]] == [
+        ("noted", [40.0, 10.0]),
+        ("after", [40.0, 130.0]),
+    ]
+    assert 'data-placed="designer"' in page.text

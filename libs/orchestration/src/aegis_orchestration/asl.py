@@ -37,6 +37,8 @@ from aegis_orchestration.dsl import (
     Value,
     parse,
 )
+from aegis_orchestration.graph import run_order
+from aegis_orchestration.graph import successor as step_after
 from aegis_orchestration.model import FlowKind, Job, JobStep, StepType
 
 DEFAULT_FUNCTION_ARN = "arn:aws:lambda:ap-south-1:000000000000:function:aegis-orchestrator-task"
@@ -98,10 +100,8 @@ class _Builder:
         self.function_arn = function_arn
 
     def container(self, parent: str | None, states: dict[str, Any], end: str) -> None:
-        steps = self.job.children(parent)
-        for i, step in enumerate(steps):
-            successor = step.next_step_id or (steps[i + 1].id if i + 1 < len(steps) else end)
-            self.step(step, states, successor)
+        for step in run_order(self.job, parent):
+            self.step(step, states, step_after(self.job, step) or end)
 
     def step(self, step: JobStep, states: dict[str, Any], successor: str) -> None:
         sid = step.id

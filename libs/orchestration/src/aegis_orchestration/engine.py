@@ -37,6 +37,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from aegis_orchestration.dsl import parse
+from aegis_orchestration.graph import run_order, successor
 from aegis_orchestration.limits import (
     ExecutionError,
     LimitExceeded,
@@ -179,8 +180,6 @@ class Interpreter:
         context: dict[str, Any],
         branch: str | None,
     ) -> None:
-        steps = self.job.children(parent)
-        order = [s.id for s in steps]
         visits: dict[str, int] = {}
         current: str | None = start
         while current is not None:
@@ -188,13 +187,7 @@ class Interpreter:
             step = self.job.step(current)
             key = occurrence(parent_occurrence, current, visits[current])
             jump = await self._step(step, key, context, branch)
-            if jump is not None:
-                current = jump
-            elif step.next_step_id is not None:
-                current = step.next_step_id
-            else:
-                i = order.index(current) + 1
-                current = order[i] if i < len(order) else None
+            current = jump if jump is not None else successor(self.job, step)
 
     async def _step(
         self, step: JobStep, key: str, context: dict[str, Any], branch: str | None
@@ -227,7 +220,7 @@ class Interpreter:
             elif step.step_sub_type is FlowKind.WAIT:
                 await self._wait(step, done, record)
             elif step.step_sub_type is FlowKind.SEQUENCE:
-                first = self.job.children(step.id)[0].id
+                first = run_order(self.job, step.id)[0].id
                 await self._container(step.id, key, first, context, branch)
             elif step.step_sub_type is FlowKind.PARALLEL:
                 record.output = await self._parallel(step, key, context)
@@ -324,7 +317,7 @@ class Interpreter:
             await self.sleep(min(left, self.wait_poll_s))
 
     async def _parallel(self, step: JobStep, key: str, context: dict[str, Any]) -> list[Any]:
-        branches = self.job.children(step.id)
+        branches = run_order(self.job, step.id)
         copies = [copy.deepcopy(context) for _ in branches]
         try:
             async with asyncio.TaskGroup() as group:
@@ -367,12 +360,12 @@ class Interpreter:
             await self._finish(record)
             return None
         else:
-            kids = self.job.children(step.id)
-            ordered = [k for k in kids if k.condition_expr is not None] + [
-                k for k in kids if k.condition_expr is None
-            ]
             chosen = next(
-                (k for k in ordered if k.condition_expr is None or self._conditions[k.id](context)),
+                (
+                    k
+                    for k in run_order(self.job, step.id)
+                    if k.condition_expr is None or self._conditions[k.id](context)
+                ),
                 None,
             )
             record.branch = chosen.id if chosen else None

@@ -11,6 +11,7 @@ Errors: :class:`JobError` (a ``ValueError``) with the list of ``problems`` found
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from enum import StrEnum
@@ -311,6 +312,7 @@ def problems_of(job: Job) -> list[str]:  # noqa: PLR0912 - one check after anoth
     elif job.trigger_cron:
         problems.append("trigger_cron is only for Schedule jobs")
     problems.extend(_never_fires(job))
+    problems.extend(step_positions(job)[1])
     for s in job.steps:
         problems.extend(_step_problems(job, s, by_id))
     param_ids = {p.id for p in job.params}
@@ -466,6 +468,41 @@ def _direction_problems(p: StepParam, by_id: Mapping[str, JobStep]) -> list[str]
             f"param {p.id}: target_type {p.target_type} is not one of {', '.join(OUT_TARGETS)}"
         )
     return problems
+
+
+def step_positions(job: Job) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    """Where the job's designer placed its steps, and what is wrong with those places: an entry
+    of ``designer_offset`` whose key is one of the job's step ids and whose value is an object is
+    that step's place, ``{"x": number, "y": number}`` (the top left corner of the step, in the
+    designer's pixels); other entries (the designer's own offset, ``{"x": 120, "y": 40}``) are
+    kept and not read."""
+    places: dict[str, tuple[float, float]] = {}
+    problems: list[str] = []
+    ids = {s.id for s in job.steps}
+    for key, value in (job.designer_offset or {}).items():
+        if key not in ids or not isinstance(value, dict):
+            continue
+        x, y = value.get("x"), value.get("y")
+        if not all(_coordinate(v) for v in (x, y)):
+            problems.append(
+                f"designer_offset.{key}: a step's place is {{x: number, y: number}} within "
+                f"±{MAX_COORDINATE:,}, not {value!r}"[:300]
+            )
+            continue
+        places[key] = (float(x), float(y))  # type: ignore[arg-type]
+    return places, problems
+
+
+MAX_COORDINATE = 1_000_000
+
+
+def _coordinate(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and abs(value) <= MAX_COORDINATE
+    )
 
 
 def _cycle(start: str, parent_of: dict[str, str | None]) -> bool:

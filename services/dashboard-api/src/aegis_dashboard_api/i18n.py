@@ -227,6 +227,32 @@ LABELS: dict[str, dict[Lang, str]] = {
     "step_loop": {"en": "loops back to", "ko": "되돌아감"},
     "step_if": {"en": "if", "ko": "조건"},
     "step_default": {"en": "otherwise", "ko": "그 외"},
+    "job_graph": {"en": "Flow", "ko": "흐름도"},
+    "graph_label": {
+        "en": "The steps of {job} as a flow chart",
+        "ko": "{job}의 단계 흐름도",
+    },
+    "graph_needs_script": {
+        "en": "The flow chart needs JavaScript; the steps are listed below.",
+        "ko": "흐름도를 보려면 JavaScript가 필요합니다. 단계 목록은 아래에 있습니다.",
+    },
+    "graph_legend": {"en": "What the colours mean", "ko": "색상 안내"},
+    "graph_start": {"en": "Start", "ko": "시작"},
+    "graph_end": {"en": "End", "ko": "끝"},
+    "graph_showing": {"en": "Showing execution {id}:", "ko": "표시 중인 실행 {id}:"},
+    "graph_no_run": {
+        "en": "No execution yet: the steps as defined.",
+        "ko": "아직 실행 기록이 없습니다. 정의된 단계만 표시합니다.",
+    },
+    "graph_other_version": {
+        "en": "it ran version {v} of the job; the chart is version {w}.",
+        "ko": "작업 버전 {v}로 실행되었습니다. 흐름도는 버전 {w}입니다.",
+    },
+    "show_on_graph": {"en": "Show on the chart", "ko": "흐름도에 표시"},
+    "edge_no_branch": {"en": "no branch", "ko": "분기 없음"},
+    "edge_then": {"en": "then {step}", "ko": "다음 {step}"},
+    "edge_branch": {"en": "branch {step}", "ko": "분기 {step}"},
+    "step_state": {"en": "state: {state}", "ko": "상태: {state}"},
     "global_params": {"en": "Global parameters", "ko": "전역 파라미터"},
     "no_params": {"en": "None", "ko": "없음"},
     "executions": {
@@ -249,6 +275,8 @@ LABELS: dict[str, dict[Lang, str]] = {
     "run_CAUGHT": {"en": "Failed, caught", "ko": "실패 (처리됨)"},
     "run_REPEAT_LIMIT": {"en": "Repeat limit", "ko": "반복 한도 초과"},
     "run_SKIPPED": {"en": "Skipped", "ko": "건너뜀"},
+    "run_PENDING": {"en": "Pending", "ko": "대기 전"},
+    "run_STOPPED": {"en": "Stopped", "ko": "중단됨"},
     "run_SKIPPED_OVERLAP": {
         "en": "Skipped: already running",
         "ko": "건너뜀: 이미 실행 중",

@@ -1,8 +1,9 @@
 """The web page: server-rendered HTML (Jinja2) over the same reads as the API, a small script
 (static/app.js) that keeps it live from ``/api/live``, and uPlot vendored for the charts.
 
-The orchestration jobs (``/jobs``, ``/jobs/{id}``: each job's steps as an outline and its
-latest executions) are read by the whole fleet's readers; an admin enables and disables them
+The orchestration jobs (``/jobs``, ``/jobs/{id}``: each job's steps as a graph and as an
+outline, and its latest executions, the script reading them again from ``/jobs/{id}/executions``
+while the page is open) are read by the whole fleet's readers; an admin enables and disables them
 through the JSON API (``/api/jobs/{id}/enable|disable``).
 
 The open incidents (``/incidents``, and a banner per incident on its factory's page) are
@@ -60,7 +61,8 @@ from aegis_dashboard_api.jobs import state_of, store_of, summary, trigger_of
 from aegis_dashboard_api.live import alert_scope
 from aegis_dashboard_api.routes import Reader, fleet_entry
 from aegis_dashboard_api.settings import DashboardSettings
-from aegis_orchestration.model import FlowKind, Job, JobStep, valid_id
+from aegis_orchestration.graph import END, START, Graph, StepState, graph, step_states
+from aegis_orchestration.model import Job, JobStep, valid_id
 from aegis_storage.audit import AuditLog
 from aegis_storage.errors import NotFound
 
@@ -176,12 +178,27 @@ def scope_href(scope: str) -> str:
     return "/cloud" if scope == keys.CLOUD_INFRA_TARGET else f"/factories/{quote(scope, safe='')}"
 
 
+# the sign of an execution's or a step's status, next to its words (the page and app.js)
+RUN_GLYPHS = {
+    "SUCCEEDED": "\u2713",
+    "FAILED": "\u2716",
+    "RUNNING": "\u25d0",
+    "WAITING": "\u23f8",
+    "CAUGHT": "\u26a0",
+    "REPEAT_LIMIT": "\u26a0",
+    "SKIPPED": "\u2013",
+    "SKIPPED_OVERLAP": "\u2013",
+    "PENDING": "\u25cb",
+    "STOPPED": "\u25a0",
+}
+
 templates.env.filters["time"] = time_tag
 templates.env.filters["num"] = number
 templates.env.filters["iso"] = iso
 templates.env.globals["static_url"] = static_url
 templates.env.globals["duration"] = duration
 templates.env.globals["scope_href"] = scope_href
+templates.env.globals["run_glyphs"] = RUN_GLYPHS
 
 
 def freshness(age_s: float | None) -> str:
@@ -534,41 +551,41 @@ class StepNode:
     branch: str | None = None
 
 
-def run_order(job: Job, parent: str | None) -> list[JobStep]:
-    """The steps of one container in the order the engine takes them: by ``seq`` (a PARALLEL's
-    branches all at once, in that order), a CHOICE's branches with a condition first, then its
-    default."""
-    kids = job.children(parent)
-    if parent is not None and job.step(parent).step_sub_type is FlowKind.CHOICE:
-        return [k for k in kids if k.condition_expr is not None] + [
-            k for k in kids if k.condition_expr is None
-        ]
-    return kids
+def outline(flow: Graph, parent: str | None = None) -> list[StepNode]:
+    """The job's steps (of one container: ``parent``) as a tree in the order they run."""
+    return [
+        StepNode(n.step, outline(flow, n.id), flow.loops_back(n.id), n.branch)
+        for n in flow.children(parent)
+    ]
 
 
-def outline(job: Job, parent: str | None = None) -> list[StepNode]:
-    """The steps of ``job`` (of one container: ``parent``) as a tree in execution order."""
-    holder = job.step(parent) if parent is not None else None
-    choice = holder if holder is not None and holder.step_sub_type is FlowKind.CHOICE else None
-    # a step jumps within its container; a CHOICE branch within its CHOICE's, from there
-    flow = job.children(choice.flow_step_id if choice is not None else parent)
-    where = {s.id: n for n, s in enumerate(flow)}
+def graph_view(flow: Graph) -> dict[str, Any]:
+    """What the page's script draws: every step (its container, what it is, its designer place
+    when the designer placed every step) and every edge, as :func:`aegis_orchestration.graph.graph`
+    gives them."""
+    placed = flow.placed
     nodes = []
-    for step in run_order(job, parent):
-        at = where.get(choice.id if choice is not None else step.id, 0)
-        target = where.get(step.next_step_id) if step.next_step_id else None
-        branch = None
-        if choice is not None:
-            branch = "if" if step.condition_expr is not None else "default"
+    for n in flow.nodes:
+        s = n.step
         nodes.append(
-            StepNode(
-                step,
-                outline(job, step.id),
-                loops_back=target is not None and target <= at,
-                branch=branch,
-            )
+            {
+                "id": n.id,
+                "parent": n.parent,
+                "type": s.step_type.value,
+                "sub": s.step_sub_type.value if s.step_sub_type is not None else None,
+                "name": s.step_name,
+                "start": s.is_start_point,
+                "container": n.container,
+                "branch": n.branch,
+                "wait_s": s.wait_seconds,
+                "at": list(n.position) if placed and n.position is not None else None,
+            }
         )
-    return nodes
+    edges = [
+        {"from": e.source, "to": e.target, "kind": e.kind.value, "back": e.back, "label": e.label}
+        for e in flow.edges
+    ]
+    return {"nodes": nodes, "edges": edges, "placed": placed, "start": START, "end": END}
 
 
 def error_text(error: object) -> str | None:
@@ -587,11 +604,13 @@ def seconds_between(start: object, end: object) -> float | None:
         return None
 
 
-def execution_view(record: Mapping[str, Any]) -> dict[str, Any]:
+def execution_view(job: Job, record: Mapping[str, Any]) -> dict[str, Any]:
     """What the job page shows of one execution log item (as the orchestrator's runner writes
-    it): when, how it ended, what triggered it, and each step's record."""
+    it): when, how it ended, what triggered it, each step's record, and where each of the job's
+    steps stands in it (:func:`aegis_orchestration.graph.step_states`)."""
     trigger = record.get("trigger") or {}
     fired = [str(trigger[k]) for k in ("object_id", "sub_type") if trigger.get(k)]
+    logged = [s for s in record.get("steps") or [] if isinstance(s, Mapping)]
     steps = [
         {
             "step_id": str(s.get("step_id", "?")),
@@ -600,17 +619,29 @@ def execution_view(record: Mapping[str, Any]) -> dict[str, Any]:
             "attempts": int(s.get("attempts") or 0),
             "branch": s.get("branch"),
         }
-        for s in record.get("steps") or []
+        for s in logged
     ]
+    status = str(record.get("status") or "UNKNOWN")
+    states = step_states(job, status, logged)
+    # the last error of each step that failed (not one a later pass of a loop made good)
+    failed = {StepState.FAILED, StepState.CAUGHT, StepState.STOPPED}
+    errors: dict[str, str] = {}
+    for s in steps:
+        step_id, error = str(s["step_id"]), s["error"]
+        if isinstance(error, str) and states.get(step_id) in failed:
+            errors[step_id] = error
     return {
         "execution_id": str(record.get("execution_id", "")),
-        "status": str(record.get("status") or "UNKNOWN"),
+        "status": status,
+        "job_version": record.get("job_version"),
         "started_at": record.get("started_at"),
         "took_s": seconds_between(record.get("started_at"), record.get("finished_at")),
         "trigger_type": str(trigger.get("type") or "\u2013"),
         "trigger": " / ".join(fired),
         "error": error_text(record.get("error")),
         "steps": steps,
+        "states": json.dumps({k: v.value for k, v in states.items()}, separators=(",", ":")),
+        "step_errors": json.dumps(errors, ensure_ascii=False, separators=(",", ":")),
     }
 
 
@@ -629,12 +660,8 @@ async def jobs_page(request: Request) -> Response:
     return render(request, "jobs.html", {"jobs": shown, "show_deleted": deleted, "hidden": hidden})
 
 
-@router.get("/jobs/{job_id}", response_class=HTMLResponse, dependencies=[READ_PLATFORM_PAGE])
-async def job_page(request: Request, job_id: str) -> Response:
-    """One job: its trigger, its steps as an outline, its global params and its latest 20
-    executions, newest first."""
-    store = store_of(request)
-    job = await store.get(job_id) if valid_id(job_id) else None
+async def _job_or_missing(request: Request, job_id: str) -> Job | Response:
+    job = await store_of(request).get(job_id) if valid_id(job_id) else None
     if job is None:
         return render(
             request,
@@ -642,19 +669,65 @@ async def job_page(request: Request, job_id: str) -> Response:
             {"message": f"no job {job_id!r}", "heading": "unknown_job", "back": "/jobs"},
             status_code=404,
         )
-    records = await store.executions(job_id, limit=20)  # oldest first
+    return job
+
+
+async def executions_context(request: Request, job: Job) -> dict[str, Any]:
+    """The job's latest 20 executions, newest first, and where the page reads them again."""
+    records = await store_of(request).executions(job.id, limit=20)  # oldest first
+    return {
+        "job": job,
+        "executions": [execution_view(job, r) for r in reversed(records)],
+        "executions_src": f"/jobs/{quote(job.id, safe='')}/executions",
+    }
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse, dependencies=[READ_PLATFORM_PAGE])
+async def job_page(request: Request, job_id: str) -> Response:
+    """One job: its trigger, its steps as a graph and as an outline, its global params and its
+    latest 20 executions, newest first."""
+    job = await _job_or_missing(request, job_id)
+    if isinstance(job, Response):
+        return job
+    flow = graph(job)
+    settings: DashboardSettings = request.app.state.settings
     return render(
         request,
         "job.html",
         {
-            "job": job,
             "state": state_of(job),
             "trigger": trigger_of(job),
-            "steps": outline(job),
+            "steps": outline(flow),
+            "graph_placed": flow.placed,
             "params": [(k, param_text(v)) for k, v in sorted(job.global_params.items())],
-            "executions": [execution_view(r) for r in reversed(records)],
+            **await executions_context(request, job),
+            "config": {
+                "jobGraph": graph_view(flow),
+                "runGlyphs": RUN_GLYPHS,
+                "executionsRefreshS": settings.dashboard_executions_refresh_s,
+            },
         },
     )
+
+
+@router.get(
+    "/jobs/{job_id}/executions", response_class=HTMLResponse, dependencies=[READ_PLATFORM_PAGE]
+)
+async def job_executions_fragment(request: Request, job_id: str) -> Response:
+    """The job's executions alone, as the job page shows them, for its script to read again
+    while the page is open. Its ``ETag`` names what it shows: asked with ``If-None-Match`` and
+    nothing changed, it answers 304 with no body."""
+    job = await _job_or_missing(request, job_id)
+    if isinstance(job, Response):
+        return job
+    response = render(request, "job_executions.html", await executions_context(request, job))
+    tag = f'"{hashlib.sha256(bytes(response.body)).hexdigest()[:20]}"'
+    if tag in {t.strip() for t in request.headers.get("if-none-match", "").split(",")}:
+        return Response(
+            status_code=304, headers={**security_headers(request.app.state.settings), "ETag": tag}
+        )
+    response.headers["ETag"] = tag
+    return response
 
 
 @router.get("/login", response_class=HTMLResponse, dependencies=[PUBLIC])

@@ -62,6 +62,14 @@ class DashboardSettings(AegisSettings):
         "(seconds) while visible. Changes reach it at once on the live stream; this read "
         "catches what a screen missed.",
     )
+    dashboard_executions_refresh_s: float = Field(
+        default=3.0,
+        ge=1,
+        le=300,
+        description="A job's page reads its executions again this often (seconds) while "
+        "visible, so the steps of a running execution change state on it without a reload "
+        "(an unchanged list is answered 304, by its ETag).",
+    )
     dashboard_fleet_cache_s: float = Field(
         default=1.0,
         ge=0,

@@ -717,14 +717,21 @@
     }
   }
 
-  let incidentsTimer = null;
-  function scheduleIncidents() {
-    clearTimeout(incidentsTimer);
-    incidentsTimer = setTimeout(async () => {
-      if (document.visibilityState === "visible") await refreshIncidents();
-      scheduleIncidents();
-    }, (CFG.incidentsRefreshS || 5) * 1000);
+  // a function that (re)starts reading with `read` every `seconds` while the page is visible: a
+  // full period after each read, and after each call
+  function whileVisible(seconds, read) {
+    let timer = null;
+    const again = () => {
+      clearTimeout(timer);
+      timer = setTimeout(async () => {
+        if (document.visibilityState === "visible") await read();
+        again();
+      }, seconds * 1000);
+    };
+    return again;
   }
+
+  const scheduleIncidents = whileVisible(CFG.incidentsRefreshS || 5, refreshIncidents);
 
   function setupIncidents() {
     if (!document.getElementById("incidents")) return;
@@ -779,6 +786,415 @@
       return tell("error", T.job_refused.replace("{status}", resp.status) + why);
     }
     location.reload();
+  }
+
+  // -- a job's flow chart ----------------------------------------------------------------------
+  // The steps and edges come from the server (aegis_orchestration.graph, in CFG.jobGraph): placed
+  // where the job's designer put them when it placed every step, else laid out by dagre
+  // (vendored) top to bottom, each SEQUENCE, PARALLEL and CHOICE boxed with what it holds. Drawn
+  // as SVG: every step is a link to its line in the outline, named for screen readers with what
+  // it is, where it leads and its state in the execution shown. The execution shown is the
+  // newest unless one is chosen ("Show on the chart"); the list is read again every few seconds
+  // while the page is visible (an unchanged list is answered 304 by its ETag), so a running
+  // execution's steps change colour without a reload.
+
+  const SVGNS = "http://www.w3.org/2000/svg";
+  const NODE_H = 62, PAD_X = 14, NODE_MIN_W = 128, NODE_MAX_W = 250, LABEL_MAX = 28;
+  // a narrow screen (a phone) gets a tighter chart: shorter words in the boxes and on the edges
+  const NARROW = window.matchMedia("(max-width: 640px)");
+  const narrow = () => NARROW.matches;
+  const pad = () => (narrow() ? 9 : PAD_X);
+  const TERMINAL = { w: 64, h: 28, side: 0 };
+  const RETRY_W = 30;
+  const ID_FONT = "700 13px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace";
+  const SMALL_FONT = "600 11px system-ui, -apple-system, 'Segoe UI', Roboto, 'Noto Sans KR', sans-serif";
+  const KIND_GLYPH = { PARALLEL: "⇉", CHOICE: "◇", SEQUENCE: "☰", WAIT: "◷", DUMMY: "○" };
+
+  function sv(tag, attrs, ...children) {
+    const el = document.createElementNS(SVGNS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") el.setAttribute("class", v);
+      else if (k === "dataset") Object.assign(el.dataset, v);
+      else el.setAttribute(k, String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined || c === false) continue;
+      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return el;
+  }
+
+  let measurer = null;
+  function textWidth(text, font) {
+    measurer = measurer || document.createElement("canvas").getContext("2d");
+    measurer.font = font;
+    return measurer.measureText(text).width;
+  }
+
+  function clip(text, max) {
+    return text.length > max ? text.slice(0, max - 1) + "…" : text;
+  }
+
+  // what a step is: "TASK · SLACK_NOTIFY", "FLOW · WAIT · 120 s", "DUMMY"
+  function kindWords(n) {
+    return [n.type, n.sub, n.sub === "WAIT" && n.wait_s !== null ? num(n.wait_s) + " s" : null].filter(Boolean).join(" · ");
+  }
+
+  // the same in its box: a FLOW by its sign and sub type ("⇉ PARALLEL", "◷ WAIT · 120 s"); on a
+  // narrow screen a TASK by its sub type alone
+  function kindText(n) {
+    if (n.type === "TASK" && narrow()) return n.sub;
+    if (n.type !== "FLOW") return (KIND_GLYPH[n.type] ? KIND_GLYPH[n.type] + " " : "") + kindWords(n);
+    return KIND_GLYPH[n.sub] + " " + kindWords(n).replace(/^FLOW · /, "");
+  }
+
+  function stateText(state) {
+    return ((CFG.runGlyphs || {})[state] || "?") + " " + (T["run_" + state] || state);
+  }
+
+  function edgeLabel(e) {
+    if (e.kind === "if") return T.step_if + " " + clip(e.label || "", narrow() ? 10 : LABEL_MAX);
+    if (e.kind === "default") return T.step_default;
+    if (e.kind === "no_branch") return T.edge_no_branch;
+    if (e.kind === "catch") return T.step_catch;
+    return "";
+  }
+
+  function nodeName(G, id) {
+    return id === G.start ? T.graph_start : id === G.end ? T.graph_end : id;
+  }
+
+  // what a step is and where it leads, in words (its aria-label and its tooltip)
+  function describe(G, n, state) {
+    const parts = [n.id + (n.name ? " (" + n.name + ")" : "") + ": " + kindWords(n)];
+    if (n.start) parts.push(T.step_start);
+    for (const e of G.edges.filter((x) => x.from === n.id)) {
+      const to = nodeName(G, e.to);
+      if (e.kind === "retry") parts.push(T.step_retry.replace("{n}", e.label));
+      else if (e.kind === "catch") parts.push(T.step_catch + " → " + to);
+      else if (e.kind === "branch") parts.push(T.edge_branch.replace("{step}", to));
+      else if (e.kind === "if") parts.push(T.step_if + " " + e.label + " → " + to);
+      else if (e.kind === "default") parts.push(T.step_default + " → " + to);
+      else if (e.kind === "no_branch") parts.push(T.edge_no_branch + " → " + to);
+      else if (e.back) parts.push(T.step_loop + " " + to);
+      else parts.push(T.edge_then.replace("{step}", to));
+    }
+    if (state) parts.push(T.step_state.replace("{state}", T["run_" + state] || state));
+    return parts.join("; ");
+  }
+
+  function nodeWidth(n) {
+    const states = ["PENDING", "SUCCEEDED", "REPEAT_LIMIT", "SKIPPED"].map((s) => textWidth(stateText(s), SMALL_FONT));
+    const w = Math.max(textWidth(clip(n.id, 30), ID_FONT), textWidth(kindText(n), SMALL_FONT), ...states) + 2 * pad();
+    return Math.round(Math.min(NODE_MAX_W, Math.max(narrow() ? 96 : NODE_MIN_W, w)));
+  }
+
+  // where everything goes: {nodes: id -> {x, y, w, h} (centres), clusters: id -> box, edges: [{e, points, label}]}
+  function layoutGraph(G) {
+    const size = {};
+    // a TASK that retries has its loop drawn beside it: room is kept for it on its right
+    const retried = new Set(G.edges.filter((e) => e.kind === "retry").map((e) => e.from));
+    for (const n of G.nodes) size[n.id] = { w: nodeWidth(n), h: NODE_H, side: retried.has(n.id) ? RETRY_W : 0 };
+    size[G.start] = TERMINAL;
+    size[G.end] = TERMINAL;
+    const drawn = G.edges.filter((e) => e.kind !== "retry");
+    const used = new Set(drawn.flatMap((e) => [e.from, e.to]));
+    return G.placed ? placedLayout(G, size, drawn, used) : autoLayout(G, size, drawn, used);
+  }
+
+  function autoLayout(G, size, drawn, used) {
+    const g = new dagre.graphlib.Graph({ compound: true, multigraph: true });
+    const tight = narrow();
+    g.setGraph({ rankdir: "TB", nodesep: tight ? 12 : 26, ranksep: tight ? 34 : 40, edgesep: tight ? 6 : 12, marginx: tight ? 4 : 12, marginy: 12 });
+    g.setDefaultEdgeLabel(() => ({}));
+    for (const id of [G.start, G.end]) if (used.has(id)) g.setNode(id, { width: size[id].w, height: size[id].h });
+    for (const n of G.nodes) {
+      g.setNode(n.id, { width: size[n.id].w + size[n.id].side, height: size[n.id].h });
+      if (n.container) g.setNode("box:" + n.id, {});
+    }
+    for (const n of G.nodes) {
+      if (n.container) {
+        g.setParent(n.id, "box:" + n.id);
+        if (n.parent) g.setParent("box:" + n.id, "box:" + n.parent);
+      } else if (n.parent) g.setParent(n.id, "box:" + n.parent);
+    }
+    drawn.forEach((e, i) => {
+      const text = edgeLabel(e);
+      const label = text ? { width: textWidth(text, SMALL_FONT) + 10, height: 16, labelpos: "c" } : {};
+      // a loop is laid out forwards (the run order ranks the steps), drawn backwards
+      if (e.back) g.setEdge(e.to, e.from, { ...label, minlen: 1, weight: 0 }, "e" + i);
+      else g.setEdge(e.from, e.to, { ...label, minlen: 1, weight: e.kind === "catch" ? 1 : 2 }, "e" + i);
+    });
+    dagre.layout(g);
+    const nodes = {}, clusters = {};
+    for (const id of g.nodes()) {
+      const v = g.node(id);
+      if (id.startsWith("box:")) clusters[id.slice(4)] = { x: v.x - v.width / 2, y: v.y - v.height / 2, w: v.width, h: v.height };
+      else {
+        const side = (size[id] || TERMINAL).side;
+        nodes[id] = { x: v.x - side / 2, y: v.y, w: v.width - side, h: v.height };
+      }
+    }
+    const edges = drawn.map((e, i) => {
+      const v = e.back ? g.edge(e.to, e.from, "e" + i) : g.edge(e.from, e.to, "e" + i);
+      const points = v.points.slice();
+      if (e.back) points.reverse();
+      return { e, points, label: edgeLabel(e) ? { x: v.x, y: v.y } : null };
+    });
+    const box = g.graph();
+    return { nodes, clusters, edges, width: box.width, height: box.height };
+  }
+
+  // the designer's places (top left corners), moved so the chart starts at the margin
+  function placedLayout(G, size, drawn, used) {
+    const M = 16, nodes = {};
+    const at = Object.fromEntries(G.nodes.map((n) => [n.id, n.at]));
+    const minX = Math.min(...G.nodes.map((n) => n.at[0])), minY = Math.min(...G.nodes.map((n) => n.at[1]));
+    const top = used.has(G.start) ? TERMINAL.h + 40 : 0;
+    for (const n of G.nodes) {
+      const s = size[n.id];
+      nodes[n.id] = { x: at[n.id][0] - minX + M + s.w / 2, y: at[n.id][1] - minY + M + top + s.h / 2, w: s.w, h: s.h };
+    }
+    const first = nodes[G.edges.find((e) => e.from === G.start).to];
+    nodes[G.start] = { x: first.x, y: first.y - first.h / 2 - 40 - TERMINAL.h / 2, w: TERMINAL.w, h: TERMINAL.h };
+    const bottom = Math.max(...Object.values(nodes).map((b) => b.y + b.h / 2));
+    const right = Math.max(...Object.values(nodes).map((b) => b.x + b.w / 2));
+    if (used.has(G.end)) nodes[G.end] = { x: (M + right) / 2, y: bottom + 40 + TERMINAL.h / 2, w: TERMINAL.w, h: TERMINAL.h };
+    const clusters = {};
+    const inner = (id) => G.nodes.filter((n) => n.parent === id).flatMap((n) => [n.id, ...(n.container ? inner(n.id) : [])]);
+    for (const n of [...G.nodes].reverse()) {
+      if (!n.container) continue;
+      const ids = [n.id, ...inner(n.id)];
+      const boxes = ids.map((id) => clusters[id] ? clusters[id] : { x: nodes[id].x - nodes[id].w / 2, y: nodes[id].y - nodes[id].h / 2, w: nodes[id].w, h: nodes[id].h });
+      const x0 = Math.min(...boxes.map((b) => b.x)) - 10, y0 = Math.min(...boxes.map((b) => b.y)) - 10;
+      const x1 = Math.max(...boxes.map((b) => b.x + b.w)) + 10, y1 = Math.max(...boxes.map((b) => b.y + b.h)) + 10;
+      clusters[n.id] = { x: x0, y: y0, w: x1 - x0, h: y1 - y0 };
+    }
+    const edges = drawn.map((e) => {
+      const a = nodes[e.from], b = nodes[e.to];
+      const ends = [border(a, b), border(b, a)];
+      const mid = { x: (ends[0].x + ends[1].x) / 2, y: (ends[0].y + ends[1].y) / 2 };
+      if (!e.back) return { e, points: ends, label: edgeLabel(e) ? mid : null };
+      // a loop bows away from the straight line its way forward would take
+      const dx = ends[1].x - ends[0].x, dy = ends[1].y - ends[0].y, len = Math.hypot(dx, dy) || 1;
+      const bow = 30 + 0.15 * len;
+      const top = { x: mid.x + (dy / len) * bow, y: mid.y - (dx / len) * bow };
+      return { e, points: [ends[0], top, ends[1]], label: edgeLabel(e) ? top : null };
+    });
+    const all = [...Object.values(nodes).map((b) => ({ x: b.x + b.w / 2, y: b.y + b.h / 2 })),
+      ...Object.values(clusters).map((c) => ({ x: c.x + c.w, y: c.y + c.h }))];
+    return { nodes, clusters, edges, width: Math.max(...all.map((p) => p.x)) + M + RETRY_W, height: Math.max(...all.map((p) => p.y)) + M };
+  }
+
+  // where the line from the centre of a to the centre of b leaves a's box
+  function border(a, b) {
+    const dx = b.x - a.x, dy = b.y - a.y;
+    if (!dx && !dy) return { x: a.x, y: a.y };
+    const t = Math.min(Math.abs(dx) > 0 ? (a.w / 2) / Math.abs(dx) : Infinity, Math.abs(dy) > 0 ? (a.h / 2) / Math.abs(dy) : Infinity);
+    return { x: a.x + dx * t, y: a.y + dy * t };
+  }
+
+  // a smooth line through the points (a B-spline, as d3's curveBasis draws one)
+  function pathOf(pts) {
+    if (pts.length < 3) return "M" + pts.map((p) => p.x.toFixed(1) + "," + p.y.toFixed(1)).join("L");
+    const f = (v) => v.toFixed(1);
+    let d = "M" + f(pts[0].x) + "," + f(pts[0].y);
+    d += "L" + f((5 * pts[0].x + pts[1].x) / 6) + "," + f((5 * pts[0].y + pts[1].y) / 6);
+    for (let i = 2; i <= pts.length; i++) {
+      const p0 = pts[i - 2], p1 = pts[i - 1], p = pts[Math.min(i, pts.length - 1)];
+      d += "C" + f((2 * p0.x + p1.x) / 3) + "," + f((2 * p0.y + p1.y) / 3) + " " + f((p0.x + 2 * p1.x) / 3) + "," +
+        f((p0.y + 2 * p1.y) / 3) + " " + f((p0.x + 4 * p1.x + p.x) / 6) + "," + f((p0.y + 4 * p1.y + p.y) / 6);
+    }
+    const last = pts[pts.length - 1];
+    return d + "L" + f(last.x) + "," + f(last.y);
+  }
+
+  function edgeClass(e) {
+    return "gedge ge-" + e.kind + (e.back ? " ge-back" : "");
+  }
+
+  function drawJobGraph() {
+    const holder = document.getElementById("job-graph");
+    const G = CFG.jobGraph;
+    if (!holder || !G) return;
+    if (!G.placed && typeof dagre === "undefined") {
+      holder.replaceChildren(h("p", { class: "muted" }, T.graph_needs_script));
+      return;
+    }
+    const L = layoutGraph(G);
+    const markers = ["next", "catch", "back", "retry"].map((k) => sv("marker", { id: "arrow-" + k, viewBox: "0 0 10 10", refX: 9, refY: 5,
+      markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse", class: "arrow arrow-" + k }, sv("path", { d: "M0,0L10,5L0,10z" })));
+    const title = T.graph_label.replace("{job}", holder.dataset.job);
+    const svg = sv("svg", { xmlns: SVGNS, viewBox: "0 0 " + Math.ceil(L.width) + " " + Math.ceil(L.height), width: Math.ceil(L.width),
+      height: Math.ceil(L.height), role: "group", "aria-label": title, class: "flow" }, sv("defs", {}, markers));
+    // the boxes, outermost first
+    const boxes = sv("g", { class: "gclusters", "aria-hidden": "true" });
+    for (const n of G.nodes) {
+      const c = L.clusters[n.id];
+      if (c) boxes.append(sv("rect", { class: "gcluster gc-" + String(n.sub).toLowerCase(), x: c.x, y: c.y, width: c.w, height: c.h, rx: 12, dataset: { cluster: n.id } }));
+    }
+    const lines = sv("g", { class: "gedges", "aria-hidden": "true" });
+    const labels = sv("g", { class: "glabels", "aria-hidden": "true" });
+    for (const { e, points, label } of L.edges) {
+      const arrow = e.kind === "catch" ? "catch" : e.back ? "back" : "next";
+      lines.append(sv("path", { class: edgeClass(e), d: pathOf(points), "marker-end": "url(#arrow-" + arrow + ")",
+        dataset: { from: e.from, to: e.to, kind: e.kind } }));
+      if (label) {
+        const text = edgeLabel(e);
+        const w = textWidth(text, SMALL_FONT) + 10;
+        labels.append(sv("g", { class: "glabel gl-" + e.kind, transform: "translate(" + label.x.toFixed(1) + "," + label.y.toFixed(1) + ")" },
+          e.label ? sv("title", {}, e.label) : null,
+          sv("rect", { x: -w / 2, y: -9, width: w, height: 18, rx: 4 }),
+          sv("text", { "text-anchor": "middle", y: 4 }, text)));
+      }
+    }
+    const nodes = sv("g", { class: "gnodes" });
+    for (const id of [G.start, G.end]) {
+      const b = L.nodes[id];
+      if (!b) continue;
+      nodes.append(sv("g", { class: "gterm", transform: "translate(" + b.x + "," + b.y + ")", "aria-hidden": "true", dataset: { terminal: id === G.start ? "start" : "end" } },
+        sv("rect", { x: -b.w / 2, y: -b.h / 2, width: b.w, height: b.h, rx: b.h / 2 }),
+        sv("text", { "text-anchor": "middle", y: 4 }, nodeName(G, id))));
+    }
+    for (const n of G.nodes) {
+      const b = L.nodes[n.id];
+      const retry = G.edges.find((e) => e.from === n.id && e.kind === "retry");
+      const link = sv("a", { href: "#step-" + n.id, class: "gnode gk-" + String(n.sub || n.type).toLowerCase() + (n.container ? " gn-container" : ""),
+        transform: "translate(" + b.x.toFixed(1) + "," + b.y.toFixed(1) + ")", "aria-label": describe(G, n, null),
+        dataset: { node: n.id, kind: n.sub || n.type } },
+        sv("title", {}, describe(G, n, null)),
+        sv("rect", { class: "gbox", x: -b.w / 2, y: -b.h / 2, width: b.w, height: b.h, rx: n.sub === "CHOICE" ? 18 : 8 }),
+        sv("text", { class: "gid", x: -b.w / 2 + pad(), y: -b.h / 2 + 19 }, clip(n.id, 30)),
+        sv("text", { class: "gkind", x: -b.w / 2 + pad(), y: -b.h / 2 + 35 }, kindText(n)),
+        sv("text", { class: "gstate", x: -b.w / 2 + pad(), y: -b.h / 2 + 52 }, ""),
+        retry ? sv("g", { class: "gretry", transform: "translate(" + (b.w / 2) + "," + (-b.h / 2 + 18) + ")" },
+          sv("path", { d: "M0,9 C20,9 20,-9 3,-9", class: "gedge ge-retry", "marker-end": "url(#arrow-retry)" }),
+          sv("text", { x: 19, y: 4 }, "×" + retry.label)) : null);
+      nodes.append(link);
+    }
+    svg.append(boxes, lines, labels, nodes);
+    holder.replaceChildren(svg);
+    // the chart keeps its size while the screen has room, and narrows to 60% of it before the
+    // panel scrolls sideways
+    svg.style.width = "100%";
+    svg.style.maxWidth = Math.ceil(L.width) + "px";
+    svg.style.minWidth = Math.ceil(L.width * 0.6) + "px";
+    svg.style.height = "auto";
+    holder.dataset.drawn = String(G.nodes.length);
+  }
+
+  // -- the execution the chart shows, and the list read again ---------------------------------
+
+  let pickedRun = null;  // an execution chosen on the page; none: the newest
+
+  function runRows() {
+    return [...document.querySelectorAll("#executions tr[data-execution]")];
+  }
+
+  function parsed(text) {
+    try { return JSON.parse(text || "{}"); } catch (err) { return {}; }
+  }
+
+  function showRun() {
+    const G = CFG.jobGraph;
+    const holder = document.getElementById("job-graph");
+    if (!G || !holder) return;
+    const rows = runRows();
+    const row = (pickedRun && rows.find((r) => r.dataset.execution === pickedRun)) || rows[0] || null;
+    for (const r of rows) {
+      r.classList.toggle("exec-shown", r === row);
+      r.querySelector(".exec-pick")?.setAttribute("aria-pressed", String(r === row));
+    }
+    const states = row ? parsed(row.dataset.states) : {};
+    const errors = row ? parsed(row.dataset.stepErrors) : {};
+    holder.dataset.execution = row ? row.dataset.execution : "";
+    holder.dataset.status = row ? row.dataset.status : "";
+    for (const n of G.nodes) {
+      const el = holder.querySelector('.gnode[data-node="' + CSS.escape(n.id) + '"]');
+      if (!el) continue;
+      const state = states[n.id] || null;
+      el.dataset.state = state || "";
+      el.setAttribute("class", el.getAttribute("class").replace(/\s*gs-\w+/g, "") + (state ? " gs-" + state.toLowerCase() : ""));
+      el.querySelector(".gstate").textContent = state ? stateText(state) : "";
+      let words = describe(G, n, state);
+      if (errors[n.id]) words += "; " + T.error + ": " + errors[n.id];
+      el.setAttribute("aria-label", words);
+      el.querySelector("title").textContent = words;
+    }
+    const said = document.getElementById("graph-run");
+    if (said) {
+      if (!row) said.replaceChildren(T.graph_no_run);
+      else {
+        const status = row.dataset.status;
+        const parts = [T.graph_showing.replace("{id}", row.dataset.execution), " ",
+          h("span", { class: "run-status rs-" + status.toLowerCase() }, stateText(status))];
+        const version = document.getElementById("job-executions")?.dataset.jobVersion;
+        if (row.dataset.jobVersion && version && row.dataset.jobVersion !== version) {
+          parts.push(" ", h("span", { class: "muted" }, T.graph_other_version.replace("{v}", row.dataset.jobVersion).replace("{w}", version)));
+        }
+        said.replaceChildren(...parts);
+      }
+    }
+    const list = document.getElementById("graph-errors");
+    if (list) {
+      const failed = Object.entries(errors);
+      const whole = row?.querySelector(".exec-error")?.textContent;
+      const lines = failed.map(([id, text]) => h("span", { class: "run-error", dataset: { stepError: id } }, h("code", {}, id), " ", text));
+      if (whole && !failed.some(([, text]) => text === whole)) lines.push(h("span", { class: "run-error" }, whole));
+      list.replaceChildren(...lines);
+      list.hidden = !failed.length && !whole;
+    }
+  }
+
+  let runsTag = null, runsBusy = false;
+  async function refreshRuns() {
+    const box = document.getElementById("job-executions");
+    if (!box || runsBusy) return;
+    runsBusy = true;
+    try {
+      const headers = { Accept: "text/html" };
+      if (runsTag) headers["If-None-Match"] = runsTag;
+      const resp = await fetch(box.dataset.src, { credentials: "same-origin", headers });
+      if (resp.status === 304 || !resp.ok) {
+        if (resp.status === 401) document.getElementById("graph-run")?.replaceChildren(T.list_signed_out, " ", signInLink());
+        return;
+      }
+      runsTag = resp.headers.get("ETag");
+      // parsed, never run: the server escaped every value, and the page's CSP runs no inline script
+      const doc = new DOMParser().parseFromString(await resp.text(), "text/html");
+      const fresh = doc.getElementById("job-executions");
+      if (!fresh) return;
+      const focused = document.activeElement?.dataset?.pick;
+      box.replaceWith(document.importNode(fresh, true));
+      if (focused) document.querySelector('.exec-pick[data-pick="' + CSS.escape(focused) + '"]')?.focus();
+      showRun();
+    } catch (err) {
+      console.error("executions", err);
+    } finally {
+      runsBusy = false;
+    }
+  }
+
+
+  function setupJobGraph() {
+    if (!CFG.jobGraph) return;
+    const draw = () => {
+      try { drawJobGraph(); } catch (err) { console.error("job graph", err); }
+      showRun();
+    };
+    draw();
+    NARROW.addEventListener("change", draw);  // a phone turned, a window narrowed
+    document.addEventListener("click", (ev) => {
+      const pick = ev.target.closest && ev.target.closest("button[data-pick]");
+      if (!pick) return;
+      pickedRun = pick.dataset.pick;
+      showRun();
+    });
+    document.addEventListener("visibilitychange", () => {
+      if (document.visibilityState === "visible") refreshRuns();
+    });
+    whileVisible(CFG.executionsRefreshS || 3, refreshRuns)();
   }
 
   // -- the live stream ----------------------------------------------------------------------
@@ -840,6 +1256,7 @@
     if (page === "jobs" || page === "job") {
       document.addEventListener("click", (ev) => { onJobButton(ev).catch(console.error); });
     }
+    if (page === "job") setupJobGraph();
     setupIncidents();
     connect();
   });
