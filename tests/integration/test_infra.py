@@ -132,6 +132,8 @@ def foundation_from_template(template: dict[str, Any], *, bucket: str, table: st
                 {"Days": x["TransitionInDays"], "StorageClass": x["StorageClass"]}
                 for x in rule["Transitions"]
             ]
+        if "ExpirationInDays" in rule:
+            api["Expiration"] = {"Days": rule["ExpirationInDays"]}
         if "NoncurrentVersionExpiration" in rule:
             api["NoncurrentVersionExpiration"] = rule["NoncurrentVersionExpiration"]
         if "AbortIncompleteMultipartUpload" in rule:
