@@ -31,7 +31,7 @@ import structlog
 from aegis_contracts import keys
 from aegis_contracts.times import format_ts, parse_ts
 from aegis_orchestration.engine import Interpreter, StepRecord
-from aegis_orchestration.limits import LimitExceeded, Limits, check_item, json_size
+from aegis_orchestration.limits import CLAIM_CHECK, LimitExceeded, Limits, check_item, json_size
 from aegis_orchestration.model import Job
 from aegis_orchestration.store import JobStore
 from aegis_orchestration.triggers import Trigger
@@ -41,7 +41,6 @@ from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
 log = structlog.get_logger(__name__)
-CLAIM_CHECK = "claim_check"
 
 
 # how far back a redelivered trigger is looked for (redeliveries come within ack_wait x max_deliver)
