@@ -50,50 +50,11 @@ def asl_validator() -> Path:
     return VALIDATOR
 
 
-# loops without a CHOICE: through next_step_id, through a catch path, and inside a PARALLEL
-# branch whose PARALLEL has a catch path of its own; and a CHOICE on the trigger's data
-LOOPS = """\
-jobs:
-  - id: spin
-    job_name: two DUMMY steps jumping back to each other
-    trigger_type: Automation
-    repeat_limit: 3
-    steps:
-      - {id: tick, step_type: DUMMY, is_start_point: true, seq: 1}
-      - {id: tock, step_type: DUMMY, seq: 2, next_step_id: tick}
-  - id: retry-forever
-    job_name: a webhook whose catch path leads back to it
-    trigger_type: Automation
-    repeat_limit: 4
-    steps:
-      - {id: call, step_type: TASK, step_sub_type: HTTP_WEBHOOK, is_start_point: true, seq: 1,
-         catch_step_id: pause}
-      - {id: pause, step_type: DUMMY, seq: 2, next_step_id: call}
-    params:
-      - {id: url, step_id: call, param_key: url, param_value: "https://hooks.example.com/x"}
-  - id: caught-spin
-    job_name: a loop in a PARALLEL branch, the PARALLEL caught
-    trigger_type: Automation
-    repeat_limit: 2
-    steps:
-      - {id: fan, step_type: FLOW, step_sub_type: PARALLEL, is_start_point: true, seq: 1,
-         catch_step_id: handled}
-      - {id: body, flow_step_id: fan, step_type: FLOW, step_sub_type: SEQUENCE, seq: 1}
-      - {id: tick, flow_step_id: body, step_type: DUMMY, seq: 1}
-      - {id: tock, flow_step_id: body, step_type: DUMMY, seq: 2, next_step_id: tick}
-      - {id: handled, step_type: DUMMY, seq: 2}
-  - id: on-the-trigger
-    job_name: a CHOICE on the trigger's data
-    trigger_type: Automation
-    steps:
-      - {id: pick, step_type: FLOW, step_sub_type: CHOICE, is_start_point: true, seq: 1}
-      - {id: hot, flow_step_id: pick, step_type: DUMMY,
-         condition_expr: 'StringEQ([$.trigger.level], "CRITICAL")'}
-"""
+LOOPS = Path(__file__).with_name("loops.yaml")
 
 
 def loops() -> dict[str, Job]:
-    return {job.id: job for job in load_jobs(LOOPS)}
+    return {job.id: job for job in load_jobs(LOOPS.read_text())}
 
 
 def test_every_example_exports_to_valid_asl(asl_validator: Path, tmp_path: Path) -> None:

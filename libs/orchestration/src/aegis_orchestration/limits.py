@@ -18,6 +18,15 @@ DYNAMODB_ITEM_BYTES = 400 * 1024
 CLAIM_CHECK = "claim_check"
 
 
+def claim_check(value: Any) -> dict[str, Any] | None:
+    """The reference (``bucket``, ``key``, ``bytes``) when ``value`` stands for an S3 object."""
+    if isinstance(value, dict) and set(value) == {CLAIM_CHECK}:
+        reference = value[CLAIM_CHECK]
+        if isinstance(reference, dict):
+            return reference
+    return None
+
+
 class ExecutionError(Exception):
     """What ends a step for good; ``error`` is the ASL-style error name, ``cause`` the detail."""
 
