@@ -106,6 +106,8 @@ def _lifecycle_rule(rule: dict[str, Any]) -> dict[str, Any]:
             {"StorageClass": t["StorageClass"], "TransitionInDays": t["Days"]}
             for t in rule["Transitions"]
         ]
+    if "Expiration" in rule:
+        out["ExpirationInDays"] = rule["Expiration"]["Days"]
     if "NoncurrentVersionExpiration" in rule:
         days = rule["NoncurrentVersionExpiration"]["NoncurrentDays"]
         out["NoncurrentVersionExpiration"] = {"NoncurrentDays": days}

@@ -67,6 +67,10 @@ async def test_bootstrap_command_leaves_the_contract_and_is_idempotent(aws_endpo
     ]
     assert lifecycle["processed-to-standard-ia-365d"]["NoncurrentDays"] == 90
     assert lifecycle["abort-incomplete-multipart-7d"]["AbortDays"] == 7
+    # the orchestrator's claim checks go after 30 days, their noncurrent versions a day later
+    assert lifecycle["orchestration-expire-30d"]["Prefix"] == "orchestration/"
+    assert lifecycle["orchestration-expire-30d"]["ExpirationDays"] == 30
+    assert lifecycle["orchestration-expire-30d"]["NoncurrentDays"] == 1
     assert not any(
         r["Prefix"].startswith(("processed_agg/", "image_snapshot/", "reports/"))
         for r in lifecycle.values()

@@ -555,9 +555,23 @@ async def test_reporter(as_service):
 
 async def test_orchestrator(as_service):
     me = await as_service("orchestrator")
-    await me.store.put_bytes("orchestration/executions/j/yyyy=2026/mm=11/dd=30/e/input.json", b"{}")
+    claim_check = "orchestration/executions/j/yyyy=2026/mm=11/dd=30/e/input.json"
+    await me.store.put_bytes(claim_check, b"{}")
+    assert await me.store.get_bytes(claim_check) == b"{}"
+    # its claim checks go by the bucket's lifecycle rule, never by its hand
+    with pytest.raises(ClientError, match="AccessDenied"):
+        await me.clients.s3.delete_object(Bucket=BUCKET, Key=claim_check)
     await me.readmodel.put_item(item("JOB#registry", "JOB#j"))
     assert await me.readmodel.partition("JOB#registry", now=NOW)
+    # an execution's leases (either engine): its run slot and its EXEC-ACTIVE item, taken,
+    # renewed and given back; a withdrawn start's log item deleted
+    later = NOW + timedelta(minutes=1)
+    for pk, sk in (("JOB#j", "RUNNING#000"), ("EXEC-ACTIVE", "j#2026-11-30T12:00:00.000Z#e")):
+        assert await me.readmodel.acquire_lease(pk, sk, owner="me", now=NOW, until=later)
+        assert await me.readmodel.extend_lease(pk, sk, owner="me", until=later)
+        assert await me.readmodel.release_lease(pk, sk, owner="me")
+    await me.readmodel.put_item(item("EXEC#j", "2026-11-30T12:00:00.000Z#e"))
+    await me.readmodel.delete_item("EXEC#j", "2026-11-30T12:00:00.000Z#e")
     await denied(me.store.get_bytes(PROCESSED))
     await denied(me.store.put_bytes(REPORT, b"#"))
     await denied(me.readmodel.factory_latest_items())  # the fleet is none of its business

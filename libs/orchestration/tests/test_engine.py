@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from aegis_orchestration.asl import AslExportError, export_asl
 from aegis_orchestration.engine import Interpreter, StepRecord
 from aegis_orchestration.limits import Limits, json_size
 from aegis_orchestration.model import Job, JobStep, TaskKind
@@ -475,3 +476,8 @@ def test_out_params_are_checked_where_they_are_and_where_they_write() -> None:
     text = str(caught.value)
     assert "param x1: target_type is for OUT and INOUT params" in text
     assert "param x2: target_type FACTORY is not one of GLOBAL_TASK_PARAMETER, PAYLOAD" in text
+
+
+def test_a_job_with_out_params_is_refused_by_the_step_functions_export() -> None:
+    with pytest.raises(AslExportError, match="OUT and INOUT params .steps bump, count."):
+        export_asl(counting())

@@ -2,9 +2,9 @@
 
 cfn-lint accepts it (JSON and YAML), each machine's definition is the job's ``export_asl`` with
 the function's ARN in every Task, literal ``${...}`` text of a job reaches the machine as written,
-the orchestrator may start and list exactly those machines; and the template deploys on the
-emulator (moto_server's CloudFormation), where the function, the machines and the policy on the
-orchestrator's role are found.
+the orchestrator may start exactly those machines and describe their executions; and the template
+deploys on the emulator (moto_server's CloudFormation), where the function, the machines and the
+policy on the orchestrator's role are found.
 """
 
 from __future__ import annotations
@@ -178,18 +178,24 @@ def test_literal_placeholder_text_is_neither_substituted_nor_a_template_error(
     assert {"AEGIS_JOB_MAINTENANCE_URL", "AEGIS_JOB_SAFETY_SLACK_URL"} <= set(variables)
 
 
-def test_the_orchestrator_may_start_and_list_exactly_the_machines(
+def test_the_orchestrator_may_start_the_machines_and_describe_their_executions_only(
     template: dict[str, Any],
 ) -> None:
     resources = template["Resources"]
     policy = resources["StartExecutionPolicy"]["Properties"]
     assert policy["Roles"] == [{"Ref": "OrchestratorRoleName"}]
-    [statement] = policy["PolicyDocument"]["Statement"]
-    assert statement["Effect"] == "Allow"
-    assert sorted(statement["Action"]) == ["states:ListExecutions", "states:StartExecution"]
+    start, describe = policy["PolicyDocument"]["Statement"]
+    assert start["Effect"] == describe["Effect"] == "Allow"
+    assert start["Action"] == "states:StartExecution"
     machines = sorted(logical for logical, _ in sfn_template.machines(template))
-    assert sorted(r["Ref"] for r in statement["Resource"]) == machines
+    assert sorted(r["Ref"] for r in start["Resource"]) == machines
     assert len(machines) == len(jobs())
+    # how each execution ended: DescribeExecution on the executions of exactly those machines
+    assert describe["Action"] == "states:DescribeExecution"
+    prefix = "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}:execution:"
+    assert sorted(r["Fn::Sub"] for r in describe["Resource"]) == sorted(
+        f"{prefix}${{StateMachinePrefix}}{job.id}:*" for job in jobs()
+    )
     # and the machines may call the function and its versions, nothing else
     [invoke] = resources["StateMachineRole"]["Properties"]["Policies"][0]["PolicyDocument"][
         "Statement"
@@ -219,17 +225,25 @@ def test_the_function_and_its_role(template: dict[str, Any]) -> None:
     assert fn["VpcConfig"]["Fn::If"][0] == "InVpc"
     assert template["Parameters"]["SlackWebhookUrl"]["NoEcho"] is True
     role = resources["TaskFunctionRole"]["Properties"]
-    actions = sorted(
-        a for st in role["Policies"][0]["PolicyDocument"]["Statement"] for a in st["Action"]
-    )
+    statements = role["Policies"][0]["PolicyDocument"]["Statement"]
+    actions = sorted(a for st in statements for a in _listed(st["Action"]))
     assert actions == [
         "dynamodb:GetItem",
         "dynamodb:Query",
         "logs:CreateLogStream",
         "logs:PutLogEvents",
+        "s3:GetObject",
     ]
+    # S3: the triggers passed by reference, nothing else of the bucket
+    [s3] = [st for st in statements if st["Action"] == "s3:GetObject"]
+    assert s3["Resource"] == {"Fn::Sub": "arn:${AWS::Partition}:s3:::${BucketName}/orchestration/*"}
+    assert fn["Environment"]["Variables"]["AEGIS_BUCKET"] == {"Ref": "BucketName"}
     assert role["ManagedPolicyArns"]["Fn::If"][0] == "InVpc"  # ENIs only in a VPC
     assert set(template["Outputs"]) >= {"TaskFunctionArn", "StateMachineArnPrefix"}
+
+
+def _listed(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else value
 
 
 def test_a_job_that_cannot_run_there_is_refused_with_its_reason() -> None:
@@ -364,9 +378,13 @@ async def test_the_template_deploys_on_the_emulator(
         document = version["PolicyVersion"]["Document"]
         if isinstance(document, str):
             document = json.loads(document)
-        [statement] = document["Statement"]
-        assert sorted(statement["Resource"]) == sorted(arns)
-        assert sorted(statement["Action"]) == ["states:ListExecutions", "states:StartExecution"]
+        start, describe = document["Statement"]
+        assert sorted(start["Resource"]) == sorted(arns)
+        assert start["Action"] == "states:StartExecution"
+        assert describe["Action"] == "states:DescribeExecution"
+        assert sorted(describe["Resource"]) == sorted(
+            arn.replace(":stateMachine:", ":execution:") + ":*" for arn in arns
+        )
 
         await cfn.delete_stack(StackName=stack)
         await s3.delete_object(Bucket=bucket, Key="task.zip")

@@ -15,6 +15,18 @@ engine's context (``globals``, ``steps``, ``errors``, ``loops``). Mapping:
   guarded by ``IsPresent`` and type tests, so missing data is false as in the DSL;
 - SEQUENCE -> a Pass entering its steps inline; WAIT -> ``Wait``; DUMMY -> ``Pass``.
 
+The engine's bound on a loop without a CHOICE (through ``next_step_id`` or a catch path; see
+:func:`aegis_orchestration.limits.allowed_runs`) is exported too: each step on such a cycle is
+entered through a Pass that counts its runs in ``$.runs.{id}.n`` and a Choice that fails the
+execution (``RepeatLimitExceeded``, the engine's cause) past the runs allowed; a Parallel whose
+branches hold such a counter passes that error on past its own Retry and Catch, so no catch path
+catches it, as in the engine.
+
+The trigger's data may come by reference (``{"claim_check": {...}}``, an S3 object: Step
+Functions holds 256 KB of state); the task function reads it back. A job whose CHOICE conditions
+read ``$.trigger`` cannot decide on a reference: its machine fails at once
+(``TriggerByReference``) instead of taking a branch on data it cannot see.
+
 A DSL construct ASL cannot express (``Array(...)`` any-semantics, wildcard JSONPaths, ``?`` in a
 pattern) raises :class:`AslExportError` naming it.
 """
@@ -39,12 +51,23 @@ from aegis_orchestration.dsl import (
 )
 from aegis_orchestration.graph import run_order
 from aegis_orchestration.graph import successor as step_after
+from aegis_orchestration.limits import (
+    CLAIM_CHECK,
+    REPEAT_LIMIT_EXCEEDED,
+    allowed_runs,
+    repeat_limit_cause,
+)
 from aegis_orchestration.model import FlowKind, Job, JobStep, StepType
 
 DEFAULT_FUNCTION_ARN = "arn:aws:lambda:ap-south-1:000000000000:function:aegis-orchestrator-task"
 DONE = "Done"
 BRANCH_DONE = "BranchDone"
 INIT = "Init"
+RUNS = "runs"  # the context's run counters of the steps on a loop without a CHOICE
+TRIGGER_CHECK = "TriggerInline"
+TRIGGER_BY_REFERENCE = "TriggerByReference"
+# suffixes of the states added around a step (step ids are lower case: no clash)
+_RUN, _COUNT, _LIMIT, _BRANCH_LIMIT = "__Run", "__Count", "__Limit", "__BranchLimit"
 _SIMPLE_PATH = re.compile(r"^\$(\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*$")
 
 
@@ -70,6 +93,15 @@ class AslExportError(ValueError):
 
 
 def export_asl(job: Job, *, function_arn: str = DEFAULT_FUNCTION_ARN) -> dict[str, Any]:
+    writers = sorted({p.step_id for p in job.params if p.param_type != "IN"})
+    if writers:
+        # the machine keeps each task's output under steps.{id}; writing it back to the globals
+        # or the payload is the built-in engine's alone, and a machine silently without it
+        # would run the job differently
+        raise AslExportError(
+            f"OUT and INOUT params (steps {', '.join(writers)}) have no States Language form: "
+            "run this job with the built-in engine"
+        )
     states: dict[str, Any] = {
         INIT: {
             "Type": "Pass",
@@ -87,11 +119,196 @@ def export_asl(job: Job, *, function_arn: str = DEFAULT_FUNCTION_ARN) -> dict[st
     }
     builder = _Builder(job, function_arn)
     builder.container(None, states, DONE)
+    choices = [s.id for s in job.steps if s.step_sub_type is FlowKind.CHOICE]
+    loop_states = {name for sid in choices for name in (sid, f"{sid}__choose")}
+    allowed = allowed_runs(job.repeat_limit, len(choices))
+    counted = _bound_cycles(states, loop_states, allowed)
+    if counted:
+        states[INIT]["Parameters"][RUNS] = {sid: {"n": 0} for sid in sorted(counted)}
+    if _reads_trigger(states):
+        states[TRIGGER_CHECK] = {
+            "Type": "Choice",
+            "Choices": [
+                {
+                    "Variable": f"$.trigger.{CLAIM_CHECK}",
+                    "IsPresent": True,
+                    "Next": TRIGGER_BY_REFERENCE,
+                }
+            ],
+            "Default": states[INIT]["Next"],
+        }
+        states[TRIGGER_BY_REFERENCE] = {
+            "Type": "Fail",
+            "Error": TRIGGER_BY_REFERENCE,
+            "Cause": f"the trigger's data was too large for Step Functions and came by "
+            f"reference (S3), and the CHOICE conditions of job {job.id} read $.trigger, which "
+            "a state machine can only read inline",
+        }
+        states[INIT]["Next"] = TRIGGER_CHECK
+    _prune(states, INIT)
     return {
         "Comment": f"AEGIS job {job.id}: {job.job_name}",
         "StartAt": INIT,
         "States": states,
     }
+
+
+def _bound_cycles(states: dict[str, Any], loop_states: set[str], allowed: int) -> list[str]:
+    """Count the runs of every step on a cycle of ``states`` (and of the Parallel branches in
+    it) that passes no CHOICE (``loop_states``: the CHOICEs' own states); returns their ids."""
+    counted: list[str] = []
+    for name, state in list(states.items()):
+        if state["Type"] != "Parallel":
+            continue
+        inner = [
+            sid
+            for b in state["Branches"]
+            for sid in _bound_cycles(b["States"], loop_states, allowed)
+        ]
+        if inner:
+            _pass_limit_on(name, state, states)
+        counted += inner
+    graph = {
+        name: [n for n in _successors(state) if n not in loop_states]
+        for name, state in states.items()
+        if name not in loop_states
+    }
+    for sid in sorted(_on_cycles(graph)):
+        states[sid + _RUN] = states.pop(sid)
+        states[sid] = {
+            "Type": "Pass",
+            "Parameters": {"n.$": f"States.MathAdd($.{RUNS}.{sid}.n, 1)"},
+            "ResultPath": f"$.{RUNS}.{sid}",
+            "Next": sid + _COUNT,
+        }
+        states[sid + _COUNT] = {
+            "Type": "Choice",
+            "Choices": [
+                {
+                    "Variable": f"$.{RUNS}.{sid}.n",
+                    "NumericGreaterThan": allowed,
+                    "Next": sid + _LIMIT,
+                }
+            ],
+            "Default": sid + _RUN,
+        }
+        states[sid + _LIMIT] = {
+            "Type": "Fail",
+            "Error": REPEAT_LIMIT_EXCEEDED,
+            "Cause": repeat_limit_cause(sid, allowed + 1, allowed),
+        }
+        counted.append(sid)
+    return counted
+
+
+def _pass_limit_on(name: str, state: dict[str, Any], states: dict[str, Any]) -> None:
+    """A Parallel neither retries nor catches the repeat limit of a step in its branches: the
+    error goes on to a Fail state beside it, with the branch's cause."""
+    if "Retry" in state:
+        state["Retry"].insert(0, {"ErrorEquals": [REPEAT_LIMIT_EXCEEDED], "MaxAttempts": 0})
+    if "Catch" in state:
+        state["Catch"].insert(
+            0,
+            {
+                "ErrorEquals": [REPEAT_LIMIT_EXCEEDED],
+                "ResultPath": f"$.errors.{name}",
+                "Next": name + _BRANCH_LIMIT,
+            },
+        )
+        states[name + _BRANCH_LIMIT] = {
+            "Type": "Fail",
+            "Error": REPEAT_LIMIT_EXCEEDED,
+            "CausePath": f"$.errors.{name}.Cause",
+        }
+
+
+def _prune(states: dict[str, Any], start: str) -> None:
+    """Drop the states nothing reaches (Step Functions refuses them): the end of a job, or of a
+    PARALLEL branch, that only loops until its bound fails it."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in states:
+            continue
+        seen.add(name)
+        todo += _successors(states[name])
+    for name in [n for n in states if n not in seen]:
+        del states[name]
+    for state in states.values():
+        for branch in state.get("Branches", []):
+            _prune(branch["States"], branch["StartAt"])
+
+
+def _successors(state: dict[str, Any]) -> list[str]:
+    found = [state[k] for k in ("Next", "Default") if k in state]
+    found += [c["Next"] for c in state.get("Choices", [])]
+    found += [c["Next"] for c in state.get("Catch", [])]
+    return found
+
+
+def _on_cycles(graph: dict[str, list[str]]) -> set[str]:
+    """The nodes of ``graph`` that lie on a cycle (Tarjan's strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[str] = set()
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, []):
+            if nxt not in graph:
+                continue
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1 or node in graph[node]:
+                found.update(component)
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _reads_trigger(states: dict[str, Any]) -> bool:
+    """Whether a Choice state (Parallel branches included) reads ``$.trigger``."""
+    for state in states.values():
+        if state["Type"] == "Parallel" and any(
+            _reads_trigger(b["States"]) for b in state["Branches"]
+        ):
+            return True
+        if state["Type"] == "Choice" and _paths_read(state["Choices"]) & {"$.trigger"}:
+            return True
+    return False
+
+
+def _paths_read(rules: Any) -> set[str]:
+    """The top two levels (``$.trigger``) of every path the Choice rules read."""
+    found: set[str] = set()
+    if isinstance(rules, list):
+        for rule in rules:
+            found |= _paths_read(rule)
+    elif isinstance(rules, dict):
+        for key, value in rules.items():
+            if isinstance(value, str) and (key == "Variable" or key.endswith("Path")):
+                found.add(".".join(value.split(".")[:2]).split("[")[0])
+            else:
+                found |= _paths_read(value)
+    return found
 
 
 class _Builder:

@@ -14,6 +14,17 @@ from typing import Any
 
 # DynamoDB refuses items over 400 KB; the budget leaves room for attribute names and type tags
 DYNAMODB_ITEM_BYTES = 400 * 1024
+# a value kept by reference (an S3 object) is ``{CLAIM_CHECK: {"bucket", "key", "bytes"}}``
+CLAIM_CHECK = "claim_check"
+
+
+def claim_check(value: Any) -> dict[str, Any] | None:
+    """The reference (``bucket``, ``key``, ``bytes``) when ``value`` stands for an S3 object."""
+    if isinstance(value, dict) and set(value) == {CLAIM_CHECK}:
+        reference = value[CLAIM_CHECK]
+        if isinstance(reference, dict):
+            return reference
+    return None
 
 
 class ExecutionError(Exception):
@@ -75,15 +86,23 @@ def allowed_runs(repeat_limit: int, choices: int) -> int:
     return 1 + repeat_limit * max(1, choices)
 
 
+REPEAT_LIMIT_EXCEEDED = "RepeatLimitExceeded"
+
+
+def repeat_limit_cause(step_id: str, runs: int, allowed: int) -> str:
+    """The cause of :data:`REPEAT_LIMIT_EXCEEDED` (the exported state machine says the same)."""
+    return (
+        f"step {step_id} would run {runs} times in this execution; its repeat_limit allows "
+        f"{allowed}"
+    )
+
+
 def check_runs(step_id: str, runs: int, allowed: int) -> None:
     """``runs`` runs of one step in this execution, counted across every loop and branch that
     reaches it (a loop without a CHOICE, through ``next_step_id`` or a catch path, ends here)."""
     if runs > allowed:
         raise LimitExceeded(
-            step_id,
-            "RepeatLimitExceeded",
-            f"step {step_id} would run {runs} times in this execution; its repeat_limit allows "
-            f"{allowed}",
+            step_id, REPEAT_LIMIT_EXCEEDED, repeat_limit_cause(step_id, runs, allowed)
         )
 
 

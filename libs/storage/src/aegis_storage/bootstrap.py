@@ -16,6 +16,9 @@ from aegis_storage import fleetindex
 from aegis_storage.clients import AwsClients
 from aegis_storage.errors import NotFound, StorageError, translated
 
+# how long the orchestrator's claim checks are kept: the execution log's default ttl
+ORCHESTRATION_DAYS = 30
+ORCHESTRATION_RULE = f"orchestration-expire-{ORCHESTRATION_DAYS}d"
 LIFECYCLE_RULES: list[dict[str, Any]] = [
     {
         "ID": "raw-to-glacier-ir-90d",
@@ -36,6 +39,17 @@ LIFECYCLE_RULES: list[dict[str, Any]] = [
         "Filter": {"Prefix": ""},
         "Status": "Enabled",
         "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 7},
+    },
+    {
+        # claim checks of the orchestrator (execution inputs and step values passed by
+        # reference): they live as long as the execution log that points at them (30 days);
+        # the version an expiration turns noncurrent goes a day later, and with it its delete
+        # marker (S3 removes an expired object's delete marker under a Days expiration)
+        "ID": ORCHESTRATION_RULE,
+        "Filter": {"Prefix": keys.ORCHESTRATION_PREFIX},
+        "Status": "Enabled",
+        "Expiration": {"Days": ORCHESTRATION_DAYS},
+        "NoncurrentVersionExpiration": {"NoncurrentDays": 1},
     },
 ]
 
@@ -111,6 +125,8 @@ def normalize_rules(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ]
         if rule.get("NoncurrentVersionExpiration"):
             norm["NoncurrentDays"] = rule["NoncurrentVersionExpiration"].get("NoncurrentDays")
+        if (rule.get("Expiration") or {}).get("Days"):
+            norm["ExpirationDays"] = rule["Expiration"]["Days"]
         if rule.get("AbortIncompleteMultipartUpload"):
             norm["AbortDays"] = rule["AbortIncompleteMultipartUpload"].get("DaysAfterInitiation")
         out.append(norm)

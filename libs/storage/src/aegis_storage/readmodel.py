@@ -875,11 +875,20 @@ class ReadModel:
         return True
 
     async def acquire_lease(
-        self, pk: str, sk: str, *, owner: str, now: datetime, until: datetime
+        self,
+        pk: str,
+        sk: str,
+        *,
+        owner: str,
+        now: datetime,
+        until: datetime,
+        attributes: Mapping[str, Any] | None = None,
     ) -> bool:
         """Hold ``pk``/``sk`` for ``owner`` until ``until`` if it is free or its lease has run out
-        (a holder that died does not keep it); False when someone else holds it."""
+        (a holder that died does not keep it); False when someone else holds it. ``attributes``
+        are stored on the lease item too (what kind of work it is, for whoever takes it over)."""
         item = {
+            **(attributes or {}),
             "pk": pk,
             "sk": sk,
             "owner": owner,

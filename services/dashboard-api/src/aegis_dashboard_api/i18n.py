@@ -271,6 +271,8 @@ LABELS: dict[str, dict[Lang, str]] = {
     "run_SUCCEEDED": {"en": "Succeeded", "ko": "성공"},
     "run_FAILED": {"en": "Failed", "ko": "실패"},
     "run_RUNNING": {"en": "Running", "ko": "실행 중"},
+    "run_TIMED_OUT": {"en": "Timed out", "ko": "시간 초과"},
+    "run_ABORTED": {"en": "Stopped", "ko": "중단됨"},
     "run_WAITING": {"en": "Waiting", "ko": "대기 중"},
     "run_CAUGHT": {"en": "Failed, caught", "ko": "실패 (처리됨)"},
     "run_REPEAT_LIMIT": {"en": "Repeat limit", "ko": "반복 한도 초과"},

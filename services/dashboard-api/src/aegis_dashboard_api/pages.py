@@ -190,6 +190,8 @@ RUN_GLYPHS = {
     "SKIPPED_OVERLAP": "\u2013",
     "PENDING": "\u25cb",
     "STOPPED": "\u25a0",
+    "TIMED_OUT": "\u2716",
+    "ABORTED": "\u25a0",
 }
 
 templates.env.filters["time"] = time_tag

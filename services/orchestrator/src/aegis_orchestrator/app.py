@@ -344,6 +344,13 @@ class OrchestratorApp(ServiceApp):
             return []
         return await self.runner.resume_abandoned(self.store.get)
 
+    async def watch_executions(self) -> list[str]:
+        """With the stepfunctions engine: record the outcome of the executions that ended (one
+        round of :meth:`aegis_orchestrator.stepfunctions.Launcher.poll`); returns their ids."""
+        if self.launcher is None:
+            return []
+        return await self.launcher.poll()
+
     async def _refresh_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -429,10 +436,11 @@ class OrchestratorApp(ServiceApp):
             self.launcher = Launcher(
                 client,
                 arn_prefix=s.orchestrator_state_machine_arn_prefix,
-                store=self.store,
-                clock=self.clock,
-                log_ttl=timedelta(days=s.orchestrator_log_ttl_days),
+                runner=self.runner,
+                batch=s.orchestrator_sfn_poll_batch,
             )
+            # on stop: the executions it watches are handed over to the other replicas at once
+            stack.push_async_callback(self.launcher.hand_over)
             stack.callback(setattr, self, "launcher", None)
         if s.orchestrator_s3_events_queue_url:
             sqs = await stack.enter_async_context(open_client("sqs", s.aws()))
@@ -466,6 +474,12 @@ class OrchestratorApp(ServiceApp):
             every(s.orchestrator_resume_scan_s, self.resume_abandoned, "resume_scan_failed"),
             "orchestrator-resume",
         )
+        if self.launcher is not None:
+            start_background(
+                stack,
+                every(s.orchestrator_resume_scan_s, self.watch_executions, "execution_poll_failed"),
+                "orchestrator-stepfunctions",
+            )
         if s.orchestrator_expiry_stream:
             await self._start_expiry(stack, clients)
         log.info("orchestrator_started", jobs=count, owner=self.owner)

@@ -622,11 +622,15 @@ def runs(
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 20,
     json_output: Annotated[bool, typer.Option("--json", help="Whole log items as JSON.")] = False,
 ) -> None:
-    """The job's latest executions from the execution log (30 days)."""
+    """The job's latest executions from the execution log (30 days): status, the steps' (the
+    built-in engine's) and the error's name (--json: the whole items, the error's cause too)."""
     items = _run(lambda store: store.executions(job_id, limit=limit))
     if json_output:
         typer.echo(json.dumps(items, indent=2, default=str))
         return
     for item in items:
         steps = " ".join(f"{s['step_id']}:{s['status']}" for s in item.get("steps", []))
-        typer.echo(f"{item['started_at']} {item['execution_id']} {item['status']:<16} {steps}")
+        error = (item.get("error") or {}).get("Error")
+        ended = f" error={error}" if error else ""
+        line = f"{item['started_at']} {item['execution_id']} {item['status']:<16} {steps}{ended}"
+        typer.echo(line.rstrip())

@@ -31,7 +31,14 @@ import structlog
 from aegis_contracts import keys
 from aegis_contracts.times import format_ts, parse_ts
 from aegis_orchestration.engine import Interpreter, StepRecord
-from aegis_orchestration.limits import LimitExceeded, Limits, check_item, json_size
+from aegis_orchestration.limits import (
+    CLAIM_CHECK,
+    LimitExceeded,
+    Limits,
+    check_item,
+    claim_check,
+    json_size,
+)
 from aegis_orchestration.model import Job
 from aegis_orchestration.store import JobStore
 from aegis_orchestration.triggers import Trigger
@@ -41,7 +48,6 @@ from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
 log = structlog.get_logger(__name__)
-CLAIM_CHECK = "claim_check"
 
 
 # how far back a redelivered trigger is looked for (redeliveries come within ack_wait x max_deliver)
@@ -125,11 +131,24 @@ class Runner:
 
     # -- starting -------------------------------------------------------------------------------
 
-    async def begin(self, job: Job, trigger: Trigger) -> Execution | None:
-        """Record a new execution of ``job`` (None: no run slot free, logged SKIPPED_OVERLAP).
-        Raises when it cannot be recorded: the trigger is then not acknowledged."""
+    async def begin(
+        self,
+        job: Job,
+        trigger: Trigger,
+        *,
+        execution_id: str | None = None,
+        engine: str | None = None,
+        inline_limit: int | None = None,
+    ) -> Execution | None:
+        """Record a new execution of ``job`` (None: no run slot free, logged SKIPPED_OVERLAP, or
+        the same execution being recorded by another replica this very instant). Raises when it
+        cannot be recorded: the trigger is then not acknowledged.
+
+        Another ``engine`` (``stepfunctions``) runs it elsewhere: its name on the log item and on
+        its lease keeps this runner from resuming it; ``execution_id`` names it (else a new id)
+        and ``inline_limit`` replaces the input's claim-check limit."""
         started = self.clock()
-        execution_id = new_execution_id(started)
+        execution_id = execution_id or new_execution_id(started)
         record: dict[str, Any] = {
             "pk": keys.exec_pk(job.id),
             "sk": keys.exec_sk(started, execution_id),
@@ -148,16 +167,21 @@ class Runner:
             "steps": [],
             "ttl": int((started + self.log_ttl).timestamp()),
         }
+        if engine is not None:
+            record["engine"] = engine
         execution = Execution(job, record, trigger.data)
         # the lease first: whatever is left behind by a crash from here on, a replica finds and
         # cleans up (or resumes) through it
-        await self.readmodel.acquire_lease(
+        if not await self.readmodel.acquire_lease(
             keys.EXEC_ACTIVE_PK,
             execution.active_sk,
             owner=self.owner,
             now=started,
             until=started + self.execution_lease,
-        )
+            attributes={"engine": engine} if engine is not None else None,
+        ):
+            log.info("execution_already_recorded", job_id=job.id, execution_id=execution_id)
+            return None
         slot = await self._acquire(job, execution_id, started)
         if slot is None:
             record.update(status="SKIPPED_OVERLAP", finished_at=format_ts(self.clock()))
@@ -171,7 +195,10 @@ class Runner:
             return None
         record["slot"] = slot
         record["input"] = await self._offload(
-            execution, name="input", value=trigger.data, limit=self.inline_limit
+            execution,
+            name="input",
+            value=trigger.data,
+            limit=self.inline_limit if inline_limit is None else inline_limit,
         )
         await self.store.put_execution(record, new=True)
         return execution
@@ -255,7 +282,7 @@ class Runner:
         if lost:
             log.warning("execution_taken_over", job_id=job.id, execution_id=execution.id)
             return record
-        await self._free(job.id, execution.id, execution.active_sk, slot=record.get("slot"))
+        await self.free(job.id, execution.id, execution.active_sk, slot=record.get("slot"))
         log.info(
             "execution_finished",
             job_id=job.id,
@@ -336,7 +363,7 @@ class Runner:
         except Conflict:
             raise LeaseLost(execution.id) from None
 
-    async def _free(self, job_id: str, execution_id: str, active_sk: str, *, slot: Any) -> None:
+    async def free(self, job_id: str, execution_id: str, active_sk: str, *, slot: Any) -> None:
         """Give back the run slot, then the execution's lease (the lease last: while it exists a
         replica can still find the slot to free)."""
         pk = keys.job_pk(job_id)
@@ -372,6 +399,8 @@ class Runner:
             sk = str(item["sk"])
             if sk in self.running or str(item.get("until", "")) >= format_ts(now):
                 continue
+            if item.get("engine"):
+                continue  # runs elsewhere (Step Functions): its launcher watches it
             if not await self.readmodel.acquire_lease(
                 keys.EXEC_ACTIVE_PK, sk, owner=self.owner, now=now, until=now + self.execution_lease
             ):
@@ -396,7 +425,7 @@ class Runner:
                 )
                 await self.store.put_execution(record)
             slot = record.get("slot") if record else None
-            await self._free(job_id, execution_id, active_sk, slot=slot)
+            await self.free(job_id, execution_id, active_sk, slot=slot)
             log.info("execution_closed", job_id=job_id, execution_id=execution_id)
             return None
         if int(record.get("job_version", 0)) != job.version:
@@ -413,7 +442,7 @@ class Runner:
                 finished_at=self._now(),
             )
             await self.store.put_execution(record)
-            await self._free(job_id, execution_id, active_sk, slot=record.get("slot"))
+            await self.free(job_id, execution_id, active_sk, slot=record.get("slot"))
             return None
         previous = record.get("runner")
         record["runner"] = self.owner
@@ -470,19 +499,40 @@ class Runner:
     async def _offload(
         self, execution: Execution, *, name: str, value: Any, limit: int, text: bool = False
     ) -> Any:
-        """``value`` inline when small (with ``text`` as its JSON text), else an S3 object and
-        ``{"claim_check": {...}}``."""
+        return await self.offload(
+            execution.job.id,
+            execution.started,
+            execution.id,
+            name=name,
+            value=value,
+            limit=limit,
+            text=text,
+        )
+
+    async def offload(
+        self,
+        job_id: str,
+        started: datetime,
+        execution_id: str,
+        *,
+        name: str,
+        value: Any,
+        limit: int,
+        text: bool = False,
+    ) -> Any:
+        """``value`` of an execution inline when small (with ``text`` as its JSON text), else an
+        S3 object and ``{"claim_check": {...}}``."""
         body = json.dumps(value, default=str, separators=(",", ":")).encode()
         if value is None or len(body) <= limit:
             return body.decode() if text and value is not None else value
-        key = keys.orchestration_input_key(execution.job.id, execution.started, execution.id, name)
+        key = keys.orchestration_input_key(job_id, started, execution_id, name)
         await self.objects.put_bytes(key, body, content_type="application/json")
         return {CLAIM_CHECK: {"bucket": self.objects.bucket, "key": key, "bytes": len(body)}}
 
     async def _load(self, value: Any, *, text: bool = False) -> Any:
         """The value a claim check, or with ``text`` a JSON text, stands for."""
-        if isinstance(value, dict) and set(value) == {CLAIM_CHECK}:
-            return json.loads(await self.objects.get_bytes(str(value[CLAIM_CHECK]["key"])))
+        if (reference := claim_check(value)) is not None:
+            return json.loads(await self.objects.get_bytes(str(reference["key"])))
         if text and isinstance(value, str):
             return json.loads(value)
         return value

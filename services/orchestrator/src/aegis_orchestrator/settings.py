@@ -129,6 +129,14 @@ class OrchestratorSettings(AegisSettings):
         "(`arn:aws:states:REGION:ACCOUNT:stateMachine:aegis-job-`; the template of `aegis jobs "
         "export-sfn` outputs it as StateMachineArnPrefix).",
     )
+    orchestrator_sfn_poll_batch: int = Field(
+        default=25,
+        ge=1,
+        le=1000,
+        description="With the `stepfunctions` engine: DescribeExecution calls each replica makes "
+        "per round (every `AEGIS_ORCHESTRATOR_RESUME_SCAN_S`) at most, to record how the "
+        "executions it watches ended; the least recently seen go first.",
+    )
     orchestrator_expiry_stream: bool = Field(
         default=False,
         description="Read the table's DynamoDB stream and announce the items DynamoDB deleted "

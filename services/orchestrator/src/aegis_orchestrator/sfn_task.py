@@ -9,6 +9,10 @@ param resolution, executors (:class:`aegis_orchestrator.tasks.Tasks`), timeout a
 Retries, catch paths and the flow are the state machine's. So a job runs alike on either.
 
 - The output is the step's output (the machine puts it in ``$.steps.{step}``).
+- A trigger that came by reference (``$.trigger`` is ``{"claim_check": {"bucket", "key"}}``, an
+  object under ``orchestration/`` of the data bucket: its data was too large for Step
+  Functions) is read back from S3 before the params are resolved (the last few are kept for the
+  container's next invocations); the state machine's data keeps only the reference.
 - A failure raises an exception whose type is named as the engine names the error
   (``TaskFailed``, ``ParamError``, ``States.Timeout``, ...): Lambda reports the type's name as
   ``errorType``, which Step Functions matches in ``Retry``/``Catch`` and puts in
@@ -19,16 +23,17 @@ Retries, catch paths and the flow are the state machine's. So a job runs alike o
 - A machine exported from another version of the job than the one stored is refused
   (``StaleStateMachine``): re-export and deploy it (``aegis jobs export-sfn``).
 
-Settings are the orchestrator's (``AEGIS_TABLE``, ``AEGIS_JOB_EGRESS_ALLOW``, the Slack webhook,
-NATS for PUBLISH_EVENT, ``AEGIS_JOB_*`` for ENVIRONMENT params). Clients, the HTTP session and
-the NATS connection are opened on the first invocation and kept for the container's life, on
-one event loop that every invocation of the container runs on.
+Settings are the orchestrator's (``AEGIS_TABLE``, ``AEGIS_BUCKET``, ``AEGIS_JOB_EGRESS_ALLOW``,
+the Slack webhook, NATS for PUBLISH_EVENT, ``AEGIS_JOB_*`` for ENVIRONMENT params). Clients, the
+HTTP session and the NATS connection are opened on the first invocation and kept for the
+container's life, on one event loop that every invocation of the container runs on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -40,9 +45,11 @@ import pydantic
 import structlog
 from faststream.nats import NatsBroker
 
+from aegis_contracts import keys
 from aegis_contracts.events import SystemEvent
 from aegis_contracts.times import utc_now
 from aegis_orchestration.engine import StepFailed, run_task
+from aegis_orchestration.limits import claim_check
 from aegis_orchestration.model import Job, StepType, TaskKind
 from aegis_orchestration.store import JobStore
 from aegis_orchestrator.app import job_environment
@@ -53,9 +60,13 @@ from aegis_runtime import logging as aegis_logging
 from aegis_runtime import natsio
 from aegis_runtime.broker import command_broker, publish
 from aegis_storage.clients import open_clients
+from aegis_storage.errors import NotFound
 from aegis_storage.readmodel import ReadModel
+from aegis_storage.s3 import ObjectStore
 
 log = structlog.get_logger(__name__)
+# triggers read back from S3 kept per container (the steps of one execution read the same one)
+TRIGGERS_KEPT = 4
 
 
 class TaskRequest(pydantic.BaseModel):
@@ -89,6 +100,10 @@ class JobGone(Exception):
     """The job the machine was exported from is not stored (deleted)."""
 
 
+class TriggerGone(Exception):
+    """The trigger's data, passed by reference, is no longer in S3 (its lifecycle expired it)."""
+
+
 @cache
 def error_type(name: str) -> type[Exception]:
     """An exception type named ``name`` (Lambda reports a failure by its type's name)."""
@@ -99,11 +114,20 @@ class TaskFunction:
     """Runs one invocation: the job read (kept while its version is the one asked for), one
     attempt of the step, the output or the engine's error."""
 
-    def __init__(self, *, store: JobStore, tasks: Tasks, environment: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        tasks: Tasks,
+        environment: Mapping[str, str],
+        objects: ObjectStore,
+    ) -> None:
         self.store = store
         self.tasks = tasks
         self.environment = environment
+        self.objects = objects
         self._jobs: dict[str, Job] = {}
+        self._triggers: dict[str, Any] = {}  # by S3 key, oldest first
 
     async def __call__(self, event: Any) -> Any:
         try:
@@ -125,12 +149,13 @@ class TaskFunction:
             raise StaleStateMachine(
                 f"step {step.id} of job {job.id} is {kind.value}, the machine says {request.kind}"
             )
+        context = request.context
+        if (reference := claim_check(context.get("trigger"))) is not None:
+            context = {**context, "trigger": await self._trigger(reference)}
         executor = self.tasks.executors(job, request.execution).get(kind)
         log.info("sfn_task_started", job_id=job.id, step_id=step.id, execution=request.execution)
         try:
-            return await run_task(
-                job, step, request.context, self.environment, executor, key=request.key
-            )
+            return await run_task(job, step, context, self.environment, executor, key=request.key)
         except StepFailed as err:
             log.info(
                 "sfn_task_failed",
@@ -140,6 +165,28 @@ class TaskFunction:
                 error=err.error,
             )
             raise error_type(err.error)(err.cause) from None
+
+    async def _trigger(self, reference: Mapping[str, Any]) -> Any:
+        """The trigger's data a claim check stands for (only the orchestrator's own objects)."""
+        bucket, key = reference.get("bucket"), str(reference.get("key", ""))
+        if bucket != self.objects.bucket or not key.startswith(keys.ORCHESTRATION_PREFIX):
+            raise BadTaskInput(
+                f"the trigger's claim check points at s3://{bucket}/{key}, not under "
+                f"s3://{self.objects.bucket}/{keys.ORCHESTRATION_PREFIX}"
+            )
+        if key in self._triggers:
+            return self._triggers[key]
+        try:
+            body = await self.objects.get_bytes(key)
+        except NotFound:
+            raise TriggerGone(
+                f"the trigger's data s3://{bucket}/{key} is gone (claim checks are kept 30 days)"
+            ) from None
+        data = json.loads(body)
+        self._triggers[key] = data
+        while len(self._triggers) > TRIGGERS_KEPT:
+            del self._triggers[next(iter(self._triggers))]
+        return data
 
     async def _job(self, request: TaskRequest) -> Job:
         job = self._jobs.get(request.job_id)
@@ -203,6 +250,7 @@ async def open_function(
         store=JobStore(readmodel, utc_now),
         tasks=tasks,
         environment=job_environment(os.environ if environment is None else environment),
+        objects=ObjectStore(clients.s3, settings.bucket),
     )
 
 

@@ -7,14 +7,16 @@ The template holds:
   as environment variables (read-model table, region, NATS, Slack, the job egress allow-list and
   one ``AEGIS_JOB_*`` variable per name the jobs' ENVIRONMENT params read), in a VPC when
   ``SubnetIds`` is given, its timeout covering the longest TASK step of the jobs;
-- its role: its own log group, ``dynamodb:GetItem``/``Query`` on the table, and the VPC network
-  interfaces only in a VPC;
+- its role: its own log group, ``dynamodb:GetItem``/``Query`` on the table, ``s3:GetObject``
+  under ``orchestration/`` of the data bucket (triggers passed by reference), and the VPC
+  network interfaces only in a VPC;
 - one ``AWS::StepFunctions::StateMachine`` per job, named ``{StateMachinePrefix}{job_id}``, whose
   definition is :func:`aegis_orchestration.asl.export_asl` with the function's ARN in each Task's
   ``Resource``, and the role they run as (``lambda:InvokeFunction`` on the function and its
   versions);
 - a managed policy on the orchestrator's role (``OrchestratorRoleName``) allowing
-  ``states:StartExecution`` and ``states:ListExecutions`` on exactly those machines.
+  ``states:StartExecution`` on exactly those machines and ``states:DescribeExecution`` on their
+  executions (how each one ended).
 
 The definition is a ``DefinitionString`` built with ``Fn::Join`` (the ASL text split where the
 function's ARN goes, joined with ``Fn::GetAtt``), without ``DefinitionSubstitutions``: neither
@@ -31,6 +33,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from aegis_contracts import keys
 from aegis_orchestration.asl import AslExportError, export_asl
 from aegis_orchestration.model import Job, StepType
 from aegis_orchestration.params import ENV_PREFIX, environment_names
@@ -41,6 +44,7 @@ DEFAULT_FUNCTION_NAME = "aegis-orchestrator-task"
 DEFAULT_STATE_MACHINE_PREFIX = "aegis-job-"
 DEFAULT_ORCHESTRATOR_ROLE = "aegis-orchestrator-task"  # deploy/infra/foundation.yaml's role
 DEFAULT_TABLE = "AEGIS-DynamoDB-FactoryStatus"
+DEFAULT_BUCKET = "aegis-bucket-data"
 DEFAULT_CODE_KEY = "aegis/aegis-orchestrator-task.zip"
 DEFAULT_MEMORY_MB = 512
 # the function runs one step per invocation; its own work around the step (read the job,
@@ -85,6 +89,7 @@ def render(
     state_machine_prefix: str = DEFAULT_STATE_MACHINE_PREFIX,
     orchestrator_role: str = DEFAULT_ORCHESTRATOR_ROLE,
     table: str = DEFAULT_TABLE,
+    bucket: str = DEFAULT_BUCKET,
     memory_mb: int = DEFAULT_MEMORY_MB,
 ) -> dict[str, Any]:
     """The CloudFormation template (a JSON-able dict) running ``jobs`` on Step Functions; the
@@ -125,6 +130,7 @@ def render(
         prefix_max=STATE_MACHINE_NAME_MAX - longest_id,
         orchestrator_role=orchestrator_role,
         table=table,
+        bucket=bucket,
         memory_mb=memory_mb,
     )
     for name, param in env_params.items():
@@ -164,21 +170,34 @@ def render(
             },
         }
     machine_arns = [{"Ref": m.logical} for m in machines]
+    execution_arns = [
+        {
+            "Fn::Sub": "arn:${AWS::Partition}:states:${AWS::Region}:${AWS::AccountId}"
+            f":execution:${{StateMachinePrefix}}{m.job.id}:*"
+        }
+        for m in machines
+    ]
     resources[TRIGGER_POLICY] = {
         "Type": "AWS::IAM::ManagedPolicy",
         "Properties": {
             "Description": "AEGIS orchestrator: start the jobs' Step Functions executions and "
-            "list them (the overlap limit)",
+            "see how they ended",
             "Roles": [{"Ref": "OrchestratorRoleName"}],
             "PolicyDocument": {
                 "Version": "2012-10-17",
                 "Statement": [
                     {
-                        "Sid": "StartAndCountTheJobsExecutions",
+                        "Sid": "StartTheJobsExecutions",
                         "Effect": "Allow",
-                        "Action": ["states:StartExecution", "states:ListExecutions"],
+                        "Action": "states:StartExecution",
                         "Resource": machine_arns,
-                    }
+                    },
+                    {
+                        "Sid": "SeeHowTheyEnded",
+                        "Effect": "Allow",
+                        "Action": "states:DescribeExecution",
+                        "Resource": execution_arns,
+                    },
                 ],
             },
         },
@@ -288,6 +307,7 @@ def _parameters(
     prefix_max: int,
     orchestrator_role: str,
     table: str,
+    bucket: str,
     memory_mb: int,
 ) -> dict[str, Any]:
     optional = {"Type": "String", "Default": ""}
@@ -328,12 +348,20 @@ def _parameters(
             "Type": "String",
             "Default": orchestrator_role,
             "Description": "The orchestrator's IAM role (foundation: {NamePrefix}-orchestrator-"
-            "task), given StartExecution and ListExecutions on the machines",
+            "task), given StartExecution on the machines and DescribeExecution on their "
+            "executions",
         },
         "TableName": {
             "Type": "String",
             "Default": table,
             "Description": "The read-model table (AEGIS_TABLE)",
+        },
+        "BucketName": {
+            "Type": "String",
+            "Default": bucket,
+            "MinLength": 3,
+            "Description": "The data bucket (AEGIS_BUCKET), where triggers too large for Step "
+            "Functions wait under orchestration/",
         },
         "NatsUrl": {
             **optional,
@@ -377,6 +405,7 @@ def _parameters(
 def _environment(env_params: dict[str, str]) -> dict[str, Any]:
     variables: dict[str, Any] = {
         "AEGIS_TABLE": {"Ref": "TableName"},
+        "AEGIS_BUCKET": {"Ref": "BucketName"},
         "AEGIS_REGION": {"Ref": "AWS::Region"},
         "AEGIS_JOB_EGRESS_ALLOW": {"Ref": "EgressAllow"},
         "AEGIS_LOG_FORMAT": "json",
@@ -450,6 +479,16 @@ def _function_role() -> dict[str, Any]:
                 "Action": ["dynamodb:GetItem", "dynamodb:Query"],
                 "Resource": {"Fn::Sub": table_arn},
             },
+            {
+                "Sid": "ReadTriggersPassedByReference",
+                "Effect": "Allow",
+                "Action": "s3:GetObject",
+                "Resource": {
+                    "Fn::Sub": "arn:${AWS::Partition}:s3:::${BucketName}/"
+                    + keys.ORCHESTRATION_PREFIX
+                    + "*"
+                },
+            },
         ],
     }
     vpc_access = (
@@ -458,7 +497,8 @@ def _function_role() -> dict[str, Any]:
     return {
         "Type": "AWS::IAM::Role",
         "Properties": {
-            "Description": "AEGIS task function: its log group and reads of the read model",
+            "Description": "AEGIS task function: its log group, reads of the read model and of "
+            "triggers passed by reference",
             "AssumeRolePolicyDocument": _assume("lambda.amazonaws.com"),
             "Policies": [{"PolicyName": "aegis-task", "PolicyDocument": document}],
             "ManagedPolicyArns": {"Fn::If": [IN_VPC, [{"Fn::Sub": vpc_access}], _NO_VALUE]},

@@ -53,6 +53,8 @@ def cfn_lifecycle_rule(rule: Mapping[str, Any]) -> dict[str, Any]:
             {"Days": t["TransitionInDays"], "StorageClass": t["StorageClass"]}
             for t in rule["Transitions"]
         ]
+    if "ExpirationInDays" in rule:
+        api["Expiration"] = {"Days": rule["ExpirationInDays"]}
     if "NoncurrentVersionExpiration" in rule:
         api["NoncurrentVersionExpiration"] = rule["NoncurrentVersionExpiration"]
     if "AbortIncompleteMultipartUpload" in rule:
