@@ -479,5 +479,5 @@ def test_out_params_are_checked_where_they_are_and_where_they_write() -> None:
 
 
 def test_a_job_with_out_params_is_refused_by_the_step_functions_export() -> None:
-    with pytest.raises(AslExportError, match="OUT and INOUT params .steps bump, count."):
+    with pytest.raises(AslExportError, match=r"OUT and INOUT params \(steps bump, count\)"):
         export_asl(counting())

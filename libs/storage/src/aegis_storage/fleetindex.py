@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-
-import structlog
 
 from aegis_contracts import keys
 from aegis_contracts.times import Clock, format_ts
 from aegis_storage.errors import StorageError, translated
 from aegis_storage.readmodel import indexed
 
-log = structlog.get_logger(__name__)
+log = logging.getLogger(__name__)
 
 GENERATION_TAG = "aegis:fleet-index-generation"
 MARKER_SK = "BACKFILL"
@@ -207,14 +206,14 @@ class IndexBackfill:
         try:
             done = await backfill_if_asked(self.ddb, self.table, self.family, now=self.clock())
         except StorageError as exc:
-            log.warning("fleet_index_backfill_failed", family=self.family.name, error=str(exc))
+            log.warning("fleet_index_backfill_failed family=%s error=%s", self.family.name, exc)
             return None
         if done is not None:
             log.info(
-                "fleet_index_backfilled",
-                family=done.family,
-                generation=done.generation,
-                items=done.items,
+                "fleet_index_backfilled family=%s generation=%d items=%d",
+                done.family,
+                done.generation,
+                done.items,
             )
         return done
 
