@@ -20,6 +20,7 @@ from typing import Any
 
 import nats
 import pytest
+import structlog
 
 from aegis_contracts import keys
 from aegis_contracts.events import ChangeEvent
@@ -144,6 +145,17 @@ async def test_bizobject_update_fires_only_when_condition_holds_never_when_disab
 
 async def _count(app: OrchestratorApp, job_id: str, n: int) -> bool:
     return len([r for r in await runs_of(app, job_id) if r["status"] != "RUNNING"]) >= n
+
+
+async def test_a_jobs_file_that_is_not_there_is_said_and_registers_nothing(
+    make_app: Callable[..., Any], tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-jobs.yaml"
+    with structlog.testing.capture_logs() as logs:
+        app = await make_app(orchestrator_jobs_file=str(missing))
+    [said] = [e for e in logs if e["event"] == "jobs_file_missing"]
+    assert (said["log_level"], said["file"]) == ("warning", str(missing))
+    assert app.store is not None and await app.store.all() == []
 
 
 async def test_a_duplicate_registration_is_refused(

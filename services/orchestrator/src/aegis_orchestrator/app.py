@@ -462,6 +462,15 @@ class OrchestratorApp(ServiceApp):
         if jobs_file is not None and await asyncio.to_thread(jobs_file.is_file):
             added = await self.register_file(jobs_file)
             log.info("example_jobs_registered", file=s.orchestrator_jobs_file, added=added)
+        elif jobs_file is not None:
+            log.warning(
+                "jobs_file_missing",
+                file=s.orchestrator_jobs_file,
+                cwd=str(Path.cwd()),
+                hint="no jobs registered from it: set AEGIS_ORCHESTRATOR_JOBS_FILE to a file "
+                "that exists (a relative path is read from the working directory), or to '' "
+                "for none",
+            )
         count = await self.refresh()
         start_background(
             stack,
