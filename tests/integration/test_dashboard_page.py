@@ -1650,6 +1650,17 @@ async def test_an_executions_steps_change_state_on_the_open_job_page_without_a_r
         "data-state", "SKIPPED"
     )
 
+    # a trigger skipped because the job was running ran no step: the chart stays on the one
+    # that ran
+    skipped = "20261130T025800-9a8b7c6d"
+    await store.put_execution(
+        run_log(ESCALATION, skipped, JOBS_NOW - timedelta(minutes=2), "SKIPPED_OVERLAP"), new=True
+    )
+    await expect(page.locator(f'#executions tr[data-execution="{skipped}"]')).to_have_count(
+        1, timeout=15_000
+    )
+    await expect(page.locator("#job-graph")).to_have_attribute("data-execution", run)
+
     # a newer execution is shown as it comes; an older one chosen stays shown
     newer = "20261130T025900-0c1d2e3f"
     await store.put_execution(

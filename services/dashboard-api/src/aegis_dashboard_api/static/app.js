@@ -1086,7 +1086,7 @@
 
   // -- the execution the chart shows, and the list read again ---------------------------------
 
-  let pickedRun = null;  // an execution chosen on the page; none: the newest
+  let pickedRun = null;  // an execution chosen on the page; none: the newest that ran
 
   function runRows() {
     return [...document.querySelectorAll("#executions tr[data-execution]")];
@@ -1101,7 +1101,9 @@
     const holder = document.getElementById("job-graph");
     if (!G || !holder) return;
     const rows = runRows();
-    const row = (pickedRun && rows.find((r) => r.dataset.execution === pickedRun)) || rows[0] || null;
+    // unpicked: the newest that ran (one skipped because another was running ran no step)
+    const ran = rows.find((r) => !/^SKIPPED/.test(r.dataset.status || ""));
+    const row = (pickedRun && rows.find((r) => r.dataset.execution === pickedRun)) || ran || rows[0] || null;
     for (const r of rows) {
       r.classList.toggle("exec-shown", r === row);
       r.querySelector(".exec-pick")?.setAttribute("aria-pressed", String(r === row));
