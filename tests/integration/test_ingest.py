@@ -44,27 +44,8 @@ RAW_STREAM, DLQ_STREAM = "AEGIS_RAW", "AEGIS_DLQ"
 
 
 @pytest.fixture
-def settings(
-    foundation: Foundation, aws_endpoint: str, mqtt_url: str, nats_url: str, unique_id: str
-) -> IngestSettings:
-    return IngestSettings(
-        service=f"ingest-{unique_id}",
-        aws_endpoint_url=aws_endpoint,
-        bucket=foundation.bucket,
-        mqtt_url=mqtt_url,
-        nats_url=nats_url,
-        mqtt_client_id=f"ingest-{unique_id}",
-        mqtt_share_group=f"g-{unique_id}",
-        # short-lived sessions: a test's session must not queue the machine's traffic for an hour
-        mqtt_session_expiry_s=60,
-        mqtt_reconnect_min_s=0.05,
-        mqtt_reconnect_max_s=0.5,
-        ingest_retry_attempts=2,
-        ingest_retry_first_delay_s=0.05,
-        ingest_retry_max_delay_s=0.1,
-        ingest_shutdown_grace_s=5,
-        health_port=0,
-    )
+def settings(ingest_settings: IngestSettings) -> IngestSettings:
+    return ingest_settings
 
 
 @pytest.fixture
