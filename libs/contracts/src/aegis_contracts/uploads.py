@@ -49,13 +49,17 @@ REQUEST_ID_PATTERN = MESSAGE_ID_PATTERN
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_max_length=4096)
+    # no length bound on what ingest writes (a policy carrying a session token runs to
+    # kilobytes); a request bounds its strings itself
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class UploadRequest(_Message):
     """What a gateway asks for: a place for one image of ``size_bytes`` bytes of
     ``content_type``, named ``filename``, taken at ``captured_at`` (which picks the hour
     partition of its key, as in the ``image_snapshot`` message that follows)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_max_length=4096)
 
     request_id: RequestId = Field(
         description="Names the reply topic aegis/{factory_id}/upload_url/{request_id}; "
