@@ -13,7 +13,7 @@ from aegis_contracts.uploads import (
     UPLOAD_TOO_LARGE,
     UPLOAD_TYPE_NOT_ALLOWED,
 )
-from aegis_ingest.domain import UploadPlan, UploadRefusal, plan_upload
+from aegis_ingest.domain import UploadPlan, UploadRefusal, gateway_url, plan_upload
 
 MAX = 5 * 1024 * 1024
 REQUEST = {
@@ -88,3 +88,27 @@ def test_a_malformed_request_with_a_valid_id_is_answered_one_without_is_only_dea
         None,
     )
     assert unanswerable.reject.payload == b"not json"
+
+
+@pytest.mark.parametrize(
+    ("url", "endpoint", "expected"),
+    [
+        (
+            "http://localstack:4566/aegis-bucket-data",
+            None,
+            "http://localstack:4566/aegis-bucket-data",
+        ),
+        (
+            "http://localstack:4566/aegis-bucket-data",
+            "http://127.0.0.1:4566",
+            "http://127.0.0.1:4566/aegis-bucket-data",
+        ),
+        (
+            "https://aegis-bucket-data.s3.ap-south-1.amazonaws.com/",
+            "https://s3-gw.example:8443/",
+            "https://s3-gw.example:8443/",
+        ),
+    ],
+)
+def test_the_url_a_gateway_gets_takes_the_public_endpoints_scheme_and_host(url, endpoint, expected):
+    assert gateway_url(url, endpoint) == expected

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 from aegis_contracts.archive import (
     DEFAULT_DEAD_LETTER_PREFIX_BYTES,
@@ -47,6 +48,7 @@ __all__ = [
     "UploadRefusal",
     "admit",
     "conflict",
+    "gateway_url",
     "plan_upload",
     "queue_full",
 ]
@@ -121,3 +123,12 @@ def _refusal(
         return UploadRefusal(reject, None, None)
     answer = UploadRefused(request_id=request_id, reason=reason, detail=detail[:500])
     return UploadRefusal(reject, upload_url_topic(factory_id, request_id), answer)
+
+
+def gateway_url(url: str, endpoint: str | None) -> str:
+    """The upload ``url`` as gateways reach it: with ``endpoint``'s scheme and host when one is
+    set (an emulator only the services resolve by name), its path kept."""
+    if not endpoint:
+        return url
+    public, presigned = urlsplit(endpoint), urlsplit(url)
+    return urlunsplit((public.scheme, public.netloc, presigned.path, presigned.query, ""))

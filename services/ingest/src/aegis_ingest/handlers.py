@@ -35,6 +35,7 @@ from aegis_ingest.domain import (
     UploadRefusal,
     admit,
     conflict,
+    gateway_url,
     plan_upload,
     queue_full,
 )
@@ -179,7 +180,7 @@ class IngestHandler:
         answer = UploadGranted(
             request_id=request.request_id,
             key=plan.key,
-            url=post.url,
+            url=gateway_url(post.url, s.ingest_upload_endpoint_url),
             fields=post.fields,
             content_type=request.content_type,
             size_bytes=request.size_bytes,

@@ -178,6 +178,17 @@ class IngestSettings(AegisSettings):
         "expiration).",
     )
 
+    ingest_upload_endpoint_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^/?#\s]+/?$",
+        description="Where gateways reach S3 when that differs from where ingest does: the "
+        "scheme and host of the upload url it hands out are replaced by these (the path, the "
+        "bucket on an emulator, is kept; a POST's signature covers its policy, not the url). "
+        "For an emulator behind a name only the services resolve (compose: "
+        "`http://127.0.0.1:4566`). Unset: the url the SDK makes for `AEGIS_AWS_ENDPOINT_URL` "
+        "(on AWS, the bucket's own endpoint).",
+    )
+
     _comma_list = field_validator("ingest_upload_content_types", mode="before")(comma_list)
 
     @field_validator("mqtt_url")
