@@ -21,6 +21,8 @@ from cryptography.x509.oid import NameOID
 from aegis_contracts import keys
 from aegis_contracts.items import AlertState
 from aegis_devstack.testing import netlab
+from aegis_devstack.testing.storage import Foundation
+from aegis_ingest.settings import IngestSettings
 from aegis_processor.app import ProcessorApp, create_app
 from aegis_processor.settings import ProcessorSettings
 
@@ -116,6 +118,32 @@ def fire_alert() -> FireAlert:
         )
 
     return make
+
+
+@pytest.fixture
+def ingest_settings(
+    foundation: Foundation, aws_endpoint: str, mqtt_url: str, nats_url: str, unique_id: str
+) -> IngestSettings:
+    """The real ingest's settings for this test: its own bucket, service name (dead letters on
+    ``aegis.dlq.ingest-{id}.*``), client id and share group, on the session's servers."""
+    return IngestSettings(
+        service=f"ingest-{unique_id}",
+        aws_endpoint_url=aws_endpoint,
+        bucket=foundation.bucket,
+        mqtt_url=mqtt_url,
+        nats_url=nats_url,
+        mqtt_client_id=f"ingest-{unique_id}",
+        mqtt_share_group=f"g-{unique_id}",
+        # short-lived sessions: a test's session must not queue the machine's traffic for an hour
+        mqtt_session_expiry_s=60,
+        mqtt_reconnect_min_s=0.05,
+        mqtt_reconnect_max_s=0.5,
+        ingest_retry_attempts=2,
+        ingest_retry_first_delay_s=0.05,
+        ingest_retry_max_delay_s=0.1,
+        ingest_shutdown_grace_s=5,
+        health_port=0,
+    )
 
 
 @pytest.fixture

@@ -9,20 +9,17 @@ import asyncio
 import contextlib
 import gc
 import os
-import shutil
-import signal
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiomqtt
 import pytest
 
-from aegis_cli.devices import DeviceRegistry, Role
-from aegis_devstack.localservers import ManagedServer, free_port, port_open, start_managed_server
+from aegis_cli.devices import Role
+from aegis_devstack.testing.broker import Broker, connects, identity_broker, received_until
 from aegis_ingest.mqtt import create_client
 from aegis_ingest.settings import IngestSettings
 
@@ -30,110 +27,28 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 PROD_CONF = ROOT / "deploy" / "mosquitto" / "mosquitto.prod.conf"
-MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-
-
-PERSIST_PLUGIN = "global_plugin /usr/lib/mosquitto_persist_sqlite.so\nplugin_opt_flush_period 1\n"
-
-
-def test_config(folder: Path, device_port: int, service_port: int) -> str:
-    """The production config, moved into ``folder`` and onto the two ports. The one other change:
-    a machine whose Mosquitto is 2.0 has no persist-sqlite plugin, so the sessions use the
-    built-in persistence file there (identity and ACL, what these tests check, are the same)."""
-    text = PROD_CONF.read_text()
-    for original, moved in (
-        ("/mosquitto/config/", f"{folder}/"),
-        ("/mosquitto/certs/", f"{folder}/"),
-        ("/mosquitto/data/", f"{folder}/data/"),
-        ("\nlistener 8883\n", f"\nlistener {device_port} 127.0.0.1\n"),
-        ("\nlistener 8884\n", f"\nlistener {service_port} 127.0.0.1\n"),
-    ):
-        assert original in text, original
-        text = text.replace(original, moved)
-    assert PERSIST_PLUGIN in text
-    if not Path(PERSIST_PLUGIN.split()[1]).is_file():
-        text = text.replace(PERSIST_PLUGIN, "persistence true\n")
-    # run as root (CI containers) it would switch to the mosquitto user, who cannot read tmp
-    return text + "user root\n"
-
-
-test_config.__test__ = False  # type: ignore[attr-defined]
-
-
-@dataclass
-class Broker:
-    server: ManagedServer
-    port: int  # the devices' listener
-    service_port: int  # the services' listener
-    registry: DeviceRegistry
-    ca_file: Path
-    passwords: dict[str, str]
-
-    def tls(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.ca_file))
-
-    def client(
-        self,
-        name: str | None,
-        password: str | None = None,
-        *,
-        port: int | None = None,
-        identifier: str | None = None,
-        **kw: object,
-    ) -> aiomqtt.Client:
-        """A client on the listener its kind uses (services: theirs; devices: theirs)."""
-        if name is not None and password is None:
-            password = self.passwords[name]
-        service = name is not None and name.startswith("aegis-")
-        return aiomqtt.Client(
-            "127.0.0.1",
-            port or (self.service_port if service else self.port),
-            username=name,
-            password=password,
-            identifier=identifier or f"{name or 'anon'}-{os.urandom(3).hex()}",
-            protocol=aiomqtt.ProtocolVersion.V5,
-            timeout=5,
-            tls_context=kw.pop("tls_context", self.tls()),  # type: ignore[arg-type]
-        )
-
-    def reload(self) -> None:
-        assert self.server.process is not None
-        self.server.process.send_signal(signal.SIGHUP)
 
 
 @pytest.fixture(scope="module")
 def broker(
     tmp_path_factory: pytest.TempPathFactory, make_certs: Callable[[Path], None]
 ) -> Iterator[Broker]:
-    folder = tmp_path_factory.mktemp("broker")
-    (folder / "data").mkdir()
-    make_certs(folder)
-    registry = DeviceRegistry(folder / "passwd", folder / "acl")
-    passwords = {
-        "factory-a": registry.add("factory-a", Role.FACTORY),
-        "factory-b": registry.add("factory-b", Role.FACTORY),
-        "aegis-ingest": registry.add("aegis-ingest", Role.INGEST),
+    identities = {
+        "factory-a": Role.FACTORY,
+        "factory-b": Role.FACTORY,
+        "aegis-ingest": Role.INGEST,
     }
-    port, service_port = free_port(), free_port()
-    conf = folder / "mosquitto.conf"
-    conf.write_text(test_config(folder, port, service_port))
-    server = start_managed_server(
-        f"mqtts://127.0.0.1:{port}",
-        [MOSQUITTO, "-c", str(conf)],
-        folder / "mosquitto.log",
-        ready=lambda _url: port_open("127.0.0.1", port) and port_open("127.0.0.1", service_port),
-    )
-    try:
-        yield Broker(server, port, service_port, registry, folder / "ca.crt", passwords)
-    finally:
-        server.stop()
+    with identity_broker(
+        tmp_path_factory.mktemp("broker"), PROD_CONF, make_certs, identities
+    ) as broker:
+        yield broker
 
 
 @pytest.fixture
 async def ingest(broker: Broker) -> AsyncIterator[aiomqtt.Client]:
     """ingest's own MQTT client, configured the way a deployment configures it."""
     settings = IngestSettings(
-        mqtt_url=f"mqtts://127.0.0.1:{broker.service_port}",
+        mqtt_url=broker.service_url,
         mqtt_username="aegis-ingest",
         mqtt_password=broker.passwords["aegis-ingest"],
         mqtt_ca_file=broker.ca_file,
@@ -149,44 +64,12 @@ async def ingest(broker: Broker) -> AsyncIterator[aiomqtt.Client]:
         yield client
 
 
-async def received_until(client: aiomqtt.Client, marker: bytes) -> list[tuple[str, bytes]]:
-    """Every message up to and including the one whose payload is ``marker``."""
-    got: list[tuple[str, bytes]] = []
-    async with asyncio.timeout(10):
-        async for message in client.messages:
-            payload = message.payload if isinstance(message.payload, bytes) else b""
-            got.append((str(message.topic), payload))
-            if payload == marker:
-                return got
-    raise AssertionError("unreachable")
-
-
-async def connects(client: aiomqtt.Client) -> bool:
-    """Whether ``client`` gets in; a refused client's socket is closed here (aiomqtt leaves the
-    paho socket of a refused CONNECT open, which pytest reports as an unclosed resource)."""
-    try:
-        async with client:
-            return True
-    except aiomqtt.MqttError:
-        sock = client._client.socket()
-        if sock is not None:
-            sock.close()
-        return False
-
-
-async def publish(broker: Broker, name: str, topic: str, payload: bytes) -> None:
-    async with broker.client(name) as client:
-        # MQTT v5 answers a refused publish with PUBACK 0x87; what matters is delivery
-        with contextlib.suppress(aiomqtt.MqttCodeError):
-            await client.publish(topic, payload, qos=1)
-
-
 async def test_a_factory_publishes_only_under_its_own_id(broker, ingest):
-    await publish(broker, "factory-a", "aegis/factory-a/factory_state", b"a-own")
-    await publish(broker, "factory-a", "aegis/factory-b/factory_state", b"a-as-b")
-    await publish(broker, "factory-a", "aegis/factory-a/x/y", b"a-deeper")
+    await broker.publish_as("factory-a", "aegis/factory-a/factory_state", b"a-own")
+    await broker.publish_as("factory-a", "aegis/factory-b/factory_state", b"a-as-b")
+    await broker.publish_as("factory-a", "aegis/factory-a/x/y", b"a-deeper")
     # factory-b's own message comes after the spoofs were answered: all of them were handled
-    await publish(broker, "factory-b", "aegis/factory-b/infra_state", b"b-own")
+    await broker.publish_as("factory-b", "aegis/factory-b/infra_state", b"b-own")
     got = await received_until(ingest, b"b-own")
     assert got == [
         ("aegis/factory-a/factory_state", b"a-own"),
@@ -194,18 +77,43 @@ async def test_a_factory_publishes_only_under_its_own_id(broker, ingest):
     ]
 
 
-async def test_ingest_subscribes_but_cannot_publish(broker, ingest):
-    await publish(broker, "aegis-ingest", "aegis/factory-a/factory_state", b"from-ingest")
-    await publish(broker, "factory-a", "aegis/factory-a/factory_state", b"marker-1")
+async def test_ingest_publishes_no_telemetry(broker, ingest):
+    await broker.publish_as("aegis-ingest", "aegis/factory-a/factory_state", b"from-ingest")
+    await broker.publish_as("factory-a", "aegis/factory-a/factory_state", b"marker-1")
     assert await received_until(ingest, b"marker-1") == [
         ("aegis/factory-a/factory_state", b"marker-1")
     ]
 
 
+async def test_only_the_factory_reads_its_upload_answers_and_only_ingest_writes_them(broker):
+    a_answers = "aegis/factory-a/upload_url/req-00000001"
+    async with (
+        broker.client("factory-a") as owner,
+        broker.client("factory-b") as other,
+    ):
+        await owner.subscribe("aegis/factory-a/upload_url/+", qos=1)
+        # another factory subscribing to them, by name and by wildcard, gets none of them (the
+        # broker checks the read ACL on every message it would deliver)
+        await other.subscribe("aegis/factory-a/upload_url/+", qos=1)
+        await other.subscribe("aegis/+/upload_url/+", qos=1)
+        await other.subscribe("aegis/factory-b/upload_url/+", qos=1)  # its own
+        # only ingest's answer arrives: a factory cannot forge one, to itself or to another
+        # (on the connections above: a device's client id is its name, a second one takes over)
+        for forger, payload in ((other, b"forged-by-b"), (owner, b"forged-by-a")):
+            with contextlib.suppress(aiomqtt.MqttCodeError):  # PUBACK 0x87
+                await forger.publish(a_answers, payload, qos=1)
+        await broker.publish_as("aegis-ingest", a_answers, b"answer-for-a")
+        assert await received_until(owner, b"answer-for-a") == [(a_answers, b"answer-for-a")]
+        # and factory-b saw none of it: its next message is its own answer
+        b_answers = "aegis/factory-b/upload_url/req-00000002"
+        await broker.publish_as("aegis-ingest", b_answers, b"answer-for-b")
+        assert await received_until(other, b"answer-for-b") == [(b_answers, b"answer-for-b")]
+
+
 async def test_a_factory_cannot_read_other_factories(broker, ingest):
     async with broker.client("factory-b") as spy:
         await spy.subscribe("aegis/#", qos=1)
-        await publish(broker, "factory-a", "aegis/factory-a/factory_state", b"secret-a")
+        await broker.publish_as("factory-a", "aegis/factory-a/factory_state", b"secret-a")
         await received_until(ingest, b"secret-a")
         # the spy's subscription was refused: its own next message is not delivered to it either
         await spy.publish("aegis/factory-b/factory_state", b"spy-own", qos=1)
@@ -287,7 +195,7 @@ async def test_a_device_cannot_take_over_the_ingest_session_by_its_client_id(bro
             async with broker.client("factory-a", identifier=victim_id) as attacker:
                 await attacker.publish("aegis/factory-a/factory_state", b"takeover", qos=1)
         # ingest is still connected and still receives (a kicked client would raise here)
-        await publish(broker, "factory-b", "aegis/factory-b/factory_state", b"after-takeover")
+        await broker.publish_as("factory-b", "aegis/factory-b/factory_state", b"after-takeover")
         got = await received_until(ingest, b"after-takeover")
         assert got[-1] == ("aegis/factory-b/factory_state", b"after-takeover")
 

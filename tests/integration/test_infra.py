@@ -9,6 +9,7 @@ the code fails here.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -30,6 +31,7 @@ from aegis_contracts import keys
 from aegis_contracts.keys import raw_metadata_key
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port, start_moto_server
+from aegis_devstack.testing.emulator import post_form
 from aegis_devstack.testing.infra import cfn_lifecycle_rule, load_render, resolve
 from aegis_orchestrator.expiry import READER, ExpiryAnnouncer
 from aegis_runtime.metrics import Metrics
@@ -43,7 +45,7 @@ from aegis_storage.bootstrap import (
 from aegis_storage.clients import AwsClients, AwsConfig, aio_config, open_client
 from aegis_storage.errors import StorageError
 from aegis_storage.readmodel import Put, ReadModel
-from aegis_storage.s3 import ObjectStore
+from aegis_storage.s3 import ObjectStore, PresignedPost, post_policy
 from aegis_storage_tools.audit import Auditor, AuditStatus
 from aegis_storage_tools.seal import Outcome, Sealer
 
@@ -683,6 +685,47 @@ async def test_simulator_uploads_images_only(as_service):
     await me.store.put_bytes(IMAGE.replace("cam-1", "cam-2"), b"jpg")
     await denied(me.store.put_bytes(RAW, b"{}"))
     await denied(me.readmodel.get_latest(F))
+
+
+async def test_ingest_presigns_gateway_uploads_that_only_its_role_and_the_form_allow(as_service):
+    """A presigned POST is authorized as its signer when it arrives: ingest's role may write
+    image_snapshot/ (PresignGatewayImageUploads), the dashboard's may not, and the bucket policy
+    keeps even ingest's signature out of raw/ (a POST carries no If-None-Match)."""
+    ingest, operator = await as_service("ingest"), await as_service(OPERATOR)
+    image = IMAGE.replace("cam-1", "cam-gateway")
+
+    async def presigned(me: As, key: str) -> PresignedPost:
+        return await me.store.presign_upload(
+            key, content_type="image/jpeg", size_bytes=3, expires_in_s=60
+        )
+
+    post = await presigned(ingest, image)
+    assert (await post_form(post.url, post.fields, b"jpg"))[0] == 204
+    assert await operator.store.get_bytes(image) == b"jpg"
+    by_dashboard = await presigned(await as_service("dashboard-api"), image + "-2")
+    raw_by_ingest = await presigned(ingest, RAW.replace("m-00000001", "m-presigned1"))
+    for refused in (by_dashboard, raw_by_ingest):
+        status, text = await post_form(refused.url, refused.fields, b"jpg")
+        assert status == 403 and "<Code>AccessDenied</Code>" in text
+        assert not await operator.store.exists(refused.fields["key"])
+    # the form's policy rewritten for another key: the signature no longer holds
+    policy = post_policy(post.fields)
+    policy["conditions"] = [c for c in policy["conditions"] if "key" not in c]
+    forged = {
+        **post.fields,
+        "key": image + "-forged",
+        "policy": base64.b64encode(json.dumps(policy).encode()).decode(),
+    }
+    status, text = await post_form(post.url, forged, b"jpg")
+    assert status == 403 and "<Code>SignatureDoesNotMatch</Code>" in text
+    # no policy at all (anonymous), or an access key nobody issued
+    status, text = await post_form(post.url, {"key": image + "-anon"}, b"jpg")
+    assert status == 403 and "<Code>AccessDenied</Code>" in text
+    unknown = post.fields["x-amz-credential"].replace(
+        post.fields["x-amz-credential"].split("/")[0], "AKIANOBODYISSUEDTHIS"
+    )
+    status, text = await post_form(post.url, {**post.fields, "x-amz-credential": unknown}, b"jpg")
+    assert status == 403 and "<Code>InvalidAccessKeyId</Code>" in text
 
 
 async def test_storage_tools_migrates_onto_raw_and_deletes_only_legacy(as_service):

@@ -25,13 +25,15 @@ from nats.js.errors import NotFoundError
 from aegis_contracts.events import RawArchived
 from aegis_contracts.ids import MAX_PAYLOAD_BYTES, derive_message_id
 from aegis_contracts.keys import raw_key, raw_prefix
-from aegis_contracts.subjects import DEAD_LETTER, dead_letter_subject, raw_subject
+from aegis_contracts.subjects import DEAD_LETTER, raw_subject
 from aegis_contracts.times import parse_ts
 from aegis_devstack.localservers import free_port, start_private_nats
+from aegis_devstack.testing.serving import serving
+from aegis_devstack.testing.streams import dead_letters, messages_on
 from aegis_devstack.testing.waiting import eventually
 from aegis_ingest.app import IngestApp, create_app
 from aegis_ingest.settings import IngestSettings
-from aegis_runtime.broker import MSG_ID_HEADER, DeadLetter
+from aegis_runtime.broker import MSG_ID_HEADER
 
 if TYPE_CHECKING:
     from aegis_devstack.testing.storage import Foundation
@@ -42,27 +44,8 @@ RAW_STREAM, DLQ_STREAM = "AEGIS_RAW", "AEGIS_DLQ"
 
 
 @pytest.fixture
-def settings(
-    foundation: Foundation, aws_endpoint: str, mqtt_url: str, nats_url: str, unique_id: str
-) -> IngestSettings:
-    return IngestSettings(
-        service=f"ingest-{unique_id}",
-        aws_endpoint_url=aws_endpoint,
-        bucket=foundation.bucket,
-        mqtt_url=mqtt_url,
-        nats_url=nats_url,
-        mqtt_client_id=f"ingest-{unique_id}",
-        mqtt_share_group=f"g-{unique_id}",
-        # short-lived sessions: a test's session must not queue the machine's traffic for an hour
-        mqtt_session_expiry_s=60,
-        mqtt_reconnect_min_s=0.05,
-        mqtt_reconnect_max_s=0.5,
-        ingest_retry_attempts=2,
-        ingest_retry_first_delay_s=0.05,
-        ingest_retry_max_delay_s=0.1,
-        ingest_shutdown_grace_s=5,
-        health_port=0,
-    )
+def settings(ingest_settings: IngestSettings) -> IngestSettings:
+    return ingest_settings
 
 
 @pytest.fixture
@@ -72,21 +55,9 @@ def factory(unique_id: str) -> str:
 
 @contextlib.asynccontextmanager
 async def running(app: IngestApp) -> AsyncIterator[IngestApp]:
-    """Run ``app`` as a task until the block ends, then stop it gracefully (bounded)."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(app.run(stop))
-    try:
-        waiter = asyncio.ensure_future(app.subscribed.wait())
-        done, _ = await asyncio.wait([task, waiter], timeout=15, return_when="FIRST_COMPLETED")
-        waiter.cancel()
-        if task in done:
-            task.result()  # raises what broke start-up
-        assert app.subscribed.is_set(), "ingest did not subscribe within 15 s"
+    """Run ``app`` until the block ends, once it has subscribed; then stop it gracefully."""
+    async with serving(app, app.subscribed):
         yield app
-    finally:
-        stop.set()
-        async with asyncio.timeout(20):
-            await task
 
 
 @pytest.fixture
@@ -117,24 +88,6 @@ async def js(
         with contextlib.suppress(NotFoundError):
             await js.purge_stream(DLQ_STREAM, subject=f"{DEAD_LETTER}.{settings.service}.>")
         await nc.close()
-
-
-async def messages_on(js: JetStreamContext, stream: str, subject: str) -> list[Any]:
-    """Every stored message on ``subject`` (a handful: this test's subjects only)."""
-    found: list[Any] = []
-    seq = 1
-    while True:
-        try:
-            msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
-        except NotFoundError:
-            return found
-        found.append(msg)
-        seq = (msg.seq or seq) + 1
-
-
-async def dead_letters(js: JetStreamContext, service: str, reason: str) -> list[DeadLetter]:
-    raw = await messages_on(js, DLQ_STREAM, dead_letter_subject(service, reason))
-    return [DeadLetter.model_validate_json(m.data) for m in raw]
 
 
 def sample(app: IngestApp, name: str, **labels: str) -> float:

@@ -96,8 +96,13 @@ def test_add_list_revoke_and_the_files(tmp_path: Path) -> None:
         ("factory-b", Role.FACTORY),
     ]
     acl = (tmp_path / "acl").read_text()
-    assert "user factory-a\n# role factory\ntopic write aegis/factory-a/+\n" in acl
-    assert "user aegis-ingest\n# role ingest\ntopic read aegis/+/+\n" in acl
+    assert (
+        "user factory-a\n# role factory\ntopic write aegis/factory-a/+\n"
+        "topic read aegis/factory-a/upload_url/+\n"
+    ) in acl
+    assert (
+        "user aegis-ingest\n# role ingest\ntopic read aegis/+/+\ntopic write aegis/+/upload_url/+\n"
+    ) in acl
     assert "user aegis-collector\n# role monitor\ntopic read $SYS/#\n" in acl
     hashes = dict(line.split(":", 1) for line in (tmp_path / "passwd").read_text().splitlines())
     assert verify_password(pa, hashes["factory-a"]) and pa not in (tmp_path / "passwd").read_text()
@@ -115,6 +120,31 @@ def test_add_list_revoke_and_the_files(tmp_path: Path) -> None:
     assert "factory-a" not in (tmp_path / "acl").read_text()
     with pytest.raises(DeviceError, match="no device"):
         registry.revoke("factory-a")
+
+
+def test_sync_rewrites_an_older_acl_with_each_roles_current_lines_and_keeps_passwords(
+    tmp_path: Path,
+) -> None:
+    registry = DeviceRegistry(tmp_path / "passwd", tmp_path / "acl")
+    registry.add("factory-a", Role.FACTORY)
+    registry.add("aegis-ingest", Role.INGEST)
+    passwords = (tmp_path / "passwd").read_text(), (tmp_path / "passwd-services").read_text()
+    # what an older version wrote: no upload lines
+    (tmp_path / "acl").write_text(
+        "user factory-a\n# role factory\ntopic write aegis/factory-a/+\n\n"
+        "user aegis-ingest\n# role ingest\ntopic read aegis/+/+\n"
+    )
+    assert [d.name for d in registry.sync()] == ["factory-a", "aegis-ingest"]
+    acl = (tmp_path / "acl").read_text()
+    assert "topic read aegis/factory-a/upload_url/+\n" in acl
+    assert "topic write aegis/+/upload_url/+\n" in acl
+    assert ((tmp_path / "passwd").read_text(), (tmp_path / "passwd-services").read_text()) == (
+        passwords
+    )
+    files = ["--password-file", str(tmp_path / "passwd"), "--acl-file", str(tmp_path / "acl")]
+    synced = runner.invoke(app, ["devices", "sync", *files])
+    assert synced.exit_code == 0, synced.output
+    assert (tmp_path / "acl").read_text() == acl
 
 
 def test_an_acl_with_an_unknown_role_is_an_error(tmp_path: Path) -> None:

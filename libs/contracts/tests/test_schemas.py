@@ -15,6 +15,7 @@ from aegis_contracts import schemas
 from aegis_contracts.errors import ContractError
 from aegis_contracts.ids import SourceType
 from aegis_contracts.payloads import parse_device_message
+from aegis_contracts.uploads import UploadRefused, parse_upload_request
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 EXAMPLES = sorted((DOCS / "examples").glob("*/*.json"))
@@ -60,3 +61,34 @@ def test_example(path: Path):
     assert refused.value.code == reason, str(refused.value)
     if reason == "schema_violation" and case not in BEYOND_THE_SCHEMA:
         assert not validator.is_valid(json.loads(payload)), f"the schema accepts {path.name}"
+
+
+@pytest.mark.parametrize("name", schemas.UPLOAD_MESSAGES)
+def test_the_committed_upload_schemas_are_the_generated_ones(name: str):
+    path = DOCS / "schemas" / f"{name}.schema.json"
+    assert path.read_text() == schemas.rendered(name), (
+        f"{path} is stale: run .venv/bin/python -m aegis_contracts.schemas docs/schemas"
+    )
+
+
+UPLOAD_REQUEST = {
+    "request_id": "cam-01-000042",
+    "filename": "cam-01-20261130T031500000Z.jpg",
+    "captured_at": "2026-11-30T03:15:00.000Z",
+    "content_type": "image/jpeg",
+    "size_bytes": 48213,
+}
+
+
+def test_the_upload_schemas_take_what_the_platform_takes_and_refuse_what_it_refuses():
+    request = jsonschema.Draft202012Validator(schemas.upload_schema("upload_request"))
+    request.validate(UPLOAD_REQUEST)
+    parse_upload_request(json.dumps(UPLOAD_REQUEST).encode())
+    for broken in ({**UPLOAD_REQUEST, "extra": 1}, {**UPLOAD_REQUEST, "request_id": "a/b"}):
+        assert not request.is_valid(broken)
+        with pytest.raises(ContractError):
+            parse_upload_request(json.dumps(broken).encode())
+    answer = jsonschema.Draft202012Validator(schemas.upload_schema("upload_url"))
+    refused = UploadRefused(request_id="cam-01-000042", reason="upload_too_large", detail="big")
+    answer.validate(json.loads(refused.model_dump_json()))
+    assert not answer.is_valid({**json.loads(refused.model_dump_json()), "status": "maybe"})

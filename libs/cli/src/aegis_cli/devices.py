@@ -3,9 +3,15 @@
 Every client of the production broker has a user name and a random password. Its role decides what
 the ACL lets it do, and the ACL is what makes the topic's factory id trustworthy:
 
-* ``factory``: publish only to ``aegis/{its own id}/+``;
-* ``ingest``: subscribe to ``aegis/+/+`` (shared subscriptions included), publish nothing;
+* ``factory``: publish only to ``aegis/{its own id}/+`` (telemetry and upload requests), and
+  read only ``aegis/{its own id}/upload_url/+`` (the answers to its upload requests, which carry
+  presigned uploads into its own prefix: no other identity may read them);
+* ``ingest``: subscribe to ``aegis/+/+`` (shared subscriptions included), and publish only the
+  answers to upload requests, ``aegis/+/upload_url/+``;
 * ``monitor``: subscribe to ``$SYS/#`` (the cloud collector's broker statistics).
+
+An ACL written by an older version lacks the upload lines: ``aegis devices sync`` rewrites it
+from the roles it records.
 
 The password file uses Mosquitto's own format, ``user:$7$iterations$salt$hash`` (PBKDF2-HMAC-SHA512,
 base64), written here with hashlib rather than by running ``mosquitto_passwd``, whose batch mode
@@ -34,6 +40,7 @@ from pathlib import Path
 from aegis_contracts.errors import ContractError
 from aegis_contracts.ids import TOPIC_ROOT, validate_factory_id
 from aegis_contracts.keys import CLOUD_INFRA_TARGET
+from aegis_contracts.uploads import UPLOAD_URL
 
 PBKDF2_ITERATIONS = 101
 SALT_BYTES = 12
@@ -62,9 +69,12 @@ class Device:
     def acl(self) -> list[str]:
         """The ACL lines of this client (Mosquitto's ``user`` / ``topic`` syntax)."""
         if self.role is Role.FACTORY:
-            topics = [f"topic write {TOPIC_ROOT}/{self.name}/+"]
+            topics = [
+                f"topic write {TOPIC_ROOT}/{self.name}/+",
+                f"topic read {TOPIC_ROOT}/{self.name}/{UPLOAD_URL}/+",
+            ]
         elif self.role is Role.INGEST:
-            topics = [f"topic read {TOPIC_ROOT}/+/+"]
+            topics = [f"topic read {TOPIC_ROOT}/+/+", f"topic write {TOPIC_ROOT}/+/{UPLOAD_URL}/+"]
         else:
             topics = ["topic read $SYS/#"]
         return [f"user {self.name}", f"# role {self.role.value}", *topics]
@@ -146,6 +156,15 @@ class DeviceRegistry:
             devices = [d for d in self._acl_devices() if d.name != name] + [Device(name, role)]
             self._write(hashes, devices)
         return password
+
+    def sync(self) -> list[Device]:
+        """Rewrite the ACL from the roles it records (what each role may do now); the
+        passwords are untouched. Returns the clients it holds."""
+        with self._locked():
+            hashes = self._hashes()
+            devices = self._acl_devices()
+            self._write(hashes, devices)
+        return [d for d in devices if d.name in hashes]
 
     def revoke(self, name: str) -> Device:
         """Remove ``name`` from both files; its next login (after the broker reloads) fails."""

@@ -1,4 +1,4 @@
-"""``aegis devices add|revoke|list``: factory and service credentials of the production broker.
+"""``aegis devices add|revoke|list|sync``: factory and service credentials of the production broker.
 
 The new password goes to stdout alone, once (``PW=$(aegis devices add factory-a)``); everything
 else goes to stderr. Nothing here logs a password. See :mod:`aegis_cli.devices`.
@@ -50,7 +50,11 @@ def add(
         str, typer.Argument(help="Factory id, or a service account name (aegis-ingest, ...).")
     ],
     role: Annotated[
-        Role, typer.Option(help="factory: publish under aegis/NAME/; ingest; monitor ($SYS).")
+        Role,
+        typer.Option(
+            help="factory: publish under aegis/NAME/, read its upload answers; ingest; "
+            "monitor ($SYS)."
+        ),
     ] = Role.FACTORY,
     password_file: PasswordFile = DEFAULT_PASSWORD_FILE,
     acl_file: AclFile = DEFAULT_ACL_FILE,
@@ -64,8 +68,8 @@ def add(
         raise typer.Exit(EXIT_REFUSED) from None
     typer.echo(password)
     allowed = {
-        Role.FACTORY: f"publish to aegis/{name}/+",
-        Role.INGEST: "subscribe to aegis/+/+",
+        Role.FACTORY: f"publish to aegis/{name}/+ and read aegis/{name}/upload_url/+",
+        Role.INGEST: "subscribe to aegis/+/+ and publish to aegis/+/upload_url/+",
         Role.MONITOR: "subscribe to $SYS/#",
     }[role]
     typer.echo(
@@ -88,6 +92,21 @@ def revoke(
         typer.echo(f"devices revoke: {err}", err=True)
         raise typer.Exit(EXIT_REFUSED) from None
     typer.echo(f"revoked {gone.name} ({gone.role.value}); {RELOAD_HINT}", err=True)
+
+
+@app.command()
+def sync(
+    password_file: PasswordFile = DEFAULT_PASSWORD_FILE,
+    acl_file: AclFile = DEFAULT_ACL_FILE,
+) -> None:
+    """Rewrite the ACL from each client's role, as this version grants it (after an upgrade);
+    passwords are kept."""
+    try:
+        devices = DeviceRegistry(password_file, acl_file).sync()
+    except DeviceError as err:
+        typer.echo(f"devices sync: {err}", err=True)
+        raise typer.Exit(EXIT_REFUSED) from None
+    typer.echo(f"rewrote the ACL of {len(devices)} clients; {RELOAD_HINT}", err=True)
 
 
 @app.command(name="list")

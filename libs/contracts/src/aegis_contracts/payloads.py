@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -42,6 +42,9 @@ MAX_SENSORS = 256
 MAX_DETECTIONS = 512
 MAX_CAMERAS = 256
 MAX_IMAGE_BYTES = 50 * 1024 * 1024
+# the image formats a snapshot may be (its ``content_type``)
+ImageContentType = Literal["image/jpeg", "image/png", "image/webp"]
+IMAGE_CONTENT_TYPES: tuple[ImageContentType, ...] = get_args(ImageContentType)
 
 # the sensors risk rules know; other names are kept and aggregated, not scored
 KNOWN_SENSORS = (
@@ -163,7 +166,7 @@ class InfraStateMessage(Envelope):
 class ImageSnapshotMessage(Envelope):
     camera_id: CameraId
     filename: Filename
-    content_type: Literal["image/jpeg", "image/png", "image/webp"]
+    content_type: ImageContentType
     size_bytes: int = Field(gt=0, le=MAX_IMAGE_BYTES)
     captured_at: UtcDatetime
     s3_key: str = Field(max_length=1024)
@@ -242,7 +245,7 @@ def parse_device_message(
     try:
         message = MODEL_FOR[st].model_validate(data)
     except ValidationError as err:
-        raise ContractError("schema_violation", _summarize(err)) from None
+        raise ContractError("schema_violation", summarize(err)) from None
     if message.factory_id != topic_factory_id:
         raise ContractError(
             "factory_mismatch",
@@ -251,7 +254,8 @@ def parse_device_message(
     return message
 
 
-def _summarize(err: ValidationError, limit: int = 5) -> str:
+def summarize(err: ValidationError, limit: int = 5) -> str:
+    """The first ``limit`` problems of ``err``, each with the field it concerns."""
     parts = []
     for e in err.errors()[:limit]:
         where = ".".join(str(p) for p in e["loc"]) or "(root)"

@@ -1,8 +1,10 @@
 """JSON Schemas of the device payloads, generated from the models that validate them.
 
 ``python -m aegis_contracts.schemas DIR`` writes ``DIR/{source_type}.schema.json`` for every
-source type; the committed copies (docs/schemas/) are checked against a fresh generation by the
-test suite, so a device integrator's schema never drifts from what the processor accepts.
+source type, and ``DIR/upload_request.schema.json`` and ``DIR/upload_url.schema.json`` for an
+image upload's request and its answer; the committed copies (docs/schemas/) are checked against
+a fresh generation by the test suite, so a device integrator's schema never drifts from what
+the platform accepts.
 
 A JSON Schema cannot say everything the models check; each schema's description lists what
 only the platform checks (the topic's factory, the image key, number ranges that JSON Schema
@@ -16,8 +18,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from aegis_contracts.ids import MAX_PAYLOAD_BYTES, TOPIC_ROOT, SourceType
 from aegis_contracts.payloads import LARGEST_NUMBER, MODEL_FOR, SMALLEST_NUMBER
+from aegis_contracts.uploads import (
+    MAX_UPLOAD_REQUEST_BYTES,
+    UPLOAD_REQUEST,
+    UPLOAD_URL,
+    UploadAnswer,
+    UploadRequest,
+)
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -50,16 +61,57 @@ def json_schema(source_type: SourceType) -> dict[str, Any]:
     }
 
 
-def rendered(source_type: SourceType) -> str:
-    return json.dumps(json_schema(source_type), indent=2, sort_keys=False) + "\n"
+# the image upload's two messages, by the last level of their topics
+UPLOAD_MESSAGES = (UPLOAD_REQUEST, UPLOAD_URL)
+
+
+def upload_schema(name: str) -> dict[str, Any]:
+    """The schema of an upload request (``upload_request``) or of its answer (``upload_url``)."""
+    if name == UPLOAD_REQUEST:
+        schema = UploadRequest.model_json_schema(mode="validation")
+        description = (
+            f"The JSON object a gateway publishes on MQTT topic {TOPIC_ROOT}/{{factory_id}}/"
+            f"{UPLOAD_REQUEST} (QoS 1) to get a presigned upload for one image. UTF-8, at most "
+            f"{MAX_UPLOAD_REQUEST_BYTES} bytes, no duplicate keys. Checked by the platform beyond "
+            "this schema: content_type is one of the types it allows and size_bytes within its "
+            "limit (a deployment's settings); captured_at carries an offset and falls in the "
+            "years 1970 to 2999 (UTC)."
+        )
+    elif name == UPLOAD_URL:
+        schema = TypeAdapter(UploadAnswer).json_schema(mode="serialization")
+        description = (
+            f"What ingest publishes on MQTT topic {TOPIC_ROOT}/{{factory_id}}/{UPLOAD_URL}/"
+            "{request_id} (QoS 1), which only that factory's identity may read: a presigned "
+            "S3 POST (status granted: POST fields, then the image as the field file, to url "
+            "before expires_at) or a refusal (status refused, with the reason it was "
+            "dead-lettered under)."
+        )
+    else:
+        raise ValueError(f"no upload message {name!r}; one of {', '.join(UPLOAD_MESSAGES)}")
+    return {
+        "$schema": DRAFT,
+        "$id": f"https://aegis.example/schemas/{name}.schema.json",
+        **schema,
+        "title": f"AEGIS {name} message",
+        "description": description,
+    }
+
+
+def rendered(source_type: SourceType | str) -> str:
+    """A schema file's text: a source type's payload, or an upload message's."""
+    if source_type in UPLOAD_MESSAGES:
+        schema = upload_schema(str(source_type))
+    else:
+        schema = json_schema(SourceType(source_type))
+    return json.dumps(schema, indent=2, sort_keys=False) + "\n"
 
 
 def write(directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for source_type in SourceType:
-        path = directory / f"{source_type.value}.schema.json"
-        path.write_text(rendered(source_type))
+    for name in (*(s.value for s in SourceType), *UPLOAD_MESSAGES):
+        path = directory / f"{name}.schema.json"
+        path.write_text(rendered(name))
         written.append(path)
     return written
 

@@ -35,6 +35,17 @@ Whether enforcement is on or not, a policy document that evaluator does not impl
 when it is stored (:func:`refuse_unsupported_policies`), so no policy is half-applied.
 Everything else is moto_server's own ``main``.
 
+A POST Object (a browser-based upload with a signed POST policy, what a gateway's presigned
+upload sends) is decided as S3 decides it (:mod:`aegis_devstack.motopost`): the policy's
+signature, expiration and conditions (key, content type, size range, no extra fields), and, with
+IAM enforcement on, the signer's own s3:PutObject on the key (identity and bucket policies, as
+for any request); moto 5 stores whatever a POST sends. Without enforcement, as moto does for
+every other request, a form signed by an access key the emulator never issued is not checked
+for its signature (the policy still is) and a form without a policy is accepted; with it, both
+are refused. The expiration is read against the emulator's clock, which a test may stop at an
+instant (``POST /_aegis/clock`` ``{"now": ISO-8601}``, ``{"now": null}`` to follow the system
+clock again; ``GET`` answers it).
+
 Every AWS request is counted, under the same lock, so that tests and benchmarks can prove at the
 emulator which requests the platform sends (no DynamoDB Scan on a recurring path, items DynamoDB
 read per item returned): per service (the SigV4 credential scope's, ``monitoring`` reported as
@@ -103,12 +114,13 @@ from html import unescape
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, unquote, urlsplit
 
-from aegis_devstack import motoholds, motopolicy
+from aegis_devstack import motoholds, motopolicy, motopost
 
 LATENCY_ENV = "AEGIS_MOTO_LATENCY_MS"
 COUNTS_PATH = "/_aegis/requests"
 RESET_PATH = "/_aegis/requests/reset"
 LAMBDA_PATH = "/_aegis/lambda"
+CLOCK_PATH = "/_aegis/clock"
 # Lambda's longest run: a local function's answer is awaited this long
 INVOKE_TIMEOUT_S = 900.0
 
@@ -135,6 +147,7 @@ def serialize_requests(
     counter: RequestCounter | None = None,
     functions: dict[str, str] | None = None,
     holds: motoholds.Holds | None = None,
+    clock: motopost.EmulatorClock | None = None,
 ) -> None:
     """One request at a time; with ``latency_s``, each request first waits that long outside the
         lock (concurrent requests wait together), as a remote S3/DynamoDB's round trip would: for
@@ -148,7 +161,8 @@ def serialize_requests(
         lock: their code calls this server in turn, and would wait for the lock forever.
 
     ``holds`` are the hold points tests arm at ``/_aegis/holds`` (:mod:`aegis_devstack.motoholds`):
-    a held request waits outside the lock, so the others go on."""
+    a held request waits outside the lock, so the others go on. ``clock`` is the one
+    :data:`CLOCK_PATH` answers and fixes (:class:`aegis_devstack.motopost.EmulatorClock`)."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication  # noqa: PLC0415
 
     lock = threading.Lock()
@@ -156,6 +170,7 @@ def serialize_requests(
     counts = counter if counter is not None else RequestCounter()
     runtimes = functions if functions is not None else {}
     held = holds if holds is not None else motoholds.Holds()
+    emulator_clock = clock if clock is not None else motopost.EmulatorClock()
 
     def serialized(self: Any, environ: dict[str, Any], start_response: Any) -> Any:
         path = _path(environ)
@@ -184,6 +199,10 @@ def serialize_requests(
         if path.startswith(motoholds.HOLDS_PATH):  # decided outside the lock: holds wait
             method = environ.get("REQUEST_METHOD", "GET")
             status, answer = held.answer(path, method, _read_body(environ))
+            return _respond(start_response, status, json.dumps(answer).encode(), "application/json")
+        if path == CLOCK_PATH:
+            method = environ.get("REQUEST_METHOD", "GET")
+            status, answer = emulator_clock.answer(method, _read_body(environ))
             return _respond(start_response, status, json.dumps(answer).encode(), "application/json")
         with lock:
             if path == LAMBDA_PATH:
@@ -525,6 +544,7 @@ def _s3_operation(environ: dict[str, Any], method: str) -> str:
             ("PUT", ""): "CreateBucket",
             ("DELETE", ""): "DeleteBucket",
             ("POST", "delete"): "DeleteObjects",
+            ("POST", ""): "PostObject",
         }
         return bucket_ops.get((method, sub)) or _named("Bucket", method, sub)
     object_ops = {
@@ -928,6 +948,94 @@ def _put_back(table: Any, hash_value: Any, range_value: Any, item: Any) -> None:
         partition[range_value] = item
 
 
+def enforce_post_policies(clock: motopost.EmulatorClock) -> None:
+    """POST Object as S3 decides it (see the module docstring and :mod:`aegis_devstack.motopost`),
+    expirations read on ``clock``."""
+    from moto.s3.responses import S3Response  # noqa: PLC0415
+
+    post = S3Response._bucket_response_post
+
+    def checked_post(self: Any, request: Any, bucket_name: str) -> Any:
+        if "delete" in request.args or not request.headers.get("Content-Length"):
+            return post(self, request, bucket_name)  # DeleteObjects; moto's own 411
+        enforced = _iam_enforced()
+        files = list(request.files.values())
+        fields = {str(k): str(v) for k, v in self.form_data.items()}
+        form = motopost.PostForm.read(
+            fields,
+            len(self.body or b"") if files or "file" in fields else None,
+            (files[0].filename or "") if files else "",
+        )
+        try:
+            _check_post(self, form, bucket_name, clock.now(), enforced=enforced)
+        except motopost.PostRefused as refused:
+            return refused.status, {"Content-Type": "application/xml"}, refused.xml()
+        if enforced:  # authorized above, as the form's signer; moto would look for a header
+            self._authenticate_and_authorize_s3_action = _authorized
+        return post(self, request, bucket_name)
+
+    S3Response._bucket_response_post = checked_post  # type: ignore[method-assign]
+
+
+def _authorized(**_: Any) -> None:
+    return None
+
+
+def _iam_enforced() -> bool:
+    from moto import settings  # noqa: PLC0415
+    from moto.core.authorization import ActionAuthenticatorMixin  # noqa: PLC0415
+
+    return ActionAuthenticatorMixin.request_count >= settings.INITIAL_NO_AUTH_ACTION_COUNT
+
+
+def _check_post(
+    response: Any, form: motopost.PostForm, bucket: str, now: datetime.datetime, *, enforced: bool
+) -> None:
+    """A signed form: its policy and signature, and, with enforcement on, its signer's
+    s3:PutObject on the key, as a request signed by that key would be authorized. An anonymous
+    one (no policy) is refused with enforcement on: the bucket is not publicly writable."""
+    from moto.iam.access_control import S3IAMRequest  # noqa: PLC0415
+
+    if not form.signed:
+        if enforced:
+            raise motopost.PostRefused(403, "AccessDenied", "Access Denied")
+        return
+    policy = motopost.check_form(form)
+    headers = {
+        "Authorization": f"{motopost.ALGORITHM} Credential={form.fields['x-amz-credential']}, "
+        f"SignedHeaders=host, Signature={form.fields['x-amz-signature']}"
+    }
+    if form.fields.get("x-amz-security-token"):
+        headers["X-Amz-Security-Token"] = form.fields["x-amz-security-token"]
+    try:
+        signer = S3IAMRequest(
+            account_id=response.current_account,
+            method="POST",
+            path=f"/{bucket}",
+            data={},
+            body=b"",
+            headers=headers,
+            action="PutObject",
+        )
+    except Exception:  # an access key the emulator never issued
+        if enforced:
+            raise motopost.PostRefused(
+                403,
+                "InvalidAccessKeyId",
+                "The AWS Access Key Id you provided does not exist in our records.",
+            ) from None
+        signer = None
+    if signer is not None:
+        motopost.check_signature(form, signer._access_key._secret_access_key)
+    motopost.check_policy(policy, form, bucket=bucket, now=now)
+    if enforced and signer is not None:
+        resource = f"arn:aws:s3:::{bucket}/{form.fields['key']}"
+        try:
+            _authorize(signer, resource)
+        except Exception as err:  # moto's AccessDenied for the signer
+            raise motopost.PostRefused(403, "AccessDenied", "Access Denied") from err
+
+
 def authorize_like_aws() -> None:
     from moto.iam.access_control import IAMRequestBase  # noqa: PLC0415
     from moto.s3.models import FakeBucket  # noqa: PLC0415
@@ -1143,7 +1251,9 @@ def main(argv: list[str] | None = None) -> None:
 
     gc.set_threshold(700, 10, 1_000_000)
     bound_memory()
-    serialize_requests(float(os.environ.get(LATENCY_ENV, "0")) / 1000)
+    clock = motopost.EmulatorClock()
+    serialize_requests(float(os.environ.get(LATENCY_ENV, "0")) / 1000, clock=clock)
+    enforce_post_policies(clock)
     honour_copy_if_none_match()
     replace_dynamodb_tag_values()
     route_cloudformation_state_machines()

@@ -31,6 +31,14 @@ from aegis_storage.clients import AwsConfig
 RAW_MAX_PER_FACTORY = 100_000
 
 
+def comma_list(value: object) -> object:
+    """A list setting given as ``a,b,c`` (an environment variable) as the list ``[a, b, c]``;
+    anything else as it is. Use with ``NoDecode`` and a ``mode="before"`` validator."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
 class AegisSettings(BaseSettings):
     """Every process's ``AEGIS_*`` settings. Unknown ``AEGIS_*`` variables are ignored here (a
     shared settings file holds other services' too) and reported at start when no AEGIS component

@@ -4,10 +4,16 @@ copies (CopyObject, or UploadPartCopy parts above a threshold) that keep metadat
 ``put_immutable`` writes with ``If-None-Match: *``: a second put of the same bytes is a success
 (``duplicate``), a put of different bytes under an existing key raises :class:`Conflict` and never
 overwrites. Bodies are serialized once by the caller or here, never twice.
+
+``presign_upload`` signs, with this client's credentials, a browser-style POST that lets whoever
+holds it write one key, one content type and one exact size until it expires (the POST policy's
+conditions: S3 refuses any other key, type or size, and a changed policy fails the signature).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import hashlib
 import json
@@ -20,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from aegis_contracts.events import ObjectCreated
+from aegis_contracts.times import parse_iso
 from aegis_storage.errors import Conflict, NotFound, translated
 
 if TYPE_CHECKING:
@@ -110,6 +117,27 @@ def to_json_bytes(value: BaseModel | Mapping[str, Any] | Sequence[Any]) -> bytes
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
 
+@dataclass(frozen=True, slots=True)
+class PresignedPost:
+    """A presigned S3 POST: the form ``fields`` to send to ``url``, then the file, before
+    ``expires_at`` (the signed policy's own expiration)."""
+
+    url: str
+    fields: dict[str, str]
+    expires_at: datetime
+
+
+def post_policy(fields: Mapping[str, str]) -> dict[str, Any]:
+    """The POST policy a presigned POST's ``policy`` field carries (base64 JSON)."""
+    try:
+        policy = json.loads(base64.b64decode(fields["policy"], validate=True))
+    except (KeyError, ValueError, binascii.Error) as err:
+        raise ValueError(f"the form carries no readable POST policy: {err}") from None
+    if not isinstance(policy, dict):
+        raise ValueError("the POST policy is not a JSON object")  # noqa: TRY004 (bad input)
+    return policy
+
+
 class ObjectStore:
     def __init__(self, s3: S3Client, bucket: str) -> None:
         self._s3 = s3
@@ -198,6 +226,28 @@ class ObjectStore:
                 "it is immutable and was not overwritten"
             )
         return PutResult(key, PutOutcome.DUPLICATE, None, len(body))
+
+    async def presign_upload(
+        self, key: str, *, content_type: str, size_bytes: int, expires_in_s: int
+    ) -> PresignedPost:
+        """A POST that writes exactly ``key``, as ``content_type``, of exactly ``size_bytes``
+        bytes, until ``expires_in_s`` from now; signed here, no request is sent. Whoever holds
+        it can do nothing else: the conditions are in the signed policy, and S3 checks the
+        signer's own permissions (s3:PutObject on the key) when the form arrives."""
+        with translated(f"presign POST s3://{self.bucket}/{key}"):
+            post = await self._s3.generate_presigned_post(
+                Bucket=self.bucket,
+                Key=key,
+                Fields={"Content-Type": content_type},
+                Conditions=[
+                    {"Content-Type": content_type},
+                    ["content-length-range", size_bytes, size_bytes],
+                ],
+                ExpiresIn=expires_in_s,
+            )
+        fields = {str(k): str(v) for k, v in post["fields"].items()}
+        expiration = post_policy(fields)["expiration"]
+        return PresignedPost(str(post["url"]), fields, parse_iso(expiration, "expiration"))
 
     async def get_bytes(self, key: str) -> bytes:
         with translated(f"get s3://{self.bucket}/{key}"):

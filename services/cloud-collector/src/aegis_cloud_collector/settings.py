@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from aegis_runtime.settings import AegisSettings
+from aegis_runtime.settings import AegisSettings, comma_list
 
 Tier = Literal["fast", "slow"]
 CommaList = Annotated[list[str], NoDecode]
@@ -216,12 +216,9 @@ class CollectorSettings(AegisSettings):
         "CRITICAL (any is a WARNING).",
     )
 
-    @field_validator("collector_tiers", "expected_consumers", "expected_services", mode="before")
-    @classmethod
-    def _comma_list(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+    _comma_list = field_validator(
+        "collector_tiers", "expected_consumers", "expected_services", mode="before"
+    )(comma_list)
 
     @field_validator("cloud_for_by_reason", "cloud_clear_by_reason", mode="before")
     @classmethod

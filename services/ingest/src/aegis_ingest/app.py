@@ -1,5 +1,6 @@
 """Composition root of the ingest service: MQTT shared subscription -> immutable raw/ object ->
-RawArchived on JetStream, with acknowledgement to the MQTT broker only after both succeeded.
+RawArchived on JetStream, with acknowledgement to the MQTT broker only after both succeeded; a
+gateway's upload request is answered on the same connection (handlers.py).
 
 ``create_app(settings=None)`` builds an :class:`IngestApp`; ``await app.run(stop)`` serves until
 ``stop`` is set. ``main()`` is the ``aegis-ingest`` console script (SIGTERM -> graceful stop).
@@ -20,7 +21,7 @@ from faststream.nats import NatsBroker
 
 from aegis_contracts.subjects import STREAMS
 from aegis_contracts.times import utc_now
-from aegis_ingest.handlers import Inbound, IngestHandler
+from aegis_ingest.handlers import Inbound, IngestHandler, Reply
 from aegis_ingest.mqtt import Acker, create_client
 from aegis_ingest.settings import IngestSettings
 from aegis_runtime import tracing
@@ -248,6 +249,11 @@ class IngestApp:
         (the rest wait at the broker). Cancelled while waiting for a slot, the permit is handed
         on; while waiting for a message, it stays queued (unacked, redelivered next session)."""
         messages = aiter(client.messages)
+
+        async def reply(topic: str, payload: bytes) -> None:
+            # an upload request's answer, on the session the request came from
+            await client.publish(topic, payload, qos=1)
+
         while True:
             await slots.acquire()
             self._waiting_since = asyncio.get_running_loop().time()
@@ -270,6 +276,7 @@ class IngestApp:
                 self._work(
                     handler=handler,
                     inbound=inbound,
+                    reply=reply,
                     mid=message.mid,
                     acker=acker,
                     slots=slots,
@@ -284,6 +291,7 @@ class IngestApp:
         *,
         handler: IngestHandler,
         inbound: Inbound,
+        reply: Reply,
         mid: int,
         acker: Acker,
         slots: asyncio.Semaphore,
@@ -299,7 +307,7 @@ class IngestApp:
                     "messaging.message.body.size": len(inbound.payload),
                 },
             ):
-                outcome = await handler.handle(inbound)
+                outcome = await handler.handle(inbound, reply)
             if outcome.acknowledge:
                 acker.ack(mid, inbound.qos)
             elif inbound.qos > 0:

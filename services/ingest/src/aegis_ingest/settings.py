@@ -1,14 +1,18 @@
-"""Ingest settings: the shared ``AEGIS_*`` ones plus MQTT session, in-flight bound and retry budget."""
+"""Ingest settings: the shared ``AEGIS_*`` ones plus MQTT session, in-flight bound, retry budget
+and the limits of the image uploads it presigns for gateways."""
 
 from __future__ import annotations
 
 import socket
 from dataclasses import replace
+from typing import Annotated
 from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import NoDecode
 
-from aegis_runtime.settings import AegisSettings
+from aegis_contracts.payloads import IMAGE_CONTENT_TYPES, MAX_IMAGE_BYTES, ImageContentType
+from aegis_runtime.settings import AegisSettings, comma_list
 from aegis_storage.clients import AwsConfig
 
 
@@ -153,6 +157,39 @@ class IngestSettings(AegisSettings):
         description="On stop, seconds in-flight messages get to finish before they are left "
         "unacknowledged (the broker delivers them again).",
     )
+
+    ingest_upload_content_types: Annotated[list[ImageContentType], NoDecode] = Field(
+        default_factory=lambda: list(IMAGE_CONTENT_TYPES),
+        min_length=1,
+        description="The image types a gateway may upload (`aegis/{factory}/upload_request`).",
+    )
+    ingest_upload_max_bytes: int = Field(
+        default=5 * 1024 * 1024,
+        ge=1,
+        le=MAX_IMAGE_BYTES,
+        description="The largest image a gateway may upload, bytes (the image_snapshot "
+        f"contract allows up to {MAX_IMAGE_BYTES}).",
+    )
+    ingest_upload_url_ttl_s: int = Field(
+        default=300,
+        ge=10,
+        le=3600,
+        description="Seconds a gateway's presigned upload stays valid (the POST policy's "
+        "expiration).",
+    )
+
+    ingest_upload_endpoint_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^/?#\s]+/?$",
+        description="Where gateways reach S3 when that differs from where ingest does: the "
+        "scheme and host of the upload url it hands out are replaced by these (the path, the "
+        "bucket on an emulator, is kept; a POST's signature covers its policy, not the url). "
+        "For an emulator behind a name only the services resolve (compose: "
+        "`http://127.0.0.1:4566`). Unset: the url the SDK makes for `AEGIS_AWS_ENDPOINT_URL` "
+        "(on AWS, the bucket's own endpoint).",
+    )
+
+    _comma_list = field_validator("ingest_upload_content_types", mode="before")(comma_list)
 
     @field_validator("mqtt_url")
     @classmethod

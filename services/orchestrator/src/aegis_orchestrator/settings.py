@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from aegis_runtime.settings import AegisSettings
+from aegis_runtime.settings import AegisSettings, comma_list
 
 
 class OrchestratorSettings(AegisSettings):
@@ -214,9 +214,4 @@ class OrchestratorSettings(AegisSettings):
             )
         return self
 
-    @field_validator("job_egress_allow", mode="before")
-    @classmethod
-    def _comma_separated(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+    _comma_separated = field_validator("job_egress_allow", mode="before")(comma_list)

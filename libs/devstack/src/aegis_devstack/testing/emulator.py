@@ -1,7 +1,7 @@
 """Read and reset the AWS requests the local emulator (:mod:`aegis_devstack.motoserver`) counted:
 for tests and benchmarks that assert which S3/DynamoDB requests the platform sends. And register
 the Lambda functions whose code a local runtime runs (:mod:`aegis_devstack.testing.lambdaruntime`)
-instead of moto.
+instead of moto, and stop the emulator's clock (what a POST policy's expiration is read against).
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,11 +21,13 @@ __all__ = [
     "RequestCounts",
     "arequest_counts",
     "areset_request_counts",
+    "emulator_clock_at",
     "fleet_table",
     "lambda_functions",
     "register_lambda",
     "request_counts",
     "reset_request_counts",
+    "set_emulator_clock",
     "unregister_lambda",
 ]
 
@@ -64,6 +68,7 @@ def fleet_table(name: str, *, projection: str = "ALL", stream: bool = False) -> 
 COUNTS_PATH = "/_aegis/requests"  # aegis_devstack.motoserver.COUNTS_PATH
 RESET_PATH = "/_aegis/requests/reset"
 LAMBDA_PATH = "/_aegis/lambda"  # aegis_devstack.motoserver.LAMBDA_PATH
+CLOCK_PATH = "/_aegis/clock"  # aegis_devstack.motoserver.CLOCK_PATH
 
 Figures = Mapping[str, int]
 
@@ -215,3 +220,32 @@ async def lambda_functions(endpoint_url: str) -> dict[str, str]:
     answer = await asyncio.to_thread(_call, _request(endpoint_url, LAMBDA_PATH, "GET"), 5.0)
     functions = json.loads(answer)["functions"]
     return {str(name): str(url) for name, url in functions.items()}
+
+
+async def set_emulator_clock(endpoint_url: str, at: datetime | None) -> None:
+    """Stop the emulator's clock at ``at`` (aware), or let it follow the system clock (None)."""
+    body = {"now": None if at is None else at.isoformat()}
+    await asyncio.to_thread(_call, _request(endpoint_url, CLOCK_PATH, "POST", body), 5.0)
+
+
+@asynccontextmanager
+async def emulator_clock_at(endpoint_url: str, at: datetime) -> AsyncIterator[None]:
+    """The emulator's clock stopped at ``at`` for the block, then following the system's."""
+    await set_emulator_clock(endpoint_url, at)
+    try:
+        yield
+    finally:
+        await set_emulator_clock(endpoint_url, None)
+
+
+async def post_form(
+    url: str, fields: Mapping[str, str], body: bytes, *, filename: str = "image"
+) -> tuple[int, str]:
+    """POST ``fields`` and then ``body`` as the form's ``file`` (multipart/form-data, the file
+    last, as S3 wants it) to ``url``: what a gateway does with a presigned upload. Returns the
+    status and the answer's text (S3's error XML when refused)."""
+    import httpx  # noqa: PLC0415 (only the upload tests need it)
+
+    async with httpx.AsyncClient(timeout=10) as http:
+        answer = await http.post(url, data=dict(fields), files={"file": (filename, body)})
+    return answer.status_code, answer.text
