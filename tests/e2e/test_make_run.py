@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import nats
 import pytest
+from playwright.async_api import BrowserContext, expect
 
 from aegis_contracts.cloud import CheckState, CloudCheck, CloudSnapshot
 from aegis_contracts.events import Heartbeat
@@ -51,6 +52,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 AEGIS = str(Path(sys.executable).parent / "aegis")
 SMOKE = Path(__file__).resolve().parents[1] / "tools" / "smoke.py"
+EXAMPLE_JOBS = Path(__file__).resolve().parents[2] / "deploy" / "jobs" / "examples.yaml"
+GAS_LEAK_JOB = "gas-leak-escalation"
 DATASETS = ("factory_state", "risk_score")
 
 
@@ -170,16 +173,53 @@ def own_emulator(tmp_path: Path) -> Iterator[ManagedServer]:
         server.stop()
 
 
+async def gas_leak_runs_live_on_the_jobs_page(
+    browser: BrowserContext, port: int, directory: Path, mqtt_url: str
+) -> None:
+    """The example job gas-leak-escalation, open in a browser, started by real device data: a
+    CO reading far over the limit from factory-b's gateway. Its execution appears and its steps
+    change state on the open page, without a reload."""
+    page = await browser.new_page()
+    base = f"http://127.0.0.1:{port}"
+    await page.goto(f"{base}/login?next=/jobs/{GAS_LEAK_JOB}")
+    await page.fill("#token", local_dashboard_token(directory / DASHBOARD_TOKEN_FILE))
+    await page.click("button[type=submit]")
+    await expect(page.locator("#job-graph .gnode")).to_have_count(10)
+    await page.evaluate("window.sameDocument = true")
+    leak = json.dumps(
+        {
+            "message_id": f"leak-{time.time_ns()}",
+            "factory_id": "factory-b",
+            "device_id": "edge-1",
+            "emitted_at": datetime.now(UTC).isoformat(),
+            "schema_version": "1.0",
+            "sensors": {"temperature_c": 25.0, "co_ppm": 450.0},
+        }
+    ).encode()
+    await publish_all(mqtt_url, [(topic_for("factory-b", "factory_state"), leak)])
+    ran = page.locator("#executions tr[data-execution]").first
+    await expect(ran).to_be_visible(timeout=30_000)
+    notify = page.locator('#job-graph .gnode[data-node="notify"]')
+    await expect(notify).to_have_attribute("data-state", "SUCCEEDED", timeout=30_000)
+    # the maintenance webhook has no URL here: its failure is caught, and the job waits
+    wait = page.locator('#job-graph .gnode[data-node="wait_2m"]')
+    await expect(wait).to_have_attribute("data-state", "WAITING", timeout=30_000)
+    assert await page.evaluate("window.sameDocument") is True  # never reloaded
+
+
 async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
     private_mosquitto: ManagedServer,
     private_nats: ManagedServer,
     own_emulator: ManagedServer,
     unique_id: str,
     tmp_path: Path,
+    browser: BrowserContext,
 ) -> None:
     aws_endpoint = own_emulator.url
     dashboard_port = free_port()
     env = up_env(aws_endpoint, private_mosquitto, private_nats, unique_id, dashboard_port)
+    # the example jobs, as `make run` registers them from the checkout
+    env["AEGIS_ORCHESTRATOR_JOBS_FILE"] = str(EXAMPLE_JOBS)
     log = (tmp_path / "up.log").open("wb")
     # in a directory of its own (its .run/), not the checkout's, where a `make run` may be
     up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
@@ -218,6 +258,9 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
         await eventually(cloud_visible, within=30, interval=1, what="cloud infra in aegis status")
         page = await dashboard_page(dashboard_port, tmp_path)
         assert all(f'data-factory="{f}"' in page for f in ("factory-a", "factory-b", "factory-c"))
+        await gas_leak_runs_live_on_the_jobs_page(
+            browser, dashboard_port, tmp_path, private_mosquitto.url
+        )
         # the smoke test the Docker workflow runs against `docker compose up`, here against this
         smoke = await asyncio.create_subprocess_exec(
             sys.executable,

@@ -30,7 +30,7 @@ import pytest
 import uvicorn
 from faststream.nats import NatsBroker
 from nats.js import JetStreamContext
-from playwright.async_api import BrowserContext, Page, async_playwright, expect
+from playwright.async_api import BrowserContext, Page, expect
 
 from aegis_contracts import incidents, keys
 from aegis_contracts.cloud import CheckAlerting, CheckState, CloudCheck, CloudSnapshot
@@ -61,17 +61,6 @@ from aegis_storage.readmodel import Change, ReadModel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = Path(
     os.environ.get("AEGIS_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
 )
@@ -264,28 +253,6 @@ async def level_of(foundation: Foundation, factory_id: str) -> str | None:
 
 
 # -- the browser ----------------------------------------------------------------------------
-
-
-def chromium_installed() -> bool:
-    return Path(CHROMIUM).exists()
-
-
-@pytest.fixture
-async def browser(tmp_path: Path) -> AsyncIterator[BrowserContext]:
-    assert chromium_installed(), f"{CHROMIUM} is missing: `make test` installs Debian's chromium"
-    async with async_playwright() as pw:
-        context = await pw.chromium.launch_persistent_context(
-            tmp_path / "chromium-profile",  # a new, empty user-data-dir
-            executable_path=CHROMIUM,
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1600, "height": 1000},
-            locale="en-US",
-        )
-        try:
-            yield context
-        finally:
-            await context.close()
 
 
 async def sign_in(page: Page, base: str, next_path: str = "/", token: str = TOKEN) -> None:

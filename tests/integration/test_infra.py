@@ -1187,6 +1187,24 @@ async def test_a_raw_put_with_if_none_match_star_writes_a_new_key_and_never_an_e
     assert await me.store.get_bytes(RAW) == b'{"seed": true}'
 
 
+async def test_the_emulator_refuses_every_ecs_request_it_would_not_authorize_as_aws_does(
+    iam_endpoint, credentials
+):
+    """The scheduled tasks' RunTask grant names the cluster (``ecs:cluster``), a key the emulator
+    does not supply: with policies enforced, an ECS request is refused saying why, not decided
+    on a context short of what AWS would see."""
+    key, secret = credentials[OPERATOR]
+    async with get_session().create_client(
+        "ecs",
+        region_name=REGION,
+        endpoint_url=iam_endpoint,
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+    ) as ecs:
+        with pytest.raises(ClientError, match="does not authorize ecs requests as AWS would"):
+            await ecs.list_clusters()
+
+
 async def test_the_emulator_refuses_policies_it_would_not_evaluate_as_aws_does(tmp_path):
     """A policy the emulator's evaluator does not implement is refused when it is stored, never
     half-applied: IAM answers MalformedPolicyDocument, S3 MalformedPolicy, naming the problem."""

@@ -303,12 +303,14 @@ PARAMETERS = {
     "TableName": "AEGIS-DynamoDB-FactoryStatus",
     "NamePrefix": "aegis",
     "BreakGlassPrincipal": f"arn:aws:iam::{ACCOUNT}:user/ops",
+    "EcsClusterArn": f"arn:aws:ecs:ap-south-1:{ACCOUNT}:cluster/aegis",
 }
 
 
 def _template_policies(render: Any, given: bool) -> list[tuple[str, str, Any]]:
     found = []
-    for name, resource in render.render()["Resources"].items():
+    template = render.render()
+    for name, resource in template["Resources"].items():
         properties, kind = resource.get("Properties", {}), resource["Type"]
         if kind == "AWS::IAM::ManagedPolicy":
             found.append((name, "identity", properties["PolicyDocument"]))
@@ -319,7 +321,7 @@ def _template_policies(render: Any, given: bool) -> list[tuple[str, str, Any]]:
             found += [
                 (name, "identity", p["PolicyDocument"]) for p in properties.get("Policies", [])
             ]
-    conditions = dict.fromkeys(("BreakGlassPrincipalGiven", "ObjectLockOn"), given)
+    conditions = dict.fromkeys(template.get("Conditions", {}), given)  # all on, or all off
     return [(n, k, resolve(render, doc, PARAMETERS, conditions)) for n, k, doc in found]
 
 

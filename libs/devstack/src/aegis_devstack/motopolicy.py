@@ -468,7 +468,9 @@ def _statement_problems(statement: Any, kind: PolicyKind) -> Iterator[str]:
             yield f"{operator}: its keys and values are not an object"
             continue
         for key, wanted in entries.items():
-            yield from _condition_problems(operator, key, wanted, kind, _not_emulated(statement))
+            yield from _condition_problems(
+                operator, key, wanted, kind, _not_emulated(statement, kind)
+            )
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -570,16 +572,28 @@ def _not_principal_problems(not_principal: Any, effect: Any) -> Iterator[str]:
             )
 
 
-# services whose API this emulator does not run (the reporter's optional Bedrock calls): a
-# statement whose every action is theirs never decides a request here, so the context keys of
-# its conditions (``bedrock:InferenceProfileArn``) are not the emulator's to supply
-NOT_EMULATED_SERVICES = ("bedrock",)
+# services whose requests this emulator does not authorize as AWS would: Bedrock (the
+# reporter's optional calls), whose API it does not run, and ECS (the scheduled tasks' RunTask),
+# whose context keys (``ecs:cluster``) it does not supply. A statement whose every action is
+# theirs never decides a request here, so the context keys of its conditions are not the
+# emulator's to supply; a request to one of them, with policies enforced, is refused saying so
+NOT_EMULATED_SERVICES = ("bedrock", "ecs")
+# permissions no request names: AWS checks them inside another service's call (iam:PassRole
+# when ECS starts a task with a role), so they never decide a request here either
+NOT_EMULATED_ACTIONS = ("iam:passrole",)
 
 
-def _not_emulated(statement: Mapping[str, Any]) -> bool:
+def _not_emulated(statement: Mapping[str, Any], kind: PolicyKind = "identity") -> bool:
+    principal = statement.get("Principal")
+    if kind == "trust" and isinstance(principal, Mapping) and set(principal) == {"Service"}:
+        # a role only an AWS service assumes (EventBridge Scheduler, ECS tasks): that service's
+        # AssumeRole never reaches the emulator, so the keys it would carry are not its to supply
+        return True
     actions = _listed(statement.get("Action"))
     return bool(actions) and all(
-        str(a).split(":", 1)[0].lower() in NOT_EMULATED_SERVICES for a in actions
+        str(a).split(":", 1)[0].lower() in NOT_EMULATED_SERVICES
+        or str(a).lower() in NOT_EMULATED_ACTIONS
+        for a in actions
     )
 
 
@@ -598,7 +612,7 @@ def _condition_problems(
     lowered = key.lower()
     known = SINGLE_VALUED_KEYS | MULTIVALUED_KEYS | (TRUST_KEYS if kind == "trust" else set())
     if lowered not in known and not (
-        not_emulated and lowered.split(":", 1)[0] in NOT_EMULATED_SERVICES
+        not_emulated and lowered.split(":", 1)[0] in (*NOT_EMULATED_SERVICES, "iam", "aws")
     ):
         yield f"{where}: the emulator puts no {key!r} in a request's context"
     if operator == "Null":

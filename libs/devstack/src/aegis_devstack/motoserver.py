@@ -1053,6 +1053,15 @@ def authorize_like_aws() -> None:
 def _authorize(request: Any, resource: str) -> None:
     """moto's check of one request, as AWS would make it (see the module's docstring)."""
     request._action = _IAM_ACTIONS.get(request._action, request._action)
+    service = str(request._action).split(":", 1)[0].lower()
+    if service in motopolicy.NOT_EMULATED_SERVICES:
+        from moto.core.exceptions import AccessDeniedError  # noqa: PLC0415
+
+        raise AccessDeniedError(
+            user_arn=request._access_key.arn,
+            action=f"{request._action} (this emulator does not authorize {service} requests "
+            "as AWS would, so it refuses every one while policies are enforced)",
+        )
     arn = motopolicy.principal_arn(request._access_key.arn)
     # the emulator stands for AWS's HTTPS endpoints (plain HTTP on loopback here): every
     # request counts as one made over TLS
