@@ -965,4 +965,3 @@ async def test_a_tenants_job_starts_only_for_events_of_its_tenants_factories(
     await eventually(lambda: _count(app, "fleet-job", 2), within=20, what="two fleet runs")
     (run,) = await runs_of(app, "tenant-job")
     assert run["input"]["afterData"]["factory_id"] == f"{unique_id}-a1"
-    assert _skipped(app, "tenant-job") == 1  # the other factory's event, counted
