@@ -33,6 +33,17 @@ from aegis_orchestration.model import TENANT_PATTERN, Job
 
 _TENANT = re.compile(TENANT_PATTERN)
 FILE_VARIABLE = "AEGIS_ORCHESTRATOR_TENANTS_FILE"
+# the setting's meaning, one text for every component that reads the file (the orchestrator and
+# `aegis jobs`, the dashboard's jobs API)
+FILE_DESCRIPTION = (
+    "The tenants and the factories each one's jobs start for, a YAML file: `tenants:` mapping "
+    "each tenant (`{tenant_app_id}/{tenant_account_id}` of imported tables, or a name) to factory "
+    'ids and patterns (`[factory-a, "north-*"]`; `*`: every factory). A job with a `tenant` '
+    "starts only for events of its tenant's factories; one whose tenant is not declared is "
+    "refused by `aegis jobs register` and `import` and the dashboard's jobs API, and never "
+    "started. The orchestrator reads it at start and at every refresh. Unset: no tenant is "
+    "declared (jobs without a tenant are not concerned)."
+)
 
 # why a trigger left a tenant's job alone (:attr:`aegis_orchestration.triggers.Evaluation.skipped`)
 TENANT_UNDECLARED = "tenant_undeclared"

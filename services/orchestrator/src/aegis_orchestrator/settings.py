@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
+from aegis_orchestration.tenants import FILE_DESCRIPTION
 from aegis_runtime.settings import AegisSettings
 
 
@@ -25,16 +26,7 @@ class OrchestratorSettings(AegisSettings):
         default="deploy/jobs/examples.yaml",
         description="Jobs registered at start when absent (a YAML file). Empty: none.",
     )
-    orchestrator_tenants_file: Path | None = Field(
-        default=None,
-        description="The tenants and the factories each one's jobs start for, a YAML file: "
-        "`tenants:` mapping each tenant (`{tenant_app_id}/{tenant_account_id}` of imported "
-        'tables, or a name) to factory ids and patterns (`[factory-a, "north-*"]`; `*`: '
-        "every factory). A job with a `tenant` starts only for events of its tenant's factories; "
-        "one whose tenant is not declared is refused by `aegis jobs register` and `import`, and "
-        "never started. Read at start and at every refresh. Unset: no tenant is declared "
-        "(jobs without a tenant are not concerned).",
-    )
+    orchestrator_tenants_file: Path | None = Field(default=None, description=FILE_DESCRIPTION)
     orchestrator_refresh_s: float = Field(
         default=60.0,
         gt=0,
