@@ -223,7 +223,8 @@ class Row:
 @dataclass(frozen=True, slots=True)
 class TableProblem:
     """One fault: the ``table`` and ``row`` (None: the file, or the folder, as a whole), the CSV
-    ``line``, the ``job`` it belongs to (None when no job could be told) and the ``reason``."""
+    ``line``, the ``job`` it belongs to (by the id it is imported as; None when no job could be
+    told) and the ``reason``."""
 
     table: str | None
     row: int | None
