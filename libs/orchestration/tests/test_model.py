@@ -103,6 +103,9 @@ def test_the_examples_load_and_round_trip_through_yaml() -> None:
             "unknown",
         ),
         ({"params": [{"id": "p", "step_id": "zz", "param_key": "k"}]}, "step zz does not exist"),
+        ({"unscoped_events": True}, "unscoped_events is for a tenant's job"),
+        ({"tenant": "a/b/c"}, "tenant\n  String should match pattern"),
+        ({"tenant": "plant ops"}, "tenant\n  String should match pattern"),
         (
             {
                 "params": [
@@ -127,6 +130,15 @@ def test_duplicate_key_normalizes_layout_and_argument_order() -> None:
     assert one.duplicate_key() == two.duplicate_key()
     assert one.duplicate_key() != other.duplicate_key()
     assert one.duplicate_key() != job(trigger_sub_type="Insert").duplicate_key()
+
+
+def test_jobs_of_two_tenants_on_one_trigger_are_no_twins() -> None:
+    plain = job()
+    # a job without a tenant keeps the key it had (six parts): its stored trigger claim holds
+    assert len(plain.duplicate_key()) == 6
+    ops, audit = job(tenant="aegis/plant-ops"), job(tenant="aegis/audit")
+    assert len({plain.duplicate_key(), ops.duplicate_key(), audit.duplicate_key()}) == 3
+    assert ops.duplicate_key() == job(id="j2", tenant="aegis/plant-ops").duplicate_key()
 
 
 def _param_job(*params: dict[str, Any]) -> Job:

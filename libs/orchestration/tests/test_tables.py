@@ -25,6 +25,10 @@ from aegis_orchestration.tables import (
     load_tables,
     plan_registration,
 )
+from aegis_orchestration.tables import (
+    TENANT as TENANT_COLUMNS,
+)
+from aegis_orchestration.tenants import Tenants
 
 EXAMPLES = Path(__file__).parents[3] / "docs" / "examples" / "jobs-tables"
 AUTOMATION = {
@@ -452,3 +456,229 @@ def test_the_plan_refuses_a_twin_trigger() -> None:
     plan, refused = plan_registration([twin], [co])
     assert plan == []
     assert "duplicates registered-twin" in refused[0].reason
+
+
+# -- the ids of real databases --------------------------------------------------------------------
+
+JOB_UUID = "3F2504E0-4F89-11D3-9A0C-0305E82C3301"
+CHOICE_HEX = "C91D2E3F4A5B6C7D8E9F0A1B2C3D4E5F"  # a VARCHAR(32) key
+
+
+def real_tables() -> dict[str, list[dict[str, Any]]]:
+    """A job keyed as a real database keys it: a UUID job, numeric and hexadecimal steps, params
+    and conditions, every reference between the tables made with those ids."""
+    return {
+        JOB: [
+            {
+                "id": JOB_UUID,
+                "job_name": "CO high",
+                "trigger_type": "BizObject",
+                "object_id": "factory_latest",
+                "trigger_sub_type": "Update",
+                "designer_offset": json.dumps({"1001": {"x": 10, "y": 20}, "x": 120, "y": 40}),
+                "tenant_app_id": "aegis",
+                "tenant_account_id": "plant-ops",
+            }
+        ],
+        STEP: [
+            {
+                "id": "1001",
+                "job_id": JOB_UUID,
+                "step_type": "TASK",
+                "step_sub_type": "READ_MODEL_QUERY",
+                "is_start_point": "Y",
+            },
+            {"id": CHOICE_HEX, "job_id": JOB_UUID, "step_type": "FLOW", "step_sub_type": "CHOICE"},
+            {
+                "id": "1002",
+                "job_id": JOB_UUID,
+                "flow_step_id": CHOICE_HEX,
+                "step_type": "DUMMY",
+                "condition_expr": "NumberGT([$.steps['1001'].count], 0)",
+            },
+            {
+                "id": "1003",
+                "job_id": JOB_UUID,
+                "flow_step_id": CHOICE_HEX,
+                "step_type": "DUMMY",
+                "next_step_id": "1001",
+            },
+            {
+                "id": "1004",
+                "job_id": JOB_UUID,
+                "step_type": "TASK",
+                "step_sub_type": "PUBLISH_EVENT",
+                "catch_step_id": "1005",
+            },
+            {"id": "1005", "job_id": JOB_UUID, "step_type": "DUMMY"},
+        ],
+        PARAM: [
+            {
+                "id": "501",
+                "job_id": JOB_UUID,
+                "step_id": "1004",
+                "param_key": "detail",
+                "data_type": "OBJECT",
+            },
+            {
+                "id": "502",
+                "step_id": "1004",
+                "parent_param_id": "501",
+                "param_key": "count",
+                "source_type": "RETURN_DATA",
+                "ref_path": "1001.count",
+            },
+        ],
+        CONDITION: [
+            {"id": "77", "step_id": "1001", "field_id": "risk.level", "comparison_type": "EXISTS"}
+        ],
+    }
+
+
+def test_real_database_ids_become_valid_ids_in_every_reference(tmp_path: Path) -> None:
+    result = load(tmp_path, real_tables())
+    assert result.problems == []
+    (job,) = result.jobs
+    assert (job.id, job.source_id) == (f"job-{JOB_UUID.lower()}", JOB_UUID)
+    choice = "c91d2e3f4a5b6c7d8e9f0a1b2c3d4e5f"  # valid once lower-cased: no prefix
+    assert [(s.id, s.source_id, s.flow_step_id) for s in job.steps] == [
+        ("step_1001", "1001", None),
+        (choice, CHOICE_HEX, None),
+        ("step_1002", "1002", choice),
+        ("step_1003", "1003", choice),
+        ("step_1004", "1004", None),
+        ("step_1005", "1005", None),
+    ]
+    assert job.step("step_1003").next_step_id == "step_1001"
+    assert job.step("step_1004").catch_step_id == "step_1005"
+    assert job.step("step_1002").condition_expr == "NumberGT([$.steps.step_1001.count], 0)"
+    detail, count = job.params
+    assert (detail.id, detail.source_id, detail.step_id) == ("param_501", "501", "step_1004")
+    assert (count.parent_param_id, count.ref_path) == ("param_501", "step_1001.count")
+    (condition,) = job.conditions
+    assert (condition.id, condition.source_id, condition.step_id) == (
+        "condition_77",
+        "77",
+        "step_1001",
+    )
+    assert job.designer_offset == {"step_1001": {"x": 10, "y": 20}, "x": 120, "y": 40}
+    assert job.tenant == "aegis/plant-ops"
+
+
+def test_real_database_ids_import_again_unchanged(tmp_path: Path) -> None:
+    first = load(tmp_path, real_tables()).jobs
+    again = load_tables(write_json(tmp_path / "again", real_tables())).jobs  # JSON this time
+    assert again == first
+    stored = [
+        j.model_copy(update={"version": 1, "created_at": "t", "updated_at": "t"}) for j in first
+    ]
+    plan, refused = plan_registration(stored, again)
+    assert [(p.action, p.version) for p in plan] == [(Action.UNCHANGED, 1)] and refused == []
+
+
+def test_numeric_ids_in_a_json_file_are_read_as_their_text(tmp_path: Path) -> None:
+    data = real_tables()
+    for table in (STEP, PARAM, CONDITION):
+        for row in data[table]:
+            for column in ("id", "step_id", "parent_param_id", "next_step_id", "catch_step_id"):
+                if isinstance(row.get(column), str) and row[column].isdigit():
+                    row[column] = int(row[column])
+    assert load(tmp_path, data, as_json=True).jobs == load(tmp_path / "csv", real_tables()).jobs
+
+
+def test_ids_differing_only_in_case_are_refused_naming_both_rows(tmp_path: Path) -> None:
+    data = real_tables()
+    data[STEP].append(
+        {"id": CHOICE_HEX.lower(), "job_id": JOB_UUID, "step_type": "DUMMY", "seq": "9"}
+    )
+    data[JOB].append(dict(data[JOB][0], id=JOB_UUID.lower()))
+    data[STEP].append(
+        {"id": "x1", "job_id": JOB_UUID.lower(), "step_type": "DUMMY", "is_start_point": "Y"}
+    )
+    result = load(tmp_path, data)
+    found = [str(p) for p in result.problems]
+    job_id = f"job-{JOB_UUID.lower()}"
+    assert found == [
+        f"orch_job row 2 (line 3) [job {job_id}]: id {JOB_UUID.lower()!r} and row 1's id "
+        f"{JOB_UUID!r} both become the job id {job_id!r}: rename one of them (ids that differ "
+        "only in case or punctuation are one id here)",
+        f"orch_job_step row 7 (line 8) [job {job_id}]: id {CHOICE_HEX.lower()!r} and row 2's id "
+        f"{CHOICE_HEX!r} both become the step id {CHOICE_HEX.lower()!r}: rename one of them (ids "
+        "that differ only in case or punctuation are one id here)",
+    ]
+    assert result.good_jobs == []  # neither job is registered: never merged
+
+
+def test_one_new_id_in_two_jobs_is_no_collision(tmp_path: Path) -> None:
+    data = tables()
+    data[STEP][1]["id"] = "1024"  # j1's query step: step_1024
+    data[CONDITION][0]["step_id"] = "1024"
+    data[JOB].append(dict(data[JOB][0], id="j2", **AUTOMATION))
+    data[STEP].append(
+        {"id": "step_1024", "job_id": "j2", "step_type": "DUMMY", "is_start_point": "Y"}
+    )
+    result = load(tmp_path, data)
+    assert result.problems == []
+    assert [[s.id for s in j.steps] for j in result.jobs] == [
+        ["notify", "step_1024"],
+        ["step_1024"],
+    ]
+
+
+def test_the_plan_refuses_a_registered_job_of_another_original_id(tmp_path: Path) -> None:
+    (job,) = load(tmp_path, real_tables()).jobs
+    other = job.model_copy(update={"source_id": JOB_UUID.lower(), "version": 1})
+    for replace in (False, True):
+        plan, refused = plan_registration([other], [job], replace=replace)
+        assert plan == []
+        assert refused[0].reason == (
+            f"job {job.id} is registered from the id {JOB_UUID.lower()!r}, and this row's id "
+            f"{JOB_UUID!r} becomes the same id: rename one of them"
+        )
+
+
+# -- tenants --------------------------------------------------------------------------------------
+
+
+def test_a_job_belongs_to_the_tenant_of_its_row(tmp_path: Path) -> None:
+    (job,) = load(tmp_path, tables()).jobs
+    assert job.tenant == "aegis/plant-ops"
+    data = tables()
+    for column in TENANT_COLUMNS:
+        del data[JOB][0][column]
+    del data[STEP][0]["tenant_app_id"]
+    (plain,) = load(tmp_path, data).jobs
+    assert plain.tenant is None
+
+
+@pytest.mark.parametrize(
+    ("app", "account", "reason"),
+    [
+        ("aegis", None, "tenant_app_id without tenant_account_id: a job's tenant is both"),
+        (None, "plant-ops", "tenant_account_id without tenant_app_id: a job's tenant is both"),
+        ("aegis", "plant ops", "tenant_account_id 'plant ops' cannot name a tenant"),
+    ],
+)
+def test_a_tenant_that_cannot_be_told_is_refused(
+    tmp_path: Path, app: str | None, account: str | None, reason: str
+) -> None:
+    data = tables()
+    data[JOB][0] |= {"tenant_app_id": app, "tenant_account_id": account}
+    data[STEP][0].pop("tenant_app_id")
+    problem = only(load(tmp_path, data))
+    assert (problem.table, problem.row, problem.job) == (JOB, 1, "j1")
+    assert problem.reason.startswith(reason), problem.reason
+
+
+def test_the_plan_refuses_a_job_of_an_undeclared_tenant(tmp_path: Path) -> None:
+    result = load(tmp_path, tables())
+    declared = Tenants({"aegis/plant-ops": ("factory-a",)}, "tenants.yaml")
+    plan, refused = plan_registration([], result.jobs, rows=result.job_rows, tenants=declared)
+    assert [p.job.id for p in plan] == ["j1"] and refused == []
+    other = Tenants({"aegis/other": ()}, "tenants.yaml")
+    plan, refused = plan_registration([], result.jobs, rows=result.job_rows, tenants=other)
+    assert plan == []
+    assert [str(p) for p in refused] == [
+        "orch_job row 1 (line 2) [job j1]: job j1 belongs to tenant 'aegis/plant-ops', which the "
+        "tenants file tenants.yaml does not declare"
+    ]

@@ -11,6 +11,7 @@ import pytest
 
 from aegis_contracts.subjects import CHANGE_ENTITIES, EXPIRING_ENTITIES, OBJECT_FAMILIES
 from aegis_orchestration.model import BIZ_SUB_TYPES, Job
+from aegis_orchestration.tenants import Tenants
 from aegis_orchestration.triggers import (
     Trigger,
     TriggerIndex,
@@ -255,3 +256,154 @@ def test_a_sign_in_event_is_an_automation_login_trigger_a_job_filters_by_its_exc
     assert [j.id for j in index.matching(sign_in("locked"))] == ["locked-out"]
     assert index.matching(sign_in("wrong_token")) == []
     assert index.matching(sign_in(None)) == []
+
+
+# -- tenants --------------------------------------------------------------------------------------
+
+TENANTS = Tenants({"aegis/plant-ops": ("factory-a", "north-*"), "aegis/empty": ()})
+
+
+def tenant_job(job_id: str, tenant: str, **overrides: Any) -> Job:
+    return job(job_id, tenant=tenant, trigger_condition_expr=None, **overrides)
+
+
+def factory_change(factory: str, level: str = "CRITICAL") -> Trigger:
+    event = change("WARNING", level) | {
+        "pk": f"FACTORY#{factory}",
+        "new_image": {"factory_id": factory, "risk": {"level": level}},
+    }
+    return biz_object_trigger(event, "factory_latest")
+
+
+def test_a_tenants_job_starts_only_for_its_tenants_factories() -> None:
+    index = TriggerIndex(
+        [
+            tenant_job("mine", "aegis/plant-ops"),
+            tenant_job("empty", "aegis/empty"),
+            tenant_job("stray", "aegis/unknown"),
+            job("everyone", trigger_condition_expr=None),
+        ],
+        TENANTS,
+    )
+    for factory in ("factory-a", "north-7"):
+        evaluation = index.evaluate(factory_change(factory))
+        assert sorted(j.id for j in evaluation.fired) == ["everyone", "mine"]
+        assert sorted((j.id, why) for j, why in evaluation.skipped) == [
+            ("empty", "factory_out_of_scope"),
+            ("stray", "tenant_undeclared"),
+        ]
+    other = index.evaluate(factory_change("factory-b"))
+    assert [j.id for j in other.fired] == ["everyone"]
+    assert ("mine", "factory_out_of_scope") in [(j.id, why) for j, why in other.skipped]
+
+
+def test_another_tenants_event_is_refused_as_such_before_the_condition_is_read() -> None:
+    index = TriggerIndex([job("mine", tenant="aegis/plant-ops")], TENANTS)  # with CONDITION
+    for level in ("CRITICAL", "WARNING"):  # the condition holds, and does not
+        (skipped,) = index.evaluate(factory_change("factory-b", level)).skipped
+        assert skipped[1] == "factory_out_of_scope"
+    (skipped,) = index.evaluate(factory_change("factory-a", "WARNING")).skipped
+    assert skipped[1] == "condition"
+    assert [j.id for j in index.evaluate(factory_change("factory-a")).fired] == ["mine"]
+
+
+def test_an_event_of_no_factory_starts_a_tenants_job_only_when_it_says_so() -> None:
+    automation = {
+        "trigger_type": "Automation",
+        "object_id": "dashboard-api",
+        "trigger_sub_type": "Login",
+    }
+    index = TriggerIndex(
+        [
+            tenant_job("quiet", "aegis/plant-ops", **automation),
+            tenant_job("opted", "aegis/empty", unscoped_events=True, **automation),
+            job("everyone", trigger_condition_expr=None, **automation),
+        ],
+        TENANTS,
+    )
+    login = automation_trigger({"kind": "login", "producer": "dashboard-api", "detail": {}})
+    assert login.factory is None
+    evaluation = index.evaluate(login)
+    assert sorted(j.id for j in evaluation.fired) == ["everyone", "opted"]
+    assert [(j.id, why) for j, why in evaluation.skipped] == [("quiet", "no_factory")]
+
+
+def test_without_a_tenants_file_a_tenants_job_never_starts() -> None:
+    index = TriggerIndex([tenant_job("mine", "aegis/plant-ops")])
+    (skipped,) = index.evaluate(factory_change("factory-a")).skipped
+    assert skipped[1] == "tenant_undeclared"
+    assert [j.id for j in index.undeclared()] == ["mine"]
+
+
+def test_a_tenants_schedule_runs_when_its_tenant_is_declared() -> None:
+    nightly = {"trigger_type": "Schedule", "trigger_cron": "30 0 * * *", "object_id": None}
+    index = TriggerIndex(
+        [
+            tenant_job("declared", "aegis/empty", **nightly),
+            tenant_job("undeclared", "aegis/unknown", **nightly),
+        ],
+        TENANTS,
+    )
+    assert [j.id for j in index.schedules()] == ["declared"]
+
+
+@pytest.mark.parametrize(
+    ("trigger", "factory"),
+    [
+        (
+            biz_object_trigger({"pk": "FACTORY#factory-a", "event_name": "MODIFY"}, "graph_5m"),
+            "factory-a",
+        ),
+        (
+            biz_object_trigger({"pk": "ALERT#factory-a", "event_name": "INSERT"}, "alert"),
+            "factory-a",
+        ),
+        (biz_object_trigger({"pk": "ALERT#cloud-infra", "event_name": "INSERT"}, "alert"), None),
+        (biz_object_trigger({"pk": "CLOUD#infra", "event_name": "MODIFY"}, "cloud_infra"), None),
+        (
+            biz_object_trigger(
+                {"pk": "X", "event_name": "REMOVE", "old_image": {"factory_id": "factory-a"}},
+                "factory_late",
+            ),
+            "factory-a",
+        ),
+        (
+            platform_trigger({"factory_id": "factory-a", "source_type": "factory_state"}),
+            "factory-a",
+        ),
+        (
+            component_trigger(
+                {"key": "image_snapshot/factory_id=factory-a/yyyy=2025/mm=11/dd=03/hh=09/cam.jpg"},
+                "image_upload",
+            ),
+            "factory-a",
+        ),
+        (
+            component_trigger(
+                {"key": "reports/daily/yyyy=2025/mm=11/dd=03/cloud-infra/report.md"}, "reports"
+            ),
+            None,
+        ),
+        (component_trigger({"key": "uploads/anything.csv"}, "external"), None),
+        (
+            automation_trigger(
+                {"kind": "alert_sent", "producer": "x", "detail": {"scope": "factory-a"}}
+            ),
+            "factory-a",
+        ),
+        (
+            automation_trigger(
+                {"kind": "select", "producer": "x", "detail": {"factory": "factory-a"}}
+            ),
+            "factory-a",
+        ),
+        (
+            automation_trigger(
+                {"kind": "alert_sent", "producer": "x", "detail": {"scope": "cloud-infra"}}
+            ),
+            None,
+        ),
+    ],
+)
+def test_each_trigger_names_the_factory_of_its_event(trigger: Trigger, factory: str | None) -> None:
+    assert trigger.factory == factory

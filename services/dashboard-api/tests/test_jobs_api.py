@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -193,6 +194,30 @@ async def test_a_job_that_is_not_valid_is_refused_with_each_problem_and_where_it
         ("job.register", "refused"),
         ("job.replace", "refused"),
     ]
+
+
+async def test_a_job_of_a_tenant_the_tenants_file_does_not_declare_is_refused(
+    admin: Admin, foundation: Foundation, unique_id: str, tmp_path: Path
+) -> None:
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text("tenants:\n  aegis/plant-ops: [factory-a]\n")
+    settings = admin.app.state.settings
+    admin.app.state.settings = settings.model_copy(update={"orchestrator_tenants_file": tenants})
+    stray = job(f"stray-{unique_id}", tenant="aegis/other")
+    answer = await admin("POST", "/api/jobs", json=stray)
+    assert answer.status_code == 422
+    assert answer.json()["problems"] == [
+        {
+            "job": f"stray-{unique_id}",
+            "field": "tenant",
+            "reason": f"job stray-{unique_id} belongs to tenant 'aegis/other', which the "
+            f"tenants file {tenants} does not declare",
+        }
+    ]
+    assert await JobStore(foundation.readmodel, lambda: NOW).all() == []
+    mine = await admin("POST", "/api/jobs", json=job(f"mine-{unique_id}", tenant="aegis/plant-ops"))
+    assert mine.status_code == 201, mine.text
+    assert mine.json()["tenant"] == "aegis/plant-ops"
 
 
 async def test_a_second_job_on_the_same_trigger_and_a_taken_id_are_refused(

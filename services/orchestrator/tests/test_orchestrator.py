@@ -947,3 +947,33 @@ async def test_a_registration_naming_what_never_fires_is_refused(
     with pytest.raises(ValueError, match="no entity whose changes are announced"):
         biz_job("nowhere", unique_id, object_id="factory_history")
     assert all(j.id != f"never-{unique_id[:20]}" for j in await app.store.all())
+
+
+async def test_a_tenants_job_starts_only_for_events_of_its_tenants_factories(
+    make_app: Callable[..., Any], nats_url: str, unique_id: str, tmp_path: Path
+) -> None:
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(f'tenants:\n  aegis/plant-ops: ["{unique_id}-a*"]\n')
+    app = await make_app(orchestrator_tenants_file=tenants)
+    assert app.store is not None
+    # this test's factories only (the stream holds other tests' events too)
+    mine = f'StringMatches([$.afterData.factory_id], "{unique_id}-*")'
+    await app.store.register(
+        biz_job(
+            "tenant-job",
+            unique_id,
+            trigger_condition_expr=mine,
+            tenant="aegis/plant-ops",
+            overlap_allowed=2,
+        )
+    )
+    await app.store.register(
+        biz_job("fleet-job", unique_id, trigger_condition_expr=mine, overlap_allowed=2)
+    )
+    await app.refresh()
+    await publish_change(nats_url, f"{unique_id}-b", "WARNING", "CRITICAL")  # another's factory
+    await publish_change(nats_url, f"{unique_id}-a1", "WARNING", "CRITICAL")  # the tenant's
+    # the job without a tenant runs for both: both events were handled, for both jobs
+    await eventually(lambda: _count(app, "fleet-job", 2), within=20, what="two fleet runs")
+    (run,) = await runs_of(app, "tenant-job")
+    assert run["input"]["afterData"]["factory_id"] == f"{unique_id}-a1"

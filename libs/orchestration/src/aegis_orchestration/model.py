@@ -26,6 +26,9 @@ ID_PATTERN = r"^[a-z][a-z0-9_-]{0,47}$"
 # step, param and condition ids appear in JSONPaths ($.steps.{id}) and ASL state names
 STEP_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 _ID = re.compile(ID_PATTERN)
+# a tenant: "{app_id}/{account_id}" (the tenant columns of imported tables) or a name, as the
+# orchestrator's tenants file declares it (:mod:`aegis_orchestration.tenants`)
+TENANT_PATTERN = r"^[^\s/]{1,100}(/[^\s/]{1,100})?$"
 DEFAULT_TIMEZONE = "Asia/Seoul"
 
 
@@ -102,6 +105,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
 
 
+# the id a row had in the tables it was imported from (a UUID, a hexadecimal or numeric key),
+# kept when it had to be mapped to a valid id (:mod:`aegis_orchestration.source_ids`)
+SourceId = Annotated[str, Field(min_length=1, max_length=255)]
+
+
 class Retry(_Model):
     """Per-step retry (ASL ``Retry``): ``max_attempts`` retries after the first try, waiting
     ``interval_s * backoff_rate**n`` (at most ``max_delay_s``) between them."""
@@ -118,6 +126,7 @@ class Retry(_Model):
 
 class StepParam(_Model):
     id: str = Field(pattern=STEP_ID_PATTERN)
+    source_id: SourceId | None = None
     step_id: str
     parent_param_id: str | None = None
     param_name: str | None = None
@@ -141,6 +150,7 @@ class TaskCondition(_Model):
     """A READ_MODEL_QUERY's search or sort spec (its WHERE / ORDER BY rows)."""
 
     id: str = Field(pattern=STEP_ID_PATTERN)
+    source_id: SourceId | None = None
     step_id: str
     field_id: str = Field(min_length=1, max_length=100)  # the item attribute (dots for nesting)
     condition_type: str = Field(default="SEARCH", pattern=r"^(SEARCH|SORT)$")
@@ -157,6 +167,7 @@ class TaskCondition(_Model):
 
 class JobStep(_Model):
     id: str = Field(pattern=STEP_ID_PATTERN)
+    source_id: SourceId | None = None
     flow_step_id: str | None = None
     step_name: str | None = None
     step_description: str | None = None
@@ -206,6 +217,7 @@ OriginValue = Annotated[str, Field(max_length=255)]
 
 class Job(_Model):
     id: str = Field(pattern=ID_PATTERN)
+    source_id: SourceId | None = None
     orch_id: str | None = None
     object_id: str | None = None
     job_name: str = Field(min_length=1, max_length=100)
@@ -230,6 +242,11 @@ class Job(_Model):
     # where the job came from, kept as given (e.g. the tenant and audit columns of the table
     # rows it was imported from); the engine never reads it
     origin: dict[OriginKey, OriginValue] | None = Field(default=None, max_length=ORIGIN_MAX_KEYS)
+    # the tenant the job belongs to: its event triggers start it only for the factories the
+    # orchestrator's tenants file gives that tenant (None: every factory, as any job)
+    tenant: str | None = Field(default=None, pattern=TENANT_PATTERN)
+    # a tenant's job: also started by events that belong to no factory (the cloud's, sign-ins)
+    unscoped_events: bool = False
     version: int = 0
     created_at: str | None = None
     updated_at: str | None = None
@@ -287,7 +304,10 @@ class Job(_Model):
         schedule = ("", "")
         if self.trigger_type is TriggerType.SCHEDULE:
             schedule = (" ".join((self.trigger_cron or "").split()), self.time_zone)
-        return (*self.trigger_key(), condition, *schedule)
+        # jobs of different tenants start for different factories: not twins (a job without a
+        # tenant keeps the key it always had, so the trigger claims stored stay valid)
+        tenant = (self.tenant,) if self.tenant is not None else ()
+        return (*self.trigger_key(), condition, *schedule, *tenant)
 
 
 def problems_of(job: Job) -> list[str]:  # noqa: PLR0912 - one check after another
@@ -312,6 +332,8 @@ def problems_of(job: Job) -> list[str]:  # noqa: PLR0912 - one check after anoth
     elif job.trigger_cron:
         problems.append("trigger_cron is only for Schedule jobs")
     problems.extend(_never_fires(job))
+    if job.unscoped_events and job.tenant is None:
+        problems.append("unscoped_events is for a tenant's job (it has no tenant)")
     problems.extend(step_positions(job)[1])
     for s in job.steps:
         problems.extend(_step_problems(job, s, by_id))

@@ -10,9 +10,15 @@ The tables, one file each, named after the table (``orch_job.csv`` or ``orch_job
 
 Each row may also carry the tenant and audit columns (``tenant_app_id``, ``tenant_account_id``,
 ``is_active``, ``created_by``, ``modified_by``, ``created_at``, ``updated_at``). A job keeps its
-row's tenant and audit values in :attr:`Job.origin`; step, parameter and condition rows must name
-the job's tenant (or none). A row with ``is_active`` = N is a deleted row and is left out (a
-deleted job with all its rows).
+row's tenant and audit values in :attr:`Job.origin`, and belongs to the tenant
+``{tenant_app_id}/{tenant_account_id}`` (:attr:`Job.tenant`); step, parameter and condition rows
+must name the job's tenant (or none). A row with ``is_active`` = N is a deleted row and is left
+out (a deleted job with all its rows).
+
+Ids are those of a real database (UUIDs, hexadecimal or numeric keys): each becomes a valid id
+(:mod:`aegis_orchestration.source_ids`), the same at every import, in every column that refers
+to it, and the original is kept as the entity's ``source_id``. Two originals that would become
+one id are refused, naming both rows.
 
 :func:`load_tables` reads a folder and returns every job it could assemble and every problem
 found, each naming the table, the row (1-based, data rows only), the CSV line and the job.
@@ -35,6 +41,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from aegis_orchestration.model import Job, JobError
+from aegis_orchestration.source_ids import Kind, rename_references, rename_step_path, valid_id
+from aegis_orchestration.tenants import Tenants
 
 JOB, STEP, PARAM, CONDITION = TABLES = (
     "orch_job",
@@ -71,6 +79,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "misfire_policy",
         "misfire_grace_s",
         "global_params",
+        "unscoped_events",
         *SYSTEM,
     ),
     STEP: (
@@ -140,7 +149,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 }
 
 # how a column is read: text as given unless named here
-_FLAGS = frozenset({"is_enabled", "is_active", "is_start_point", "is_required"})
+_FLAGS = frozenset({"is_enabled", "is_active", "is_start_point", "is_required", "unscoped_events"})
 _INTEGERS = frozenset(
     {
         "repeat_limit",
@@ -172,6 +181,22 @@ _RETRY = {
     "retry_backoff_rate": "backoff_rate",
     "retry_max_delay_s": "max_delay_s",
 }
+# the columns that hold an id of the tables, and the kind of entity it names: each becomes a
+# valid id of that kind, the same for the row that has the id and for every row that refers to it
+_ID_COLUMNS: dict[str, dict[str, Kind]] = {
+    JOB: {"id": Kind.JOB},
+    STEP: {
+        "id": Kind.STEP,
+        "flow_step_id": Kind.STEP,
+        "next_step_id": Kind.STEP,
+        "catch_step_id": Kind.STEP,
+    },
+    PARAM: {"id": Kind.PARAM, "step_id": Kind.STEP, "parent_param_id": Kind.PARAM},
+    CONDITION: {"id": Kind.CONDITION, "step_id": Kind.STEP},
+}
+_KIND = {JOB: Kind.JOB, STEP: Kind.STEP, PARAM: Kind.PARAM, CONDITION: Kind.CONDITION}
+# a part of a tenant ({tenant_app_id}/{tenant_account_id}), as Job.tenant takes it
+_TENANT_PART = re.compile(r"[^\s/]{1,100}")
 # the columns that are not model fields of the entity (handled apart)
 _NOT_FIELDS = {
     JOB: frozenset(SYSTEM),
@@ -198,7 +223,8 @@ class Row:
 @dataclass(frozen=True, slots=True)
 class TableProblem:
     """One fault: the ``table`` and ``row`` (None: the file, or the folder, as a whole), the CSV
-    ``line``, the ``job`` it belongs to (None when no job could be told) and the ``reason``."""
+    ``line``, the ``job`` it belongs to (by the id it is imported as; None when no job could be
+    told) and the ``reason``."""
 
     table: str | None
     row: int | None
@@ -421,7 +447,10 @@ class _Assembly:
         self.step_rows: dict[str, Row] = {}
 
     def problem(self, row: Row, job: str | None, reason: str, *, orphan: bool = False) -> None:
-        found = TableProblem(row.table, row.number, row.line, job, reason)
+        """A problem of ``row``, of the job whose id in the tables is ``job`` (named by the id
+        it is imported as)."""
+        named = None if job is None else valid_id(job, Kind.JOB)
+        found = TableProblem(row.table, row.number, row.line, named, reason)
         self.result.problems.append(found)
         if orphan and job is None:
             self.result.orphans.append(found)
@@ -471,8 +500,38 @@ class _Assembly:
             origin = {c: str(row.get(c)) for c in (*TENANT, *AUDIT) if row.get(c) is not None}
             if origin:
                 doc["origin"] = origin
+            tenant = self.tenant_of(row, job_id)
+            if tenant is not None:
+                doc["tenant"] = tenant
+            first = self.result.job_rows.setdefault(doc["id"], row)
+            if first is not row:
+                self.problem(row, job_id, _one_id(Kind.JOB, first, row, doc["id"]))
             self.drafts[job_id] = _Draft(row, doc)
-            self.result.job_rows[job_id] = row
+
+    def tenant_of(self, row: Row, job_id: str) -> str | None:
+        """The tenant of a job's row: ``{tenant_app_id}/{tenant_account_id}``; None without."""
+        app, account = (_text(row.get(c)) for c in TENANT)
+        if app is None and account is None:
+            return None
+        if app is None or account is None:
+            given, missing = TENANT if account is None else TENANT[::-1]
+            self.problem(
+                row,
+                job_id,
+                f"{given} without {missing}: a job's tenant is both "
+                "({tenant_app_id}/{tenant_account_id})",
+            )
+            return None
+        for column, part in zip(TENANT, (app, account), strict=True):
+            if not _TENANT_PART.fullmatch(part):
+                self.problem(
+                    row,
+                    job_id,
+                    f"{column} {part!r} cannot name a tenant (1 to 100 characters, no spaces "
+                    "and no '/')",
+                )
+                return None
+        return f"{app}/{account}"
 
     def owner(self, row: Row, job_id: Any, what: str) -> _Draft | None:
         """The draft of job ``job_id`` that ``row`` belongs to; None (and why) when there is
@@ -620,14 +679,21 @@ class _Assembly:
     # -- values -----------------------------------------------------------------------------------
 
     def fields(self, row: Row, job_id: str) -> dict[str, Any]:
-        """The model fields of ``row``: every column that has a value, converted."""
+        """The model fields of ``row``: every column that has a value, converted; its ids made
+        valid, its own original kept as ``source_id`` when it changed."""
         doc: dict[str, Any] = {}
+        ids = _ID_COLUMNS[row.table]
         for column in COLUMNS[row.table]:
             if column in _NOT_FIELDS[row.table] or column == "overlap_allowed":
                 continue
             value = self.convert(row, job_id, column)
-            if value is not None:
-                doc[column] = value
+            if value is None:
+                continue
+            if column in ids:
+                value = valid_id(str(value), ids[column])
+                if column == "id" and value != str(row.get("id")):
+                    doc["source_id"] = str(row.get("id"))
+            doc[column] = value
         return doc
 
     def convert(self, row: Row, job_id: str, column: str) -> Any:
@@ -646,18 +712,27 @@ class _Assembly:
     # -- the model --------------------------------------------------------------------------------
 
     def validate(self, job_id: str, draft: _Draft) -> None:
-        doc = dict(draft.doc)
-        for table, key in ((STEP, "steps"), (PARAM, "params"), (CONDITION, "conditions")):
-            doc[key] = [d for _, d in draft.children[table]]
+        self.one_id_each(job_id, draft)
+        doc = _renamed(draft)
         # a value already refused was left out: the tree checks would only echo it (a missing
         # start point, a parent that is not there); they run once the job's rows read cleanly
-        echoes = any(p.job == job_id for p in self.result.problems)
+        echoes = any(p.job == doc["id"] for p in self.result.problems)
         try:
             self.result.jobs.append(Job.model_validate(doc))
         except ValidationError as err:
             for row, reason, tree in self.refusals(draft, err):
                 if not (tree and echoes):
                     self.problem(row, job_id, reason)
+
+    def one_id_each(self, job_id: str, draft: _Draft) -> None:
+        """Two steps (params, conditions) of the job whose ids become one id: refused, on the
+        later row, naming the earlier one."""
+        for table in (STEP, PARAM, CONDITION):
+            first: dict[str, Row] = {}
+            for row, doc in draft.children[table]:
+                earlier = first.setdefault(doc["id"], row)
+                if earlier is not row:
+                    self.problem(row, job_id, _one_id(_KIND[table], earlier, row, doc["id"]))
 
     def refusals(self, draft: _Draft, err: ValidationError) -> list[tuple[Row, str, bool]]:
         """Each of the model's refusals, on the row it is about (and whether a tree check)."""
@@ -687,6 +762,42 @@ class _Assembly:
             if item not in unique:
                 unique.append(item)
         return unique
+
+
+def _one_id(kind: Kind, first: Row, row: Row, new: str) -> str:
+    return (
+        f"id {str(row.get('id'))!r} and row {first.number}'s id {str(first.get('id'))!r} both "
+        f"become the {kind.value} id {new!r}: rename one of them (ids that differ only in case "
+        "or punctuation are one id here)"
+    )
+
+
+def _renamed(draft: _Draft) -> dict[str, Any]:
+    """The job's document, with its steps, params and conditions, where the step ids its
+    expressions name (a designer place, a CHOICE or param condition on ``$.steps.{id}``, a
+    RETURN_DATA ``ref_path``) are the ones the steps are imported as."""
+    doc = dict(draft.doc)
+    steps = [d for _, d in draft.children[STEP]]
+    renamed = {d["source_id"]: d["id"] for d in steps if "source_id" in d}
+    if isinstance(offset := doc.get("designer_offset"), dict):
+        doc["designer_offset"] = {renamed.get(k, k): v for k, v in offset.items()}
+    doc["steps"] = [_rename_condition(d, renamed) for d in steps]
+    params = []
+    for d in draft.children[PARAM]:
+        param = _rename_condition(d[1], renamed)
+        if param.get("source_type") == "RETURN_DATA" and isinstance(param.get("ref_path"), str):
+            param = param | {"ref_path": rename_step_path(param["ref_path"], renamed)}
+        params.append(param)
+    doc["params"] = params
+    doc["conditions"] = [d for _, d in draft.children[CONDITION]]
+    return doc
+
+
+def _rename_condition(doc: dict[str, Any], renamed: Mapping[str, str]) -> dict[str, Any]:
+    expression = doc.get("condition_expr")
+    if not isinstance(expression, str):
+        return doc
+    return doc | {"condition_expr": rename_references(expression, renamed)}
 
 
 def _column(loc: list[Any]) -> str:
@@ -795,11 +906,15 @@ def plan_registration(
     *,
     replace: bool = False,
     rows: Mapping[str, Row] | None = None,
+    tenants: Tenants | None = None,
 ) -> tuple[list[Planned], list[TableProblem]]:
     """What registering ``jobs`` next to the ``registered`` ones does: each job new, unchanged
     (importing the same tables again changes nothing) or replacing a registered version (only
     with ``replace``), and what is refused: a registered job that differs (without ``replace``),
-    an active job with the same trigger key as another active one (as registering refuses)."""
+    a registered job of another original id that the job's id became (never replaced: two
+    originals are not merged), an active job with the same trigger key as another active one
+    (as registering refuses), and, when ``tenants`` are given, a job of a tenant they do not
+    declare."""
     rows = rows or {}
     current = {j.id: j for j in registered}
     planned: list[Planned] = []
@@ -815,7 +930,17 @@ def plan_registration(
 
     for job in jobs:
         before = current.get(job.id)
-        if before is None:
+        undeclared = tenants.refusal(job) if tenants is not None else None
+        if undeclared is not None:
+            refuse(job, undeclared)
+        elif before is not None and before.source_id != job.source_id:
+            refuse(
+                job,
+                f"job {job.id} is registered from the id {before.source_id or before.id!r}, "
+                f"and this row's id {job.source_id or job.id!r} becomes the same id: rename one "
+                "of them",
+            )
+        elif before is None:
             planned.append(Planned(job, Action.REGISTER, None))
         elif same_job(before, job):
             planned.append(Planned(job, Action.UNCHANGED, before.version))

@@ -25,6 +25,11 @@ registered with ``*`` for object or sub type), each with its condition compiled 
   the data (``StringMatches([$.key], "reports/daily/*")``).
 - Schedule: a cron fire: data ``{scheduled_for, time_zone}``.
 
+Each trigger also names the factory its event belongs to, when it belongs to one (a change's
+``pk`` or image ``factory_id``, a device message's ``factory_id``, an object key's factory, a
+system event's ``detail.factory_id``, ``factory``, ``scope`` or ``target``): a job of a tenant
+starts only for the factories of its tenant (:mod:`aegis_orchestration.tenants`).
+
 An event made by ``aegis replay`` (``replayed``, unless the operator replayed with ``--notify``)
 starts no job: a replay restores history, it does not report news.
 """
@@ -40,8 +45,11 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
+from aegis_contracts.errors import ContractError
+from aegis_contracts.keys import CLOUD_INFRA_TARGET, parse_key
 from aegis_orchestration.dsl import Expression, parse
 from aegis_orchestration.model import Job, MisfirePolicy, TriggerType
+from aegis_orchestration.tenants import Tenants
 
 SUB_TYPES = {"INSERT": "Insert", "MODIFY": "Update", "REMOVE": "Delete"}
 
@@ -53,6 +61,42 @@ class Trigger:
     sub_type: str
     data: dict[str, Any]
     replayed: bool = False  # made by a replayed message: fires nothing
+    factory: str | None = None  # the factory the event belongs to (None: none)
+
+
+def _factory(value: Any) -> str | None:
+    """A factory id an event names (the cloud's own scope, ``cloud-infra``, is none)."""
+    if isinstance(value, str) and value and value != CLOUD_INFRA_TARGET:
+        return value
+    return None
+
+
+# the partition keys of the read model's items that belong to one factory: FACTORY#{id} (its
+# LATEST, late-data markers, graph windows) and ALERT#{scope} (its alerts)
+_FACTORY_PKS = ("FACTORY#", "ALERT#")
+
+
+def change_factory(change: Mapping[str, Any]) -> str | None:
+    """The factory of a read-model change: its key's, else its image's ``factory_id``."""
+    pk = change.get("pk")
+    if isinstance(pk, str):
+        for prefix in _FACTORY_PKS:
+            if pk.startswith(prefix):
+                return _factory(pk.removeprefix(prefix))
+    for image in (change.get("new_image"), change.get("old_image")):
+        if isinstance(image, Mapping) and (found := _factory(image.get("factory_id"))):
+            return found
+    return None
+
+
+def object_factory(key: Any) -> str | None:
+    """The factory of an object key of the storage contract (a report's or incident's target);
+    None for a key of no factory or outside the contract."""
+    try:
+        info = parse_key(str(key))
+    except ContractError:
+        return None
+    return _factory(info.factory_id or info.target)
 
 
 def biz_object_trigger(change: Mapping[str, Any], entity: str) -> Trigger:
@@ -71,6 +115,7 @@ def biz_object_trigger(change: Mapping[str, Any], entity: str) -> Trigger:
             **({"expired": True} if change.get("expired") is True else {}),
         },
         replayed=change.get("replayed") is True,
+        factory=change_factory(change),
     )
 
 
@@ -89,6 +134,7 @@ def platform_trigger(raw: Mapping[str, Any]) -> Trigger:
         "Insert",
         data,
         replayed=raw.get("replayed") is True,
+        factory=_factory(raw.get("factory_id")),
     )
 
 
@@ -96,13 +142,20 @@ def platform_trigger(raw: Mapping[str, Any]) -> Trigger:
 AUTOMATION_SUB_TYPES = {"login": "Login", "select": "Select"}
 
 
+# where a system event's detail names its factory: a job's, a read's, an alert's, a report's
+_DETAIL_FACTORY = ("factory_id", "factory", "scope", "target")
+
+
 def automation_trigger(event: Mapping[str, Any]) -> Trigger:
     kind = str(event.get("kind"))
+    detail = event.get("detail")
+    named = detail if isinstance(detail, Mapping) else {}
     return Trigger(
         TriggerType.AUTOMATION,
         str(event.get("producer")),
         AUTOMATION_SUB_TYPES.get(kind, kind),
         dict(event),
+        factory=next((f for k in _DETAIL_FACTORY if (f := _factory(named.get(k)))), None),
     )
 
 
@@ -113,6 +166,7 @@ def component_trigger(created: Mapping[str, Any], family: str) -> Trigger:
         "Insert",
         {"family": family, **created},
         replayed=created.get("replayed") is True,
+        factory=object_factory(created.get("key")),
     )
 
 
@@ -132,11 +186,13 @@ class _Entry:
 
 
 class TriggerIndex:
-    """The firing event-triggered jobs by (type, object, sub type); rebuilt on every change."""
+    """The firing event-triggered jobs by (type, object, sub type); rebuilt on every change.
+    ``tenants`` scope the jobs that have a tenant (none declared: those never start)."""
 
-    def __init__(self, jobs: Iterable[Job] = ()) -> None:
+    def __init__(self, jobs: Iterable[Job] = (), tenants: Tenants | None = None) -> None:
         self._by_key: dict[tuple[str, str, str], list[_Entry]] = {}
         self._jobs: dict[str, Job] = {}
+        self.tenants = tenants if tenants is not None else Tenants()
         for job in jobs:
             self.put(job)
 
@@ -162,9 +218,19 @@ class TriggerIndex:
         return self._jobs.get(job_id)
 
     def schedules(self) -> list[Job]:
+        """The firing schedule jobs (a tenant's only when its tenant is declared: a cron fire is
+        the job's own, of no factory, and always starts it)."""
         return [
-            j for j in self._jobs.values() if j.fires and j.trigger_type is TriggerType.SCHEDULE
+            j
+            for j in self._jobs.values()
+            if j.fires
+            and j.trigger_type is TriggerType.SCHEDULE
+            and self.tenants.skip(j, None, own=True) is None
         ]
+
+    def undeclared(self) -> list[Job]:
+        """The firing jobs whose tenant is not declared: no trigger starts them."""
+        return [j for j in self._jobs.values() if j.fires and self.tenants.refusal(j)]
 
     def matching(self, trigger: Trigger) -> list[Job]:
         """The jobs this trigger starts: same key (or ``*``), condition holds (never raises);
@@ -173,14 +239,18 @@ class TriggerIndex:
 
     def evaluate(self, trigger: Trigger) -> Evaluation:
         """The jobs whose key (type, object or ``*``, sub type or ``*``) the trigger has, split
-        into those it starts and those whose condition did not hold (or that a replayed event
-        reached: a replay starts nothing). Jobs of other keys are not looked at."""
+        into those it starts and those it does not: a replayed event starts nothing, a tenant's
+        job starts only for its tenant's factories (the condition is not even read for another
+        tenant's), and a job whose condition does not hold stays. Jobs of other keys are not
+        looked at."""
         t, o, s = trigger.type.value, trigger.object_id, trigger.sub_type
         result = Evaluation([], [])
         for key in {(t, o, s), (t, "*", s), (t, o, "*"), (t, "*", "*")}:
             for entry in self._by_key.get(key, ()):
                 if trigger.replayed:
                     result.skipped.append((entry.job, "replayed"))
+                elif refused := self.tenants.skip(entry.job, trigger.factory):
+                    result.skipped.append((entry.job, refused))
                 elif entry.condition is None or entry.condition(trigger.data):
                     result.fired.append(entry.job)
                 else:
@@ -191,7 +261,8 @@ class TriggerIndex:
 @dataclass(frozen=True, slots=True)
 class Evaluation:
     """What one trigger did to the jobs of its key: ``fired`` starts them, ``skipped`` holds each
-    job left alone and why (``condition``: its trigger condition was false; ``replayed``)."""
+    job left alone and why (``condition``: its trigger condition was false; ``replayed``; for a
+    tenant's job ``factory_out_of_scope``, ``no_factory`` or ``tenant_undeclared``)."""
 
     fired: list[Job]
     skipped: list[tuple[Job, str]]

@@ -47,7 +47,12 @@ class JobFileError(ValueError):
 
 
 def job_document(job: Job) -> dict[str, Any]:
+    """The job as a jobs file holds it: every field but the bookkeeping, and ``source_id`` only
+    where there is one (an id imported from tables that had to change)."""
     doc = job.model_dump(mode="json", exclude=set(BOOKKEEPING), exclude_defaults=False)
+    for entity in (doc, *doc["steps"], *doc["params"], *doc["conditions"]):
+        if entity.get("source_id") is None:
+            entity.pop("source_id", None)
     return doc
 
 

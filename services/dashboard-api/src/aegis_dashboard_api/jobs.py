@@ -5,13 +5,15 @@ administrators only, register, replace, delete (soft), enable and disable them.
 A job is checked as ``aegis jobs register`` checks a jobs file (:func:`check_jobs`): a job that
 is not valid is answered ``422 application/problem+json`` naming every problem and where it is
 (``field``: a dotted path such as ``steps.0.step_type``, or the step, param or condition a tree
-check names). Each change is kept in the read model with a new version and announced on
+check names), as is a job of a tenant the tenants file (``AEGIS_ORCHESTRATOR_TENANTS_FILE``) does
+not declare. Each change is kept in the read model with a new version and announced on
 ``aegis.changes.orch_job`` (the read model's change sink), so running orchestrators take it at
 once; a write with ``If-Match: "<version>"`` is refused (412) when the job changed meanwhile.
 Every change, and every refusal, is on the audit record."""
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 from typing import Annotated, Any
 
@@ -29,6 +31,7 @@ from aegis_dashboard_api.models import Invalid, Problem
 from aegis_dashboard_api.selects import announce_select
 from aegis_orchestration.model import Job, valid_id
 from aegis_orchestration.store import DuplicateJob, JobNotFound, JobStore
+from aegis_orchestration.tenants import TenantsFileError, load_tenants
 from aegis_orchestration.yamlio import JobProblem, check_jobs, job_document
 from aegis_storage.errors import Conflict
 
@@ -310,12 +313,27 @@ async def _checked(
             return invalid([problem])
         body = {**body, "id": job_id}
     found, problems = check_jobs({"jobs": [body]})
+    if not problems and (undeclared := await _undeclared(request, found[0])):
+        problems = [JobProblem(found[0].id, "tenant", undeclared)]
     if problems:
         target = str(body.get("id")) if isinstance(body.get("id"), str) else None
         detail = "; ".join(str(p) for p in problems)
         await audit.record(request, action, "refused", target=target, detail=detail)
         return invalid(problems)
     return found[0]
+
+
+async def _undeclared(request: Request, job: Job) -> str | None:
+    """Why ``job``'s tenant cannot be registered: the tenants file does not declare it (read at
+    each write, so an edit of the file counts at once); None when it can, or it has none."""
+    if job.tenant is None:
+        return None
+    path = request.app.state.settings.orchestrator_tenants_file
+    try:
+        tenants = await asyncio.to_thread(load_tenants, path)
+    except TenantsFileError as err:
+        raise ApiError(503, "tenants_file_invalid", str(err)) from None
+    return tenants.refusal(job)
 
 
 async def _stored(request: Request, action: Action, job_id: str, write: Any) -> Job:

@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from aegis_dashboard_api.access import Grant, configured_grant
+from aegis_orchestration.tenants import FILE_DESCRIPTION
 from aegis_runtime.settings import AegisSettings
 
 
@@ -168,6 +169,8 @@ class DashboardSettings(AegisSettings):
         "bring the name and the groups claim (providers without a `groups` scope send groups "
         "with `profile`, or by a mapper: leave it out for them).",
     )
+    # the orchestrator's tenants file: a job of a tenant it does not declare is refused here too
+    orchestrator_tenants_file: Path | None = Field(default=None, description=FILE_DESCRIPTION)
     oidc_roles_file: Path | None = Field(
         default=None,
         description="The TOML file that maps the provider's groups to roles and factory scopes "

@@ -1,7 +1,7 @@
 """Composition root of the orchestrator: trigger sources (read-model change events, objects
-created, device messages, system events, cron schedules), the in-memory trigger index refreshed by job change
-events, the runner (executions are recorded before their trigger is acknowledged), the search
-for abandoned executions to resume, heartbeats and health."""
+created, device messages, system events, cron schedules), the in-memory trigger index refreshed by
+job change events and scoped by the tenants file, the runner (executions are recorded before their
+trigger is acknowledged), the search for abandoned executions to resume, heartbeats and health."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from aegis_orchestration.limits import Limits
 from aegis_orchestration.model import Job
 from aegis_orchestration.params import ENV_PREFIX
 from aegis_orchestration.store import DuplicateJob, JobStore
+from aegis_orchestration.tenants import Tenants, TenantsFileError, load_tenants
 from aegis_orchestration.triggers import (
     Trigger,
     TriggerIndex,
@@ -125,7 +126,8 @@ class OrchestratorApp(ServiceApp):
         # or the event was replayed): job ids are bounded by registration
         self.skipped = self.metrics.counter(
             "orchestrator_jobs_skipped_total",
-            "Jobs a trigger of their key reached but did not start (condition false, replayed).",
+            "Jobs a trigger of their key reached but did not start (condition false, replayed, "
+            "another tenant's factory, no factory, tenant not declared).",
             ("job",),
         )
         self.s3_events = self.metrics.counter(
@@ -134,6 +136,8 @@ class OrchestratorApp(ServiceApp):
             ("outcome",),
         )
         self.owner = instance_id()
+        # AEGIS_ORCHESTRATOR_TENANTS_FILE, read at start and at every refresh
+        self.tenants = Tenants()
         self.index = TriggerIndex()
         self.store: JobStore | None = None
         self.runner: Runner | None = None
@@ -199,10 +203,26 @@ class OrchestratorApp(ServiceApp):
     # -- jobs -----------------------------------------------------------------------------------
 
     async def refresh(self) -> int:
+        """Read every job, and the tenants file again, into a new trigger index."""
         assert self.store is not None
+        await self.read_tenants()
         jobs = await self.store.all()
-        self.index = TriggerIndex(jobs)
+        self.index = TriggerIndex(jobs, self.tenants)
+        for job in self.index.undeclared():
+            log.warning("job_tenant_undeclared", job_id=job.id, reason=self.tenants.refusal(job))
         return len(jobs)
+
+    async def read_tenants(self) -> Tenants:
+        """The tenants file's tenants; when it cannot be read any more, those read before stay
+        (logged), so a bad edit does not stop every tenant's jobs."""
+        path = self.settings.orchestrator_tenants_file
+        try:
+            self.tenants = await asyncio.to_thread(load_tenants, path)
+        except TenantsFileError as err:
+            log.error(  # noqa: TRY400 - the reason is the message; a traceback would add nothing
+                "tenants_file_invalid", error=str(err), kept=sorted(self.tenants.scopes)
+            )
+        return self.tenants
 
     async def reload(self, job_id: str) -> Job | None:
         assert self.store is not None
@@ -211,6 +231,8 @@ class OrchestratorApp(ServiceApp):
             self.index.remove(job_id)
         else:
             self.index.put(job)
+            if job.fires and (undeclared := self.index.tenants.refusal(job)):
+                log.warning("job_tenant_undeclared", job_id=job.id, reason=undeclared)
         log.info("job_reloaded", job_id=job_id, found=job is not None)
         return job
 
@@ -229,6 +251,8 @@ class OrchestratorApp(ServiceApp):
                 trigger=trigger.type.value,
                 object_id=trigger.object_id,
                 sub_type=trigger.sub_type,
+                factory_id=trigger.factory,
+                tenant=job.tenant,
             )
         jobs = evaluation.fired
         for job in jobs:
@@ -366,6 +390,9 @@ class OrchestratorApp(ServiceApp):
         assert self.store is not None
         added: list[str] = []
         for job in load_jobs(await asyncio.to_thread(path.read_text)):
+            if undeclared := self.tenants.refusal(job):
+                log.warning("example_job_refused", job_id=job.id, reason=undeclared)
+                continue
             try:
                 await self.store.register(job, by="orchestrator:jobs-file")
             except (Conflict, DuplicateJob) as err:
@@ -458,6 +485,8 @@ class OrchestratorApp(ServiceApp):
         stack.push_async_callback(self.runner.drain, s.orchestrator_drain_s)
         # on stop: no new execution (a trigger meanwhile is nacked and redelivered), then the drain
         stack.callback(setattr, self, "runner", None)
+        # a tenants file that cannot be read stops the start, naming it (later: the last one read)
+        self.tenants = await asyncio.to_thread(load_tenants, s.orchestrator_tenants_file)
         jobs_file = Path(s.orchestrator_jobs_file) if s.orchestrator_jobs_file else None
         if jobs_file is not None and await asyncio.to_thread(jobs_file.is_file):
             added = await self.register_file(jobs_file)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from aegis_orchestration.model import Job
     from aegis_orchestration.store import JobStore
     from aegis_orchestration.tables import Planned, TableProblem, TablesResult
+    from aegis_orchestration.tenants import Tenants
     from aegis_orchestrator.settings import OrchestratorSettings
     from aegis_storage.readmodel import Change
 
@@ -153,13 +154,33 @@ def _read(path: Path) -> list[Job]:
         raise typer.Exit(EXIT_REFUSED) from None
 
 
+def _tenants() -> Tenants:
+    """The tenants ``AEGIS_ORCHESTRATOR_TENANTS_FILE`` declares (none when unset)."""
+    from aegis_orchestration.tenants import TenantsFileError, load_tenants  # noqa: PLC0415
+    from aegis_orchestrator.settings import OrchestratorSettings  # noqa: PLC0415
+
+    try:
+        return load_tenants(OrchestratorSettings().orchestrator_tenants_file)
+    except TenantsFileError as err:
+        typer.echo(f"jobs: refused: {err}", err=True)
+        raise typer.Exit(EXIT_REFUSED) from None
+
+
 @app.command(epilog=EXIT_CODES)
 def register(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A jobs YAML file.")],
     replace: Annotated[bool, typer.Option("--replace", help="Overwrite jobs that exist.")] = False,
 ) -> None:
-    """Register the jobs of a YAML file (duplicates and invalid jobs are refused)."""
+    """Register the jobs of a YAML file (duplicates, invalid jobs and jobs of a tenant the
+    tenants file does not declare are refused)."""
     jobs = _read(path)
+    tenants = _tenants()
+    undeclared = [r for j in jobs if (r := tenants.refusal(j)) is not None]
+    if undeclared:
+        for reason in undeclared:
+            typer.echo(f"  {reason}", err=True)
+        typer.echo(f"jobs: {path} refused", err=True)
+        raise typer.Exit(EXIT_REFUSED)
 
     async def work(store: JobStore) -> list[Job]:
         return [await store.register(j, replace=replace, by=_operator()) for j in jobs]
@@ -214,8 +235,8 @@ def import_jobs(  # noqa: PLR0917 - a Typer command: one parameter per option
         typer.Option(
             "--json",
             help='With --tables: print {"tables", "dry_run", "changed", "jobs": [{"id", '
-            '"action", "version", ...}], "skipped", "problems": [{"table", "row", "line", '
-            '"job", "reason"}], "rows", "deleted_rows"}.',
+            '"source_id", "tenant", "action", "version", ...}], "skipped", "problems": '
+            '[{"table", "row", "line", "job", "reason"}], "rows", "deleted_rows"}.',
         ),
     ] = False,
 ) -> None:
@@ -249,6 +270,7 @@ def _import_tables(
     )
 
     found = load_tables(directory)
+    tenants = _tenants()
     report = _ImportReport(directory, found, problems=list(found.problems), dry_run=dry_run)
     changes: list[Change] = []
     if not found.fatal and (skip_bad or not found.problems):
@@ -256,7 +278,11 @@ def _import_tables(
 
         async def work(store: JobStore) -> tuple[list[Planned], list[TableProblem], bool]:
             plan, refused = plan_registration(
-                await store.all(), candidates, replace=replace, rows=found.job_rows
+                await store.all(),
+                candidates,
+                replace=replace,
+                rows=found.job_rows,
+                tenants=tenants,
             )
             if dry_run or (refused and not skip_bad):
                 return plan, refused, False
@@ -316,6 +342,8 @@ class _ImportReport:
             "jobs": [
                 {
                     "id": p.job.id,
+                    "source_id": p.job.source_id,
+                    "tenant": p.job.tenant,
                     "action": p.action.value,
                     "version": p.version,
                     "steps": len(p.job.steps),
@@ -341,6 +369,8 @@ class _ImportReport:
                 f"({len(p.job.steps)} steps, {len(p.job.params)} params, "
                 f"{len(p.job.conditions)} conditions)"
             )
+            if p.job.source_id is not None:
+                steps += f" from id {p.job.source_id}"
             if p.action.value == "unchanged":
                 typer.echo(f"unchanged {p.job.id} v{p.version}")
             elif self.done:

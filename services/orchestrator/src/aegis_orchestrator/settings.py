@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
+from aegis_orchestration.tenants import FILE_DESCRIPTION
 from aegis_runtime.settings import AegisSettings, comma_list
 
 
@@ -25,6 +26,7 @@ class OrchestratorSettings(AegisSettings):
         default="deploy/jobs/examples.yaml",
         description="Jobs registered at start when absent (a YAML file). Empty: none.",
     )
+    orchestrator_tenants_file: Path | None = Field(default=None, description=FILE_DESCRIPTION)
     orchestrator_refresh_s: float = Field(
         default=60.0,
         gt=0,
