@@ -26,7 +26,12 @@ import yaml
 from aegis_devstack.localservers import free_port, start_moto_server
 from aegis_devstack.testing.infra import cfn_lifecycle_rule, load_render, resolve
 from aegis_devstack.testing.terraform import Scope, Unsupported, load_module
-from aegis_storage.bootstrap import describe_foundation, expected_foundation, normalize_rules
+from aegis_storage.bootstrap import (
+    LIFECYCLE_RULES,
+    describe_foundation,
+    expected_foundation,
+    normalize_rules,
+)
 from aegis_storage.clients import AwsConfig, open_client, open_clients
 
 pytestmark = pytest.mark.integration
@@ -472,6 +477,8 @@ def _tf_rule(rule: dict[str, Any]) -> dict[str, Any]:
         api["Transitions"] = [
             {"Days": t["days"], "StorageClass": t["storage_class"]} for t in rule["transition"]
         ]
+    if "expiration" in rule:
+        api["Expiration"] = {"Days": rule["expiration"][0]["days"]}
     if "noncurrent_version_expiration" in rule:
         days = rule["noncurrent_version_expiration"][0]["noncurrent_days"]
         api["NoncurrentVersionExpiration"] = {"NoncurrentDays": days}
@@ -519,7 +526,7 @@ def test_the_module_declares_what_the_template_declares_resource_by_resource(inp
     assert {f"{prefix}-{s}-task" for s in services} <= set(tf["roles"])
     assert tf["roles"][f"{prefix}-raw-break-glass"]["inline"]["raw-break-glass"]["Statement"]
     assert tf["table"]["indexes"]["fleet"]["projection"] == "KEYS_ONLY"
-    assert len(tf["bucket"]["lifecycle"]) == 3
+    assert len(tf["bucket"]["lifecycle"]) == len(LIFECYCLE_RULES)
     assert bool(tf["bucket"]["logging"]) == bool(inputs)
     principal = tf["roles"][f"{prefix}-raw-break-glass"]["trust"]["Statement"][0]["Principal"]
     assert principal["AWS"] == inputs.get(
