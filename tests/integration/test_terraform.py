@@ -1000,3 +1000,14 @@ async def test_the_module_applies_on_the_emulator_as_the_template_and_bootstrap_
     want = copy.deepcopy(expected["schedules"][name])
     assert want["Target"].pop("RoleArn") == f"arn:aws:iam::{ACCOUNT}:role/{role['name']}"
     assert differences(_within(spec, want), want) == []
+
+    # a cluster without subnets, or an ARN that names no cluster, is refused with the reason
+    refused = {
+        "give the subnets the scheduled tasks run in": {**scheduled, "scheduled_task_subnets": []},
+        "must be empty or an ECS cluster's ARN": {**scheduled, "ecs_cluster_arn": "aegis"},
+    }
+    for reason, given in refused.items():
+        assignments = "".join(f"  {k} = {json.dumps(v)}\n" for k, v in given.items())
+        main.write_text(called.replace("  source = ", assignments + "  source = ", 1))
+        done = await asyncio.to_thread(terraform, "plan", check=False)
+        assert done.returncode == 1 and reason in " ".join(done.stderr.split()), done.stderr
