@@ -6,7 +6,9 @@
 * The IAM policies come from ``deploy/infra/policies/{service}.json``, the one place they are
   written; the same files are what the IAM test attaches to users on an emulator that enforces IAM.
   Their strings use CloudFormation's ``Fn::Sub`` placeholders (``${BucketName}``, ``${TableName}``,
-  ``${AWS::Partition}``, ``${AWS::Region}``, ``${AWS::AccountId}``).
+  ``${AWS::Partition}``, ``${AWS::Region}``, ``${AWS::AccountId}``). So do the bucket policy
+  (``bucket-policy.json``), the break-glass role's (``break-glass.json``) and the scheduler role's
+  of each scheduled task (``scheduler-policy.json``); deploy/terraform reads the same files.
 
 Run ``.venv/bin/python deploy/infra/render.py`` after changing either; the test fails while the
 committed template differs from the rendered one.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,9 @@ SCHEDULED = ECS / "scheduled"
 K8S_BASE = HERE.parent / "k8s" / "base"
 BUCKET_POLICY = HERE / "bucket-policy.json"
 BREAK_GLASS = HERE / "break-glass.json"
+# the policy of the role EventBridge Scheduler takes to start a scheduled task; besides the
+# template's placeholders it names the task's ${Family}, ${TaskRoleArn} and ${ExecutionRoleArn}
+SCHEDULER_POLICY = HERE / "scheduler-policy.json"
 TEMPLATE = HERE / "foundation.yaml"
 DEFAULT_BUCKET = "aegis-bucket-data"
 DEFAULT_TABLE = "AEGIS-DynamoDB-FactoryStatus"
@@ -82,11 +88,17 @@ def substitute(value: Any, values: dict[str, str]) -> Any:
 
 
 def _sub(value: Any) -> Any:
+    """``value`` with each string that names a placeholder as CloudFormation takes it: exactly
+    ``${Name}`` a Ref, exactly ``${Logical.Attribute}`` a Fn::GetAtt, any other an Fn::Sub."""
     if isinstance(value, dict):
         return {k: _sub(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_sub(v) for v in value]
     if isinstance(value, str) and "${" in value:
+        if whole := re.fullmatch(r"\$\{([\w:]+)\}", value):
+            return {"Ref": whole[1]}
+        if whole := re.fullmatch(r"\$\{(\w+)\.(\w+)\}", value):
+            return {"Fn::GetAtt": [whole[1], whole[2]]}
         return {"Fn::Sub": value}
     return value
 
@@ -251,6 +263,22 @@ def _role_logical(arn: str) -> str:
     raise ValueError(f"{arn}: not a role of this template")
 
 
+def scheduler_policy(name: str) -> dict[str, Any]:
+    """deploy/infra/scheduler-policy.json for the scheduled task ``name``: run its task
+    definition's family (``${Family}``) on the given cluster, pass its task and execution roles
+    (the template's roles its definition names) to ECS tasks."""
+    task = task_definition(name)
+    text = SCHEDULER_POLICY.read_text()
+    for placeholder, value in (
+        ("Family", task["family"]),
+        ("TaskRoleArn", f"${{{_role_logical(task['taskRoleArn'])}.Arn}}"),
+        ("ExecutionRoleArn", f"${{{_role_logical(task['executionRoleArn'])}.Arn}}"),
+    ):
+        text = text.replace("${" + placeholder + "}", value)
+    policy: dict[str, Any] = _sub(json.loads(text))
+    return policy
+
+
 def _scheduled(name: str) -> dict[str, Any]:
     """A scheduled task's schedule and the role EventBridge Scheduler takes to start it: that
     role may run this task definition on the given cluster and pass its two roles to ECS tasks,
@@ -261,10 +289,6 @@ def _scheduled(name: str) -> dict[str, Any]:
         "arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/"
         + task["family"]
     )
-    passed = [
-        {"Fn::GetAtt": [_role_logical(task[field]), "Arn"]}
-        for field in ("taskRoleArn", "executionRoleArn")
-    ]
     role = {
         "Type": "AWS::IAM::Role",
         "Condition": "SchedulesOn",
@@ -284,36 +308,7 @@ def _scheduled(name: str) -> dict[str, Any]:
                     }
                 ],
             },
-            "Policies": [
-                {
-                    "PolicyName": f"run-{name}",
-                    "PolicyDocument": {
-                        "Version": "2012-10-17",
-                        "Statement": [
-                            {
-                                "Sid": "RunThisTaskDefinitionOnTheCluster",
-                                "Effect": "Allow",
-                                "Action": "ecs:RunTask",
-                                "Resource": [{"Fn::Sub": family}, {"Fn::Sub": f"{family}:*"}],
-                                "Condition": {
-                                    "ArnEquals": {"ecs:cluster": {"Ref": "EcsClusterArn"}}
-                                },
-                            },
-                            {
-                                "Sid": "PassItsTaskAndExecutionRoles",
-                                "Effect": "Allow",
-                                "Action": "iam:PassRole",
-                                "Resource": passed,
-                                "Condition": {
-                                    "StringEquals": {
-                                        "iam:PassedToService": "ecs-tasks.amazonaws.com"
-                                    }
-                                },
-                            },
-                        ],
-                    },
-                }
-            ],
+            "Policies": [{"PolicyName": f"run-{name}", "PolicyDocument": scheduler_policy(name)}],
         },
     }
     schedule = {

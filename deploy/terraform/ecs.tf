@@ -1,21 +1,28 @@
-# Per ECS task definition of deploy/ecs: its log group, its execution role (pull the image, write
-# the log group, read exactly the secrets the definition names), and an image repository for it
+# Per ECS task definition of deploy/ecs, and of deploy/ecs/scheduled (the tasks EventBridge
+# Scheduler starts, scheduled.tf): its log group, its execution role (pull the image, write the
+# log group, read exactly the secrets the definition names); and an image repository per service
 # and for the one-shot images (cli, storage-tools). The task roles are in iam.tf.
 
 locals {
-  ecs          = "${path.module}/../ecs"
-  ecs_services = toset([for f in fileset(local.ecs, "*.json") : trimsuffix(f, ".json")])
+  ecs             = "${path.module}/../ecs"
+  ecs_services    = toset([for f in fileset(local.ecs, "*.json") : trimsuffix(f, ".json")])
+  scheduled_tasks = toset([for f in fileset("${local.ecs}/scheduled", "*.json") : trimsuffix(f, ".json")])
+  # every task definition by name, decoded: the services' and the scheduled tasks'
+  task_definitions = merge(
+    { for name in local.ecs_services : name => jsondecode(file("${local.ecs}/${name}.json")) },
+    { for name in local.scheduled_tasks : name => jsondecode(file("${local.ecs}/scheduled/${name}.json")) },
+  )
   # the images of one-shot work beside the services (`aegis streams`, `aegis bootstrap`,
-  # `aegis seal raw`, migrations) get repositories too
+  # `aegis seal raw`, migrations) get repositories too; a scheduled task runs one of those
   images = setunion(local.ecs_services, ["cli", "storage-tools"])
 
   # what each task reads at start (its secrets' valueFrom) as IAM resources: a Secrets Manager
   # secret by name (its ARN ends in a random suffix, and a JSON key may follow), an SSM parameter
   # as is; the task definitions' envsubst placeholders replaced
   task_secrets = {
-    for service in local.ecs_services : service => sort(distinct([
+    for service, task in local.task_definitions : service => sort(distinct([
       for arn in flatten([
-        for container in jsondecode(file("${local.ecs}/${service}.json")).containerDefinitions :
+        for container in task.containerDefinitions :
         [for secret in try(container.secrets, []) : secret.valueFrom]
       ]) :
       replace(replace(replace(
@@ -52,7 +59,7 @@ resource "aws_ecr_repository" "image" {
 }
 
 resource "aws_cloudwatch_log_group" "service" {
-  for_each = local.ecs_services
+  for_each = local.task_definitions
 
   name              = "/aegis/${each.key}"
   retention_in_days = 30
@@ -63,14 +70,14 @@ resource "aws_cloudwatch_log_group" "service" {
 }
 
 resource "aws_iam_role" "execution" {
-  for_each = local.ecs_services
+  for_each = local.task_definitions
 
   name               = "${var.name_prefix}-${each.key}-execution"
   assume_role_policy = local.ecs_task_trust
 }
 
 resource "aws_iam_role_policy_attachment" "execution" {
-  for_each = local.ecs_services
+  for_each = local.task_definitions
 
   role       = aws_iam_role.execution[each.key].name
   policy_arn = "arn:${local.partition}:iam::aws:policy/service-role/AmazonECSTaskExecutionRolePolicy"

@@ -1,12 +1,13 @@
 # The AEGIS foundation in Terraform: the data bucket, the read-model table (what `aegis bootstrap`
 # creates), one least-privilege managed policy and ECS task role per service, the raw break-glass
-# role, and per ECS service its image repository, log group and execution role. The same
-# resources, names and settings as deploy/infra/foundation.yaml; tests/integration/test_terraform.py
-# compares the two resource by resource.
+# role, per ECS task definition its log group and execution role, image repositories, and, given
+# an ECS cluster, the EventBridge Scheduler schedule of each scheduled task with the role it takes
+# (scheduled.tf). The same resources, names and settings as deploy/infra/foundation.yaml;
+# tests/integration/test_terraform.py compares the two resource by resource.
 #
 # The IAM documents are not copied here: they are read from deploy/infra (policies/*.json,
-# bucket-policy.json, break-glass.json), the one place they are written, with their ${...}
-# placeholders (CloudFormation's Fn::Sub names) replaced below.
+# bucket-policy.json, break-glass.json, scheduler-policy.json), the one place they are written,
+# with their ${...} placeholders (CloudFormation's Fn::Sub names) replaced below.
 
 data "aws_partition" "current" {}
 data "aws_region" "current" {}
@@ -22,14 +23,15 @@ locals {
   # deploy/infra's JSON documents, keyed by their path under deploy/infra, each placeholder
   # replaced by its value here
   documents = {
-    for path in concat(tolist(fileset(local.infra, "policies/*.json")), ["bucket-policy.json", "break-glass.json"]) :
-    path => replace(replace(replace(replace(replace(replace(file("${local.infra}/${path}"),
+    for path in concat(tolist(fileset(local.infra, "policies/*.json")), ["bucket-policy.json", "break-glass.json", "scheduler-policy.json"]) :
+    path => replace(replace(replace(replace(replace(replace(replace(file("${local.infra}/${path}"),
       "$${AWS::Partition}", local.partition),
       "$${AWS::Region}", local.region),
       "$${AWS::AccountId}", local.account_id),
       "$${BucketName}", var.bucket_name),
       "$${TableName}", var.table_name),
-    "$${NamePrefix}", var.name_prefix)
+      "$${NamePrefix}", var.name_prefix),
+    "$${EcsClusterArn}", var.ecs_cluster_arn)
   }
 
   # one least-privilege policy per file of deploy/infra/policies, named after it

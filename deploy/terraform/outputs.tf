@@ -29,7 +29,7 @@ output "task_role_arns" {
 }
 
 output "execution_role_arns" {
-  description = "Each ECS service's execution role, by service."
+  description = "Each ECS task definition's execution role (the services' and the scheduled tasks'), by name."
   value       = { for service, role in aws_iam_role.execution : service => role.arn }
 }
 

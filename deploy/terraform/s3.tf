@@ -73,6 +73,25 @@ resource "aws_s3_bucket_lifecycle_configuration" "data" {
       days_after_initiation = 7
     }
   }
+
+  # the orchestrator's claim checks live as long as the execution log that points at them; the
+  # version an expiration turns noncurrent goes a day later, and with it its delete marker
+  rule {
+    id     = "orchestration-expire-30d"
+    status = "Enabled"
+
+    filter {
+      prefix = "orchestration/"
+    }
+
+    expiration {
+      days = 30
+    }
+
+    noncurrent_version_expiration {
+      noncurrent_days = 1
+    }
+  }
 }
 
 resource "aws_s3_bucket_public_access_block" "data" {

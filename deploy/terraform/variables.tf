@@ -13,7 +13,7 @@ variable "table_name" {
 }
 
 variable "name_prefix" {
-  description = "IAM names: policy {name_prefix}-{service}, ECS task role {name_prefix}-{service}-task, execution role {name_prefix}-{service}-execution, {name_prefix}-raw-break-glass."
+  description = "IAM names: policy {name_prefix}-{service}, ECS task role {name_prefix}-{service}-task, execution role {name_prefix}-{task}-execution, {name_prefix}-raw-break-glass, scheduler role {name_prefix}-{task}-scheduler; schedule {name_prefix}-{task}."
   type        = string
   default     = "aegis"
 
@@ -55,4 +55,27 @@ variable "access_log_bucket_name" {
   description = "A bucket of yours that receives the data bucket's S3 server access logs (it must let logging.s3.amazonaws.com write); empty: none."
   type        = string
   default     = ""
+}
+
+variable "ecs_cluster_arn" {
+  description = "The ECS cluster the scheduled tasks (deploy/ecs/scheduled: the daily raw seal) run on, started by EventBridge Scheduler; empty: no schedules."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.ecs_cluster_arn == "" || can(regex("^arn:[^:]+:ecs:[^:]+:[0-9]{12}:cluster/[A-Za-z0-9_-]{1,255}$", var.ecs_cluster_arn))
+    error_message = "ecs_cluster_arn must be empty or an ECS cluster's ARN (arn:aws:ecs:REGION:ACCOUNT:cluster/NAME)."
+  }
+}
+
+variable "scheduled_task_subnets" {
+  description = "Subnets of the scheduled tasks (awsvpc; they reach S3, e.g. through a gateway endpoint or NAT); at least one when ecs_cluster_arn is given."
+  type        = list(string)
+  default     = []
+}
+
+variable "scheduled_task_security_groups" {
+  description = "Security groups of the scheduled tasks (outbound HTTPS only)."
+  type        = list(string)
+  default     = []
 }

@@ -19,17 +19,20 @@ def load_render(infra: Path) -> ModuleType:
 
 
 def resolve(
-    render: ModuleType, value: Any, parameters: Mapping[str, str], conditions: Mapping[str, bool]
+    render: ModuleType, value: Any, parameters: Mapping[str, Any], conditions: Mapping[str, bool]
 ) -> Any:
     """``value`` from the rendered template with the intrinsic functions it uses (``Ref``,
-    ``Fn::Sub``, ``Fn::If``) resolved as CloudFormation would for these parameters and
-    conditions (``render``: the module :func:`load_render` gives)."""
+    ``Fn::GetAtt``, ``Fn::Sub``, ``Fn::If``) resolved as CloudFormation would for these
+    parameters and conditions (``render``: the module :func:`load_render` gives). An attribute
+    is the parameter ``{Logical}.{Attribute}`` (``SealRawSchedulerRole.Arn``); a list parameter
+    (a CommaDelimitedList) is what a Ref to it gives, and no string of a Fn::Sub."""
     if isinstance(value, dict) and len(value) == 1:
         [(fn, arg)] = value.items()
-        if fn == "Ref":
-            return parameters[arg]
+        if fn in ("Ref", "Fn::GetAtt"):
+            return parameters[arg if fn == "Ref" else ".".join(arg)]
         if fn == "Fn::Sub":
-            return render.substitute(arg, dict(parameters))
+            strings = {k: v for k, v in parameters.items() if isinstance(v, str)}
+            return render.substitute(arg, strings)
         if fn == "Fn::If":
             chosen = arg[1] if conditions[arg[0]] else arg[2]
             return resolve(render, chosen, parameters, conditions)
