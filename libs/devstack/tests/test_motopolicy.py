@@ -322,7 +322,14 @@ def _template_policies(render: Any, given: bool) -> list[tuple[str, str, Any]]:
                 (name, "identity", p["PolicyDocument"]) for p in properties.get("Policies", [])
             ]
     conditions = dict.fromkeys(template.get("Conditions", {}), given)  # all on, or all off
-    return [(n, k, resolve(render, doc, PARAMETERS, conditions)) for n, k, doc in found]
+    # what Fn::GetAtt gives for the roles the documents name (the roles' passed to a task)
+    arns = {
+        f"{name}.Arn": f"arn:aws:iam::{ACCOUNT}:role/{name}"
+        for name, resource in template["Resources"].items()
+        if resource["Type"] == "AWS::IAM::Role"
+    }
+    values = {**PARAMETERS, **arns}
+    return [(n, k, resolve(render, doc, values, conditions)) for n, k, doc in found]
 
 
 def test_every_committed_policy_and_every_policy_the_template_renders_passes_the_validator():
