@@ -71,11 +71,13 @@ async def test_every_command_runs_from_a_read_only_directory(
     # the directory really is read-only for the commands
     assert (await run(["touch", "probe"], read_only, env))[0] != 0
 
-    await foundation.store.put_bytes("datasets/factory-z/old.json", b'{"legacy": true}')
+    # a legacy dataset's partition (migrated into raw/ as it is, then sealed and audited)
+    legacy = f"country=kr/date={DAY}/old.json"
+    await foundation.store.put_bytes(f"datasets/{legacy}", b'{"legacy": true}')
     commands = [
         ["migrate", "run", "--preset", "datasets-processing", "--no-delete"],
         ["seal", "raw", "--date", DAY],
-        ["audit", "raw", "--factory", "factory-z", "--date", DAY],
+        ["audit", "raw", "--prefix", "raw/country=kr/", "--date", DAY],
         ["status", "--json"],
         ["bootstrap", "--check"],
     ]
@@ -86,7 +88,7 @@ async def test_every_command_runs_from_a_read_only_directory(
     assert not os.listdir(read_only)
     journal = json.loads((state / "migrate-journal.json").read_bytes())
     assert journal  # the migration finished and said what it did
-    assert await foundation.store.get_bytes("raw/factory-z/old.json") == b'{"legacy": true}'
+    assert await foundation.store.get_bytes(f"raw/{legacy}") == b'{"legacy": true}'
 
 
 def test_without_a_state_dir_the_user_s_state_folder_is_used(

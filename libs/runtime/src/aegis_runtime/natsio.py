@@ -75,8 +75,10 @@ __all__ = [
     "Client",
     "ConsumerInfo",
     "Error",
+    "JetStreamContext",
     "JetStreamOff",
     "Msg",
+    "NotFound",
     "PullSubscription",
     "Server",
     "StreamState",
@@ -102,6 +104,7 @@ __all__ = [
 
 # the names the platform's modules use for nats-py's types and errors, so that none imports it
 Error = nats.errors.Error
+NotFound = nats.js.errors.NotFoundError  # no such stream, consumer or message
 ConsumerInfo = api.ConsumerInfo
 StreamState = api.StreamState
 PullSubscription = JetStreamContext.PullSubscription

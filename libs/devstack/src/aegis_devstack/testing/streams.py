@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
-
 from aegis_contracts.subjects import dead_letter_subject
 from aegis_runtime.broker import DeadLetter
+from aegis_runtime.natsio import JetStreamContext, NotFound
 
 DLQ_STREAM = "AEGIS_DLQ"
 
@@ -21,7 +19,7 @@ async def messages_on(js: JetStreamContext, stream: str, subject: str) -> list[A
     while True:
         try:
             msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
-        except NotFoundError:
+        except NotFound:
             return found
         found.append(msg)
         seq = (msg.seq or seq) + 1
