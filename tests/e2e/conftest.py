@@ -21,6 +21,7 @@ import pytest
 from aegis_contracts.ids import topic_for
 from aegis_contracts.times import format_ts
 from aegis_devstack.localservers import ManagedServer, free_port
+from aegis_devstack.testing.holds import Holds
 from aegis_devstack.testing.waiting import eventually
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients
@@ -123,6 +124,18 @@ class Pipeline:
     def log_tail(self, service: str, lines: int = 30) -> str:
         path = self.logs / f"{service}.log"
         return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else ""
+
+    async def held(self, holds: Holds, name: str, *, within: float) -> None:
+        """``holds.held``; when the work never reaches the hold, the failure carries the last
+        lines of every service's log (what they were doing instead)."""
+        try:
+            await holds.held(name, within=within)
+        except AssertionError as err:
+            tails = "".join(
+                f"\n--- {service}, last lines ---\n{self.log_tail(service, 60)}"
+                for service in sorted(self.procs)
+            )
+            raise AssertionError(f"{err}{tails}") from None
 
     def factories(self, n: int) -> list[str]:
         return [f"e{self.uid[2:]}-{i}" for i in range(n)]

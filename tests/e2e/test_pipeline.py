@@ -142,12 +142,29 @@ async def start_and_publish_first_half(
     p: Pipeline, now: datetime, per_factory: int = PER_FACTORY
 ) -> tuple[list[str], list[tuple[str, bytes]]]:
     factories = p.factories(FACTORIES)
+    messages = stream_of(factories, per_factory, now)
+    await start_and_publish(p, messages[: len(messages) // 2])
+    return factories, messages
+
+
+async def start_and_publish(p: Pipeline, messages: list[tuple[str, bytes]]) -> None:
     p.start("ingest")
     p.start("processor")
     await p.ready("ingest", "processor")
-    messages = stream_of(factories, per_factory, now)
-    await publish_all(p.mqtt.url, messages[: len(messages) // 2])
-    return factories, messages
+    await publish_all(p.mqtt.url, messages)
+
+
+def named_alone(
+    messages: list[tuple[str, bytes]], factory: str, named: str
+) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+    """The first half of ``messages`` with none of ``factory``'s but ``named``, and the rest:
+    published in that order, no later message of the factory can be processed before ``named``
+    is committed (a newer state committed first would make ``named`` an older one, which no
+    HISTORY item records)."""
+    half = messages[: len(messages) // 2]
+    own = f"aegis/{factory}/"
+    first = [m for m in half if not m[0].startswith(own) or f'"{named}"' in m[1].decode()]
+    return first, [m for m in messages if m not in first]
 
 
 async def history_ids(p: Pipeline, factory: str, now: datetime) -> list[str]:
@@ -166,19 +183,27 @@ async def test_processor_killed_between_a_messages_history_put_and_its_latest_co
     message is in HISTORY, the snapshots and LATEST once."""
     p = pipeline
     holds = Holds(p.aws_endpoint)
-    # the first message of all: no later one of its factory can overtake its commit
-    named = f"{p.factories(FACTORIES)[0]}-000000"
+    factories = p.factories(FACTORIES)
+    named = f"{factories[0]}-000000"
     hold = f"commit-{p.uid}"
     holds.arm(hold, "dynamodb", "PutItem", contains=['"LATEST"', f'"{named}"'])
-    factories, messages = await start_and_publish_first_half(p, now, HELD_PER_FACTORY)
-    await holds.held(hold, within=120)
+    messages = stream_of(factories, HELD_PER_FACTORY, now)
+    first, rest = named_alone(messages, factories[0], named)
+    await start_and_publish(p, first)
+    await pipeline.held(holds, hold, within=120)
     # mid-work: the message's HISTORY item is put, its LATEST commit is in flight
     assert named in await history_ids(p, factories[0], now)
     p.kill("processor")
     holds.abort(hold)  # the commit is never applied
     assert await p.readmodel.get_latest(factories[0]) is None  # its commit never landed
-    await publish_all(p.mqtt.url, messages[len(messages) // 2 :])
     p.start("processor")
+
+    async def rolled_forward() -> bool:
+        latest = await p.readmodel.get_latest(factories[0])
+        return latest is not None and latest["factory_state"]["meta"]["message_id"] == named
+
+    await eventually(rolled_forward, within=60, what="the redelivered message rolled forward")
+    await publish_all(p.mqtt.url, rest)
     await converged(p, len(messages))
     await assert_exactly_once_in_effect(p, factories, now, HELD_PER_FACTORY)
     assert (await history_ids(p, factories[0], now)).count(named) == 1
@@ -197,7 +222,7 @@ async def test_ingest_killed_after_archiving_a_message_before_acknowledging_it_a
     hold = f"archive-{p.uid}"
     holds.arm(hold, "s3", "PutObject", contains=["/raw/", f"/{named}.json"], when="after")
     factories, messages = await start_and_publish_first_half(p, now, HELD_PER_FACTORY)
-    await holds.held(hold, within=120)
+    await pipeline.held(holds, hold, within=120)
     p.kill("ingest")
     holds.abort(hold)
     # mid-work: archived, not announced (so not processed)
@@ -226,7 +251,7 @@ async def test_storage_cut_off_while_a_latest_commit_is_in_flight_loses_and_repe
     """The emulator holds the processor's LATEST commit of one named message; the S3/DynamoDB
     endpoint then refuses every connection for 10 s (its data kept), cutting that request off in
     flight, and the emulator applies it all the same: the write stands, its answer is lost, as
-    when a network fails mid-request. Meanwhile the other half of the stream arrives: ingest
+    when a network fails mid-request. Meanwhile the rest of the stream arrives: ingest
     archives nothing and acknowledges nothing, nothing is dead-lettered for a transient outage.
     Afterwards every message is in raw/, processed/ and LATEST once, the named one too (its
     retried commit finds itself already applied)."""
@@ -235,12 +260,15 @@ async def test_storage_cut_off_while_a_latest_commit_is_in_flight_loses_and_repe
     proxy = OutageProxy(int(emulator.rsplit(":", 1)[1]))
     proxy.up()
     pipeline.aws_endpoint = proxy.url  # the services go through the proxy; the test does not
-    named = f"{pipeline.factories(FACTORIES)[0]}-000000"  # first: nothing overtakes it
+    factories = pipeline.factories(FACTORIES)
+    named = f"{factories[0]}-000000"
     hold = f"commit-{pipeline.uid}"
     holds.arm(hold, "dynamodb", "PutItem", contains=['"LATEST"', f'"{named}"'])
+    messages = stream_of(factories, HELD_PER_FACTORY, now)
+    first, rest = named_alone(messages, factories[0], named)
     try:
-        factories, messages = await start_and_publish_first_half(pipeline, now, HELD_PER_FACTORY)
-        await holds.held(hold, within=120)
+        await start_and_publish(pipeline, first)
+        await pipeline.held(holds, hold, within=120)
         proxy.down()  # the commit's connection is cut while the emulator holds it
         holds.release(hold)  # ... and then it is applied: its answer never reaches the processor
 
@@ -250,7 +278,7 @@ async def test_storage_cut_off_while_a_latest_commit_is_in_flight_loses_and_repe
 
         await eventually(applied, within=10, what="the held commit applied")
         raw_at_outage = len(await pipeline.store.list_keys("raw/"))
-        await publish_all(pipeline.mqtt.url, messages[len(messages) // 2 :])
+        await publish_all(pipeline.mqtt.url, rest)
         await asyncio.sleep(10)
         # nothing was archived while the storage was down
         assert len(await pipeline.store.list_keys("raw/")) == raw_at_outage
