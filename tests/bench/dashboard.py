@@ -110,7 +110,7 @@ async def seed(endpoint: str, bucket: str, table: str, factories: int) -> None:
     now = datetime.now(UTC)
     async with open_clients(AwsConfig(endpoint_url=endpoint)) as clients:
         await bootstrap(clients, bucket=bucket, table=table)
-        readmodel = ReadModel(clients.dynamodb, table)
+        readmodel = ReadModel(clients.items, table)
         slots = asyncio.Semaphore(32)
 
         async def one(i: int) -> None:

@@ -1197,7 +1197,7 @@ def listing_row(m: Measured, depth: int, listing: str, path: str) -> dict[str, A
 
 
 async def listings(bench: Bench, fleet: Fleet, depth: int) -> list[dict[str, Any]]:
-    rm = ReadModel(bench.clients.dynamodb, bench.table)
+    rm = ReadModel(bench.clients.items, bench.table)
     ddb, table = bench.clients.dynamodb, bench.table
     now = fleet.now
     rows = []
@@ -1250,7 +1250,7 @@ def new_processor(
 ) -> Processor:
     return Processor(
         store=ObjectStore(bench.clients.s3, bucket),
-        readmodel=ReadModel(bench.clients.dynamodb, bench.table),
+        readmodel=ReadModel(bench.clients.items, bench.table),
         publish=pub.many,
         rules=fleet.rules,
         ttl=fleet.ttl,
@@ -1332,7 +1332,7 @@ async def aggregator_runs(
 ) -> tuple[Measured, Measured, datetime]:
     """One window for AGGREGATOR_SAMPLE factories, and the per-window work around it (its claims
     look-back, the claim, the fleet ids, the finish) with the whole fleet."""
-    rm = ReadModel(bench.clients.dynamodb, bench.table)
+    rm = ReadModel(bench.clients.items, bench.table)
     agg = Aggregator(
         readmodel=rm,
         store=ObjectStore(bench.clients.s3, bucket),

@@ -190,7 +190,7 @@ async def pipeline(
         bucket=bucket,
         table=table,
         store=ObjectStore(aws.s3, bucket),
-        readmodel=ReadModel(aws.dynamodb, table),
+        readmodel=ReadModel(aws.items, table),
         uid=unique_id,
         logs=tmp_path,
     )

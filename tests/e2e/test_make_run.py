@@ -600,7 +600,7 @@ async def test_aegis_up_pages_once_for_a_service_kept_down_and_never_while_it_st
 
     try:
         async with open_clients(AwsConfig(endpoint_url=own_emulator.url)) as clients:
-            snapshots = FastSnapshots(ReadModel(clients.dynamodb, env["AEGIS_TABLE"]))
+            snapshots = FastSnapshots(ReadModel(clients.items, env["AEGIS_TABLE"]))
 
             async def all_up_twice() -> bool:
                 """Every service of the stack ok in the last two fast runs."""

@@ -183,7 +183,7 @@ async def test_bootstrap_adds_the_index_to_a_previous_version_table_and_its_writ
     assert "fleet-index" in first.stdout and "created" in first.stdout
     assert "generation 1 asked of the processor and the alert dispatcher" in first.stdout
 
-    rm = ReadModel(ddb, table)
+    rm = ReadModel(aws.items, table)
     assert await rm.fleet_ids() == []  # asked, not yet done: bootstrap's role writes no item
     backfills = {
         family.name: IndexBackfill(ddb, table, family, clock=lambda: T0, interval=timedelta(1))

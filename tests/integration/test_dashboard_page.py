@@ -1012,7 +1012,7 @@ async def test_an_acknowledgement_made_elsewhere_reaches_an_open_list_on_the_liv
         assert reads == []
         announced = IncidentStore(
             ReadModel(
-                foundation.clients.dynamodb,
+                foundation.clients.items,
                 foundation.table,
                 changes=change_sink(broker, AegisSettings(service="alert-dispatcher")),
             )
@@ -1237,7 +1237,7 @@ async def test_a_scoped_browser_gets_nothing_of_another_factory_live_or_after_a_
         opened[fid] = await seed_incident(foundation, fid, "GAS_LEAK", "CRITICAL", now)
     announcing = IncidentStore(
         ReadModel(
-            foundation.clients.dynamodb,
+            foundation.clients.items,
             foundation.table,
             changes=change_sink(broker, AegisSettings(service="alert-dispatcher")),
         )

@@ -43,6 +43,7 @@ from aegis_storage.bootstrap import (
     normalize_rules,
 )
 from aegis_storage.clients import AwsClients, AwsConfig, aio_config, open_client
+from aegis_storage.dynamo import open_items
 from aegis_storage.errors import StorageError
 from aegis_storage.readmodel import Put, ReadModel
 from aegis_storage.s3 import ObjectStore, PresignedPost, post_policy
@@ -263,7 +264,7 @@ async def credentials(iam_endpoint: str) -> dict[str, tuple[str, str]]:
         store = ObjectStore(admin.s3, BUCKET)
         for key in (RAW, PROCESSED, SNAPSHOT, REPORT, IMAGE, LEGACY, CLOSED_INCIDENT):
             await store.put_bytes(key, b'{"seed": true}')
-        await ReadModel(admin.dynamodb, TABLE).put_item(
+        await ReadModel(admin.items, TABLE).put_item(
             {"pk": f"FACTORY#{F}", "sk": "LATEST", "updated_at": "2026-11-30T12:00:00.000Z"}
         )
         iam = await stack.enter_async_context(open_client("iam", cfg))
@@ -352,7 +353,9 @@ async def _clients(stack: AsyncExitStack, cfg: AwsConfig, key: tuple[str, str]) 
     }
     s3 = await stack.enter_async_context(session.create_client("s3", **kwargs))
     ddb = await stack.enter_async_context(session.create_client("dynamodb", **kwargs))
-    return AwsClients(s3=s3, dynamodb=ddb, config=cfg)
+    static = {"aws_access_key_id": key[0], "aws_secret_access_key": key[1]}
+    items = await stack.enter_async_context(open_items(cfg, session, static))
+    return AwsClients(s3=s3, dynamodb=ddb, config=cfg, items=items)
 
 
 class As:
@@ -361,7 +364,7 @@ class As:
     def __init__(self, clients: AwsClients) -> None:
         self.clients = clients
         self.store = ObjectStore(clients.s3, BUCKET)
-        self.readmodel = ReadModel(clients.dynamodb, TABLE)
+        self.readmodel = ReadModel(clients.items, TABLE)
 
 
 @pytest.fixture
@@ -607,7 +610,7 @@ async def test_the_orchestrator_reads_the_table_stream_for_expiries(
             return False
 
         reader = ExpiryAnnouncer(
-            dynamodb=me.clients.dynamodb,
+            clients=me.clients,
             streams=await streams_of("orchestrator"),
             table=TABLE,
             publish=publish,

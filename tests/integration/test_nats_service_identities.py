@@ -415,7 +415,7 @@ async def test_the_live_feed_hears_every_publisher_each_under_its_identity(
         # an incident acknowledged on a dashboard: its own write, announced under its identity
         # (the read model's change sink), heard back like the dispatcher's changes
         dashboard_writes = IncidentStore(
-            ReadModel(foundation.clients.dynamodb, foundation.table, changes=feed.announce)
+            ReadModel(foundation.clients.items, foundation.table, changes=feed.announce)
         )
         opened = incidents.open_incident(
             scope=factory, stream="STATE", reason="GAS_LEAK", severity="CRITICAL", at=utc_now()

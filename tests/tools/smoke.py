@@ -55,7 +55,7 @@ async def smoke(args: argparse.Namespace) -> list[str]:
     deadline = time.monotonic() + args.timeout
     config = AwsConfig(endpoint_url=args.aws_endpoint, region=args.region)
     async with open_clients(config) as clients:
-        readmodel = ReadModel(clients.dynamodb, args.table)
+        readmodel = ReadModel(clients.items, args.table)
         latest = None
         while time.monotonic() < deadline:
             latest = await readmodel.get_latest(factory)

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import nats
 import pytest
+from aiodynamo.errors import InternalDynamoError
 from faststream.nats import NatsBroker
 from typer.testing import CliRunner
 
@@ -53,6 +54,7 @@ from aegis_runtime.broker import create_broker, ensure_streams, publish
 from aegis_runtime.health import answers_ready
 from aegis_runtime.logging import configure
 from aegis_storage import fleetindex
+from aegis_storage.dynamo import DynamoItems
 from aegis_storage.errors import Conflict
 from aegis_storage.incidents import IncidentStore
 from aegis_storage.silences import SilenceStore
@@ -571,46 +573,36 @@ async def test_one_snapshot_with_three_reasons_is_one_message_and_a_later_reason
     assert [i["state"] for i in await intent_items(foundation, "factory-a")] == ["sent", "sent"]
 
 
-@dataclass
-class DynamoFaults:
-    """DynamoDB errors injected at the real client (a botocore ``before-call`` hook answers 500
-    instead of sending): after the claim transaction of ``table`` goes out, the next ``count``
-    requests of that table fail. ``seen`` records what the Slack stand-in had at each fault."""
+class DynamoFaults(DynamoItems):
+    """The read model's DynamoDB calls with errors injected (a call fails as one that failed on
+    its last attempt does, with a 500): after the claim transaction of ``table`` goes out, the
+    next ``count`` calls of that table fail. ``seen`` records what the Slack stand-in had at
+    each fault."""
 
-    table: str
-    webhook: FakeWebhook
-    count: int
-    on_claim: bool = False  # fail the claim transaction itself instead
-    armed: int = 0
-    seen: list[int] = field(default_factory=list)
+    def __init__(
+        self, items: DynamoItems, table: str, webhook: FakeWebhook, count: int, *, on_claim: bool
+    ) -> None:
+        super().__init__(items.client)
+        self.table, self.webhook, self.count, self.on_claim = table, webhook, count, on_claim
+        self.armed = 0
+        self.seen: list[int] = []
 
-    def before_call(self, model: Any, params: dict[str, Any], **_: Any) -> Any:
-        body = params.get("body") or b""
-        body = body if isinstance(body, bytes) else str(body).encode()
-        if self.table.encode() not in body:
-            return None
-        claim = model.name == "TransactWriteItems" and b'"sending"' in body and b"INTENT#" in body
-        if claim and self.on_claim and self.count > len(self.seen):
-            return self._fail()
-        if self.armed:
-            self.armed -= 1
-            return self._fail()
-        if claim and not self.on_claim and not self.seen:
-            self.armed = self.count
-        return None
+    async def call(self, action: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        body = json.dumps(payload).encode()
+        if self.table.encode() in body:
+            claim = action == "TransactWriteItems" and b'"sending"' in body and b"INTENT#" in body
+            if claim and self.on_claim and self.count > len(self.seen):
+                self._fail()
+            if self.armed:
+                self.armed -= 1
+                self._fail()
+            if claim and not self.on_claim and not self.seen:
+                self.armed = self.count
+        return await super().call(action, payload)
 
-    def _fail(self) -> Any:
+    def _fail(self) -> None:
         self.seen.append(len(self.webhook.delivered))
-        error = {"Code": "InternalServerError", "Message": "injected by the test"}
-        return (
-            _Status(500),
-            {"Error": error, "ResponseMetadata": {"HTTPStatusCode": 500}},
-        )
-
-
-@dataclass
-class _Status:
-    status_code: int
+        raise InternalDynamoError("injected by the test")
 
 
 @pytest.mark.parametrize("on_claim", [False, True], ids=["after-the-claim", "in-the-claim"])
@@ -619,9 +611,9 @@ async def test_a_dynamodb_error_after_or_in_the_claim_still_sends_exactly_one_me
 ) -> None:
     rec = Recorded()
     d = make(foundation, webhook, session, rec)
-    faults = DynamoFaults(foundation.table, webhook, count=3, on_claim=on_claim)
-    events = foundation.readmodel._ddb.meta.events
-    events.register("before-call.dynamodb", faults.before_call, unique_id=foundation.table)
+    items = foundation.readmodel._ddb
+    faults = DynamoFaults(items, foundation.table, webhook, count=3, on_claim=on_claim)
+    foundation.readmodel._ddb = faults
     try:
         event = await put_state(foundation, "factory-a", T0, [FIRE, TEMPERATURE])
         errors = []
@@ -632,7 +624,7 @@ async def test_a_dynamodb_error_after_or_in_the_claim_still_sends_exactly_one_me
             except Exception as err:
                 errors.append(err)
     finally:
-        events.unregister("before-call.dynamodb", unique_id=foundation.table)
+        foundation.readmodel._ddb = items
     # a failed claim wrote nothing and is redelivered; a failed confirmation is retried in place
     assert len(errors) == (3 if on_claim else 0), errors
     assert len(faults.seen) == 3  # the faults hit ...

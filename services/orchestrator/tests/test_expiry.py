@@ -159,7 +159,7 @@ def make_reader(
 ) -> Callable[..., ExpiryAnnouncer]:
     def make(owner: str, clock: Any = None, **extra: Any) -> ExpiryAnnouncer:
         return ExpiryAnnouncer(
-            dynamodb=foundation.clients.dynamodb,
+            clients=foundation.clients,
             streams=streams,
             table=foundation.table,
             publish=extra.pop("publish", None) or Recorder(bus.jetstream()),

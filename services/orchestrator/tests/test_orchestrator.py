@@ -325,7 +325,7 @@ async def test_a_schedule_fire_whose_replica_died_runs_once(
     clock.advance(timedelta(minutes=1))
     (job,) = [j for j in one.index.schedules() if j.id == job_id]
     (fire,) = due_fires(job, START, clock())  # as every replica names it (in the job's zone)
-    readmodel = ReadModel(one.clients.dynamodb, one.settings.table)
+    readmodel = ReadModel(one.clients.items, one.settings.table)
     assert await readmodel.claim_window(
         f"orch-{job_id}",
         fire,
@@ -917,7 +917,7 @@ async def test_a_bizobject_job_fires_on_the_delete_of_a_late_data_marker(
     )
     await app.refresh()
     # the writer: a read model announcing its changes (as the processor and aggregator do)
-    writer = ReadModel(app.clients.dynamodb, app.settings.table, changes=app.publish_change)
+    writer = ReadModel(app.clients.items, app.settings.table, changes=app.publish_change)
     hour = datetime(2025, 1, 2, 3, tzinfo=UTC)
     now = datetime.now(UTC)
     ttl = int((now + timedelta(days=1)).timestamp())

@@ -224,7 +224,7 @@ async def load_status(
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """The fleet's LATEST items and CLOUD#infra LATEST."""
     async with open_clients(aws) as clients:
-        return await _read(ReadModel(clients.dynamodb, table))
+        return await _read(ReadModel(clients.items, table))
 
 
 async def _read(model: ReadModel) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -310,7 +310,7 @@ async def _watch(settings: AegisSettings, interval: float, json_output: bool, cl
     with --json (or when not a terminal)."""
     console = Console()
     async with open_clients(settings.aws()) as clients:
-        model = ReadModel(clients.dynamodb, settings.table)
+        model = ReadModel(clients.items, settings.table)
         if json_output or not console.is_terminal:
             while True:
                 items, cloud = await _read(model)

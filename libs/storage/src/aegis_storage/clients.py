@@ -1,4 +1,5 @@
-"""The aiobotocore client factory every service uses.
+"""The AWS client factory every service uses: aiobotocore, and aiodynamo for the read model's
+item calls (:mod:`aegis_storage.dynamo`: the same settings and credentials, less CPU per call).
 
 One session, clients opened for the life of a service (in its lifespan), the endpoint overridable for
 LocalStack/moto, a connection pool sized for the service's concurrency, standard retries, and the
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     from aiobotocore.config import AioConfig
     from types_aiobotocore_dynamodb import DynamoDBClient
     from types_aiobotocore_s3 import S3Client
+
+    from aegis_storage.dynamo import DynamoItems
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,14 +63,17 @@ def _credentials(cfg: AwsConfig) -> dict[str, str]:
 @dataclass(slots=True)
 class AwsClients:
     s3: S3Client
-    dynamodb: DynamoDBClient
+    dynamodb: DynamoDBClient  # the control plane: tables, indexes, TTL, tags
     config: AwsConfig
+    items: DynamoItems  # item reads and writes (the read model's)
 
 
 @asynccontextmanager
 async def open_clients(cfg: AwsConfig) -> AsyncIterator[AwsClients]:
     """Open S3 and DynamoDB clients that share one session; closed on exit."""
     from aiobotocore.session import get_session  # noqa: PLC0415 - see aio_config
+
+    from aegis_storage.dynamo import open_items  # noqa: PLC0415 - as aiobotocore
 
     session = get_session()
     kwargs: dict[str, Any] = {
@@ -79,7 +85,8 @@ async def open_clients(cfg: AwsConfig) -> AsyncIterator[AwsClients]:
     async with AsyncExitStack() as stack:
         s3 = await stack.enter_async_context(session.create_client("s3", **kwargs))
         dynamodb = await stack.enter_async_context(session.create_client("dynamodb", **kwargs))
-        yield AwsClients(s3=s3, dynamodb=dynamodb, config=cfg)
+        items = await stack.enter_async_context(open_items(cfg, session, _credentials(cfg)))
+        yield AwsClients(s3=s3, dynamodb=dynamodb, config=cfg, items=items)
 
 
 @asynccontextmanager

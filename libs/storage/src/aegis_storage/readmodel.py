@@ -35,7 +35,7 @@ from aegis_storage.errors import Conflict, Transient, translated
 from aegis_storage.tasks import all_of
 
 if TYPE_CHECKING:
-    from types_aiobotocore_dynamodb import DynamoDBClient
+    from aegis_storage.dynamo import DynamoItems
 
 _ser = TypeSerializer()
 _deser = TypeDeserializer()
@@ -220,7 +220,7 @@ class ReadModel:
     done."""
 
     def __init__(
-        self, dynamodb: DynamoDBClient, table: str, *, changes: ChangeSink | None = None
+        self, dynamodb: DynamoItems, table: str, *, changes: ChangeSink | None = None
     ) -> None:
         self._ddb = dynamodb
         self.table = table
@@ -514,7 +514,7 @@ class ReadModel:
         items = [{"Put": {"TableName": self.table, **self._put_request(p)}} for p in puts]
         first = items[0]["Put"]["Item"]
         with translated(f"transaction of {len(puts)} from {first['pk']['S']}/{first['sk']['S']}"):
-            await self._ddb.transact_write_items(TransactItems=items)  # type: ignore[arg-type]
+            await self._ddb.transact_write_items(TransactItems=items)
         for put, request in zip(puts, items, strict=True):
             item = request["Put"]["Item"]
             pk, sk = item.get("pk", {}).get("S"), item.get("sk", {}).get("S")

@@ -81,7 +81,7 @@ class AggregatorApp(ServiceApp):
     async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
         s = self.settings
         self.aggregator = Aggregator(
-            readmodel=ReadModel(clients.dynamodb, s.table, changes=self.publish_change),
+            readmodel=ReadModel(clients.items, s.table, changes=self.publish_change),
             store=ObjectStore(clients.s3, s.bucket),
             publish=self.publish,
             ttl=s.ttl,

@@ -127,7 +127,7 @@ async def _run(
         async with open_clients(s.aws()) as clients:
             # its windows and cleared late-data markers are announced as the service's are
             changes = None if broker is None else change_sink(broker, s)
-            readmodel = ReadModel(clients.dynamodb, s.table, changes=changes)
+            readmodel = ReadModel(clients.items, s.table, changes=changes)
             agg = Aggregator(
                 readmodel=readmodel,
                 store=ObjectStore(clients.s3, s.bucket),

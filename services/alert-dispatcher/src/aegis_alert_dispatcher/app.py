@@ -145,7 +145,7 @@ class DispatcherApp(ServiceApp):
         )
         self.dispatcher = Dispatcher(
             store=ObjectStore(clients.s3, s.bucket),
-            readmodel=ReadModel(clients.dynamodb, s.table, changes=self.publish_change),
+            readmodel=ReadModel(clients.items, s.table, changes=self.publish_change),
             sender=sender,
             dead_letter=self._dead_letter,
             announce=self._announce,

@@ -114,7 +114,7 @@ async def _resend(s: DispatcherSettings, *, dry_run: bool, limit: int, attempts:
             max_deliver=-1,
         )
         async with aiohttp.ClientSession() as session, open_clients(s.aws()) as clients:
-            readmodel = ReadModel(clients.dynamodb, s.table)
+            readmodel = ReadModel(clients.items, s.table)
             url = s.slack_webhook_url.get_secret_value() if s.slack_webhook_url else ""
             webhook = SlackWebhook(url, session, max_attempts=attempts, timeout=s.slack_timeout_s)
             seen = 0

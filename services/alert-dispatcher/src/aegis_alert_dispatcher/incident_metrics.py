@@ -138,7 +138,7 @@ class IncidentMetrics:
         """The dispatcher's incident store: archiving through it is observed here, and the open
         count is read from it."""
         self.store = ObservedIncidentStore(
-            ReadModel(clients.dynamodb, table, changes=changes),
+            ReadModel(clients.items, table, changes=changes),
             ObjectStore(clients.s3, bucket),
             on_archived=self.closed,
         )

@@ -65,7 +65,7 @@ def _run(work: Callable[[IncidentStore], Awaitable[T]], *, announce: bool = Fals
             changes = None if broker is None else change_sink(broker, settings)
             async with open_clients(settings.aws()) as clients:
                 store = IncidentStore(
-                    ReadModel(clients.dynamodb, settings.table, changes=changes),
+                    ReadModel(clients.items, settings.table, changes=changes),
                     ObjectStore(clients.s3, settings.bucket),
                 )
                 return await work(store)

@@ -47,7 +47,7 @@ def _run(work: Callable[[SilenceStore], Awaitable[T]]) -> T:
 
     async def run() -> T:
         async with open_clients(settings.aws()) as clients:
-            return await work(SilenceStore(ReadModel(clients.dynamodb, settings.table)))
+            return await work(SilenceStore(ReadModel(clients.items, settings.table)))
 
     try:
         return asyncio.run(run())

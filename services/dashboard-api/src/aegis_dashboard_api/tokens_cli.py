@@ -56,7 +56,7 @@ def _run(
 
     async def run() -> T:
         async with open_clients(settings.aws()) as clients:
-            done = await work(TokenStore(ReadModel(clients.dynamodb, settings.table)))
+            done = await work(TokenStore(ReadModel(clients.items, settings.table)))
             if audited is not None:
                 await AuditLog(ObjectStore(clients.s3, settings.bucket)).record(audited(done))
             return done

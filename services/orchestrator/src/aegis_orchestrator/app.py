@@ -302,7 +302,7 @@ class OrchestratorApp(ServiceApp):
         then started only if the trigger was not recorded yet, so a fire runs once however its
         replica died."""
         assert self.clients is not None
-        readmodel = ReadModel(self.clients.dynamodb, self.settings.table)
+        readmodel = ReadModel(self.clients.items, self.settings.table)
         now = self.clock()
         started: list[tuple[str, datetime]] = []
         for job in self.index.schedules():
@@ -417,7 +417,7 @@ class OrchestratorApp(ServiceApp):
         )
         session = await stack.enter_async_context(guarded_session(egress))
         # the jobs it registers itself (the jobs file) are announced like those of `aegis jobs`
-        readmodel = ReadModel(clients.dynamodb, s.table, changes=self.publish_change)
+        readmodel = ReadModel(clients.items, s.table, changes=self.publish_change)
         self.store = JobStore(readmodel, self.clock)
         tasks = Tasks(
             session=session,
@@ -528,7 +528,7 @@ class OrchestratorApp(ServiceApp):
         s = self.settings
         streams = await stack.enter_async_context(open_client("dynamodbstreams", s.aws()))
         self.expiry = ExpiryAnnouncer(
-            dynamodb=clients.dynamodb,
+            clients=clients,
             streams=streams,
             table=s.table,
             publish=self.publish,

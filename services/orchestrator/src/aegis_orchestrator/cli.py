@@ -62,7 +62,7 @@ def _run(work: Callable[[JobStore], Awaitable[T]], changes: list[Change] | None 
 
     async def go() -> T:
         async with open_clients(settings.aws()) as clients:
-            readmodel = ReadModel(clients.dynamodb, settings.table, changes=keep)
+            readmodel = ReadModel(clients.items, settings.table, changes=keep)
             return await work(JobStore(readmodel, utc_now))
 
     try:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 from botocore.exceptions import ClientError
@@ -40,6 +40,9 @@ from aegis_contracts.times import Clock, ensure_utc, format_ts
 from aegis_runtime.metrics import Metrics
 from aegis_storage.errors import Conflict, error_code, translated
 from aegis_storage.readmodel import ReadModel, from_attributes, to_attributes
+
+if TYPE_CHECKING:
+    from aegis_storage.clients import AwsClients
 
 log = structlog.get_logger(__name__)
 
@@ -97,7 +100,7 @@ class ExpiryAnnouncer:
     def __init__(
         self,
         *,
-        dynamodb: Any,
+        clients: AwsClients,
         streams: StreamsClient,
         table: str,
         publish: Publish,
@@ -112,7 +115,7 @@ class ExpiryAnnouncer:
         page_limit: int = PAGE_LIMIT,
         max_pages: int = MAX_PAGES,
     ) -> None:
-        self._ddb = dynamodb
+        self._ddb = clients.dynamodb
         self._streams = streams
         self.table = table
         self._publish = publish
@@ -127,7 +130,7 @@ class ExpiryAnnouncer:
         self.page_limit = page_limit
         self.max_pages = max_pages
         # no change sink: the bookkeeping written here is no entity's
-        self.readmodel = ReadModel(dynamodb, table)
+        self.readmodel = ReadModel(clients.items, table)
         self._arn: str | None = None
         # per shard held: the end of the lease as last written
         self._held: dict[str, datetime] = {}

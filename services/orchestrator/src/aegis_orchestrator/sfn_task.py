@@ -232,7 +232,7 @@ async def open_function(
     )
     clients = await stack.enter_async_context(open_clients(settings.aws()))
     session = await stack.enter_async_context(guarded_session(egress))
-    readmodel = ReadModel(clients.dynamodb, settings.table)
+    readmodel = ReadModel(clients.items, settings.table)
     bus = _LazyBus(settings, stack)
     tasks = Tasks(
         session=session,

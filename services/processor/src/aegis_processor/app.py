@@ -105,7 +105,7 @@ class ProcessorApp(ServiceApp):
         s = self.settings
         self.processor = Processor(
             store=ObjectStore(clients.s3, s.bucket),
-            readmodel=ReadModel(clients.dynamodb, s.table, changes=self.publish_change),
+            readmodel=ReadModel(clients.items, s.table, changes=self.publish_change),
             publish=self._publish,
             rules=self.rules,
             ttl=s.ttl,

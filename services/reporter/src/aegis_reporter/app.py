@@ -39,7 +39,7 @@ def build_reporter(
     s = settings
     return Reporter(
         store=ObjectStore(clients.s3, s.bucket),
-        readmodel=ReadModel(clients.dynamodb, s.table),
+        readmodel=ReadModel(clients.items, s.table),
         publish=publish_event,
         clock=clock,
         generator=generator_for(s),
