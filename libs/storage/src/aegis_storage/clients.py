@@ -1,8 +1,10 @@
-"""The aiobotocore client factory every service uses.
+"""The AWS client factory every service uses.
 
 One session, clients opened for the life of a service (in its lifespan), the endpoint overridable for
 LocalStack/moto, a connection pool sized for the service's concurrency, standard retries, and the
 per-request client CPU trimmed: checksums only when an API requires them, no parameter validation.
+Beside the aiobotocore clients, the obstore client of the per-message S3 calls
+(:mod:`aegis_storage.objectclient`), with the same settings and the session's credential chain.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ if TYPE_CHECKING:
     from aiobotocore.config import AioConfig
     from types_aiobotocore_dynamodb import DynamoDBClient
     from types_aiobotocore_s3 import S3Client
+
+    from aegis_storage.objectclient import ObjectClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +54,7 @@ def aio_config(cfg: AwsConfig) -> AioConfig:
     )
 
 
-def _credentials(cfg: AwsConfig) -> dict[str, str]:
+def emulator_credentials(cfg: AwsConfig) -> dict[str, str]:
     # an emulator accepts any key; real AWS uses the default chain (env, profile, IRSA, task role)
     if cfg.endpoint_url and not os.environ.get("AWS_ACCESS_KEY_ID"):
         return {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
@@ -62,24 +66,33 @@ class AwsClients:
     s3: S3Client
     dynamodb: DynamoDBClient
     config: AwsConfig
+    objects: ObjectClient  # the per-message S3 calls (puts, gets, listings)
 
 
 @asynccontextmanager
 async def open_clients(cfg: AwsConfig) -> AsyncIterator[AwsClients]:
-    """Open S3 and DynamoDB clients that share one session; closed on exit."""
+    """Open S3 and DynamoDB clients that share one session, and the obstore client beside them
+    (signing with that session's credentials); closed on exit."""
     from aiobotocore.session import get_session  # noqa: PLC0415 - see aio_config
+
+    from aegis_storage.objectclient import ChainCredentials, ObjectClient  # noqa: PLC0415
 
     session = get_session()
     kwargs: dict[str, Any] = {
         "region_name": cfg.region,
         "endpoint_url": cfg.endpoint_url,
         "config": aio_config(cfg),
-        **_credentials(cfg),
+        **emulator_credentials(cfg),
     }
     async with AsyncExitStack() as stack:
         s3 = await stack.enter_async_context(session.create_client("s3", **kwargs))
         dynamodb = await stack.enter_async_context(session.create_client("dynamodb", **kwargs))
-        yield AwsClients(s3=s3, dynamodb=dynamodb, config=cfg)
+        chain = (
+            None if emulator_credentials(cfg) else ChainCredentials(await session.get_credentials())
+        )
+        objects = ObjectClient(cfg, chain)
+        stack.callback(objects.close)
+        yield AwsClients(s3=s3, dynamodb=dynamodb, config=cfg, objects=objects)
 
 
 @asynccontextmanager
@@ -93,6 +106,6 @@ async def open_client(service: str, cfg: AwsConfig) -> AsyncIterator[Any]:
         region_name=cfg.region,
         endpoint_url=cfg.endpoint_url,
         config=aio_config(cfg),
-        **_credentials(cfg),
+        **emulator_credentials(cfg),
     ) as client:
         yield client
