@@ -1249,7 +1249,7 @@ def new_processor(
     bench: Bench, fleet: Fleet, bucket: str, clock: FixedClock, pub: Published
 ) -> Processor:
     return Processor(
-        store=ObjectStore(bench.clients.s3, bucket),
+        store=ObjectStore(bench.clients, bucket),
         readmodel=ReadModel(bench.clients.dynamodb, bench.table),
         publish=pub.many,
         rules=fleet.rules,
@@ -1301,7 +1301,7 @@ async def messages(
 ) -> Measured:
     """``count`` factory_state messages, one per factory: the raw put ingest makes, then the
     processor's handling of the RawArchived event ingest publishes (inline payload)."""
-    store = ObjectStore(bench.clients.s3, bucket)
+    store = ObjectStore(bench.clients, bucket)
     run = uuid.uuid4().hex[:6]
 
     async def one(n: int) -> None:
@@ -1335,7 +1335,7 @@ async def aggregator_runs(
     rm = ReadModel(bench.clients.dynamodb, bench.table)
     agg = Aggregator(
         readmodel=rm,
-        store=ObjectStore(bench.clients.s3, bucket),
+        store=ObjectStore(bench.clients, bucket),
         publish=pub.one,
         ttl=fleet.ttl,
         clock=FixedClock(now),
