@@ -52,6 +52,7 @@ CREDENTIALS_TTL = timedelta(minutes=5)
 # has one, 30 s by default: it is set far above what any object of the platform needs
 REQUEST_TIMEOUT = timedelta(minutes=10)
 _STATUS = re.compile(r"status code: (\d{3})")
+_CODE = re.compile(r"<Code>([A-Za-z0-9.]+)</Code>")
 _TRANSIENT_WORDS = ("timed out", "timeout", "error sending request", "connection", "dns error")
 
 
@@ -187,15 +188,29 @@ def translated_obstore(what: str) -> Iterator[None]:
     except (obs.AlreadyExistsError, obs.PreconditionError) as err:
         raise Conflict(f"{what}: PreconditionFailed") from err
     except obs.BaseError as err:
-        status = _status(err)
-        if status in (404,):
-            raise NotFound(f"{what}: {status}") from err
+        status, code = _status(err), _code(err, "AccessDenied" if _denied(err) else "")
+        if status == 404:
+            raise NotFound(f"{what}: {code or status}") from err
         if status in (409, 412):
-            raise Conflict(f"{what}: {status}") from err
+            raise Conflict(f"{what}: {code or status}") from err
         text = str(err).lower()
         if status >= 500 or status == 429 or (not status and _mentions_transient(text)):
-            raise Transient(f"{what}: {status or _first_line(err)}") from err
-        raise StorageError(f"{what}: {_first_line(err)}") from err
+            raise Transient(f"{what}: {code or status or _first_line(err)}") from err
+        raise StorageError(
+            f"{what}: {code}: {_first_line(err)}" if code else f"{what}: {_first_line(err)}"
+        ) from err
+
+
+def _denied(err: Exception) -> bool:
+    from obstore import exceptions as obs  # noqa: PLC0415
+
+    return isinstance(err, obs.PermissionDeniedError | obs.UnauthenticatedError)
+
+
+def _code(err: Exception, default: str) -> str:
+    """S3's error code (``AccessDenied``, ``SlowDown``, ...) from the answer obstore quotes."""
+    found = _CODE.search(str(err))
+    return found.group(1) if found else default
 
 
 def _mentions_transient(text: str) -> bool:
