@@ -550,7 +550,7 @@ async def measure(args: argparse.Namespace, servers: list[ManagedServer], logs: 
         }
         await bootstrap(clients, bucket=svc.bucket, table=svc.table)
         incidents = IncidentStore(
-            ReadModel(clients.items, svc.table), ObjectStore(clients.s3, svc.bucket)
+            ReadModel(clients.items, svc.table), ObjectStore(clients, svc.bucket)
         )
         host, port = mqtt.url.removeprefix("mqtt://").split(":")
         nc = await nats.connect(nats_server.url)

@@ -37,7 +37,7 @@ Call = Callable[[int], Awaitable[object]]
 
 def calls(c: AwsClients, bucket: str, table: str, samples: dict[str, Any]) -> dict[str, Call]:
     """One callable per write kind, each the adapter call a service makes for one message."""
-    store, readmodel = ObjectStore(c.s3, bucket), ReadModel(c.items, table)
+    store, readmodel = ObjectStore(c, bucket), ReadModel(c.items, table)
     run = uuid.uuid4().hex[:6]
     raw = samples["raw"]
     raw_body = raw["body"].encode()

@@ -231,7 +231,7 @@ async def run_fault(
         "AEGIS_PROCESSOR_ACK_WAIT_S": "5",
     }
     await bootstrap(clients, bucket=svc.bucket, table=svc.table)
-    store, readmodel = ObjectStore(clients.s3, svc.bucket), ReadModel(clients.items, svc.table)
+    store, readmodel = ObjectStore(clients, svc.bucket), ReadModel(clients.items, svc.table)
     try:
         return await _measure_fault(servers, svc, store, readmodel, fault, args, logs)
     finally:

@@ -567,13 +567,26 @@ class Meter:
         self.updates: list[tuple[str, dict[str, Any]]] = []
         self.unreturned_item_size = 0  # mean size of the items a filtered Scan did not return
 
-    def attach(self, client: Any) -> None:
-        client.meta.events.register("before-parameter-build.dynamodb", self._before)
-        client.meta.events.register("after-call.dynamodb", self._after)
+    def attach(self, clients: AwsClients) -> None:
+        """Meter both DynamoDB clients: aiobotocore's (the control plane and direct calls) and
+        the read model's item client (its one ``call``, wrapped)."""
+        clients.dynamodb.meta.events.register("before-parameter-build.dynamodb", self._before)
+        clients.dynamodb.meta.events.register("after-call.dynamodb", self._after)
+        items = clients.items
+        unmetered = items.call
 
-    def detach(self, client: Any) -> None:
-        client.meta.events.unregister("before-parameter-build.dynamodb", self._before)
-        client.meta.events.unregister("after-call.dynamodb", self._after)
+        async def metered(action: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+            call = self._record(self._name(action, payload), payload)
+            parsed = await unmetered(action, payload)
+            self._answered(call, parsed)
+            return parsed
+
+        items.call = metered  # type: ignore[method-assign]
+
+    def detach(self, clients: AwsClients) -> None:
+        clients.dynamodb.meta.events.unregister("before-parameter-build.dynamodb", self._before)
+        clients.dynamodb.meta.events.unregister("after-call.dynamodb", self._after)
+        vars(clients.items).pop("call", None)
 
     def snapshot(self, detail: bool = False) -> dict[str, OpUnits]:
         ops = self.detail if detail else self.ops
@@ -590,21 +603,23 @@ class Meter:
         return out
 
     @staticmethod
-    def _name(model: Any, params: Mapping[str, Any]) -> str:
-        name = str(model.name)
+    def _name(name: str, params: Mapping[str, Any]) -> str:
         if name in ("Query", "Scan") and params.get("IndexName"):
             return f"{name}@{params['IndexName']}"
         return name
 
     def _before(self, params: Mapping[str, Any], model: Any, context: Any = None, **_: Any) -> None:
-        name = self._name(model, params)
+        call = self._record(self._name(str(model.name), params), params)
+        if isinstance(context, dict):
+            context["fleet_bench"] = call
+
+    def _record(self, name: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Count a request as it goes out; returns what :meth:`_answered` needs of it."""
         family = None
         if name == "Query":
             low = str(params.get("ExpressionAttributeValues", {}).get(":low", {}).get("S", ""))
             family = next((f for f, prefix in _FAMILIES.items() if low.startswith(prefix)), "other")
             self.detail[f"Query[{family}]"].requests += 1
-        if isinstance(context, dict):
-            context["fleet_bench"] = {"op": name, "params": params, "family": family}
         units = self.ops[name]
         units.requests += 1
         if name == "PutItem":
@@ -628,11 +643,15 @@ class Meter:
         elif name == "UpdateItem":
             units.items += 1
             self.updates.append((str(params["TableName"]), dict(params["Key"])))
+        return {"op": name, "params": params, "family": family}
 
     def _after(self, parsed: Mapping[str, Any], model: Any, context: Any = None, **_: Any) -> None:
         call = context.get("fleet_bench") if isinstance(context, dict) else None
-        if not call or "Error" in parsed:
-            return
+        if call and "Error" not in parsed:
+            self._answered(call, parsed)
+
+    def _answered(self, call: Mapping[str, Any], parsed: Mapping[str, Any]) -> None:
+        """Count what a request read, from its answer."""
         name, params = call["op"], call["params"]
         units = self.ops[name]
         consistent = bool(params.get("ConsistentRead"))
@@ -1249,7 +1268,7 @@ def new_processor(
     bench: Bench, fleet: Fleet, bucket: str, clock: FixedClock, pub: Published
 ) -> Processor:
     return Processor(
-        store=ObjectStore(bench.clients.s3, bucket),
+        store=ObjectStore(bench.clients, bucket),
         readmodel=ReadModel(bench.clients.items, bench.table),
         publish=pub.many,
         rules=fleet.rules,
@@ -1301,7 +1320,7 @@ async def messages(
 ) -> Measured:
     """``count`` factory_state messages, one per factory: the raw put ingest makes, then the
     processor's handling of the RawArchived event ingest publishes (inline payload)."""
-    store = ObjectStore(bench.clients.s3, bucket)
+    store = ObjectStore(bench.clients, bucket)
     run = uuid.uuid4().hex[:6]
 
     async def one(n: int) -> None:
@@ -1335,7 +1354,7 @@ async def aggregator_runs(
     rm = ReadModel(bench.clients.items, bench.table)
     agg = Aggregator(
         readmodel=rm,
-        store=ObjectStore(bench.clients.s3, bucket),
+        store=ObjectStore(bench.clients, bucket),
         publish=pub.one,
         ttl=fleet.ttl,
         clock=FixedClock(now),
@@ -1387,7 +1406,7 @@ async def collector_runs(
     await app.start()
     try:
         assert app.clients is not None
-        bench.meter.attach(app.clients.dynamodb)
+        bench.meter.attach(app.clients)
         for collector in app.collectors.values():
             collector.publish = pub.one  # counted, not sent
         fast = await bench.measure("fast collector", app.collectors["fast"].tick)
@@ -1750,7 +1769,7 @@ async def collect(
     got: dict[str, Any] = {"depths": depths, "sample": sample, "now": now}
     config = AwsConfig(endpoint_url=emulator, max_pool_connections=64)
     async with open_clients(config) as clients:
-        meter.attach(clients.dynamodb)
+        meter.attach(clients)
         bench = Bench(emulator, clients, meter, table, emulator_pid)
         writer = RawWriter(emulator, clients.config.region)
         await bootstrap(clients, bucket=bucket, table=table)
@@ -1808,12 +1827,12 @@ async def collect(
         got["due_events"] = pub.events - got["quiet_events"]
         # every factory due again, the meter off: the platform's own seconds and CPU (the meter's
         # hooks run in this process and would count as the platform's)
-        meter.detach(clients.dynamodb)
+        meter.detach(clients)
         clock.now = now + timedelta(seconds=240)
         before_bare = pub.events
         got["due_bare"] = await refresh_tick(bench, processor, clock, "refresh due, no meter")
         got["due_bare_events"] = pub.events - before_bare
-        meter.attach(clients.dynamodb)
+        meter.attach(clients)
         progress(
             f"refresh: quiet {got['quiet'].seconds:.1f} s, due {got['due'].seconds:.1f} s "
             f"({got['due_bare'].seconds:.1f} s without the meter); "

@@ -74,7 +74,7 @@ async def generate(endpoint: str, buckets: list[str], count: int) -> float:
             await clients.s3.create_bucket(
                 Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION}
             )
-        store = {b: ObjectStore(clients.s3, b) for b in buckets}
+        store = {b: ObjectStore(clients, b) for b in buckets}
 
         async def put(bucket: str, i: int) -> None:
             async with gate:
@@ -92,7 +92,7 @@ async def generate(endpoint: str, buckets: list[str], count: int) -> float:
 
 async def counts(endpoint: str, bucket: str) -> dict[str, int]:
     async with open_clients(AwsConfig(endpoint_url=endpoint)) as clients:
-        store = ObjectStore(clients.s3, bucket)
+        store = ObjectStore(clients, bucket)
         return {p: len(await store.list_keys(p)) for p in ("datasets/", "raw/")}
 
 

@@ -114,7 +114,7 @@ async def samples_of(svc: Services, factory: str) -> dict[str, Any]:
     """What the services wrote for the last message of ``factory``: the raw object (bytes and
     metadata), the processed objects, the HISTORY item and LATEST; the floor writes these."""
     async with open_clients(AwsConfig(endpoint_url=svc.endpoint)) as c:
-        store, readmodel = ObjectStore(c.s3, svc.bucket), ReadModel(c.items, svc.table)
+        store, readmodel = ObjectStore(c, svc.bucket), ReadModel(c.items, svc.table)
         latest = await readmodel.get_latest(factory)
         assert latest is not None, f"no LATEST for {factory}"
         at = parse_ts(str(latest["updated_at"]))
@@ -194,7 +194,7 @@ async def baseline(endpoint: str, samples: dict[str, Any], seconds: float) -> fl
     raw, bodies = samples["raw"], [b.encode() for b in samples["objects"].values()]
     async with open_clients(AwsConfig(endpoint_url=endpoint)) as c:
         await bootstrap(c, bucket=bucket, table=table)
-        store, readmodel = ObjectStore(c.s3, bucket), ReadModel(c.items, table)
+        store, readmodel = ObjectStore(c, bucket), ReadModel(c.items, table)
         stop, n = time.perf_counter() + seconds, 0
         start = time.perf_counter()
         base = datetime.now(UTC)

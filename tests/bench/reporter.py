@@ -187,8 +187,8 @@ def show(label: str, run: dict[str, Any]) -> None:
 
 async def remove(endpoint: str, bucket: str, prefix: str) -> int:
     async with open_clients(AwsConfig(endpoint_url=endpoint)) as c:
-        found = [o async for o in ObjectStore(c.s3, bucket).list_objects(prefix)]
-        await ObjectStore(c.s3, bucket).delete_many([o.key for o in found])
+        found = [o async for o in ObjectStore(c, bucket).list_objects(prefix)]
+        await ObjectStore(c, bucket).delete_many([o.key for o in found])
     return len(found)
 
 

@@ -189,7 +189,7 @@ async def pipeline(
         aws_endpoint=aws_endpoint,
         bucket=bucket,
         table=table,
-        store=ObjectStore(aws.s3, bucket),
+        store=ObjectStore(aws, bucket),
         readmodel=ReadModel(aws.items, table),
         uid=unique_id,
         logs=tmp_path,

@@ -45,6 +45,7 @@ from aegis_storage.bootstrap import (
 from aegis_storage.clients import AwsClients, AwsConfig, aio_config, open_client
 from aegis_storage.dynamo import open_items
 from aegis_storage.errors import StorageError
+from aegis_storage.objectclient import ChainCredentials, ObjectClient, StaticKeys
 from aegis_storage.readmodel import Put, ReadModel
 from aegis_storage.s3 import ObjectStore, PresignedPost, post_policy
 from aegis_storage_tools.audit import Auditor, AuditStatus
@@ -261,7 +262,7 @@ async def credentials(iam_endpoint: str) -> dict[str, tuple[str, str]]:
     async with AsyncExitStack() as stack:
         admin = await _clients(stack, cfg, ("test", "test"))
         await bootstrap(admin, bucket=BUCKET, table=TABLE)
-        store = ObjectStore(admin.s3, BUCKET)
+        store = ObjectStore(admin, BUCKET)
         for key in (RAW, PROCESSED, SNAPSHOT, REPORT, IMAGE, LEGACY, CLOSED_INCIDENT):
             await store.put_bytes(key, b'{"seed": true}')
         await ReadModel(admin.items, TABLE).put_item(
@@ -353,9 +354,10 @@ async def _clients(stack: AsyncExitStack, cfg: AwsConfig, key: tuple[str, str]) 
     }
     s3 = await stack.enter_async_context(session.create_client("s3", **kwargs))
     ddb = await stack.enter_async_context(session.create_client("dynamodb", **kwargs))
+    objects = ObjectClient(cfg, ChainCredentials(StaticKeys(*key)))
     static = {"aws_access_key_id": key[0], "aws_secret_access_key": key[1]}
     items = await stack.enter_async_context(open_items(cfg, session, static))
-    return AwsClients(s3=s3, dynamodb=ddb, config=cfg, items=items)
+    return AwsClients(s3=s3, dynamodb=ddb, config=cfg, objects=objects, items=items)
 
 
 class As:
@@ -363,7 +365,7 @@ class As:
 
     def __init__(self, clients: AwsClients) -> None:
         self.clients = clients
-        self.store = ObjectStore(clients.s3, BUCKET)
+        self.store = ObjectStore(clients, BUCKET)
         self.readmodel = ReadModel(clients.items, TABLE)
 
 

@@ -421,7 +421,7 @@ class CountingStore(ObjectStore):
     raw object's put."""
 
     def __init__(self, store: ObjectStore) -> None:
-        super().__init__(store._s3, store.bucket)
+        super().__init__(store._clients, store.bucket)
         self.attempts: Counter[str] = Counter()
 
     async def put_immutable(self, key: str, body: bytes, **options: Any) -> PutResult:

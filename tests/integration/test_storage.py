@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from aegis_contracts import keys
 from aegis_contracts.times import Timestamp, format_ts
+from aegis_devstack.testing.emulator import arequest_counts
 from aegis_storage.errors import Conflict, NotFound
 from aegis_storage.readmodel import encode
 from aegis_storage.s3 import PutOutcome
@@ -90,7 +91,9 @@ async def test_json_round_trip_listing_and_missing_objects(foundation):
         await store.get_bytes("processed/factory-a/nothing.json")
 
 
-async def test_a_key_range_is_listed_from_its_start_and_never_past_its_end(foundation):
+async def test_a_key_range_is_listed_from_its_start_and_never_past_its_end(
+    foundation, aws_endpoint
+):
     store = foundation.store
     prefix = keys.processed_hour_prefix("factory-a", "state_snapshot", T0)
     names = [keys.state_snapshot_key("factory-a", T0 + timedelta(seconds=i)) for i in range(1100)]
@@ -101,25 +104,20 @@ async def test_a_key_range_is_listed_from_its_start_and_never_past_its_end(found
             await store.put_bytes(key, b"{}")
 
     await asyncio.gather(*(put(k) for k in names))
-    lists = 0
+    counted = await arequest_counts(aws_endpoint)
 
-    def count(**_: object) -> None:
-        nonlocal lists
-        lists += 1
+    async def lists() -> int:  # the LISTs the emulator answered since the puts
+        return (await arequest_counts(aws_endpoint) - counted).count("s3", "ListObjectsV2")
 
-    foundation.clients.s3.meta.events.register("before-call.s3.ListObjectsV2", count)
-    try:
-        # the bounds are exclusive: a range from a key's name without ".json" includes that key
-        late = await store.list_keys_between(
-            prefix, names[1050].removesuffix(".json"), names[1060].removesuffix(".json")
-        )
-        assert late == names[1050:1060] and lists == 1  # started at 1050, not on page one
-        early = await store.list_keys_between(prefix, names[0], names[20])
-        assert early == names[1:20] and lists == 2  # one page, however many follow
-        assert await store.list_keys_between(prefix, prefix, prefix + "~") == names
-        assert lists == 4  # the whole prefix: two pages
-    finally:
-        foundation.clients.s3.meta.events.unregister("before-call.s3.ListObjectsV2", count)
+    # the bounds are exclusive: a range from a key's name without ".json" includes that key
+    late = await store.list_keys_between(
+        prefix, names[1050].removesuffix(".json"), names[1060].removesuffix(".json")
+    )
+    assert late == names[1050:1060] and await lists() == 1  # started at 1050, not on page one
+    early = await store.list_keys_between(prefix, names[0], names[20])
+    assert early == names[1:20] and await lists() == 2  # one page, however many follow
+    assert await store.list_keys_between(prefix, prefix, prefix + "~") == names
+    assert await lists() == 4  # the whole prefix: two pages
 
 
 async def test_the_first_window_of_a_job_is_recorded_once(foundation):

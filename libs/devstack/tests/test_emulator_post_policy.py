@@ -31,7 +31,7 @@ async def store(private_emulator: str, unique_id: str) -> AsyncIterator[ObjectSt
     async with open_clients(AwsConfig(endpoint_url=private_emulator)) as clients:
         bucket = f"aegis-{unique_id}"
         await bootstrap(clients, bucket=bucket, table=f"AEGIS-{unique_id}")
-        yield ObjectStore(clients.s3, bucket)
+        yield ObjectStore(clients, bucket)
 
 
 async def presign(store: ObjectStore) -> PresignedPost:

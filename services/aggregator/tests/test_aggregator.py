@@ -33,6 +33,7 @@ from aegis_contracts.subjects import change_subject
 from aegis_contracts.times import floor_to, format_ts, parse_ts, utc_now
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.emulator import request_counts
 from aegis_devstack.testing.storage import Foundation
 from aegis_runtime.broker import create_broker, ensure_streams
 from aegis_storage.s3 import to_json_bytes
@@ -697,20 +698,16 @@ HISTORY_TTL = timedelta(hours=2)
 
 @contextlib.contextmanager
 def counted(foundation: Foundation) -> Iterator[Counter[str]]:
-    """The S3 and DynamoDB API calls made inside the block, by operation name."""
+    """The S3 and DynamoDB requests the emulator answered inside the block, by operation name
+    (whichever client sent them: the per-message S3 calls go through obstore)."""
+    endpoint = foundation.clients.config.endpoint_url
+    assert endpoint is not None
     calls: Counter[str] = Counter()
-
-    def count(model: Any, **_: Any) -> None:
-        calls[model.name] += 1
-
-    clients = (foundation.clients.s3, foundation.clients.dynamodb)
-    for client in clients:
-        client.meta.events.register("before-call", count, unique_id="aggregator-test-count")
-    try:
-        yield calls
-    finally:
-        for client in clients:
-            client.meta.events.unregister("before-call", unique_id="aggregator-test-count")
+    before = request_counts(endpoint)
+    yield calls
+    done = request_counts(endpoint) - before
+    for service in ("s3", "dynamodb"):
+        calls.update(done.ops(service))
 
 
 def irregular(factory: str, start: datetime, stop: datetime) -> list[Snap]:

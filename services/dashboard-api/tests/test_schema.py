@@ -41,7 +41,7 @@ async def _seed(endpoint: str, bucket: str, table: str) -> None:
     now = datetime.now(UTC)
     async with open_clients(AwsConfig(endpoint_url=endpoint)) as clients:
         await bootstrap(clients, bucket=bucket, table=table)
-        store, rm = ObjectStore(clients.s3, bucket), ReadModel(clients.items, table)
+        store, rm = ObjectStore(clients, bucket), ReadModel(clients.items, table)
         image = keys.image_snapshot_key(FACTORY, now, "cam-1.jpg")
         await store.put_bytes(image, b"\xff\xd8 frame", content_type="image/jpeg")
         await rm.set_latest(

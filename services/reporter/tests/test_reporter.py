@@ -265,7 +265,7 @@ class FailingStore(ObjectStore):
     """Dies when it is about to write the intermediate of one KST hour (a killed run)."""
 
     def __init__(self, base: ObjectStore, fail_at: str) -> None:
-        super().__init__(base._s3, base.bucket)
+        super().__init__(base._clients, base.bucket)
         self.fail_at = fail_at
         self.gets: list[str] = []
 

@@ -120,7 +120,7 @@ async def _versions_via_new_client(endpoint: str, bucket: str) -> list[tuple[str
     from aegis_storage.clients import AwsConfig, open_clients  # noqa: PLC0415
 
     async with open_clients(AwsConfig(endpoint_url=endpoint)) as clients:
-        return await versions(ObjectStore(clients.s3, bucket))
+        return await versions(ObjectStore(clients, bucket))
 
 
 async def test_copy_only_leaves_sources(legacy: ObjectStore, tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ async def test_an_interrupted_run_then_a_re_run_ends_as_a_clean_run(
     legacy: ObjectStore, foundation: Any, tmp_path: Path
 ) -> None:
     # the clean run, in a bucket of its own
-    clean = ObjectStore(foundation.clients.s3, f"{legacy.bucket}-clean")
+    clean = ObjectStore(foundation.clients, f"{legacy.bucket}-clean")
     await foundation.clients.s3.create_bucket(
         Bucket=clean.bucket, CreateBucketConfiguration={"LocationConstraint": "ap-south-1"}
     )

@@ -92,7 +92,7 @@ async def _prepare(url: str) -> Emulator:
     async with open_clients(cfg) as admin:
         for bucket in (FLAT, MIXED):
             await bootstrap(admin, bucket=bucket, table=f"AEGIS-{bucket}")
-            store = ObjectStore(admin.s3, bucket)
+            store = ObjectStore(admin, bucket)
             for i, key in enumerate(FLAT_KEYS):
                 await store.put_bytes(
                     key,
@@ -101,7 +101,7 @@ async def _prepare(url: str) -> Emulator:
                 )
             policy = substituted(render.load_document(render.BUCKET_POLICY), bucket)
             await admin.s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
-        await ObjectStore(admin.s3, MIXED).put_bytes(LATEST, b'{"latest":true}')
+        await ObjectStore(admin, MIXED).put_bytes(LATEST, b'{"latest":true}')
     async with open_client("iam", cfg) as iam:
         operator = "aegis-migration-operator"
         await iam.create_user(UserName=operator)

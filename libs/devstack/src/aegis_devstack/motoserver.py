@@ -618,6 +618,53 @@ def honour_copy_if_none_match() -> None:
     S3Response.copy_object = conditional_copy_object  # type: ignore[method-assign]
 
 
+# the additional checksums S3 takes on a PutObject, by the header that carries each
+_CHECKSUM_HEADERS = {
+    "x-amz-checksum-crc32": "CRC32",
+    "x-amz-checksum-crc32c": "CRC32C",
+    "x-amz-checksum-crc64nvme": "CRC64NVME",
+    "x-amz-checksum-sha1": "SHA1",
+    "x-amz-checksum-sha256": "SHA256",
+}
+# the ones this emulator can compute exactly (moto falls back to CRC32 for the others when an
+# optional library is missing, so they are stored as given, not checked)
+_CHECKED_CHECKSUMS = {"CRC32", "SHA1", "SHA256"}
+
+
+def keep_and_check_put_checksums() -> None:
+    from moto.s3.exceptions import S3ClientError  # noqa: PLC0415
+    from moto.s3.responses import S3Response  # noqa: PLC0415
+    from moto.s3.utils import compute_checksum  # noqa: PLC0415
+
+    class Mismatch(S3ClientError):
+        def __init__(self, algorithm: str) -> None:
+            super().__init__(
+                "BadDigest", f"The {algorithm} you specified did not match the calculated checksum."
+            )
+
+    get_checksum = S3Response._get_checksum
+
+    def checked_checksum(self: Any, response_headers: dict[str, Any]) -> tuple[str, str | None]:
+        value: str | None
+        if not self.headers.get("x-amz-sdk-checksum-algorithm"):
+            given = [(h, a) for h, a in _CHECKSUM_HEADERS.items() if self.headers.get(h)]
+            if not given:
+                return get_checksum(self, response_headers)
+            header, algorithm = given[0]
+            value = str(self.headers[header])
+            response_headers[header] = value
+        else:
+            algorithm, value = get_checksum(self, response_headers)
+            algorithm = algorithm.upper()
+        if value and algorithm in _CHECKED_CHECKSUMS:
+            computed = compute_checksum(self.body or b"", algorithm=algorithm).decode()
+            if computed != value:
+                raise Mismatch(algorithm.lower())
+        return algorithm, value
+
+    S3Response._get_checksum = checked_checksum  # type: ignore[method-assign]
+
+
 def replace_dynamodb_tag_values() -> None:
     """DynamoDB's TagResource with a key the table already carries replaces that tag's value
     (AWS's tagging rules: keys are unique per resource); moto appends a second tag of the same
@@ -1264,6 +1311,7 @@ def main(argv: list[str] | None = None) -> None:
     serialize_requests(float(os.environ.get(LATENCY_ENV, "0")) / 1000, clock=clock)
     enforce_post_policies(clock)
     honour_copy_if_none_match()
+    keep_and_check_put_checksums()
     replace_dynamodb_tag_values()
     route_cloudformation_state_machines()
     authorize_like_aws()

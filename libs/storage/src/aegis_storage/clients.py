@@ -1,9 +1,12 @@
-"""The AWS client factory every service uses: aiobotocore, and aiodynamo for the read model's
-item calls (:mod:`aegis_storage.dynamo`: the same settings and credentials, less CPU per call).
+"""The AWS client factory every service uses: aiobotocore for the control plane, obstore for the
+per-message S3 calls (:mod:`aegis_storage.objectclient`) and aiodynamo for the read model's item
+calls (:mod:`aegis_storage.dynamo`), all with the same settings and credentials.
 
 One session, clients opened for the life of a service (in its lifespan), the endpoint overridable for
 LocalStack/moto, a connection pool sized for the service's concurrency, standard retries, and the
 per-request client CPU trimmed: checksums only when an API requires them, no parameter validation.
+Beside the aiobotocore clients, the obstore client of the per-message S3 calls
+(:mod:`aegis_storage.objectclient`), with the same settings and the session's credential chain.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
 
     from aegis_storage.dynamo import DynamoItems
+    from aegis_storage.objectclient import ObjectClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +57,7 @@ def aio_config(cfg: AwsConfig) -> AioConfig:
     )
 
 
-def _credentials(cfg: AwsConfig) -> dict[str, str]:
+def emulator_credentials(cfg: AwsConfig) -> dict[str, str]:
     # an emulator accepts any key; real AWS uses the default chain (env, profile, IRSA, task role)
     if cfg.endpoint_url and not os.environ.get("AWS_ACCESS_KEY_ID"):
         return {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
@@ -65,28 +69,36 @@ class AwsClients:
     s3: S3Client
     dynamodb: DynamoDBClient  # the control plane: tables, indexes, TTL, tags
     config: AwsConfig
+    objects: ObjectClient  # the per-message S3 calls (puts, gets, listings)
     items: DynamoItems  # item reads and writes (the read model's)
 
 
 @asynccontextmanager
 async def open_clients(cfg: AwsConfig) -> AsyncIterator[AwsClients]:
-    """Open S3 and DynamoDB clients that share one session; closed on exit."""
+    """Open S3 and DynamoDB clients that share one session, and the obstore client beside them
+    (signing with that session's credentials); closed on exit."""
     from aiobotocore.session import get_session  # noqa: PLC0415 - see aio_config
 
     from aegis_storage.dynamo import open_items  # noqa: PLC0415 - as aiobotocore
+    from aegis_storage.objectclient import ChainCredentials, ObjectClient  # noqa: PLC0415
 
     session = get_session()
     kwargs: dict[str, Any] = {
         "region_name": cfg.region,
         "endpoint_url": cfg.endpoint_url,
         "config": aio_config(cfg),
-        **_credentials(cfg),
+        **emulator_credentials(cfg),
     }
     async with AsyncExitStack() as stack:
         s3 = await stack.enter_async_context(session.create_client("s3", **kwargs))
         dynamodb = await stack.enter_async_context(session.create_client("dynamodb", **kwargs))
-        items = await stack.enter_async_context(open_items(cfg, session, _credentials(cfg)))
-        yield AwsClients(s3=s3, dynamodb=dynamodb, config=cfg, items=items)
+        chain = (
+            None if emulator_credentials(cfg) else ChainCredentials(await session.get_credentials())
+        )
+        objects = ObjectClient(cfg, chain)
+        stack.callback(objects.close)
+        items = await stack.enter_async_context(open_items(cfg, session, emulator_credentials(cfg)))
+        yield AwsClients(s3=s3, dynamodb=dynamodb, config=cfg, objects=objects, items=items)
 
 
 @asynccontextmanager
@@ -100,6 +112,6 @@ async def open_client(service: str, cfg: AwsConfig) -> AsyncIterator[Any]:
         region_name=cfg.region,
         endpoint_url=cfg.endpoint_url,
         config=aio_config(cfg),
-        **_credentials(cfg),
+        **emulator_credentials(cfg),
     ) as client:
         yield client

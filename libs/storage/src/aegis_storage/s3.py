@@ -5,6 +5,11 @@ copies (CopyObject, or UploadPartCopy parts above a threshold) that keep metadat
 (``duplicate``), a put of different bytes under an existing key raises :class:`Conflict` and never
 overwrites. Bodies are serialized once by the caller or here, never twice.
 
+The per-message calls (puts, gets, listings) go through obstore, the others through aiobotocore
+(:mod:`aegis_storage.objectclient` says why); callers see one interface and one error tree. A key
+obstore cannot name (an empty or a ``.`` / ``..`` segment, which S3 allows and the platform never
+writes) is read and written through aiobotocore, and a listing that meets one goes on there.
+
 ``presign_upload`` signs, with this client's credentials, a browser-style POST that lets whoever
 holds it write one key, one content type and one exact size until it expires (the POST policy's
 conditions: S3 refuses any other key, type or size, and a changed policy fails the signature).
@@ -23,14 +28,20 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+import obstore
+from obstore.exceptions import InvalidPathError
 from pydantic import BaseModel
 
 from aegis_contracts.events import ObjectCreated
 from aegis_contracts.times import parse_iso
 from aegis_storage.errors import Conflict, NotFound, translated
+from aegis_storage.objectclient import translated_obstore
 
 if TYPE_CHECKING:
-    from types_aiobotocore_s3 import S3Client
+    from obstore import Attributes, PutMode
+    from obstore.store import S3Store
+
+    from aegis_storage.clients import AwsClients
 
 JSON = "application/json"
 DELETE_BATCH = 1000  # S3's limit per DeleteObjects; emulators do not enforce it, we do
@@ -47,6 +58,17 @@ _COPIED_HEADERS = (
     "ContentLanguage",
     "CacheControl",
     "Expires",
+)
+# the names obstore takes as an object's attributes rather than as user metadata
+_ATTRIBUTE_NAMES = frozenset(
+    {
+        "content-disposition",
+        "content-encoding",
+        "content-language",
+        "content-type",
+        "cache-control",
+        "storage-class",
+    }
 )
 
 
@@ -111,6 +133,30 @@ def copy_ranges(size: int, part_bytes: int) -> list[tuple[int, int]]:
     return [(start, min(start + part, size) - 1) for start in range(0, size, part)]
 
 
+def obstore_can_name(key: str) -> bool:
+    """Whether obstore takes ``key`` as it is: no empty segment (``a//b``, ``a/``, ``/a``) and no
+    ``.`` or ``..`` segment, which S3 allows and obstore refuses."""
+    return all(part not in ("", ".", "..") for part in key.split("/"))
+
+
+def _attributes(content_type: str, metadata: Mapping[str, str] | None) -> Attributes:
+    attributes: Attributes = {"Content-Type": content_type}
+    for name, value in (metadata or {}).items():
+        if name.lower() in _ATTRIBUTE_NAMES:
+            raise ValueError(f"{name!r} is a header of its own, not user metadata")
+        attributes[name] = value
+    return attributes
+
+
+def _info(meta: Mapping[str, Any]) -> ObjectInfo:
+    return ObjectInfo(
+        key=str(meta["path"]),
+        size_bytes=int(meta["size"]),
+        etag=str(meta.get("e_tag") or ""),
+        last_modified=meta["last_modified"],
+    )
+
+
 def to_json_bytes(value: BaseModel | Mapping[str, Any] | Sequence[Any]) -> bytes:
     if isinstance(value, BaseModel):
         return value.model_dump_json().encode()
@@ -139,8 +185,10 @@ def post_policy(fields: Mapping[str, str]) -> dict[str, Any]:
 
 
 class ObjectStore:
-    def __init__(self, s3: S3Client, bucket: str) -> None:
-        self._s3 = s3
+    def __init__(self, clients: AwsClients, bucket: str) -> None:
+        self._clients = clients
+        self._s3 = clients.s3
+        self._objects: S3Store = clients.objects.store(bucket)
         self.bucket = bucket
 
     def created(
@@ -166,8 +214,7 @@ class ObjectStore:
         metadata: Mapping[str, str] | None = None,
     ) -> PutResult:
         """An ordinary (overwriting) put: derived data that a re-run rewrites with the same content."""
-        with translated(f"put s3://{self.bucket}/{key}"):
-            return await self._put(key, body, content_type, metadata)
+        return await self._put(f"put s3://{self.bucket}/{key}", key, body, content_type, metadata)
 
     async def put_json(
         self,
@@ -192,30 +239,44 @@ class ObjectStore:
         (:meth:`kept_sha256` reads it back): whoever holds an event naming the object can tell
         whether the bytes it carries are the archived ones without downloading them."""
         try:
-            with translated(f"put-once s3://{self.bucket}/{key}"):
-                return await self._put(
-                    key, body, content_type, metadata, IfNoneMatch="*", ChecksumAlgorithm="SHA256"
-                )
+            return await self._put(
+                f"put-once s3://{self.bucket}/{key}", key, body, content_type, metadata, once=True
+            )
         except Conflict:  # 412: the key exists; same bytes is a duplicate, other bytes a conflict
             return await self._settle_existing(key, body)
 
     async def _put(
         self,
+        what: str,
         key: str,
         body: bytes,
         content_type: str,
         metadata: Mapping[str, str] | None,
-        **conditions: str,
+        *,
+        once: bool = False,
     ) -> PutResult:
-        resp = await self._s3.put_object(
-            Bucket=self.bucket,
-            Key=key,
-            Body=body,
-            ContentType=content_type,
-            Metadata=dict(metadata or {}),
-            **conditions,  # type: ignore[arg-type]
-        )
-        return PutResult(key, PutOutcome.CREATED, resp.get("ETag"), len(body))
+        """One PutObject carrying the body's SHA-256 (S3 checks and keeps it); ``once``: with
+        If-None-Match: * (:class:`Conflict` when the key exists)."""
+        attributes = _attributes(content_type, metadata)
+        if not obstore_can_name(key):
+            conditions = {"IfNoneMatch": "*"} if once else {}
+            with translated(what):
+                resp = await self._s3.put_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    Body=body,
+                    ContentType=content_type,
+                    Metadata=dict(metadata or {}),
+                    ChecksumAlgorithm="SHA256",
+                    **conditions,  # type: ignore[arg-type]
+                )
+            return PutResult(key, PutOutcome.CREATED, resp.get("ETag"), len(body))
+        mode: PutMode = "create" if once else "overwrite"
+        with translated_obstore(what):
+            done = await obstore.put_async(
+                self._objects, key, body, mode=mode, attributes=attributes, use_multipart=False
+            )
+        return PutResult(key, PutOutcome.CREATED, done.get("e_tag"), len(body))
 
     async def _settle_existing(self, key: str, body: bytes) -> PutResult:
         existing = await self.get_bytes(key)
@@ -250,23 +311,35 @@ class ObjectStore:
         return PresignedPost(str(post["url"]), fields, parse_iso(expiration, "expiration"))
 
     async def get_bytes(self, key: str) -> bytes:
-        with translated(f"get s3://{self.bucket}/{key}"):
-            resp = await self._s3.get_object(Bucket=self.bucket, Key=key)
-            async with resp["Body"] as stream:
-                return await stream.read()
+        return (await self.get_object(key)).body
 
     async def get_object(self, key: str) -> StoredObject:
         """Body, user metadata, content type and ETag in one GET."""
-        with translated(f"get s3://{self.bucket}/{key}"):
-            resp = await self._s3.get_object(Bucket=self.bucket, Key=key)
-            async with resp["Body"] as stream:
-                body = await stream.read()
+        what = f"get s3://{self.bucket}/{key}"
+        if not obstore_can_name(key):
+            with translated(what):
+                resp = await self._s3.get_object(Bucket=self.bucket, Key=key)
+                async with resp["Body"] as stream:
+                    body = await stream.read()
+            return StoredObject(
+                key=key,
+                body=body,
+                metadata=dict(resp.get("Metadata", {})),
+                content_type=str(resp.get("ContentType", "")),
+                etag=str(resp.get("ETag", "")),
+            )
+        with translated_obstore(what):
+            got = await obstore.get_async(self._objects, key)
+            body = bytes(await got.bytes_async())
+        attributes = dict(got.attributes)
         return StoredObject(
             key=key,
             body=body,
-            metadata=dict(resp.get("Metadata", {})),
-            content_type=str(resp.get("ContentType", "")),
-            etag=str(resp.get("ETag", "")),
+            metadata={
+                k: str(v) for k, v in attributes.items() if k.lower() not in _ATTRIBUTE_NAMES
+            },
+            content_type=str(attributes.get("Content-Type", "")),
+            etag=str(got.meta.get("e_tag") or ""),
         )
 
     async def sha256(self, key: str) -> str:
@@ -377,10 +450,32 @@ class ObjectStore:
         return value if value and "-" not in value else None
 
     async def list_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
-        """Every object under ``prefix``, in key order, page by page."""
+        """Every object under ``prefix``, in key order, page by page.
+
+        obstore lists whole path segments (``raw/f/`` but not ``raw/f`` alone, which would also
+        match ``raw/fa/``): a prefix that ends inside a segment is listed by aiobotocore, and so
+        is the rest of a listing from a key obstore cannot name on."""
+        after, refused = "", False
+        if prefix == "" or (prefix.endswith("/") and obstore_can_name(prefix[:-1])):
+            with translated_obstore(f"list s3://{self.bucket}/{prefix}"):
+                try:
+                    async for batch in obstore.list(self._objects, prefix or None, chunk_size=1000):
+                        for meta in batch:
+                            info = _info(meta)
+                            after = info.key
+                            yield info
+                except InvalidPathError:
+                    refused = True  # a key obstore refuses: the rest of the listing from here
+            if not refused:
+                return
         paginator = self._s3.get_paginator("list_objects_v2")
+        start = {"StartAfter": after} if after else {}
         with translated(f"list s3://{self.bucket}/{prefix}"):
-            async for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            async for page in paginator.paginate(
+                Bucket=self.bucket,
+                Prefix=prefix,
+                **start,  # type: ignore[arg-type]
+            ):
                 for obj in page.get("Contents", []):
                     yield ObjectInfo(
                         key=obj["Key"],
@@ -394,6 +489,20 @@ class ObjectStore:
         the listing after ``start_after`` (StartAfter) and no page past ``before`` is asked for, so
         a narrow range of a large prefix costs one LIST."""
         found: list[str] = []
+        if prefix.endswith("/") and obstore_can_name(prefix[:-1]) and obstore_can_name(start_after):
+            with translated_obstore(f"list s3://{self.bucket}/{prefix} after {start_after}"):
+                try:
+                    async for batch in obstore.list(
+                        self._objects, prefix, offset=start_after, chunk_size=1000
+                    ):
+                        for meta in batch:
+                            if meta["path"] >= before:
+                                return found
+                            found.append(str(meta["path"]))
+                except InvalidPathError:  # a key obstore refuses: the rest from here
+                    start_after = found[-1] if found else start_after
+                else:
+                    return found
         paginator = self._s3.get_paginator("list_objects_v2")
         with translated(f"list s3://{self.bucket}/{prefix} after {start_after}"):
             async for page in paginator.paginate(

@@ -82,7 +82,7 @@ class AggregatorApp(ServiceApp):
         s = self.settings
         self.aggregator = Aggregator(
             readmodel=ReadModel(clients.items, s.table, changes=self.publish_change),
-            store=ObjectStore(clients.s3, s.bucket),
+            store=ObjectStore(clients, s.bucket),
             publish=self.publish,
             ttl=s.ttl,
             clock=self.clock,

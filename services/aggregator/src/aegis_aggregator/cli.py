@@ -130,7 +130,7 @@ async def _run(
             readmodel = ReadModel(clients.items, s.table, changes=changes)
             agg = Aggregator(
                 readmodel=readmodel,
-                store=ObjectStore(clients.s3, s.bucket),
+                store=ObjectStore(clients, s.bucket),
                 publish=announce,
                 ttl=s.ttl,
                 clock=utc_now,

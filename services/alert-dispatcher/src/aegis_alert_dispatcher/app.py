@@ -144,7 +144,7 @@ class DispatcherApp(ServiceApp):
             else None
         )
         self.dispatcher = Dispatcher(
-            store=ObjectStore(clients.s3, s.bucket),
+            store=ObjectStore(clients, s.bucket),
             readmodel=ReadModel(clients.items, s.table, changes=self.publish_change),
             sender=sender,
             dead_letter=self._dead_letter,

@@ -139,7 +139,7 @@ class IncidentMetrics:
         count is read from it."""
         self.store = ObservedIncidentStore(
             ReadModel(clients.items, table, changes=changes),
-            ObjectStore(clients.s3, bucket),
+            ObjectStore(clients, bucket),
             on_archived=self.closed,
         )
         return self.store

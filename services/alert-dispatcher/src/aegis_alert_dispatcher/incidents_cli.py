@@ -66,7 +66,7 @@ def _run(work: Callable[[IncidentStore], Awaitable[T]], *, announce: bool = Fals
             async with open_clients(settings.aws()) as clients:
                 store = IncidentStore(
                     ReadModel(clients.items, settings.table, changes=changes),
-                    ObjectStore(clients.s3, settings.bucket),
+                    ObjectStore(clients, settings.bucket),
                 )
                 return await work(store)
         finally:

@@ -56,7 +56,7 @@ class CollectorApp(ServiceApp):
         cloudwatch = None
         if "slow" in s.collector_tiers and s.cloudwatch:
             cloudwatch = await stack.enter_async_context(open_client("cloudwatch", s.aws()))
-        store = ObjectStore(clients.s3, s.bucket)
+        store = ObjectStore(clients, s.bucket)
         readmodel = ReadModel(clients.items, s.table, changes=self.publish_change)
         if self.monitor is not None and self.background:
             start_background(stack, self.monitor.run, "mqtt-sys")

@@ -61,7 +61,7 @@ class Reader:
     def __init__(self, clients: AwsClients, settings: DashboardSettings, clock: Clock) -> None:
         self.clients, self.settings, self.clock = clients, settings, clock
         self.readmodel = ReadModel(self.clients.items, self.settings.table)
-        self.store = ObjectStore(self.clients.s3, self.settings.bucket)
+        self.store = ObjectStore(self.clients, self.settings.bucket)
         self.incidents = IncidentStore(self.readmodel, self.store)
         # the fleet is one listing (the fleet index, then the LATEST items) shared by every open
         # screen, at most once per dashboard_fleet_cache_s

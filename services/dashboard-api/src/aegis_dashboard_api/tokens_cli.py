@@ -58,7 +58,7 @@ def _run(
         async with open_clients(settings.aws()) as clients:
             done = await work(TokenStore(ReadModel(clients.items, settings.table)))
             if audited is not None:
-                await AuditLog(ObjectStore(clients.s3, settings.bucket)).record(audited(done))
+                await AuditLog(ObjectStore(clients, settings.bucket)).record(audited(done))
             return done
 
     try:

@@ -100,7 +100,7 @@ class IngestApp:
             start_background(stack, self.heartbeat.run, "ingest-heartbeat")
             handler = IngestHandler(
                 settings=s,
-                store=ObjectStore(clients.s3, s.bucket),
+                store=ObjectStore(clients, s.bucket),
                 broker=self.broker,
                 metrics=self.metrics,
                 stopping=stop,

@@ -124,7 +124,7 @@ class IngestSettings(AegisSettings):
         default=3,
         ge=1,
         le=10,
-        description="The AWS SDK's own attempts per S3 call (inside each of ingest's attempts).",
+        description="The S3 client's own attempts per call (inside each of ingest's attempts).",
     )
     nats_ack_timeout_s: float = Field(
         default=5.0,

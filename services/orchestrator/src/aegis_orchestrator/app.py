@@ -441,7 +441,7 @@ class OrchestratorApp(ServiceApp):
         self.runner = Runner(
             store=self.store,
             readmodel=readmodel,
-            objects=ObjectStore(clients.s3, s.bucket),
+            objects=ObjectStore(clients, s.bucket),
             tasks=tasks,
             clock=self.clock,
             environment=self.environment,

@@ -250,7 +250,7 @@ async def open_function(
         store=JobStore(readmodel, utc_now),
         tasks=tasks,
         environment=job_environment(os.environ if environment is None else environment),
-        objects=ObjectStore(clients.s3, settings.bucket),
+        objects=ObjectStore(clients, settings.bucket),
     )
 
 

@@ -104,7 +104,7 @@ class ProcessorApp(ServiceApp):
     async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
         s = self.settings
         self.processor = Processor(
-            store=ObjectStore(clients.s3, s.bucket),
+            store=ObjectStore(clients, s.bucket),
             readmodel=ReadModel(clients.items, s.table, changes=self.publish_change),
             publish=self._publish,
             rules=self.rules,

@@ -38,7 +38,7 @@ def build_reporter(
     """The reporter the service and ``aegis report`` both run."""
     s = settings
     return Reporter(
-        store=ObjectStore(clients.s3, s.bucket),
+        store=ObjectStore(clients, s.bucket),
         readmodel=ReadModel(clients.items, s.table),
         publish=publish_event,
         clock=clock,

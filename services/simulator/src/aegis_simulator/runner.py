@@ -286,7 +286,7 @@ async def run(
         store = None
         if options.images:
             clients = await stack.enter_async_context(open_clients(aws))
-            store = ObjectStore(clients.s3, bucket)
+            store = ObjectStore(clients, bucket)
         if on_connected is not None:
             on_connected()
         publisher = Publisher(client, store, qos=options.qos, stats=stats)

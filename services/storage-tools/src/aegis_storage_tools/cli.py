@@ -119,7 +119,7 @@ def migrate_plan(  # noqa: PLR0917 - typer options are parameters
     async def go() -> Plan:
         async with open_clients(settings.aws()) as clients:
             with progress_bar(progress) as tracker:
-                store = ObjectStore(clients.s3, settings.bucket)
+                store = ObjectStore(clients, settings.bucket)
                 return await plan(store, ruleset, tracker, versions=True)
 
     try:
@@ -226,7 +226,7 @@ def migrate_run(  # noqa: PLR0917 - typer options are parameters
     async def go() -> Summary:
         async with open_clients(settings.aws()) as clients:
             with progress_bar(progress) as tracker:
-                store = ObjectStore(clients.s3, settings.bucket)
+                store = ObjectStore(clients, settings.bucket)
                 migrator = Migrator(
                     store,
                     ruleset,
@@ -349,7 +349,7 @@ def replay(  # noqa: PLR0917 - typer options are parameters
             async with open_clients(settings.aws()) as clients:
                 with progress_bar(progress) as tracker:
                     return await run_replay(
-                        ObjectStore(clients.s3, settings.bucket),
+                        ObjectStore(clients, settings.bucket),
                         publish,
                         factory_id=factory_id,
                         sources=sources,
@@ -527,7 +527,7 @@ def run_seal(
 
     async def go() -> list[SealResult]:
         async with open_clients(settings.aws()) as clients:
-            store = ObjectStore(clients.s3, settings.bucket)
+            store = ObjectStore(clients, settings.bucket)
             sealer = Sealer(store, clock=clock, concurrency=settings.seal_concurrency)
             return await sealer.seal(days, factories, under=under or "raw/", grace=grace)
 
@@ -632,7 +632,7 @@ def audit_raw(  # noqa: PLR0917 - typer options are parameters
 
     async def go() -> list[PartitionAudit]:
         async with open_clients(settings.aws()) as clients:
-            store = ObjectStore(clients.s3, settings.bucket)
+            store = ObjectStore(clients, settings.bucket)
             auditor = Auditor(store, deep=deep, concurrency=settings.seal_concurrency)
             if under is not None:
                 return await auditor.audit_under(under, the_day)

@@ -83,7 +83,7 @@ class SealSchedule:
         now = self.clock()
         self.next_at = next_run(now, self.at)
         days = days_to_seal(now, self.grace, self.settings.seal_lookback_days)
-        store = ObjectStore(self.clients.s3, self.settings.bucket)
+        store = ObjectStore(self.clients, self.settings.bucket)
         sealer = Sealer(store, clock=self.clock, concurrency=self.settings.seal_concurrency)
         try:
             results = await sealer.seal(days)

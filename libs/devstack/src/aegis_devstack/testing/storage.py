@@ -35,7 +35,7 @@ async def foundation(aws: AwsClients, unique_id: str) -> Foundation:
     """A freshly bootstrapped bucket and table, unique to the test."""
     bucket, table = f"aegis-{unique_id}", f"AEGIS-{unique_id}"
     await bootstrap(aws, bucket=bucket, table=table)
-    return Foundation(aws, bucket, table, ObjectStore(aws.s3, bucket), ReadModel(aws.items, table))
+    return Foundation(aws, bucket, table, ObjectStore(aws, bucket), ReadModel(aws.items, table))
 
 
 @pytest.fixture
