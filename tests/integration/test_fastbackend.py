@@ -6,6 +6,7 @@ responder's; what it does not follow is refused loudly (a 501 naming it and a co
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import importlib.util
 import sys
@@ -75,10 +76,11 @@ class Store:
     model: ReadModel
 
 
-@pytest.fixture
-async def store(endpoint: str, unique_id: str) -> AsyncIterator[Store]:
+@contextlib.asynccontextmanager
+async def _bootstrapped(url: str, unique_id: str) -> AsyncIterator[Store]:
+    """Clients of ``url`` and a freshly bootstrapped bucket and table unique to the test."""
     bucket, table = f"aegis-{unique_id}", f"AEGIS-{unique_id}"
-    async with open_clients(AwsConfig(endpoint_url=endpoint)) as clients:
+    async with open_clients(AwsConfig(endpoint_url=url)) as clients:
         await bootstrap(clients, bucket=bucket, table=table)
         yield Store(
             clients,
@@ -87,20 +89,18 @@ async def store(endpoint: str, unique_id: str) -> AsyncIterator[Store]:
             ObjectStore(clients.s3, bucket),
             ReadModel(clients.dynamodb, table),
         )
+
+
+@pytest.fixture
+async def store(endpoint: str, unique_id: str) -> AsyncIterator[Store]:
+    async with _bootstrapped(endpoint, unique_id) as opened:
+        yield opened
 
 
 @pytest.fixture
 async def fast_store(fast: Any, unique_id: str) -> AsyncIterator[Store]:
-    bucket, table = f"aegis-{unique_id}", f"AEGIS-{unique_id}"
-    async with open_clients(AwsConfig(endpoint_url=fast.url)) as clients:
-        await bootstrap(clients, bucket=bucket, table=table)
-        yield Store(
-            clients,
-            bucket,
-            table,
-            ObjectStore(clients.s3, bucket),
-            ReadModel(clients.dynamodb, table),
-        )
+    async with _bootstrapped(fast.url, unique_id) as opened:
+        yield opened
 
 
 def _code(err: BaseException) -> str:
