@@ -59,7 +59,8 @@ class FastBackend:
 
     def counters(self) -> dict[str, Any]:
         """Per operation: ``served`` (answered, AWS errors included), ``refused`` (not followed),
-        ``errors`` by code; also ``connections`` opened, ``refusals`` (their messages) and
+        ``errors`` by code; also ``connections`` opened, ``continues`` (requests that waited for a
+        100 Continue: a round trip more each), ``refusals`` (their messages) and
         ``internal`` (the responder's own failures: a bug, reported loudly)."""
         with urllib.request.urlopen(f"{self.url}/_fast/counters", timeout=5.0) as resp:
             found: dict[str, Any] = json.loads(resp.read())

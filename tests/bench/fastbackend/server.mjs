@@ -10,7 +10,9 @@
 //   a line on stderr), never answered with a silent success.
 // - Connections are kept alive, as AWS keeps them.
 // - --rtt-ms N models a network round trip: every request waits N/2 ms before it is applied and
-//   N/2 ms before it is answered (timers: requests wait together, none holds another up).
+//   N/2 ms before it is answered (timers: requests wait together, none holds another up). A
+//   request sent with Expect: 100-continue (botocore's PutObject) gets its 100 Continue after a
+//   whole round trip more, as the client then waits for it before sending the body.
 // - Requests are applied one at a time on the event loop, so conditional writes are atomic.
 // - Counters per operation (served, refused, errors by code): GET /_fast/counters, and printed
 //   as one JSON line on stdout when stopped (SIGTERM, SIGINT). GET /_fast/ready says it is up.
@@ -43,7 +45,7 @@ const DDB_ERROR = 'com.amazonaws.dynamodb.v20120810#';
 const s3 = new S3(args.region);
 const dynamodb = new DynamoDB();
 const started = Date.now();
-const counters = { ops: {}, connections: 0, refusals: [], internal: 0 };
+const counters = { ops: {}, connections: 0, continues: 0, refusals: [], internal: 0 };
 
 function count(op, outcome, code) {
   let c = counters.ops[op];
@@ -197,6 +199,16 @@ const server = http.createServer((req, res) => {
 server.keepAliveTimeout = 120_000;
 server.headersTimeout = 125_000;
 server.requestTimeout = 0;
+// the headers' way there and the 100 Continue's way back, before the body is sent
+server.on('checkContinue', (req, res) => {
+  counters.continues += 1;
+  const go = () => {
+    res.writeContinue();
+    server.emit('request', req, res);
+  };
+  if (HALF_RTT > 0) setTimeout(go, 2 * HALF_RTT);
+  else go();
+});
 server.on('connection', () => {
   counters.connections += 1;
 });
