@@ -96,10 +96,12 @@ test-at: lint browser $(KUBECTL) ## the whole suite with the clock moved (AT='20
 unit: $(STAMP) $(KUBECTL) ## only the tests that need no server
 	$(PYTEST_RUN) -m "not integration and not e2e"; status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
 
-bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), the S3 clients' CPU per call, backend ceiling, baseline, AEGIS end to end, a reporter day, migration, the dashboard's fleet, the fleet at 1,000 factories, the emulator under make run's load, faults under load, alert latency under the fleet's load
+bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), the S3 clients' CPU per call, backend ceiling, baseline, AEGIS end to end, one ingest and one processor replica on a fast backend (BENCH_BASELINE=REF: against that commit too), a reporter day, migration, the dashboard's fleet, the fleet at 1,000 factories, the emulator under make run's load, faults under load, alert latency under the fleet's load
 	$(VENV)/bin/python tests/bench/triggers.py --out bench-results/triggers.json
 	$(VENV)/bin/python tests/bench/s3clients.py --out bench-results/s3clients.json
 	$(VENV)/bin/python tests/bench/pipeline.py --out bench-results/pipeline.json
+	$(VENV)/bin/python tests/bench/replicas.py --out bench-results/replicas.json \
+		$(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
 	$(VENV)/bin/python tests/bench/reporter.py --out bench-results/reporter.json
 	$(VENV)/bin/python tests/bench/migrate.py --out bench-results/migrate.json
 	$(VENV)/bin/python tests/bench/dashboard.py --out bench-results/dashboard.json

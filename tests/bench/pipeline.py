@@ -42,10 +42,11 @@ import nats
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from procstat import sample
+from procstat import ProcSample, machine_busy_s, sample
 
 from aegis_contracts.ids import topic_for
 from aegis_contracts.keys import history_state_sk, state_snapshot_key
+from aegis_contracts.subjects import RAW
 from aegis_contracts.times import format_ts, parse_ts
 from aegis_devstack.localservers import (
     ManagedServer,
@@ -227,11 +228,15 @@ class Services:
         self.health[service] = free_port()
         with (logs / f"{service}.log").open("ab") as log:
             self.procs[service] = subprocess.Popen(
-                [str(SCRIPTS / f"aegis-{service}")],
+                self.command_for(service),
                 env=self.env_for(service),
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+
+    def command_for(self, service: str) -> list[str]:
+        """How ``service`` is started: its console script."""
+        return [str(SCRIPTS / f"aegis-{service}")]
 
     def env_for(self, service: str) -> dict[str, str]:
         """The environment ``service`` runs with (also a one-shot ``aegis`` command's)."""
@@ -263,10 +268,14 @@ class Services:
                         raise RuntimeError(f"{service} not ready") from None
                     time.sleep(0.1)
 
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
+    def stop(self, *services: str) -> None:
+        """Stop ``services`` (default: every one started) and forget them."""
+        names = list(services or self.procs)
+        for name in names:
+            self.procs[name].send_signal(signal.SIGTERM)
+        for name in names:
+            proc = self.procs.pop(name)
+            self.health.pop(name, None)
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
@@ -287,11 +296,42 @@ def payload(factory: str, message_id: str, at: datetime) -> bytes:
     ).encode()
 
 
+def percentiles_ms(seconds: list[float]) -> dict[str, float]:
+    """p50/p95/p99 (ms) of latencies given in seconds, and how many there were."""
+    lat = sorted(seconds)
+
+    def pct(q: float) -> float:
+        return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else float("nan")
+
+    return {"p50": pct(0.5), "p95": pct(0.95), "p99": pct(0.99), "n": len(lat)}
+
+
+def cpu_split(
+    before: dict[str, ProcSample], after: dict[str, ProcSample], busy: float, seconds: float
+) -> dict[str, float]:
+    """Cores each watched process used over ``seconds``, the machine's busy cores (``machine``,
+    every process on it) and what no watched process used (``other``)."""
+    cores = {name: (after[name].cpu_s - before[name].cpu_s) / seconds for name in after}
+    cores["machine"] = busy / seconds
+    cores["other"] = cores["machine"] - sum(v for k, v in cores.items() if k != "machine")
+    return cores
+
+
 async def run_load(
-    svc: Services, *, messages: int, rate: float | None, factories: int
+    svc: Services,
+    *,
+    messages: int,
+    rate: float | None,
+    factories: int,
+    until: str = "latest",
+    probe: bool = True,
+    watch: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Publish ``messages`` (at ``rate``/s, or as fast as the broker takes them); wait until every
-    one is processed; return throughput, latencies (publish -> LATEST change event) and CPU."""
+    one is processed; return throughput, latencies and CPU. ``until``: ``latest`` waits for the
+    processor (latency: publish -> LATEST change event), ``raw`` for ingest alone (publish -> raw
+    archived event). ``probe``: time a tiny backend request every 50 ms. ``watch``: more
+    processes (name -> pid) whose CPU is reported with the services' as ``cpu_cores``."""
     host, port = svc.mqtt.url.removeprefix("mqtt://").split(":")
     run = uuid.uuid4().hex[:4]  # fresh ids each run: repeats would be de-duplicated, not processed
     # the same fleet in every run, as a processor that keeps running sees it: it reads a factory's
@@ -305,6 +345,12 @@ async def run_load(
     done = asyncio.Event()
     nc = await nats.connect(svc.nats.url)
 
+    def arrived(message_id: object) -> None:
+        sent_at = sent.pop(str(message_id), None)
+        if sent_at is not None:
+            latencies.append(time.perf_counter() - sent_at)
+            timeline.append((round(sent_at - t0, 3), round(latencies[-1] * 1000, 1)))
+
     async def on_object(msg: Any) -> None:
         nonlocal processed
         if b"/factory_state/" in msg.data:
@@ -314,15 +360,31 @@ async def run_load(
 
     async def on_change(msg: Any) -> None:
         event = json.loads(msg.data)
-        mid = ((event.get("new_image") or {}).get("factory_state") or {}).get("meta", {})
-        sent_at = sent.pop(str(mid.get("message_id")), None)
-        if sent_at is not None:
-            latencies.append(time.perf_counter() - sent_at)
-            timeline.append((round(sent_at - t0, 3), round(latencies[-1] * 1000, 1)))
+        arrived(
+            ((event.get("new_image") or {}).get("factory_state") or {})
+            .get("meta", {})
+            .get("message_id")
+        )
 
-    await nc.subscribe("aegis.objects.created.factory_state", cb=on_object)
-    await nc.subscribe("aegis.changes.>", cb=on_change)
-    before = {s: sample(p.pid) for s, p in svc.procs.items()}
+    async def on_raw(msg: Any) -> None:
+        nonlocal processed
+        event = json.loads(msg.data)
+        if event.get("source_type") == "factory_state" and str(event.get("message_id")) in sent:
+            processed += 1
+            arrived(event.get("message_id"))
+            if processed >= messages:
+                done.set()
+
+    if until == "latest":
+        await nc.subscribe("aegis.objects.created.factory_state", cb=on_object)
+        await nc.subscribe("aegis.changes.>", cb=on_change)
+    elif until == "raw":
+        await nc.subscribe(f"{RAW}.>", cb=on_raw)
+    else:
+        raise ValueError(f"until must be latest or raw, not {until!r}")
+    pids = {s: p.pid for s, p in svc.procs.items()} | (watch or {})
+    before = {s: sample(pid) for s, pid in pids.items()}
+    busy_before = machine_busy_s()
     start_at = datetime.now(UTC)
     t0 = time.perf_counter()
     probe_stop = asyncio.Event()
@@ -340,7 +402,7 @@ async def run_load(
                     stalls.append((round(began - t0, 3), round(took * 1000, 1)))
                 await asyncio.sleep(0.05)
 
-    probe = asyncio.create_task(probe_backend())
+    probing = asyncio.create_task(probe_backend()) if probe else None
     async with aiomqtt.Client(
         host, int(port), protocol=aiomqtt.ProtocolVersion.V5, max_inflight_messages=100
     ) as client:
@@ -359,22 +421,19 @@ async def run_load(
         published = time.perf_counter() - t0
         await asyncio.wait_for(done.wait(), timeout=600)
     elapsed = time.perf_counter() - t0
-    after = {s: sample(p.pid) for s, p in svc.procs.items()}
+    after = {s: sample(pid) for s, pid in pids.items()}
+    busy = machine_busy_s() - busy_before
     probe_stop.set()
-    await probe
+    if probing is not None:
+        await probing
     await nc.drain()
-    lat = sorted(latencies)
-
-    def pct(q: float) -> float:
-        return lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else float("nan")
-
-    return {
+    result = {
         "messages": messages,
         "sample_factory": names[0],
         "publish_seconds": published,
         "seconds": elapsed,
         "per_second": messages / elapsed,
-        "latency_ms": {"p50": pct(0.5), "p95": pct(0.95), "p99": pct(0.99), "n": len(lat)},
+        "latency_ms": percentiles_ms(latencies),
         # the slowest messages and when they were sent: a cluster means a stall, not a tail
         "slowest": sorted(timeline, key=lambda t: -t[1])[:20],
         # (seconds after start, ms) of emulator requests slower than 100 ms while the load ran
@@ -385,6 +444,9 @@ async def run_load(
         "rss_mb": {s: after[s].rss_mb for s in svc.procs},
         "peak_rss_mb": {s: after[s].peak_rss_mb for s in svc.procs},
     }
+    if watch:
+        result["cpu_cores"] = cpu_split(before, after, busy, elapsed)
+    return result
 
 
 def _median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
