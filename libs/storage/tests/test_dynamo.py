@@ -143,6 +143,28 @@ async def test_pages_follow_the_last_evaluated_key_until_there_is_none() -> None
     assert t.payloads() == [query, {**query, "ExclusiveStartKey": last}]
 
 
+async def test_a_page_size_is_sent_as_each_pages_limit_and_the_config_itself_never() -> None:
+    last = {"pk": {"S": "FACTORY#a"}, "sk": {"S": "HISTORY#2"}}
+    t = transport(ok({"Items": [], "LastEvaluatedKey": last}), ok({"Items": []}))
+    query = {"TableName": "t", "KeyConditionExpression": "pk = :p"}
+    async with open_items(config(), None, STATIC, http=t) as items:  # type: ignore[arg-type]
+        pages = items.get_paginator("query").paginate(**query, PaginationConfig={"PageSize": 10})
+        assert len([p async for p in pages]) == 2
+    limited = {**query, "Limit": 10}
+    assert t.payloads() == [limited, {**limited, "ExclusiveStartKey": last}]
+
+
+async def test_a_pagination_setting_it_cannot_honour_is_refused_before_sending() -> None:
+    t = transport()
+    async with open_items(config(), None, STATIC, http=t) as items:  # type: ignore[arg-type]
+        pages = items.get_paginator("scan").paginate(
+            TableName="t", PaginationConfig={"MaxItems": 5}
+        )
+        with pytest.raises(ValueError, match="MaxItems"):
+            [p async for p in pages]
+    assert t.sent == []
+
+
 async def test_no_pages_for_an_operation_other_than_query_or_scan() -> None:
     async with open_items(config(), None, STATIC, http=transport()) as items:  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="batch_get_item"):

@@ -49,12 +49,17 @@ def unavailable(err: BaseException) -> str | None:
 
     # the broker module loads FastStream: if no command loaded it, no error can come from it
     broker = sys.modules.get("aegis_runtime.broker")
+    aiohttp = sys.modules.get("aiohttp")  # likewise: no aiohttp error unless it was loaded
     for cause in _chain(err):
         if broker is not None and isinstance(cause, broker.BrokerUnavailable):
             return str(cause)  # it names the URL and the setting
         if isinstance(cause, EndpointConnectionError | ConnectTimeoutError):
             url = urlsplit(str(cause.kwargs.get("endpoint_url", "")))  # the request's URL
             where = f"{url.scheme}://{url.netloc}" if url.netloc else "its endpoint"
+            return f"S3/DynamoDB not reachable at {where} ({type(cause).__name__})"
+        # the read model's item client (aiodynamo on aiohttp) could not connect
+        if aiohttp is not None and isinstance(cause, aiohttp.ClientConnectorError):
+            where = f"{cause.host}:{cause.port}"
             return f"S3/DynamoDB not reachable at {where} ({type(cause).__name__})"
     return None
 

@@ -131,6 +131,13 @@ class _Pages:
         self._action = action
 
     async def paginate(self, **request: Any) -> AsyncIterator[dict[str, Any]]:
+        """``PaginationConfig={"PageSize": n}`` becomes each page's ``Limit``, as botocore's
+        paginator sends it; the config is never sent (DynamoDB does not know it)."""
+        config = dict(request.pop("PaginationConfig", None) or {})
+        if "PageSize" in config:
+            request["Limit"] = config.pop("PageSize")
+        if config:
+            raise ValueError(f"PaginationConfig keys not supported here: {sorted(config)}")
         while True:
             page = await self._items.call(self._action, request)
             yield page
