@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import math
@@ -51,11 +52,13 @@ from aegis_devstack.testing.netlab import Network
 from aegis_devstack.testing.waiting import eventually
 from aegis_ingest.handlers import Inbound, IngestHandler, Outcome
 from aegis_ingest.settings import IngestSettings
+from aegis_runtime import broker as broker_module
 from aegis_runtime import natsio
 from aegis_runtime.broker import (
     MSG_ID_HEADER,
     PublishFailed,
     StreamLimits,
+    StreamSetupFailed,
     create_broker,
     ensure_deployed_streams,
     ensure_streams,
@@ -361,6 +364,48 @@ async def test_one_replica_is_gone_with_its_node(cluster: NatsCluster, admin: Na
         return True
 
     await eventually(raw_accepts, within=20, what="the raw stream accepting events again")
+
+
+def add_stream_spy(monkeypatch: pytest.MonkeyPatch, *, too_many_first: int = 0) -> list[int]:
+    """Count natsio.add_stream's calls (each goes to the cluster); the first ``too_many_first``
+    ask for four replicas, which three nodes cannot place (the cluster's own refusal, as a
+    cluster still forming gives it)."""
+    real = natsio.add_stream
+    asked: list[int] = []
+
+    async def spy(broker: NatsBroker, config: api.StreamConfig) -> bool:
+        replicas = 4 if len(asked) < too_many_first else config.num_replicas
+        asked.append(replicas)
+        return await real(broker, dataclasses.replace(config, num_replicas=replicas))
+
+    monkeypatch.setattr(natsio, "add_stream", spy)
+    return asked
+
+
+async def test_a_stream_refused_for_placement_is_asked_again_until_placed(
+    admin: NatsBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = StreamSpec("AEGIS_PLACED_LATER", ("placed.>",), max_age_seconds=3600)
+    asked = add_stream_spy(monkeypatch, too_many_first=2)
+    assert await ensure_streams(admin, [spec], limits=StreamLimits(replicas=3)) == {
+        spec.name: "created"
+    }
+    assert asked == [4, 4, 3]
+    leader, followers = peers(await stream_info(admin, spec.name))
+    assert leader is not None and len(followers) == 2
+
+
+async def test_a_stream_that_cannot_be_placed_in_time_is_refused_naming_it(
+    admin: NatsBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(broker_module, "PLACEMENT_WAIT_S", 1.5)
+    spec = StreamSpec("AEGIS_NEVER_PLACED", ("never.>",), max_age_seconds=3600)
+    asked = add_stream_spy(monkeypatch)
+    with pytest.raises(StreamSetupFailed, match=r"AEGIS_NEVER_PLACED: .*no suitable peers"):
+        await ensure_streams(admin, [spec], limits=StreamLimits(replicas=4))
+    assert len(asked) >= 3  # asked again with back-off until the time was up
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await _jsm(admin).stream_info(spec.name)
 
 
 async def test_a_start_with_one_replica_keeps_the_three(

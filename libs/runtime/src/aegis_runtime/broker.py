@@ -61,6 +61,7 @@ from faststream.nats.security import NatsSecurity, NatsUserPassword
 
 from aegis_contracts import msgids
 from aegis_contracts.archive import raw_event_msg_id
+from aegis_contracts.backoff import exponential_s
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import RawArchived
 from aegis_contracts.subjects import (
@@ -86,6 +87,8 @@ if TYPE_CHECKING:
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 _DETAIL_LIMIT = 2000
+# how long a stream's creation waits for a forming cluster to have nodes for its replicas
+PLACEMENT_WAIT_S = 30.0
 
 log = structlog.get_logger(__name__)
 # the stdlib logger under ``log``: its level is checked before a per-message line is built
@@ -481,6 +484,31 @@ def inbox_prefix(user: str | None) -> str:
 
 
 async def _ensure_stream(
+    broker: NatsBroker, wanted: StreamConfig
+) -> Literal["created", "updated", "unchanged"]:
+    """Create or update the stream. A cluster that is still forming (or has a node down) cannot
+    place its replicas yet: asked again with back-off for :data:`PLACEMENT_WAIT_S`, then
+    refused."""
+    deadline = time.monotonic() + PLACEMENT_WAIT_S
+    attempt = 0
+    while True:
+        try:
+            return await _ensure_stream_once(broker, wanted)
+        except StreamSetupFailed as err:
+            attempt += 1
+            wait = exponential_s(attempt, first=0.25, cap=2.0)
+            if not natsio.no_placement(err.__cause__) or time.monotonic() + wait > deadline:
+                raise
+            log.warning(
+                "stream_placement_waiting",
+                stream=wanted.name,
+                replicas=wanted.num_replicas,
+                attempt=attempt,
+            )
+            await asyncio.sleep(wait)
+
+
+async def _ensure_stream_once(
     broker: NatsBroker, wanted: StreamConfig
 ) -> Literal["created", "updated", "unchanged"]:
     name = wanted.name or ""

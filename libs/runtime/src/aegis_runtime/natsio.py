@@ -113,6 +113,9 @@ PullSubscription = JetStreamContext.PullSubscription
 # and "store failed" (a discard-new limit of the stream or of the subject was reached).
 _STREAM_NAME_IN_USE = 10058
 _STREAM_STORE_FAILED = 10077
+# "no suitable peers for placement": fewer nodes are current than the stream's replicas (a
+# cluster still forming, or a node down)
+_NO_SUITABLE_PEERS = 10005
 
 
 class JetStreamOff(Exception):
@@ -220,6 +223,11 @@ async def add_stream(broker: NatsBroker, config: api.StreamConfig) -> bool:
             raise
         return False
     return True
+
+
+def no_placement(err: BaseException | None) -> bool:
+    """True when JetStream refused a stream because too few nodes could hold its replicas."""
+    return isinstance(err, nats.js.errors.BadRequestError) and err.err_code == _NO_SUITABLE_PEERS
 
 
 async def update_stream(broker: NatsBroker, config: api.StreamConfig) -> None:

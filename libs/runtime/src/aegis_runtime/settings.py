@@ -173,7 +173,8 @@ class AegisSettings(BaseSettings):
         le=5,
         description="Replicas of each JetStream stream (3 on a three-node cluster). Every start "
         "creates the streams or brings them up to this; a start never lowers replicas, max age "
-        "or max bytes an operator raised.",
+        "or max bytes an operator raised. A cluster that cannot place that many replicas yet (still "
+        "forming) is asked again for 30 s before the start fails.",
     )
     nats_stream_max_bytes: dict[str, int] = Field(
         default_factory=dict,

@@ -27,7 +27,6 @@ Kept from the aiobotocore client, so nothing about a call changes but its CPU:
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -40,6 +39,8 @@ from aiodynamo.http.types import Request, RequestFailed, Response
 from aiodynamo.models import RetryConfig, RetryTimeout
 from yarl import URL
 
+from aegis_contracts.backoff import jittered_s
+
 if TYPE_CHECKING:
     from aiobotocore.session import AioSession
     from aiodynamo.http.types import HttpImplementation
@@ -50,10 +51,9 @@ BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 20.0
 
 
-def backoff_s(attempt: int, *, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
-    """The wait before retry ``attempt`` (1 for the first retry): capped exponential back-off
-    with full jitter."""
-    return random.uniform(0, min(cap, base * 2 ** (attempt - 1)))  # noqa: S311 (jitter)
+def backoff_s(attempt: int) -> float:
+    """The wait before retry ``attempt`` (1 for the first retry), with full jitter."""
+    return jittered_s(attempt, first=BACKOFF_BASE_S, cap=BACKOFF_CAP_S)
 
 
 @dataclass(frozen=True)

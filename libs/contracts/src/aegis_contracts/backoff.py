@@ -1,0 +1,16 @@
+"""Waits between attempts: capped exponential back-off, with full jitter where many clients
+retry against one server (so that they do not all come back at once)."""
+
+from __future__ import annotations
+
+import random
+
+
+def exponential_s(attempt: int, *, first: float, cap: float) -> float:
+    """``first * 2**(attempt-1)`` seconds, at most ``cap`` (``attempt`` 1 is the first retry)."""
+    return float(min(cap, first * 2 ** max(0, min(attempt - 1, 60))))
+
+
+def jittered_s(attempt: int, *, first: float, cap: float) -> float:
+    """A wait drawn evenly from 0 to :func:`exponential_s` (full jitter)."""
+    return random.uniform(0, exponential_s(attempt, first=first, cap=cap))  # noqa: S311 (jitter)
