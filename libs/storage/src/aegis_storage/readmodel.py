@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -123,18 +124,74 @@ class Encoded:
 
     def with_fields(self, **fields: Any) -> Encoded:
         """The same item with ``fields`` set (only those are converted)."""
-        numbers = to_plain(fields)
-        return Encoded(
-            {**self.plain, **_unwrap(numbers)}, {**self.attributes, **to_attributes(numbers)}
-        )
+        added = encode(fields)
+        return Encoded({**self.plain, **added.plain}, {**self.attributes, **added.attributes})
 
 
 def encode(item: BaseModel | Mapping[str, Any], *, drop_none: bool = False) -> Encoded:
-    """``item`` converted once (see :class:`Encoded`); ``drop_none`` as in :func:`to_plain`."""
-    numbers = to_plain(item, drop_none=drop_none)
-    plain = _unwrap(numbers)
-    assert isinstance(plain, dict)
-    return Encoded(plain, to_attributes(numbers))
+    """``item`` converted once (see :class:`Encoded`); ``drop_none`` as in :func:`to_plain`.
+    One pass over the item's JSON gives both forms (the per-message writes' conversion)."""
+    if isinstance(item, BaseModel):
+        absent = {k for k in type(item).model_fields if getattr(item, k) is None}
+        text = item.model_dump_json(exclude=absent if drop_none and absent else None)
+    else:
+        if drop_none:
+            item = {k: v for k, v in item.items() if v is not None}
+        text = json.dumps(item, default=_json_default)
+    loaded = json.loads(text)
+    if not isinstance(loaded, dict):
+        raise TypeError("an item must be an object")
+    plain: dict[str, Any] = {}
+    attributes: dict[str, Any] = {}
+    for name, value in loaded.items():
+        plain[name], attributes[name] = _both(value)
+    return Encoded(plain, attributes)
+
+
+# a float at least this large is written in exponent form (an integral one too), as DynamoDB
+# keeps at most 38 significant digits
+_EXPONENT_FROM = 1e16
+# the numbers DynamoDB keeps: 38 significant digits, magnitudes 1E-130 to 9.99...E+125
+_MAX_DIGITS = 10**38
+_SMALLEST, _LARGEST = 1e-130, 1e126
+
+
+def _both(value: Any) -> tuple[Any, dict[str, Any]]:
+    """A JSON value as a read returns it (integral numbers as int) and as its attribute value,
+    in one pass (what :func:`to_plain`, :func:`_unwrap` and :func:`to_attributes` do in three)."""
+    if isinstance(value, str):
+        return value, {"S": value}
+    if isinstance(value, dict):
+        plain: dict[str, Any] = {}
+        attributes: dict[str, Any] = {}
+        for k, v in value.items():
+            plain[k], attributes[k] = _both(v)
+        return plain, {"M": attributes}
+    if isinstance(value, list):
+        pairs = [_both(v) for v in value]
+        return [p for p, _ in pairs], {"L": [a for _, a in pairs]}
+    if value is None:
+        return None, {"NULL": True}
+    if isinstance(value, bool):
+        return value, {"BOOL": value}
+    return _number(value)
+
+
+def _number(value: Any) -> tuple[int | float, dict[str, str]]:
+    if isinstance(value, int):
+        if abs(value) >= _MAX_DIGITS:
+            raise TypeError(f"{value} has more than the 38 digits a DynamoDB number keeps")
+        return value, {"N": str(value)}
+    if not isinstance(value, float):
+        raise TypeError(f"not a JSON value: {type(value).__name__}")
+    if not math.isfinite(value) or (value and not _SMALLEST <= abs(value) < _LARGEST):
+        raise TypeError(f"{value} is not a DynamoDB number (1E-130 to 9.99E+125, finite)")
+    if not value.is_integer():
+        return value, {"N": repr(value)}
+    if abs(value) < _EXPONENT_FROM:
+        return int(value), {"N": str(int(value))}
+    text = repr(value)  # its shortest digits, as the read of them gives them back
+    return int(Decimal(text)), {"N": text}
 
 
 def _attributes(item: BaseModel | Mapping[str, Any] | Encoded) -> dict[str, Any]:
