@@ -70,15 +70,22 @@ def to_plain(value: BaseModel | Mapping[str, Any], *, drop_none: bool = False) -
     """JSON-shaped Python with Decimal numbers: what DynamoDB's type serializer accepts.
     Idempotent: converting a converted item again changes nothing. ``drop_none``: top-level
     attributes that are None are left out (nested ones are kept)."""
+    return _item_json(value, drop_none, parse_float=Decimal)
+
+
+def _item_json(
+    value: BaseModel | Mapping[str, Any], drop_none: bool, **loads: Any
+) -> dict[str, Any]:
+    """The item through JSON: a model straight from its serializer (no intermediate dict),
+    a mapping through :func:`json.dumps`; ``loads``: options of the parse."""
     if isinstance(value, BaseModel):
-        # straight from the model: no intermediate dict, no second JSON encoder
         absent = {k for k in type(value).model_fields if getattr(value, k) is None}
         text = value.model_dump_json(exclude=absent if drop_none and absent else None)
     else:
         if drop_none:
             value = {k: v for k, v in value.items() if v is not None}
         text = json.dumps(value, default=_json_default)
-    result = json.loads(text, parse_float=Decimal)
+    result = json.loads(text, **loads)
     if not isinstance(result, dict):
         raise TypeError("an item must be an object")
     return result
@@ -131,16 +138,7 @@ class Encoded:
 def encode(item: BaseModel | Mapping[str, Any], *, drop_none: bool = False) -> Encoded:
     """``item`` converted once (see :class:`Encoded`); ``drop_none`` as in :func:`to_plain`.
     One pass over the item's JSON gives both forms (the per-message writes' conversion)."""
-    if isinstance(item, BaseModel):
-        absent = {k for k in type(item).model_fields if getattr(item, k) is None}
-        text = item.model_dump_json(exclude=absent if drop_none and absent else None)
-    else:
-        if drop_none:
-            item = {k: v for k, v in item.items() if v is not None}
-        text = json.dumps(item, default=_json_default)
-    loaded = json.loads(text)
-    if not isinstance(loaded, dict):
-        raise TypeError("an item must be an object")
+    loaded = _item_json(item, drop_none)
     plain: dict[str, Any] = {}
     attributes: dict[str, Any] = {}
     for name, value in loaded.items():
