@@ -7,14 +7,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 import pytest
+from aiodynamo.credentials import Key
 from aiodynamo.http.types import Request, RequestFailed, Response
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials as BotoCredentials
+from yarl import URL
 
 from aegis_storage.clients import AwsConfig
-from aegis_storage.dynamo import open_items
+from aegis_storage.dynamo import Signer, open_items
 from aegis_storage.errors import Conflict, NotFound, StorageError, Transient, translated
 
 ENDPOINT = "http://dynamodb.test:4566"
@@ -227,3 +233,40 @@ async def test_no_credentials_in_the_chain_sends_nothing_and_says_so() -> None:
         with pytest.raises(StorageError, match="NoCredentialsFound"), translated("put LATEST"):
             await items.put_item(**PUT)
     assert t.sent == []
+
+
+# a request signed by the item client's signer carries botocore's signature for the same request
+
+REAL = URL("https://dynamodb.ap-south-1.amazonaws.com/")
+NOON = datetime(2026, 3, 1, 12, 0, 5, tzinfo=UTC).timestamp()
+
+
+def botocore_signature(request: Request, secret: str) -> str:
+    """SigV4 as botocore computes it over the request's headers, body and date."""
+    headers = {k: v for k, v in (request.headers or {}).items() if k != "Authorization"}
+    aws = AWSRequest(method="POST", url=str(REAL), data=request.body, headers=headers)
+    aws.context["timestamp"] = headers["X-Amz-Date"]
+    auth = SigV4Auth(BotoCredentials("AKIDTEST", secret), "dynamodb", "ap-south-1")
+    return str(auth.signature(auth.string_to_sign(aws, auth.canonical_request(aws)), aws))
+
+
+def signature_of(request: Request) -> str:
+    return str((request.headers or {})["Authorization"]).rsplit("Signature=", 1)[1]
+
+
+def test_a_signed_request_carries_botocores_signature_for_it() -> None:
+    signer = Signer("ap-south-1", REAL, clock=lambda: NOON)
+    body = json.dumps(PUT).encode()
+    request = signer.request(Key("AKIDTEST", "secret"), "PutItem", body)
+    assert (request.headers or {})["X-Amz-Date"] == "20260301T120005Z"
+    assert signature_of(request) == botocore_signature(request, "secret")
+
+
+def test_the_signing_key_follows_the_day_and_the_key() -> None:
+    now = [NOON]
+    signer = Signer("ap-south-1", REAL, clock=lambda: now[0])
+    body = json.dumps(PUT).encode()
+    for secret, at in [("secret", NOON), ("secret", NOON + 86_400), ("other", NOON + 86_400)]:
+        now[0] = at
+        request = signer.request(Key("AKIDTEST", secret), "PutItem", body)
+        assert signature_of(request) == botocore_signature(request, secret)

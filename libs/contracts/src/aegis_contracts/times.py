@@ -38,11 +38,8 @@ def ensure_utc(value: datetime, what: str = "timestamp") -> datetime:
 
 def format_ts(value: datetime) -> str:
     """``YYYY-MM-DDTHH:MM:SS.mmmZ``; sub-millisecond digits are truncated, never rounded up."""
-    v = ensure_utc(value)
-    return (
-        f"{v.year:04d}-{v.month:02d}-{v.day:02d}T{v.hour:02d}:{v.minute:02d}:{v.second:02d}"
-        f".{v.microsecond // 1000:03d}Z"
-    )
+    # isoformat truncates to milliseconds; its "+00:00" becomes the Z
+    return ensure_utc(value).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def parse_ts(text: str) -> datetime:
