@@ -108,6 +108,7 @@ from aegis_processor.refresh import Refresher
 from aegis_processor.rules import RiskRules, load_rules
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime import logging as aegis_logging
+from aegis_runtime.lifecycle import service_runner
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
 from aegis_storage.readmodel import ReadModel, encode, indexed, to_attributes, to_plain
@@ -2290,7 +2291,9 @@ def main() -> None:
         private_nats = start_private_nats()
         progress(f"emulator {emulator.url}, NATS {private_nats.url}")
         pid = None if emulator.process is None else emulator.process.pid
-        result = asyncio.run(run(args, emulator.url, private_nats.url, pid))
+        # the processor's and the dashboard's code run in the event loop their services run in
+        with service_runner() as runner:
+            result = runner.run(run(args, emulator.url, private_nats.url, pid))
     finally:
         for server in (private_nats, emulator):
             if server is not None:

@@ -60,11 +60,8 @@ def run_service(main: Main, *, shutdown_timeout: float = 25.0) -> None:
     First the environment is checked: ``AEGIS_*`` variables no AEGIS component reads and
     deprecated names are logged as warnings (:mod:`aegis_runtime.envcheck`)."""
     report_environment()
-    # the S3 client's requests run on a Tokio runtime: one I/O thread is plenty for a process
-    # whose Python thread is its limit, and more only add wake-ups (an explicit value is kept)
-    os.environ.setdefault("TOKIO_WORKER_THREADS", "1")
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with service_runner() as runner:
             code = runner.run(_supervise(main, shutdown_timeout))
     finally:
         tracing.shutdown()  # export the last spans (nothing to do when tracing is off)
@@ -72,7 +69,16 @@ def run_service(main: Main, *, shutdown_timeout: float = 25.0) -> None:
         raise SystemExit(code)
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+def service_runner() -> asyncio.Runner:
+    """The event loop a service runs in (also a bench's that runs a service's code in its own
+    process): uvloop's, with the S3 client's Tokio runtime on one I/O thread, plenty for a
+    process whose Python thread is its limit (more only add wake-ups; an explicit
+    ``TOKIO_WORKER_THREADS`` is kept)."""
+    os.environ.setdefault("TOKIO_WORKER_THREADS", "1")
+    return asyncio.Runner(loop_factory=event_loop_factory())
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's event loop (libuv: the loop's own work, socket I/O and the wake-ups of the S3
     client's I/O thread cost less CPU than asyncio's), else asyncio's own where uvloop is not
     built (Windows)."""
