@@ -1,5 +1,7 @@
-"""Waits between attempts: capped exponential back-off, with full jitter where many clients
-retry against one server (so that they do not all come back at once)."""
+"""Waits between attempts: capped exponential back-off, the one formula every retry loop of the
+platform uses. Jittered where many clients retry against one server (so that they do not all
+come back at once): full jitter (anywhere from no wait to the back-off) or a spread (half to all
+of it, so that a retry never comes straight back)."""
 
 from __future__ import annotations
 
@@ -14,3 +16,8 @@ def exponential_s(attempt: int, *, first: float, cap: float) -> float:
 def jittered_s(attempt: int, *, first: float, cap: float) -> float:
     """A wait drawn evenly from 0 to :func:`exponential_s` (full jitter)."""
     return random.uniform(0, exponential_s(attempt, first=first, cap=cap))  # noqa: S311 (jitter)
+
+
+def spread_s(attempt: int, *, first: float, cap: float) -> float:
+    """A wait drawn evenly from half of :func:`exponential_s` to all of it."""
+    return exponential_s(attempt, first=first, cap=cap) * random.uniform(0.5, 1.0)  # noqa: S311

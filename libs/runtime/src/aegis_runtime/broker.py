@@ -28,7 +28,6 @@ import functools
 import hashlib
 import json
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
@@ -61,7 +60,7 @@ from faststream.nats.security import NatsSecurity, NatsUserPassword
 
 from aegis_contracts import msgids
 from aegis_contracts.archive import raw_event_msg_id
-from aegis_contracts.backoff import exponential_s
+from aegis_contracts.backoff import exponential_s, spread_s
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import RawArchived
 from aegis_contracts.subjects import (
@@ -134,7 +133,7 @@ class RetryPolicy:
     max_deliver: int = 5
 
     def delay(self, delivery: int) -> float:
-        return float(min(self.max_delay, self.first_delay * 2 ** max(0, min(delivery - 1, 30))))
+        return exponential_s(delivery, first=self.first_delay, cap=self.max_delay)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -316,8 +315,7 @@ def _reconnect_with_backoff(
 ) -> tuple[Server | None, float]:
     # Least-tried server first; 0.25 s doubling to 10 s, with jitter so N replicas do not stampede.
     server = min(servers, key=lambda s: s.reconnects)
-    base = min(10.0, 0.25 * 2 ** min(server.reconnects, 6))
-    return server, base * random.uniform(0.5, 1.0)  # noqa: S311 (jitter, not cryptography)
+    return server, spread_s(server.reconnects + 1, first=0.25, cap=10.0)
 
 
 def nats_ready(broker: NatsBroker, wait: float = 1.0) -> Callable[[], Awaitable[bool]]:

@@ -28,6 +28,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from pydantic import BaseModel
 
 from aegis_contracts import keys
+from aegis_contracts.backoff import exponential_s
 from aegis_contracts.cloud import CloudSnapshot
 from aegis_contracts.items import CloudHistory
 from aegis_contracts.state import Level
@@ -493,7 +494,7 @@ class ReadModel:
                 if not left:
                     return found
                 wanted = list(left)
-                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+                await asyncio.sleep(exponential_s(attempt + 1, first=0.05, cap=1.0))
             raise Transient(f"{len(wanted)} keys of {self.table} stayed unprocessed")
 
         chunks = [

@@ -17,13 +17,13 @@ PagerDuty, signed webhooks): 2xx is taken, 429 and 5xx are :class:`Retryable`, a
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 
+from aegis_contracts.backoff import jittered_s
 from aegis_runtime.redact import REDACTED, redact_text
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -86,8 +86,7 @@ class RetryPolicy:
 
     def backoff(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(max, first * 2^(attempt-1))]."""
-        ceiling = min(self.max_delay, self.first_delay * 2 ** (attempt - 1))
-        return random.uniform(0, ceiling)  # noqa: S311 (jitter, not cryptography)
+        return jittered_s(attempt, first=self.first_delay, cap=self.max_delay)
 
 
 Attempt = Callable[[float], Awaitable[Delivery]]

@@ -58,6 +58,7 @@ import fnmatch
 import functools
 import hashlib
 import json
+import math
 import os
 import socket
 import uuid
@@ -82,6 +83,7 @@ from aegis_alert_dispatcher.decide import (
 from aegis_alert_dispatcher.escalation import EscalationConfig, dead_lettered, policy_for
 from aegis_alert_dispatcher.slack import AlertEntry, AlertMessage, Delivery, Undeliverable
 from aegis_contracts import incidents, keys, msgids
+from aegis_contracts.backoff import exponential_s
 from aegis_contracts.cloud import CloudSnapshot
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import AlertBasis, ObjectCreated
@@ -1059,7 +1061,7 @@ class Dispatcher:
                 if attempt == CONFIRM_ATTEMPTS:
                     raise
                 log.warning("alert_confirm_retried", attempt_id=intent.attempt_id, error=str(err))
-                await asyncio.sleep(CONFIRM_FIRST_DELAY * 2 ** (attempt - 1))
+                await asyncio.sleep(exponential_s(attempt, first=CONFIRM_FIRST_DELAY, cap=math.inf))
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _write_settled(

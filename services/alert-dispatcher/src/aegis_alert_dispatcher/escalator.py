@@ -51,6 +51,7 @@ from aegis_alert_dispatcher.escalation import EscalationConfig, StepKind
 from aegis_alert_dispatcher.receivers import Notification, NotificationKind, Receiver
 from aegis_alert_dispatcher.slack import dashboard_link, incident_headline, incident_payload
 from aegis_contracts import incidents
+from aegis_contracts.backoff import exponential_s
 from aegis_contracts.items import Incident, IncidentOutbox
 from aegis_contracts.silences import Silence, silenced_by
 from aegis_contracts.times import Clock, format_ts
@@ -279,7 +280,13 @@ class Escalator:
         if others:
             return self._outbox(incident, "failover", incident.level, others, now)
         # every receiver of the policy failed: all again, with back-off
-        wait = min(RETRY_CAP, RETRY_FIRST * 2 ** max(0, attempts - len(policy.receivers)))
+        wait = timedelta(
+            seconds=exponential_s(
+                attempts - len(policy.receivers) + 1,
+                first=RETRY_FIRST.total_seconds(),
+                cap=RETRY_CAP.total_seconds(),
+            )
+        )
         if last is not None and now - last < wait:
             return None
         return self._outbox(incident, "failover", incident.level, list(policy.receivers), now)

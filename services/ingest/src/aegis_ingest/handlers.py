@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import aiomqtt
 import structlog
 from faststream.nats import NatsBroker
 
+from aegis_contracts.backoff import spread_s
 from aegis_contracts.times import format_ts
 from aegis_contracts.uploads import UploadGranted, upload_request_factory
 from aegis_ingest.domain import (
@@ -303,8 +303,9 @@ class IngestHandler:
 
     async def _backoff(self, attempt: int) -> None:
         s = self.settings
-        delay = min(s.ingest_retry_max_delay_s, s.ingest_retry_first_delay_s * 2 ** (attempt - 1))
-        delay *= random.uniform(0.5, 1.0)  # noqa: S311 (jitter, not cryptography)
+        delay = spread_s(
+            attempt, first=s.ingest_retry_first_delay_s, cap=s.ingest_retry_max_delay_s
+        )
         try:
             await asyncio.wait_for(self.stopping.wait(), delay)
         except TimeoutError:
