@@ -31,6 +31,8 @@ def utc_now() -> datetime:
 
 
 def ensure_utc(value: datetime, what: str = "timestamp") -> datetime:
+    if value.tzinfo is UTC:  # the common case (every validated Timestamp): nothing to convert
+        return value
     if value.tzinfo is None or value.utcoffset() is None:
         raise ContractError("naive_timestamp", f"{what} {value.isoformat()} has no time zone")
     return value.astimezone(UTC)

@@ -350,10 +350,10 @@ class Processor:
             old = await self._latest(factory_id, fresh=reread)
             base = dict(old or {"pk": pk, "sk": keys.LATEST_SK, "factory_id": factory_id})
             if group is not None and fields is not None and at is not None:
-                guard = LATEST_GROUPS[group]
-                if old is not None and old.get(guard) is not None and old[guard] >= format_ts(at):
+                guard, stamp = LATEST_GROUPS[group], format_ts(at)
+                if old is not None and old.get(guard) is not None and old[guard] >= stamp:
                     return None  # older than what LATEST holds, or this very message again
-                base |= {group: fields[group], guard: format_ts(at)}
+                base |= {group: fields[group], guard: stamp}
             elif old is None:
                 return None  # nothing to refresh
             view = FactoryLatest.model_validate(_latest_fields(base))
@@ -365,16 +365,17 @@ class Processor:
             ):
                 return None
             seen = None if old is None else old.get("updated_at")
+            seen_at = None if seen is None else parse_ts(str(seen))
             updated_at = floor
-            if seen is not None and updated_at <= parse_ts(str(seen)):
-                updated_at = parse_ts(str(seen)) + timedelta(milliseconds=1)
+            if seen_at is not None and updated_at <= seen_at:
+                updated_at = seen_at + timedelta(milliseconds=1)
             # the validated view with what was derived (typed values: no second validation)
             state = view.model_copy(
                 update={
                     "risk": fresh.risk,
                     "pipeline_status": fresh.pipeline_status,
                     "updated_at": updated_at,
-                    "prev_updated_at": None if seen is None else parse_ts(str(seen)),
+                    "prev_updated_at": seen_at,
                 }
             )
             # a group no message has set yet is absent, not null (the partial-update contract);
