@@ -75,10 +75,10 @@ def service_runner() -> asyncio.Runner:
     process whose Python thread is its limit (more only add wake-ups; an explicit
     ``TOKIO_WORKER_THREADS`` is kept)."""
     os.environ.setdefault("TOKIO_WORKER_THREADS", "1")
-    return asyncio.Runner(loop_factory=event_loop_factory())
+    return asyncio.Runner(loop_factory=_loop_factory())
 
 
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's event loop (libuv: the loop's own work, socket I/O and the wake-ups of the S3
     client's I/O thread cost less CPU than asyncio's), else asyncio's own where uvloop is not
     built (Windows)."""

@@ -196,8 +196,7 @@ def _number(value: Any) -> tuple[int | float, dict[str, str]]:
 def _attributes(item: BaseModel | Mapping[str, Any] | Encoded) -> dict[str, Any]:
     """The item as DynamoDB attribute values, with the fleet index's keys when it belongs in
     the index (a whole-item put without them takes the item out of the index)."""
-    attributes = item.attributes if isinstance(item, Encoded) else to_attributes(to_plain(item))
-    return indexed(attributes)
+    return indexed((item if isinstance(item, Encoded) else encode(item)).attributes)
 
 
 def indexed(attributes: Mapping[str, Any]) -> dict[str, Any]:
