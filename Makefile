@@ -93,8 +93,11 @@ test-at: lint browser $(KUBECTL) ## the whole suite with the clock moved (AT='20
 	  $(VENV)/bin/pytest $(CLOCKSHIFT_WARNING) --basetemp=$(PYTEST_TMP) $(PYTEST_DIST); \
 	status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
 
-unit: $(STAMP) $(KUBECTL) ## only the tests that need no server
-	$(PYTEST_RUN) -m "not integration and not e2e"; status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
+unit: $(STAMP) $(KUBECTL) ## only the tests that need no server (on the same workers as `make test`)
+	$(PYTEST_RUN) $(PYTEST_DIST) -m "not integration and not e2e"; status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
+
+integration: $(STAMP) browser $(KUBECTL) ## only the tests against real servers (integration and e2e)
+	$(PYTEST_RUN) $(PYTEST_DIST) -m "integration or e2e"; status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
 
 bench: $(STAMP) ## benchmarks: trigger evaluation (1,000 jobs), the S3 clients' CPU per call, backend ceiling, baseline, AEGIS end to end, one ingest and one processor replica on a fast backend (BENCH_BASELINE=REF: against that commit too), a reporter day, migration, the dashboard's fleet, the fleet at 1,000 factories, the emulator under make run's load, faults under load, alert latency under the fleet's load
 	$(VENV)/bin/python tests/bench/triggers.py --out bench-results/triggers.json

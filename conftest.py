@@ -1,9 +1,17 @@
 """Root conftest: every test gets the real-infrastructure fixtures of aegis_devstack.testing,
-and the end-to-end files are handed out first."""
+and the end-to-end files are handed out first. Fixtures that build one service's settings for
+tests of several packages live here too (``ingest_settings``)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
+
+from aegis_ingest.settings import IngestSettings
+
+if TYPE_CHECKING:  # the plugin module is imported by pytest (its asserts rewritten), not here
+    from aegis_devstack.testing.storage import Foundation
 
 pytest_plugins = [
     "aegis_devstack.testing.fixtures",
@@ -27,3 +35,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     out the files with the most tests first, and an end-to-end file has few)."""
     root = str(items[0].config.rootpath) + "/" if items else ""
     items.sort(key=lambda item: not str(item.path).removeprefix(root).startswith(FIRST))
+
+
+@pytest.fixture
+def ingest_settings(
+    foundation: Foundation, aws_endpoint: str, mqtt_url: str, nats_url: str, unique_id: str
+) -> IngestSettings:
+    """The real ingest's settings for this test: its own bucket, service name (dead letters on
+    ``aegis.dlq.ingest-{id}.*``), client id and share group, on the session's servers."""
+    return IngestSettings(
+        service=f"ingest-{unique_id}",
+        aws_endpoint_url=aws_endpoint,
+        bucket=foundation.bucket,
+        mqtt_url=mqtt_url,
+        nats_url=nats_url,
+        mqtt_client_id=f"ingest-{unique_id}",
+        mqtt_share_group=f"g-{unique_id}",
+        # short-lived sessions: a test's session must not queue the machine's traffic for an hour
+        mqtt_session_expiry_s=60,
+        mqtt_reconnect_min_s=0.05,
+        mqtt_reconnect_max_s=0.5,
+        ingest_retry_attempts=2,
+        ingest_retry_first_delay_s=0.05,
+        ingest_retry_max_delay_s=0.1,
+        ingest_shutdown_grace_s=5,
+        health_port=0,
+    )

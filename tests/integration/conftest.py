@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import ipaddress
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,16 +17,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from aegis_contracts import keys
-from aegis_contracts.items import AlertState
-from aegis_devstack.testing import netlab
-from aegis_devstack.testing.storage import Foundation
-from aegis_ingest.settings import IngestSettings
 from aegis_processor.app import ProcessorApp, create_app
 from aegis_processor.settings import ProcessorSettings
 
 RunProcessor = Callable[..., AbstractAsyncContextManager[ProcessorApp]]
-FireAlert = Callable[..., AlertState]
 MakeCerts = Callable[[Path], None]
 
 
@@ -100,53 +93,6 @@ def make_certs() -> MakeCerts:
 
 
 @pytest.fixture
-def fire_alert() -> FireAlert:
-    """``fire_alert(scope, firing=, version=, ttl=)``: a CRITICAL FIRE_DETECTED alert state of a
-    factory's state stream, as the dispatcher writes it."""
-
-    def make(scope: str, *, firing: bool, version: int, ttl: int) -> AlertState:
-        return AlertState(
-            pk=keys.alert_pk(scope),
-            sk=keys.alert_sk("CRITICAL", "FIRE_DETECTED", "STATE"),
-            scope=scope,
-            severity="CRITICAL",
-            reason="FIRE_DETECTED",
-            status="STATE",
-            firing=firing,
-            version=version,
-            ttl=ttl,
-        )
-
-    return make
-
-
-@pytest.fixture
-def ingest_settings(
-    foundation: Foundation, aws_endpoint: str, mqtt_url: str, nats_url: str, unique_id: str
-) -> IngestSettings:
-    """The real ingest's settings for this test: its own bucket, service name (dead letters on
-    ``aegis.dlq.ingest-{id}.*``), client id and share group, on the session's servers."""
-    return IngestSettings(
-        service=f"ingest-{unique_id}",
-        aws_endpoint_url=aws_endpoint,
-        bucket=foundation.bucket,
-        mqtt_url=mqtt_url,
-        nats_url=nats_url,
-        mqtt_client_id=f"ingest-{unique_id}",
-        mqtt_share_group=f"g-{unique_id}",
-        # short-lived sessions: a test's session must not queue the machine's traffic for an hour
-        mqtt_session_expiry_s=60,
-        mqtt_reconnect_min_s=0.05,
-        mqtt_reconnect_max_s=0.5,
-        ingest_retry_attempts=2,
-        ingest_retry_first_delay_s=0.05,
-        ingest_retry_max_delay_s=0.1,
-        ingest_shutdown_grace_s=5,
-        health_port=0,
-    )
-
-
-@pytest.fixture
 def run_processor(
     foundation: Any, aws_endpoint: str, nats_url: str, unique_id: str
 ) -> RunProcessor:
@@ -182,20 +128,3 @@ def run_processor(
                 await nc.close()
 
     return run
-
-
-# asked once per process: making a network to find out costs a fraction of a second
-_network_unavailable = functools.cache(netlab.unavailable)
-
-
-@pytest.fixture
-def network() -> Iterator[netlab.Network]:
-    """A private network of the test's own (network namespaces on a bridge, this process
-    joined to it), deleted with everything on it when the test ends, however it ends; the test
-    is skipped, saying why, where network namespaces cannot be made (not root, no iproute2)."""
-    reason = _network_unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    with netlab.open_network() as network:
-        network.join()
-        yield network

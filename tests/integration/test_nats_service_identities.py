@@ -45,7 +45,7 @@ from aegis_dashboard_api.feed import SUBJECTS, LiveFeed
 from aegis_dashboard_api.live import Hub, Listener, LiveEvent
 from aegis_dashboard_api.routes import Reader
 from aegis_dashboard_api.settings import DashboardSettings
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.natsbus import Bus, Connect
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually

@@ -19,7 +19,7 @@ from aegis_contracts.keys import Dataset, ReportArtifact
 from aegis_contracts.state import Level
 from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock, meta
 from aegis_devstack.testing.emulator import RequestCounts, arequest_counts
 from aegis_devstack.testing.storage import Foundation
 from aegis_folds.folds import FoldParams, Hour, InputListing, fold_factory_hour
@@ -74,18 +74,6 @@ class ObjectByObject(Reporter):
             images=of[Dataset.IMAGE_SNAPSHOT.value],
             skipped=skipped,
         )
-
-
-def meta(mid: str, at: datetime) -> dict[str, Any]:
-    return {
-        "message_id": mid,
-        "device_id": "edge-01",
-        "emitted_at": format_ts(at),
-        "event_time": format_ts(at),
-        "received_at": format_ts(at),
-        "raw_key": f"raw/x/factory_state/yyyy=2026/mm=11/dd=30/{mid}.json",
-        "schema_version": "1.0",
-    }
 
 
 def level_at(minute: float) -> tuple[Level, float]:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from aegis_contracts.state import FactoryState, ImageSnapshotRef, InfraState, Level, RiskRecord
 from aegis_contracts.times import floor_to, format_ts
+from aegis_devstack.testing.builders import meta
 from aegis_folds.folds import (
     FactoryWindow,
     FoldParams,
@@ -29,18 +30,6 @@ HOUR = datetime(2026, 11, 30, 5, 0, tzinfo=UTC)
 WINDOW = timedelta(minutes=5)
 PARAMS = FoldParams(gap_s=60.0, alpha=0.005)
 SENSORS = ("co_ppm", "temperature_c", "noise_db")
-
-
-def meta(mid: str, at: datetime) -> dict[str, Any]:
-    return {
-        "message_id": mid,
-        "device_id": "edge-01",
-        "emitted_at": format_ts(at),
-        "event_time": format_ts(at),
-        "received_at": format_ts(at),
-        "raw_key": f"raw/f/factory_state/yyyy=2026/mm=11/dd=30/{mid}.json",
-        "schema_version": "1.0",
-    }
 
 
 def storable(floats: st.SearchStrategy[float]) -> st.SearchStrategy[float]:

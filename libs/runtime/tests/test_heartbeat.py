@@ -11,7 +11,7 @@ import pytest
 from faststream.nats import NatsBroker
 
 from aegis_contracts.events import Heartbeat
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.broker import create_broker, ensure_streams
 from aegis_runtime.heartbeat import (

@@ -32,25 +32,13 @@ from aegis_contracts.items import Graph5m, HistoryState
 from aegis_contracts.subjects import change_subject
 from aegis_contracts.times import floor_to, format_ts, parse_ts, utc_now
 from aegis_contracts.ttl import TtlSettings
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock, meta
 from aegis_devstack.testing.emulator import request_counts
 from aegis_devstack.testing.storage import Foundation
 from aegis_runtime.broker import create_broker, ensure_streams
 from aegis_storage.s3 import to_json_bytes
 
 T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
-
-
-def meta(message_id: str, at: datetime) -> dict[str, Any]:
-    return {
-        "message_id": message_id,
-        "device_id": "edge-01",
-        "emitted_at": format_ts(at),
-        "event_time": format_ts(at),
-        "received_at": format_ts(at),
-        "raw_key": f"raw/factory-a/factory_state/yyyy=2026/mm=11/dd=30/{message_id}.json",
-        "schema_version": "1.0",
-    }
 
 
 @dataclass
@@ -93,7 +81,7 @@ class Snap:
         }
         if self.fs_id is not None:
             item["factory_state"] = {
-                "meta": meta(self.fs_id, self.fs_at or self.at),
+                "meta": meta(self.fs_id, factory_id="factory-a", at=self.fs_at or self.at),
                 "sensors": self.sensors,
                 "model_version": "yolo-1",
                 "detections": [
@@ -104,7 +92,7 @@ class Snap:
             item["last_factory_state_at"] = format_ts(self.fs_at or self.at)
         if self.infra_id is not None:
             item["infra_state"] = {
-                "meta": meta(self.infra_id, self.infra_at or self.at),
+                "meta": meta(self.infra_id, factory_id="factory-a", at=self.infra_at or self.at),
                 "host": self.host,
                 "network": {} if self.rtt_ms is None else {"rtt_ms": self.rtt_ms},
                 "cameras": self.cameras,

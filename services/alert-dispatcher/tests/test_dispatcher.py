@@ -45,7 +45,7 @@ from aegis_contracts.subjects import change_subject, object_created_subject
 from aegis_contracts.times import format_ts, utc_now
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.emulator import arequest_counts
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually

@@ -25,7 +25,7 @@ from aegis_contracts.items import Incident, IncidentOutbox
 from aegis_contracts.state import Reason
 from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.webhook import FakeWebhook, running_webhook
 from aegis_storage.incidents import IncidentStore

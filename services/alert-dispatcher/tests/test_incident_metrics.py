@@ -16,7 +16,7 @@ from aegis_alert_dispatcher.incident_metrics import IncidentMetrics
 from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_contracts import incidents
 from aegis_contracts.items import Incident
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.storage import Foundation
 from aegis_runtime.metrics import Metrics
 

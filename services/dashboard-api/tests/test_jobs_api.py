@@ -22,7 +22,7 @@ from aegis_dashboard_api import audit
 from aegis_dashboard_api.access import token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.emulator import arequest_counts
 from aegis_devstack.testing.storage import Foundation
 from aegis_orchestration.model import Job

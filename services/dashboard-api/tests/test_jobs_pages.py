@@ -27,7 +27,7 @@ from aegis_contracts.times import format_ts
 from aegis_dashboard_api.access import COOKIE, token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.storage import Foundation
 from aegis_orchestration.graph import graph
 from aegis_orchestration.model import Job

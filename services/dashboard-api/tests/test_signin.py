@@ -28,7 +28,7 @@ from aegis_dashboard_api import audit
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_dashboard_api.signin import FLOW_COOKIE, SESSION_COOKIE, session_identity
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.oidc import OidcClient, OidcProvider, OidcUser, StartProvider
 from aegis_devstack.testing.storage import Foundation
 from aegis_storage.audit import AuditLog

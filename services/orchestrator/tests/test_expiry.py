@@ -26,7 +26,7 @@ from aegis_contracts import keys
 from aegis_contracts.errors import ContractError
 from aegis_contracts.events import ChangeEvent
 from aegis_contracts.subjects import CHANGES
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_orchestration.model import Job

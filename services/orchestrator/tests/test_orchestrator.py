@@ -27,7 +27,7 @@ from aegis_contracts.events import ChangeEvent
 from aegis_contracts.subjects import change_subject, object_created_subject
 from aegis_contracts.times import format_ts, parse_ts
 from aegis_devstack.localservers import free_port
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_devstack.testing.webhook import FakeWebhook

@@ -37,7 +37,7 @@ import pytest
 
 from aegis_contracts import keys
 from aegis_contracts.times import utc_now
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.emulator import register_lambda
 from aegis_devstack.testing.lambdaruntime import lambda_runtime
 from aegis_devstack.testing.storage import Foundation

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aegis_contracts.state import FactoryState, Level, Reason, RiskRecord
-from aegis_contracts.times import format_ts
+from aegis_devstack.testing.builders import meta
 from aegis_folds.folds import (
     FactoryHour,
     FoldParams,
@@ -71,19 +71,6 @@ def test_sketch_size_does_not_grow_with_the_values() -> None:
     assert len(sketch.pos) <= math.ceil(math.log(10) / math.log(1.005 / 0.995)) + 1
 
 
-def meta(i: int, at: datetime) -> dict[str, object]:
-    mid = f"msg-{i:08d}"
-    return {
-        "message_id": mid,
-        "device_id": "edge-01",
-        "emitted_at": format_ts(at),
-        "event_time": format_ts(at),
-        "received_at": format_ts(at),
-        "raw_key": f"raw/f/factory_state/yyyy=2026/mm=11/dd=30/{mid}.json",
-        "schema_version": "1.0",
-    }
-
-
 def risk(i: int, at: datetime, level: Level, score: float, co: float | None = None) -> RiskRecord:
     reasons = []
     if level is not Level.NORMAL:
@@ -97,12 +84,17 @@ def risk(i: int, at: datetime, level: Level, score: float, co: float | None = No
             )
         )
     return RiskRecord.model_validate(
-        {"meta": meta(i, at), "risk": {"score": score, "level": level, "reasons": reasons}}
+        {
+            "meta": meta(f"msg-{i:08d}", at),
+            "risk": {"score": score, "level": level, "reasons": reasons},
+        }
     )
 
 
 def state(i: int, at: datetime, co: float) -> FactoryState:
-    return FactoryState.model_validate({"meta": meta(i, at), "sensors": {"co_ppm": co}})
+    return FactoryState.model_validate(
+        {"meta": meta(f"msg-{i:08d}", at), "sensors": {"co_ppm": co}}
+    )
 
 
 def hour(kst_hour: int, levels: list[tuple[int, Level, float]]) -> FactoryHour:

@@ -14,7 +14,7 @@ from aegis_contracts import incidents, keys
 from aegis_contracts.cloud import CloudCheck, CloudSnapshot
 from aegis_contracts.items import Incident
 from aegis_contracts.keys import ReportArtifact
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.storage import Foundation
 from aegis_reporter.incidents import utc_days
 from aegis_reporter.report import Reporter

@@ -24,7 +24,7 @@ from aegis_contracts.keys import Dataset, ReportArtifact
 from aegis_contracts.state import Level
 from aegis_contracts.times import format_ts
 from aegis_devstack.localservers import free_port
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock, meta
 from aegis_devstack.testing.storage import Foundation
 from aegis_reporter.generators import BedrockGenerator
 from aegis_reporter.report import JOB, Reporter
@@ -52,18 +52,6 @@ class Events:
     ) -> bool:
         self.sent.append((subject, event))
         return False
-
-
-def meta(mid: str, at: datetime) -> dict[str, Any]:
-    return {
-        "message_id": mid,
-        "device_id": "edge-01",
-        "emitted_at": format_ts(at),
-        "event_time": format_ts(at),
-        "received_at": format_ts(at),
-        "raw_key": f"raw/x/factory_state/yyyy=2026/mm=11/dd=30/{mid}.json",
-        "schema_version": "1.0",
-    }
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from aegis_contracts import keys
 from aegis_contracts.ids import SourceType
 from aegis_devstack.localservers import free_port
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.health import answers_ready
 from aegis_storage.s3 import ObjectStore

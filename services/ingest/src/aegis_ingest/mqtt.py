@@ -6,7 +6,7 @@ Manual acknowledgement: aiomqtt has no API for it and its paho client sends PUBA
 before the connection exists, then ``ack(mid, qos)`` per message. aiomqtt keeps its paho client in
 the private attribute ``Client._client``; :func:`enable_manual_ack` is the one place that reaches
 into it, checks that it is what we expect (else start-up fails loudly rather than acking early), and
-is covered by a unit test and by the redelivery test in tests/integration/test_ingest.py.
+is covered by a unit test and by the redelivery test in services/ingest/tests/test_ingest.py.
 
 Ordering: MQTT (3.1.1 and v5) asks a client to send PUBACKs in the order the PUBLISHes came;
 paho's manual ``ack`` does not enforce it and Mosquitto matches PUBACKs by packet id in any order.

@@ -9,12 +9,14 @@ else the machine's server on its default port, started when down. Nothing is set
 Fixtures: ``aws_endpoint``, ``mqtt_url``, ``nats_url`` (session), ``unique_id`` (per test),
 ``private_nats`` / ``private_mosquitto`` (per test: a server the test may stop and restart), and
 ``private_emulator`` (per module: a moto_server whose request counts and registrations are the
-module's alone).
+module's alone), ``network`` (per test: a private network of network namespaces) and
+``fire_alert`` (a builder of a factory's CRITICAL fire alert state, as the dispatcher writes it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import tempfile
@@ -25,6 +27,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
+from aegis_contracts import keys
+from aegis_contracts.items import AlertState
 from aegis_devstack.localservers import (
     DEFAULT_MQTT_URL,
     DEFAULT_NATS_URL,
@@ -40,6 +44,7 @@ from aegis_devstack.localservers import (
     start_private_mosquitto,
     start_private_nats,
 )
+from aegis_devstack.testing import netlab
 
 if TYPE_CHECKING:
     from testcontainers.community.localstack import LocalStackContainer
@@ -49,8 +54,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "aws_endpoint",
+    "fire_alert",
     "mqtt_url",
     "nats_url",
+    "network",
     "private_emulator",
     "private_mosquitto",
     "private_nats",
@@ -62,6 +69,9 @@ LOCALSTACK_SERVICES = ("s3", "dynamodb", "cloudwatch", "iam", "sts", "cloudforma
 MOSQUITTO_IMAGE = "eclipse-mosquitto:2.1"
 NATS_IMAGE = "nats:2.10"
 REGION = "ap-south-1"
+
+# ``fire_alert(scope, firing=, version=, ttl=)``
+FireAlert = Callable[..., AlertState]
 
 _Container = TypeVar("_Container", bound="DockerContainer")
 
@@ -157,6 +167,44 @@ def private_mosquitto() -> Iterator[ManagedServer]:
 def unique_id() -> str:
     """A short random id (``t-3f9a1c2b``): valid as factory id, bucket suffix and stream suffix."""
     return f"t-{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def fire_alert() -> FireAlert:
+    """``fire_alert(scope, firing=, version=, ttl=)``: a CRITICAL FIRE_DETECTED alert state of a
+    factory's state stream, as the dispatcher writes it."""
+
+    def make(scope: str, *, firing: bool, version: int, ttl: int) -> AlertState:
+        return AlertState(
+            pk=keys.alert_pk(scope),
+            sk=keys.alert_sk("CRITICAL", "FIRE_DETECTED", "STATE"),
+            scope=scope,
+            severity="CRITICAL",
+            reason="FIRE_DETECTED",
+            status="STATE",
+            firing=firing,
+            version=version,
+            ttl=ttl,
+        )
+
+    return make
+
+
+# asked once per process: making a network to find out costs a fraction of a second
+_network_unavailable = functools.cache(netlab.unavailable)
+
+
+@pytest.fixture
+def network() -> Iterator[netlab.Network]:
+    """A private network of the test's own (network namespaces on a bridge, this process
+    joined to it), deleted with everything on it when the test ends, however it ends; the test
+    is skipped, saying why, where network namespaces cannot be made (not root, no iproute2)."""
+    reason = _network_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with netlab.open_network() as network:
+        network.join()
+        yield network
 
 
 # -- containers (only where a Docker engine answers) -------------------------------------------

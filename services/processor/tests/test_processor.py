@@ -23,7 +23,7 @@ from aegis_contracts.items import FactoryLatest, HistoryState
 from aegis_contracts.keys import Dataset, ReportArtifact
 from aegis_contracts.subjects import DEAD_LETTER, dead_letter_subject, raw_subject
 from aegis_contracts.times import format_ts, kst_report_date, parse_ts, truncate_ms
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.waiting import eventually
 from aegis_processor.app import ProcessorApp, create_app
 from aegis_processor.settings import ProcessorSettings

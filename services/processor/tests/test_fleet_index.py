@@ -14,7 +14,7 @@ import pytest
 from aegis_contracts import keys
 from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
-from aegis_devstack.testing.clock import FakeClock
+from aegis_devstack.testing.builders import FakeClock
 from aegis_processor.handlers import Processor
 from aegis_processor.refresh import Refresher
 from aegis_processor.rules import load_rules

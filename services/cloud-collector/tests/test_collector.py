@@ -26,6 +26,7 @@ from aegis_contracts.state import Level
 from aegis_contracts.subjects import object_created_subject, raw_subject
 from aegis_contracts.times import floor_to, format_ts
 from aegis_devstack.localservers import ManagedServer
+from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.heartbeat import HeartbeatPublisher
@@ -36,17 +37,6 @@ from aegis_storage.clients import AwsConfig, open_client
 pytestmark = pytest.mark.integration
 
 T0 = floor_to(datetime.now(UTC), timedelta(minutes=5)) + timedelta(seconds=1)
-
-
-class FakeClock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 NO_RULES: dict[str, Any] = {
