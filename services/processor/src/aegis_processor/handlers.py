@@ -70,6 +70,7 @@ from aegis_runtime.broker import Outgoing, Poison
 from aegis_storage.errors import Conflict, NotFound, Transient
 from aegis_storage.readmodel import LATEST_GROUPS, Encoded, ReadModel, encode
 from aegis_storage.s3 import ObjectStore, PutResult
+from aegis_storage.states import FactoryStates, TableStates
 from aegis_storage.tasks import all_of
 
 log = structlog.get_logger(__name__)
@@ -138,6 +139,7 @@ class Processor:
         *,
         store: ObjectStore,
         readmodel: ReadModel,
+        states: FactoryStates | None = None,
         publish: Publish,
         rules: RiskRules,
         ttl: TtlSettings,
@@ -148,7 +150,9 @@ class Processor:
         late_after: timedelta = timedelta(seconds=10),
     ) -> None:
         self.store = store
-        self.readmodel = readmodel
+        self.readmodel = readmodel  # the refresh's fleet reads and claims, late-data marks
+        # LATEST and HISTORY: the commit protocol's reads and conditional writes
+        self.states: FactoryStates = states if states is not None else TableStates(readmodel)
         self.publish = publish
         self.rules = rules
         self.ttl = ttl
@@ -385,11 +389,11 @@ class Processor:
             history_sk = keys.history_state_sk(updated_at)
             history = encoded.with_fields(sk=history_sk, ttl=self.ttl.history_expiry(now))
             try:
-                await self.readmodel.put_item(history, if_absent=True)
+                await self.states.add_history(history)
             except Conflict:
                 # that millisecond holds a state: this one, when the SDK retried a put whose
                 # answer was lost (then go on with it); else another's: read again, move on
-                if await self.readmodel.get_item(pk, history_sk) != history.plain:
+                if await self.states.history_item(factory_id, history_sk) != history.plain:
                     floor = updated_at + timedelta(milliseconds=1)
                     reread = True
                     continue
@@ -398,7 +402,7 @@ class Processor:
                 return Commit(old=old, new=image, at=updated_at)
             # another writer replaced LATEST first: this state never was, so it is no history;
             # the refusal's check has just read that writer's LATEST into the cache
-            await self.readmodel.delete_item(pk, history_sk)
+            await self.states.remove_history(factory_id, history_sk)
             reread = False
         raise Transient(f"LATEST of {factory_id} kept changing under {COMMIT_ATTEMPTS} attempts")
 
@@ -409,7 +413,7 @@ class Processor:
         the table: a replace whose answer was lost and that the SDK retried is refused by its own
         success, and LATEST then is this very state (its ``updated_at`` is held by the HISTORY
         item this writer put), which counts as replaced."""
-        if await self.readmodel.replace_latest(
+        if await self.states.replace_latest(
             factory_id, state, expected=None if expected is None else str(expected)
         ):
             return True
@@ -424,7 +428,7 @@ class Processor:
         if not fresh and factory_id in self._known:
             self._known.move_to_end(factory_id)
             return self._known[factory_id]
-        latest = await self.readmodel.get_latest(factory_id)
+        latest = await self.states.latest(factory_id)
         if latest is not None:
             self._remember(factory_id, latest)
         return latest
@@ -439,7 +443,7 @@ class Processor:
         self, factory_id: str, group: str, message_id: str, received_at: datetime, now: datetime
     ) -> Commit | None:
         """Finish what an earlier delivery of this message started (see the module docstring)."""
-        items = await self.readmodel.history_states(
+        items = await self.states.history(
             factory_id, received_at - RECOVERY_MARGIN, now + timedelta(seconds=1), now=now
         )
         # group values carry forward into later states: the first item holding it introduced it
@@ -459,7 +463,7 @@ class Processor:
             return Commit(old=old_image, new=state, at=at)  # committed: redo snapshot and events
         if current == prev and await self._replace_latest(factory_id, state, expected=prev):
             return Commit(old=latest, new=state, at=at)  # rolled forward
-        await self.readmodel.delete_item(keys.factory_pk(factory_id), str(mine["sk"]))
+        await self.states.remove_history(factory_id, str(mine["sk"]))
         return None
 
     async def _snapshot(self, factory_id: str, commit: Commit) -> PutResult:
@@ -523,7 +527,7 @@ class Processor:
                 Outgoing(
                     change_subject(LATEST_ENTITY),
                     ChangeEvent(
-                        table=self.readmodel.table,
+                        table=self.states.table,
                         pk=pk,
                         sk=keys.LATEST_SK,
                         event_name="MODIFY" if change.old else "INSERT",
