@@ -184,6 +184,21 @@ def post_policy(fields: Mapping[str, str]) -> dict[str, Any]:
     return policy
 
 
+def object_created(
+    bucket: str, put: PutResult, *, producer: str, at: datetime, replayed: bool = False
+) -> ObjectCreated:
+    """The ObjectCreated event that announces the object ``put`` wrote in ``bucket``."""
+    return ObjectCreated(
+        bucket=bucket,
+        key=put.key,
+        size_bytes=put.size_bytes,
+        etag=put.etag,
+        producer=producer,
+        created_at=at,
+        replayed=replayed,
+    )
+
+
 class ObjectStore:
     def __init__(self, clients: AwsClients, bucket: str) -> None:
         self._clients = clients
@@ -195,15 +210,7 @@ class ObjectStore:
         self, put: PutResult, *, producer: str, at: datetime, replayed: bool = False
     ) -> ObjectCreated:
         """The ObjectCreated event that announces an object this store wrote."""
-        return ObjectCreated(
-            bucket=self.bucket,
-            key=put.key,
-            size_bytes=put.size_bytes,
-            etag=put.etag,
-            producer=producer,
-            created_at=at,
-            replayed=replayed,
-        )
+        return object_created(self.bucket, put, producer=producer, at=at, replayed=replayed)
 
     async def put_bytes(
         self,

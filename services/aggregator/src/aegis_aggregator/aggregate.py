@@ -58,6 +58,7 @@ from aegis_folds.folds import FoldParams
 from aegis_folds.windows import REPORT_FIELD, current_windows, hour_entries
 from aegis_runtime.heartbeat import instance_id
 from aegis_storage.errors import NotFound
+from aegis_storage.latemarks import LateMarks, TableLateMarks
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore, PutResult, to_json_bytes
 
@@ -128,8 +129,10 @@ class Aggregator:
         owner: str | None = None,
         fold_params: FoldParams | None = None,
         read_concurrency: int = 32,
+        late: LateMarks | None = None,
     ) -> None:
         self.readmodel = readmodel
+        self.late: LateMarks = late or TableLateMarks(readmodel)
         self.store = store
         self.publish = publish
         self.ttl = ttl
@@ -333,7 +336,7 @@ class Aggregator:
         newest = self.newest_due(now)
         marked = [
             m
-            for m in await self.readmodel.late_hours(now=now)
+            for m in await self.late.late_hours(now=now)
             if parse_ts(str(m["hour_start"])) + HOUR - WINDOW <= newest
         ]
 
@@ -342,9 +345,7 @@ class Aggregator:
             async with self._slots:
                 written = await self._fold_hour(factory_id, hour, upto=hour + HOUR - WINDOW)
                 await self._announce(written, now=now)
-                cleared = await self.readmodel.clear_late(
-                    factory_id, hour, marks=int(marker["marks"])
-                )
+                cleared = await self.late.clear(factory_id, hour, marks=int(marker["marks"]))
             log.info(
                 "late_hour_folded",
                 factory_id=factory_id,

@@ -68,8 +68,10 @@ from aegis_processor import domain
 from aegis_processor.rules import RiskRules
 from aegis_runtime.broker import Outgoing, Poison
 from aegis_storage.errors import Conflict, NotFound, Transient
+from aegis_storage.latemarks import LateMarks, TableLateMarks
+from aegis_storage.objects import Objects
 from aegis_storage.readmodel import LATEST_GROUPS, Encoded, ReadModel, encode
-from aegis_storage.s3 import ObjectStore, PutResult
+from aegis_storage.s3 import PutResult
 from aegis_storage.states import FactoryStates, TableStates
 from aegis_storage.tasks import all_of
 
@@ -137,9 +139,10 @@ class Processor:
     def __init__(
         self,
         *,
-        store: ObjectStore,
-        readmodel: ReadModel,
+        store: Objects,
+        readmodel: ReadModel | None,
         states: FactoryStates | None = None,
+        late: LateMarks | None = None,
         publish: Publish,
         rules: RiskRules,
         ttl: TtlSettings,
@@ -150,9 +153,13 @@ class Processor:
         late_after: timedelta = timedelta(seconds=10),
     ) -> None:
         self.store = store
-        self.readmodel = readmodel  # the refresh's fleet reads and claims, late-data marks
+        # the refresh's fleet reads and claims (none: the processor handles messages only)
+        self.readmodel = readmodel
+        if readmodel is None and (states is None or late is None):
+            raise ValueError("without a read model, give the states and the late marks")
         # LATEST and HISTORY: the commit protocol's reads and conditional writes
-        self.states: FactoryStates = states if states is not None else TableStates(readmodel)
+        self.states: FactoryStates = states or TableStates(cast("ReadModel", readmodel))
+        self.late: LateMarks = late or TableLateMarks(cast("ReadModel", readmodel))
         self.publish = publish
         self.rules = rules
         self.ttl = ttl
@@ -304,7 +311,7 @@ class Processor:
         written = truncate_ms(self.clock())
         if hour + HOUR + self.late_after > written:
             return None
-        await self.readmodel.mark_late(
+        await self.late.mark(
             factory_id, hour, now=written, ttl=int(written.timestamp()) + LATE_MARK_TTL_S
         )
         return hour

@@ -44,7 +44,10 @@ class Refresher:
         owner: str | None = None,
         concurrency: int = 32,
     ) -> None:
+        if processor.readmodel is None:
+            raise ValueError("the refresh reads the fleet and claims its windows in the read model")
         self.processor = processor
+        self.readmodel = processor.readmodel
         self.concurrency = concurrency
         self.interval = interval
         self.catchup = catchup
@@ -88,7 +91,7 @@ class Refresher:
                 if not await self._claim(shard, due, now):
                     continue
                 won_shards += 1
-                factories = await self.processor.readmodel.factory_latest_items(shard=shard)
+                factories = await self.readmodel.factory_latest_items(shard=shard)
                 if not factories:
                     continue
                 waiting[0] += len(factories)
@@ -104,7 +107,7 @@ class Refresher:
 
     async def _claim(self, shard: int, due: list[datetime], now: datetime) -> bool:
         """Claim every due window of ``shard``; True when this replica won any of them."""
-        readmodel = self.processor.readmodel
+        readmodel = self.readmodel
         won = False
         for window in due:
             won |= await readmodel.claim_window(
