@@ -22,6 +22,7 @@ from botocore.exceptions import ClientError
 
 from aegis_contracts import keys
 from aegis_contracts.times import format_ts
+from aegis_devstack.testing.builders import history_item
 from aegis_storage import fleetindex
 from aegis_storage.bootstrap import bootstrap, describe_foundation, drift, expected_foundation
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
@@ -174,42 +175,26 @@ async def test_latest_is_replaced_only_while_it_is_the_version_read(store: Store
     assert await model.fleet_ids() == ["f1"]
 
 
-async def test_a_field_group_is_applied_only_when_its_event_time_is_newer(store: Store) -> None:
-    model = store.model
-    state = {"factory_state": {"score": 1.0}}
-
-    async def apply(seconds: int) -> Any:
-        return await model.apply_latest(
-            "f2",
-            group="factory_state",
-            event_time=T0 + timedelta(seconds=seconds),
-            fields=state,
-            updated_at=T0,
-        )
-
-    first, older, same, newer = await apply(10), await apply(5), await apply(10), await apply(20)
-    assert [c.applied for c in (first, older, same, newer)] == [True, False, False, True]
-    assert first.old_image is None
-    assert newer.old_image is not None and newer.old_image["last_factory_state_at"] == format_ts(
-        T0 + timedelta(seconds=10)
-    )
-    latest = await model.get_latest("f2")
-    assert latest is not None and latest["factory_state"] == {
-        "score": 1
-    }  # 1.0 kept as DynamoDB keeps it
-
-
-async def test_history_puts_never_collide_and_a_range_query_leaves_out_the_end_and_expired_items(
+async def test_history_puts_are_once_only_and_a_range_query_leaves_out_the_end_and_expired_items(
     store: Store,
 ) -> None:
     model = store.model
     now = T0 + timedelta(hours=1)
     live, expired = int(now.timestamp()) + 3600, int(now.timestamp()) - 1
-    at = [await model.put_history_state("f3", {"n": i}, updated_at=T0, ttl=live) for i in range(3)]
-    await model.put_history_state("f3", {"n": 9}, updated_at=T0 + timedelta(seconds=5), ttl=expired)
-    await model.put_history_state("f3", {"n": 10}, updated_at=T0 + timedelta(seconds=9), ttl=live)
+    ms = timedelta(milliseconds=1)
+    for i in range(3):
+        await model.put_item(
+            history_item("f3", {"n": i}, updated_at=T0 + i * ms, ttl=live), if_absent=True
+        )
+    with pytest.raises(Conflict):
+        await model.put_item(history_item("f3", {"n": 7}, updated_at=T0, ttl=live), if_absent=True)
+    await model.put_item(
+        history_item("f3", {"n": 9}, updated_at=T0 + timedelta(seconds=5), ttl=expired)
+    )
+    await model.put_item(
+        history_item("f3", {"n": 10}, updated_at=T0 + timedelta(seconds=9), ttl=live)
+    )
     found = await model.history_states("f3", T0, T0 + timedelta(seconds=9), now=now)
-    assert at == [T0, T0 + timedelta(milliseconds=1), T0 + timedelta(milliseconds=2)]
     assert [i["n"] for i in found] == [0, 1, 2]
     newest = await model.query_range(
         keys.factory_pk("f3"), keys.HISTORY_STATE_PREFIX, T0, now, now=now, descending=True, limit=2

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from aegis_contracts.times import format_ts
+from aegis_devstack.testing.builders import latest_fields
 from aegis_devstack.testing.storage import Foundation
 
 pytestmark = pytest.mark.integration
@@ -39,30 +40,34 @@ async def test_status_lists_the_fleet_from_latest_items(
     now = datetime.now(UTC)
     hot, calm = f"f-{unique_id}-b", f"f-{unique_id}-a"
     rm = foundation.readmodel
-    await rm.apply_latest(
+    await rm.set_latest(
         hot,
-        group="factory_state",
-        event_time=now - timedelta(seconds=3),
-        fields={
-            "factory_state": {"sensors": {"co_ppm": 120.0}},
-            "risk": {
-                "score": 90,
-                "level": "CRITICAL",
-                "reasons": [{"code": "CO_HIGH", "severity": "CRITICAL", "detail": "120 ppm"}],
+        latest_fields(
+            "factory_state",
+            {
+                "factory_state": {"sensors": {"co_ppm": 120.0}},
+                "risk": {
+                    "score": 90,
+                    "level": "CRITICAL",
+                    "reasons": [{"code": "CO_HIGH", "severity": "CRITICAL", "detail": "120 ppm"}],
+                },
             },
-        },
-        updated_at=now,
+            event_time=now - timedelta(seconds=3),
+            updated_at=now,
+        ),
     )
     await rm.set_latest(hot, {"pipeline_status": {"status": "OK", "checked_at": format_ts(now)}})
-    await rm.apply_latest(
+    await rm.set_latest(
         calm,
-        group="factory_state",
-        event_time=now - timedelta(minutes=2),
-        fields={
-            "factory_state": {"sensors": {}},
-            "risk": {"score": 0, "level": "NORMAL", "reasons": []},
-        },
-        updated_at=now,
+        latest_fields(
+            "factory_state",
+            {
+                "factory_state": {"sensors": {}},
+                "risk": {"score": 0, "level": "NORMAL", "reasons": []},
+            },
+            event_time=now - timedelta(minutes=2),
+            updated_at=now,
+        ),
     )
     env = _env(aws_endpoint, foundation.table)
 
@@ -102,12 +107,14 @@ async def test_status_watch_refreshes_until_interrupted(
 ) -> None:
     factory = f"f-{unique_id}"
     now = datetime.now(UTC)
-    await foundation.readmodel.apply_latest(
+    await foundation.readmodel.set_latest(
         factory,
-        group="factory_state",
-        event_time=now,
-        fields={"factory_state": {}, "risk": {"score": 10, "level": "NORMAL", "reasons": []}},
-        updated_at=now,
+        latest_fields(
+            "factory_state",
+            {"factory_state": {}, "risk": {"score": 10, "level": "NORMAL", "reasons": []}},
+            event_time=now,
+            updated_at=now,
+        ),
     )
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "aegis_cli.app", "status", "--watch", "--json",
@@ -133,12 +140,14 @@ async def test_status_fail_on_exits_3_at_or_above_the_level(
 ) -> None:
     now = datetime.now(UTC)
     for name, level in ((f"f-{unique_id}-w", "WARNING"), (f"f-{unique_id}-n", "NORMAL")):
-        await foundation.readmodel.apply_latest(
+        await foundation.readmodel.set_latest(
             name,
-            group="factory_state",
-            event_time=now,
-            fields={"factory_state": {}, "risk": {"score": 40, "level": level, "reasons": []}},
-            updated_at=now,
+            latest_fields(
+                "factory_state",
+                {"factory_state": {}, "risk": {"score": 40, "level": level, "reasons": []}},
+                event_time=now,
+                updated_at=now,
+            ),
         )
     env = _env(aws_endpoint, foundation.table)
     code, out, err = await _status(env, "--fail-on", "critical", "--json")

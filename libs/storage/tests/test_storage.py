@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from aegis_contracts import keys
 from aegis_contracts.times import Timestamp, format_ts
+from aegis_devstack.testing.builders import history_item
 from aegis_devstack.testing.emulator import arequest_counts
 from aegis_storage.errors import Conflict, NotFound
 from aegis_storage.readmodel import encode
@@ -147,72 +148,20 @@ async def test_delete_many_chunks_to_1000(foundation):
     assert await store.list_keys("tmp/") == []
 
 
-def fs(at: datetime) -> dict[str, object]:
-    return {"factory_state": {"sensors": {"co_ppm": 3.5}, "at": format_ts(at)}}
-
-
-async def test_latest_update_applies_only_newer_event_times(foundation):
-    rm = foundation.readmodel
-    newer, older = T0 + timedelta(seconds=10), T0
-    first = await rm.apply_latest(
-        "factory-a", group="factory_state", event_time=newer, fields=fs(newer), updated_at=newer
-    )
-    assert first.applied
-    assert first.old_image is None
-    assert first.new_image is not None
-    assert first.new_image["last_factory_state_at"] == format_ts(newer)
-
-    stale = await rm.apply_latest(
-        "factory-a", group="factory_state", event_time=older, fields=fs(older), updated_at=older
-    )
-    assert not stale.applied
-    latest = await rm.get_latest("factory-a")
-    assert latest is not None
-    assert latest["factory_state"]["at"] == format_ts(newer)
-    assert latest["last_factory_state_at"] == format_ts(newer)
-
-    # the same event time again (a redelivery) changes nothing either
-    same = await rm.apply_latest(
-        "factory-a", group="factory_state", event_time=newer, fields=fs(newer), updated_at=newer
-    )
-    assert not same.applied
-
-
-async def test_latest_groups_are_independent(foundation):
-    rm = foundation.readmodel
-    await rm.apply_latest(
-        "factory-a", group="factory_state", event_time=T0, fields=fs(T0), updated_at=T0
-    )
-    infra_at = T0 - timedelta(minutes=1)  # older than factory_state, but its own group is empty
-    change = await rm.apply_latest(
-        "factory-a",
-        group="infra_state",
-        event_time=infra_at,
-        fields={"infra_state": {"cpu_pct": 12.5}},
-        updated_at=T0,
-    )
-    assert change.applied
-    assert change.old_image is not None
-    assert "infra_state" not in change.old_image
-    latest = await rm.get_latest("factory-a")
-    assert latest is not None
-    assert latest["factory_state"]["sensors"] == {"co_ppm": 3.5}
-    assert latest["infra_state"] == {"cpu_pct": 12.5}
-    assert change.new_image == latest
-
-
 async def test_history_put_with_ttl_and_expired_items_are_not_returned(foundation):
     rm = foundation.readmodel
     now = T0 + timedelta(hours=1)
     live_ttl, expired_ttl = int((now + timedelta(hours=2)).timestamp()), int(now.timestamp()) - 1
-    await rm.put_history_state(
-        "factory-a", {"risk": {"level": "NORMAL"}}, updated_at=T0, ttl=expired_ttl
+    await rm.put_item(
+        history_item("factory-a", {"risk": {"level": "NORMAL"}}, updated_at=T0, ttl=expired_ttl)
     )
-    await rm.put_history_state(
-        "factory-a",
-        {"risk": {"level": "WARNING"}},
-        updated_at=T0 + timedelta(minutes=1),
-        ttl=live_ttl,
+    await rm.put_item(
+        history_item(
+            "factory-a",
+            {"risk": {"level": "WARNING"}},
+            updated_at=T0 + timedelta(minutes=1),
+            ttl=live_ttl,
+        )
     )
     items = await rm.history_states("factory-a", T0 - timedelta(hours=1), now, now=now)
     assert [i["risk"]["level"] for i in items] == ["WARNING"]
@@ -225,8 +174,8 @@ async def test_history_put_with_ttl_and_expired_items_are_not_returned(foundatio
 async def test_history_keeps_numbers_numbers(foundation):
     rm = foundation.readmodel
     ttl = int((T0 + timedelta(hours=2)).timestamp())
-    await rm.put_history_state(
-        "factory-a", {"sensors": {"co_ppm": 60.5, "count": 3}}, updated_at=T0, ttl=ttl
+    await rm.put_item(
+        history_item("factory-a", {"sensors": {"co_ppm": 60.5, "count": 3}}, updated_at=T0, ttl=ttl)
     )
     (item,) = await rm.history_states("factory-a", T0, T0 + timedelta(seconds=1), now=T0)
     assert item["sensors"] == {"co_ppm": 60.5, "count": 3}
@@ -283,20 +232,6 @@ def test_a_model_encodes_as_its_json_dict_and_drop_none_leaves_out_top_level_non
     }
     assert by_model.attributes["group"] == {"M": {"co_ppm": {"N": "24"}, "note": {"NULL": True}}}
     assert encode(state).plain["other"] is None  # kept without drop_none
-
-
-async def test_history_snapshots_never_collide(foundation):
-    rm = foundation.readmodel
-    ttl = int((T0 + timedelta(hours=2)).timestamp())
-    filed = await asyncio.gather(
-        *(rm.put_history_state("factory-a", {"n": i}, updated_at=T0, ttl=ttl) for i in range(5))
-    )
-    assert len(set(filed)) == 5
-    items = await rm.history_states("factory-a", T0, T0 + timedelta(seconds=1), now=T0)
-    assert sorted(i["n"] for i in items) == [0, 1, 2, 3, 4]
-    assert all(
-        i["sk"] == keys.history_state_sk(datetime.fromisoformat(i["updated_at"])) for i in items
-    )
 
 
 async def test_range_query_is_half_open_and_ordered(foundation):

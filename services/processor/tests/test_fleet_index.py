@@ -14,7 +14,7 @@ import pytest
 from aegis_contracts import keys
 from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
-from aegis_devstack.testing.builders import FakeClock
+from aegis_devstack.testing.builders import FakeClock, history_item, latest_fields
 from aegis_processor.handlers import Processor
 from aegis_processor.refresh import Refresher
 from aegis_processor.rules import load_rules
@@ -44,12 +44,12 @@ async def test_the_fleet_is_exactly_the_factories_with_a_latest_whoever_wrote_th
     rm = foundation.readmodel
     guarded = [f"factory-g{i:03d}" for i in range(120)]  # more than one BatchGetItem of 100
     replaced = [f"factory-r{i:03d}" for i in range(10)]
-    # a LATEST made by a guarded partial update (UpdateItem), by whole-item puts from many
-    # writers at once (the processor's replace), and by an operator's set
+    # a LATEST made by partial updates (UpdateItem) from many writers at once, by whole-item
+    # puts (the processor's replace), and by a partial update of a field of its own
     await asyncio.gather(
         *(
-            rm.apply_latest(
-                f, group="factory_state", event_time=T0, fields=state(T0), updated_at=T0
+            rm.set_latest(
+                f, latest_fields("factory_state", state(T0), event_time=T0, updated_at=T0)
             )
             for f in guarded
         )
@@ -65,7 +65,7 @@ async def test_the_fleet_is_exactly_the_factories_with_a_latest_whoever_wrote_th
     await rm.set_latest("factory-set", {"note": "by hand"})
     # items that are no factory LATEST stay out: history, graph, cloud, claims, alerts at rest
     ttl = int(T0.timestamp()) + 3600
-    await rm.put_history_state(guarded[0], state(T0), updated_at=T0, ttl=ttl)
+    await rm.put_item(history_item(guarded[0], state(T0), updated_at=T0, ttl=ttl), if_absent=True)
     await rm.put_item({"pk": keys.factory_pk(guarded[1]), "sk": keys.graph_5m_sk(T0), "ttl": ttl})
     await rm.put_item({"pk": keys.CLOUD_PK, "sk": keys.LATEST_SK, "overall_status": "NORMAL"})
     await rm.claim_window("refresh", T0, owner="t", now=T0, ttl=ttl)

@@ -1,9 +1,13 @@
-"""The DynamoDB read model: LATEST partial updates, HISTORY puts, range queries, claims.
+"""The DynamoDB read model: whole-item and conditional writes, range queries, claims and leases,
+the fleet index. The aggregates services decide on are reached through repositories over it
+(:mod:`aegis_storage.states`: a factory's LATEST and HISTORY; :mod:`aegis_storage.latemarks`),
+each with an in-memory twin that refuses the same writes.
 
-Rules this repository keeps for every caller:
-- a LATEST field group is applied only when its event time is newer than the stored one, so a
-  redelivered or out-of-order message never moves the state backwards;
-- no two HISTORY#STATE snapshots of one factory collide (a taken millisecond moves to the next);
+Rules this module keeps for every caller:
+- a factory's LATEST is written whole, and only while it is the version its writer read
+  (:meth:`ReadModel.replace_latest`), so two writers never interleave their fields; the
+  processor's commit protocol (HISTORY first, then LATEST) builds on it;
+- a HISTORY#STATE item is put only where none is (``put_item(..., if_absent=True)``);
 - every read drops items whose ``ttl`` has passed: DynamoDB deletes them late, moto never does;
 - every write of a FACTORY LATEST, of an alert state or of a late-data marker carries the fleet
   index's keys exactly when the item belongs in the index
@@ -307,34 +311,6 @@ class ReadModel:
 
     # -- LATEST -------------------------------------------------------------------------------
 
-    async def apply_latest(
-        self,
-        factory_id: str,
-        *,
-        group: str,
-        event_time: datetime,
-        fields: BaseModel | Mapping[str, Any],
-        updated_at: datetime,
-    ) -> LatestChange:
-        """Set ``fields`` on FACTORY LATEST only if ``event_time`` is newer than the group's stored
-        event time. ``fields`` carries the group (and what derives from it, e.g. ``risk``)."""
-        guard = LATEST_GROUPS.get(group)
-        if guard is None:
-            raise ValueError(f"unknown LATEST field group {group!r}")
-        values = to_plain(fields)
-        if group not in values:
-            raise ValueError(f"fields must include the group {group!r}")
-        values[guard] = format_ts(event_time)
-        values["updated_at"] = format_ts(updated_at)
-        values["factory_id"] = factory_id
-        return await self._update_latest(
-            factory_id,
-            values,
-            condition="attribute_not_exists(#g) OR #g < :guard",
-            names={"#g": guard},
-            condition_values={":guard": values[guard]},
-        )
-
     async def set_latest(
         self, factory_id: str, fields: BaseModel | Mapping[str, Any]
     ) -> LatestChange:
@@ -503,35 +479,6 @@ class ReadModel:
         return [item for found in batches for item in found]
 
     # -- HISTORY and other keyed items ------------------------------------------------------------
-
-    async def put_history_state(
-        self,
-        factory_id: str,
-        snapshot: BaseModel | Mapping[str, Any],
-        *,
-        updated_at: datetime,
-        ttl: int,
-        max_attempts: int = 50,
-    ) -> datetime:
-        """Put HISTORY#STATE#{updated_at}; if that millisecond is taken, use the next free one.
-        Returns the ``updated_at`` the snapshot was filed under (its ``updated_at`` field too)."""
-        base = to_plain(snapshot)
-        at = updated_at
-        for _ in range(max_attempts):
-            item = {
-                **base,
-                "pk": keys.factory_pk(factory_id),
-                "sk": keys.history_state_sk(at),
-                "updated_at": format_ts(at),
-                "ttl": ttl,
-            }
-            try:
-                await self.put_item(item, if_absent=True)
-            except Conflict:
-                at += timedelta(milliseconds=1)
-                continue
-            return at
-        raise Conflict(f"no free HISTORY#STATE slot for {factory_id} near {format_ts(updated_at)}")
 
     async def put_item(
         self,

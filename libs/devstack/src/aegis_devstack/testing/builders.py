@@ -1,5 +1,5 @@
-"""What tests build again and again, built one way: a clock the test moves by hand, and the
-``meta`` block every processed object carries.
+"""What tests build again and again, built one way: a clock the test moves by hand, the
+``meta`` block every processed object carries, and read-model items to seed a table with.
 
 Services take ``clock=`` (a callable returning an aware UTC ``datetime``), so a test passes a
 :class:`FakeClock` and moves it instead of sleeping; nothing here reads the calendar.
@@ -7,10 +7,13 @@ Services take ``clock=`` (a callable returning an aware UTC ``datetime``), so a 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from aegis_contracts import keys
 from aegis_contracts.times import format_ts
+from aegis_storage.readmodel import LATEST_GROUPS
 
 
 class FakeClock:
@@ -47,4 +50,32 @@ def meta(
         "received_at": ts,
         "raw_key": f"raw/{factory_id}/{source_type}/{at:yyyy=%Y/mm=%m/dd=%d}/{message_id}.json",
         "schema_version": "1.0",
+    }
+
+
+def latest_fields(
+    group: str, fields: Mapping[str, Any], *, event_time: datetime, updated_at: datetime
+) -> dict[str, Any]:
+    """``fields`` (the group, and what derives from it, e.g. ``risk``) as a LATEST carries them
+    once a message of ``group`` emitted at ``event_time`` was committed at ``updated_at``: with
+    the group's event-time guard. For seeding LATEST with ``ReadModel.set_latest``."""
+    if group not in fields:
+        raise ValueError(f"fields must include the group {group!r}")
+    return {
+        **fields,
+        LATEST_GROUPS[group]: format_ts(event_time),
+        "updated_at": format_ts(updated_at),
+    }
+
+
+def history_item(
+    factory_id: str, fields: Mapping[str, Any], *, updated_at: datetime, ttl: int
+) -> dict[str, Any]:
+    """A HISTORY#STATE item of ``factory_id`` holding ``fields``, filed under ``updated_at``."""
+    return {
+        **fields,
+        "pk": keys.factory_pk(factory_id),
+        "sk": keys.history_state_sk(updated_at),
+        "updated_at": format_ts(updated_at),
+        "ttl": ttl,
     }
