@@ -13,7 +13,7 @@ import hashlib
 import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from fractions import Fraction
@@ -546,7 +546,9 @@ def _merge_series(items: Sequence[tuple[Series, str]]) -> Series:
     )
 
 
-def _added(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+def added_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Counts by name summed over ``counts``, names in order (the merge of any counted field
+    of windows, hours or days)."""
     total: Counter[str] = Counter()
     for c in counts:
         total.update(c)
@@ -623,7 +625,7 @@ def hour_from_windows(
         gaps=gaps,
         sensors=sensors,
         out_of_range={
-            n: c for n, c in _added(w.out_of_range for w in ordered).items() if n in sensors
+            n: c for n, c in added_counts(w.out_of_range for w in ordered).items() if n in sensors
         },
         detections={
             label: LabelFold(
@@ -631,7 +633,7 @@ def hour_from_windows(
                 max_confidence=max(
                     w.detections[label].max_confidence for w in ordered if label in w.detections
                 ),
-                cameras=_added(
+                cameras=added_counts(
                     w.detections[label].cameras for w in ordered if label in w.detections
                 ),
             )
@@ -643,12 +645,12 @@ def hour_from_windows(
         runs=runs,
         infra_records=sum(w.infra_records for w in ordered),
         infra=merged("infra"),
-        camera_observations=_added(w.camera_observations for w in ordered),
-        camera_offline=_added(w.camera_offline for w in ordered),
-        pipeline_not_ok=_added(w.pipeline_not_ok for w in ordered),
+        camera_observations=added_counts(w.camera_observations for w in ordered),
+        camera_offline=added_counts(w.camera_offline for w in ordered),
+        pipeline_not_ok=added_counts(w.pipeline_not_ok for w in ordered),
         images=sum(w.images for w in ordered),
         image_bytes=sum(w.image_bytes for w in ordered),
-        image_cameras=_added(w.image_cameras for w in ordered),
+        image_cameras=added_counts(w.image_cameras for w in ordered),
     )
 
 

@@ -26,6 +26,7 @@ from aegis_folds.folds import (
     ReasonPeak,
     Run,
     Series,
+    added_counts,
     append_run,
     merge_peaks,
 )
@@ -246,13 +247,6 @@ def _hour_row(h: int, window: DayWindow, fold: FactoryHour | CloudHour | None) -
     return {"kst_hour": h, **times("start", window.utc_hour(h)), "status": status}
 
 
-def _merge_counts(items: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    total: Counter[str] = Counter()
-    for item in items:
-        total.update(item)
-    return dict(sorted(total.items()))
-
-
 def factory_summary(
     target: str,
     window: DayWindow,
@@ -294,7 +288,7 @@ def factory_summary(
             "max_confidence": max(
                 h.detections[label].max_confidence for h in ordered if label in h.detections
             ),
-            "cameras": _merge_counts(
+            "cameras": added_counts(
                 h.detections[label].cameras for h in ordered if label in h.detections
             ),
             "hours": [h.kst_hour for h in ordered if label in h.detections],
@@ -302,8 +296,8 @@ def factory_summary(
         for label in labels
     }
     infra_names = sorted({n for h in ordered for n in h.infra})
-    observations = _merge_counts(h.camera_observations for h in ordered)
-    offline = _merge_counts(h.camera_offline for h in ordered)
+    observations = added_counts(h.camera_observations for h in ordered)
+    offline = added_counts(h.camera_offline for h in ordered)
     complete = completeness(
         hours, window, gap_s=params.gap_s, offline_s=offline_s, cadence_s=cadence_s
     )
@@ -342,12 +336,12 @@ def factory_summary(
                 c: {"observations": n, "offline": offline.get(c, 0)}
                 for c, n in observations.items()
             },
-            "pipeline_not_ok": _merge_counts(h.pipeline_not_ok for h in ordered),
+            "pipeline_not_ok": added_counts(h.pipeline_not_ok for h in ordered),
         },
         "images": {
             "count": sum(h.images for h in ordered),
             "bytes": sum(h.image_bytes for h in ordered),
-            "cameras": _merge_counts(h.image_cameras for h in ordered),
+            "cameras": added_counts(h.image_cameras for h in ordered),
         },
     }
 
@@ -369,7 +363,7 @@ def _merge_checks(folds: Sequence[CheckFold]) -> dict[str, Any]:
         "unit": next((f.unit for f in folds if f.unit), None),
         "worst_value": worst.worst_value if worst else None,
         **times("worst", worst.worst_at if worst else None),
-        "reasons": _merge_counts(f.reasons for f in folds),
+        "reasons": added_counts(f.reasons for f in folds),
     }
 
 
@@ -381,7 +375,7 @@ def cloud_summary(target: str, window: DayWindow, hours: Mapping[int, CloudHour]
         row = _hour_row(h, window, hours.get(h))
         fold = hours.get(h)
         if fold is not None:
-            statuses = _merge_counts(t.status_counts for t in fold.tiers.values())
+            statuses = added_counts(t.status_counts for t in fold.tiers.values())
             row |= {
                 "snapshots": {t: f.snapshots for t, f in fold.tiers.items()},
                 "worst_level": Level.worst(*(Level(s) for s in statuses)).value,
@@ -396,7 +390,7 @@ def cloud_summary(target: str, window: DayWindow, hours: Mapping[int, CloudHour]
         found.extend({"tier": tier, **i} for i in incidents(runs, window.as_of))
         tier_rows[tier] = {
             "snapshots": sum(f.snapshots for f in folds),
-            "status_counts": _merge_counts(f.status_counts for f in folds),
+            "status_counts": added_counts(f.status_counts for f in folds),
             **times("first", folds[0].first_at),
             **times("last", folds[-1].last_at),
         }
