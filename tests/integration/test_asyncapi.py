@@ -1,4 +1,4 @@
-"""The AsyncAPI document of the internal bus (docs/asyncapi.json, ``aegis_runtime.asyncapi``):
+"""The AsyncAPI document of the internal bus (docs/asyncapi.json, ``aegis_devstack.asyncapi``):
 the committed copy is what the generator makes; it has AsyncAPI 3.0's shape (every reference
 resolves, every channel has a message with a payload schema, every operation sends or receives
 its channel's message); every subject of the contracts and of the services is one of its
@@ -39,7 +39,7 @@ from aegis_contracts.subjects import (
     subject_matches,
     system_subject,
 )
-from aegis_runtime import asyncapi
+from aegis_devstack import asyncapi
 from aegis_runtime.broker import DeadLetter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +107,7 @@ def allowed(patterns: tuple[str, ...] | list[str], subject: str) -> bool:
 
 def test_the_committed_document_is_the_generated_one() -> None:
     assert COMMITTED.read_text(encoding="utf-8") == asyncapi.rendered(), (
-        "docs/asyncapi.json is stale: run `python -m aegis_runtime.asyncapi` from the checkout"
+        "docs/asyncapi.json is stale: run `python -m aegis_devstack.asyncapi` from the checkout"
     )
     assert json.loads(COMMITTED.read_text(encoding="utf-8")) == json.loads(asyncapi.rendered())
 

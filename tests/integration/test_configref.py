@@ -1,7 +1,7 @@
 """The configuration reference and the names checked at start, against the real settings.
 
 * docs/configuration-reference.md and aegis_runtime/settings_names.py are what
-  ``python -m aegis_runtime.configref`` writes from the installed services and commands today;
+  ``python -m aegis_devstack.configref`` writes from the installed services and commands today;
 * the deployment files set only names some component reads, and no deprecated one;
 * every ``AEGIS_*`` name the code itself reads (options, the jobs' variables, the tests' servers)
   is in the reference;
@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from aegis_contracts.subjects import STREAMS
+from aegis_devstack.configref import COMMAND, outputs
 from aegis_devstack.localservers import free_port
-from aegis_runtime.configref import COMMAND, outputs
 from aegis_runtime.envcheck import check_environment
 from aegis_runtime.settings_names import DEPRECATED, KNOWN, PREFIXES
 
@@ -98,7 +98,7 @@ def test_every_name_the_code_reads_is_in_the_reference() -> None:
     }
     assert not undocumented, (
         "read by the code but in no settings class and not in "
-        f"aegis_runtime.configref.OTHER_VARIABLES: {undocumented}"
+        f"aegis_devstack.configref.OTHER_VARIABLES: {undocumented}"
     )
 
 

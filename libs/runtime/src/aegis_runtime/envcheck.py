@@ -4,7 +4,7 @@ A setting that nobody reads is usually a misspelling, and pydantic-settings igno
 (:class:`~aegis_runtime.settings.AegisSettings` must: deployments share one settings file between
 services). An image holds its own service's settings class only, so a name counts as unknown only
 when no component at all reads it: the names are those of :mod:`aegis_runtime.settings_names`,
-which ``python -m aegis_runtime.configref`` writes from every component's settings.
+which ``python -m aegis_devstack.configref`` writes from every component's settings.
 
 Every service calls :func:`report_environment` as it starts (``run_service``; the dashboard in its
 ``main``), and so does the ``aegis`` command before a subcommand runs (its logs go to stderr): one

@@ -4,7 +4,7 @@ A service subclasses :class:`AegisSettings` and adds its own fields; ``create_ap
 builds one and passes it down, so nothing reads the environment twice and tests pass keywords.
 
 Every field has a ``description`` for operators (unit, what unset means): ``python -m
-aegis_runtime.configref`` writes docs/configuration-reference.md and
+aegis_devstack.configref`` writes docs/configuration-reference.md and
 :mod:`aegis_runtime.settings_names` from them. Durations end in ``_s`` (seconds), ``_ms``,
 ``_hours`` or ``_days``; a setting of one service carries that service's prefix, so one value in a
 shared settings file never lands in another service that means something else by it. A renamed

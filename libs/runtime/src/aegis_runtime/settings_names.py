@@ -1,6 +1,6 @@
 """The ``AEGIS_*`` names AEGIS components read: what :mod:`aegis_runtime.envcheck` checks.
 
-Written by ``python -m aegis_runtime.configref`` from the settings classes: do not edit.
+Written by ``python -m aegis_devstack.configref`` from the settings classes: do not edit.
 """
 
 from __future__ import annotations

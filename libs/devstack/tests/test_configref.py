@@ -1,4 +1,4 @@
-"""aegis_runtime.configref on made-up settings: the reference's rules (one name per meaning, a
+"""aegis_devstack.configref on made-up settings: the reference's rules (one name per meaning, a
 description for every field, old names after the new one) and how values are written. The
 committed reference of the real settings is checked in tests/integration/test_configref.py."""
 
@@ -12,7 +12,7 @@ import pytest
 from pydantic import AliasChoices, Field
 from pydantic_settings import NoDecode
 
-from aegis_runtime.configref import (
+from aegis_devstack.configref import (
     Component,
     ConfigRefError,
     build,

@@ -1,4 +1,4 @@
-"""``python -m aegis_runtime.configref``: the configuration reference, from the settings classes.
+"""``python -m aegis_devstack.configref``: the configuration reference, from the settings classes.
 
 Writes ``docs/configuration-reference.md`` (every ``AEGIS_*`` variable: who reads it, its type,
 default and meaning) and :mod:`aegis_runtime.settings_names` (the names a process checks its
@@ -37,12 +37,14 @@ from pydantic import AliasChoices, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import NoDecode
 
+import aegis_runtime
 from aegis_runtime.settings import AegisSettings
 
 PREFIX = "AEGIS_"
 REFERENCE = Path("docs") / "configuration-reference.md"
-NAMES_MODULE = Path(__file__).with_name("settings_names.py")
-COMMAND = "python -m aegis_runtime.configref"
+# written into aegis_runtime, which every process imports to check its environment at start
+NAMES_MODULE = Path(aegis_runtime.__file__).with_name("settings_names.py")
+COMMAND = "python -m aegis_devstack.configref"
 EVERY_COMPONENT = "every component"
 
 Kind = Literal["service", "command"]
