@@ -4,6 +4,10 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 export UV_PYTHON_DOWNLOADS := never
+# Python keeps compiled modules (__pycache__, ignored by git) even where the environment asks it
+# not to: every process the suite starts (services, commands, pytest's workers) would otherwise
+# compile every module it imports again, and pytest rewrite every test file again
+unexport PYTHONDONTWRITEBYTECODE
 export UV_LINK_MODE := copy
 PYTHON ?= python3
 UV := $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
@@ -21,7 +25,7 @@ UV_TMP := $(CURDIR)/.uv-tmp
 $(STAMP): uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
 	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet --disable-pip-version-check uv
 	@mkdir -p $(UV_TMP)
-	TMPDIR=$(UV_TMP) $(UV) sync --frozen --all-packages
+	TMPDIR=$(UV_TMP) $(UV) sync --frozen --all-packages --compile-bytecode
 	@touch $@
 
 install: $(STAMP) ## create .venv from uv.lock (uv is installed with pip when missing)
