@@ -40,7 +40,7 @@ from aegis_contracts.subjects import (
     system_subject,
 )
 from aegis_devstack import asyncapi
-from aegis_runtime.broker import DeadLetter
+from aegis_runtime.bus import DeadLetter
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / asyncapi.DEFAULT_PATH

@@ -53,7 +53,7 @@ from aegis_orchestration.graph import EdgeKind, graph
 from aegis_orchestration.model import Job
 from aegis_orchestration.store import JobStore
 from aegis_orchestration.yamlio import load_jobs
-from aegis_runtime.broker import create_broker, ensure_streams, publish
+from aegis_runtime.bus import create_broker, ensure_streams, publish
 from aegis_runtime.service import change_message, change_sink
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.incidents import IncidentStore

@@ -52,9 +52,8 @@ from aegis_devstack.testing.netlab import Network
 from aegis_devstack.testing.waiting import eventually
 from aegis_ingest.handlers import Inbound, IngestHandler, Outcome
 from aegis_ingest.settings import IngestSettings
-from aegis_runtime import broker as broker_module
 from aegis_runtime import natsio
-from aegis_runtime.broker import (
+from aegis_runtime.bus import (
     MSG_ID_HEADER,
     PublishFailed,
     StreamLimits,
@@ -65,6 +64,7 @@ from aegis_runtime.broker import (
     publish,
     publish_raw_archived,
 )
+from aegis_runtime.bus import streams as bus_streams
 from aegis_runtime.metrics import Metrics
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.s3 import ObjectStore, PutResult
@@ -398,7 +398,7 @@ async def test_a_stream_refused_for_placement_is_asked_again_until_placed(
 async def test_a_stream_that_cannot_be_placed_in_time_is_refused_naming_it(
     admin: NatsBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(broker_module, "PLACEMENT_WAIT_S", 1.5)
+    monkeypatch.setattr(bus_streams, "PLACEMENT_WAIT_S", 1.5)
     spec = StreamSpec("AEGIS_NEVER_PLACED", ("never.>",), max_age_seconds=3600)
     asked = add_stream_spy(monkeypatch)
     with pytest.raises(StreamSetupFailed, match=r"AEGIS_NEVER_PLACED: .*no suitable peers"):

@@ -30,7 +30,7 @@ from aegis_devstack.testing.webhook import FakeWebhook
 from aegis_processor.app import create_app
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime import natsio
-from aegis_runtime.broker import (
+from aegis_runtime.bus import (
     PublishFailed,
     StreamSetupFailed,
     create_broker,

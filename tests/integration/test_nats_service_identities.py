@@ -55,7 +55,7 @@ from aegis_orchestrator.cli import announce
 from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_reporter.app import ReporterApp
 from aegis_reporter.settings import ReporterSettings
-from aegis_runtime.broker import PublishFailed, StreamSetupFailed, ensure_streams, publish
+from aegis_runtime.bus import PublishFailed, StreamSetupFailed, ensure_streams, publish
 from aegis_runtime.service import ServiceApp
 from aegis_storage.audit import AuditLog
 from aegis_storage.incidents import IncidentStore

@@ -18,7 +18,7 @@ from nats.aio.client import Client as NATS
 
 from aegis_contracts.subjects import raw_subject
 from aegis_devstack.testing.natsbus import PASSWORDS, Bus, start_bus
-from aegis_runtime.broker import connect_options, create_broker, ensure_streams, publish
+from aegis_runtime.bus import connect_options, create_broker, ensure_streams, publish
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

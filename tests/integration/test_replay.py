@@ -34,7 +34,7 @@ from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_processor.app import ProcessorApp
 from aegis_processor.app import create_app as create_processor
 from aegis_processor.settings import ProcessorSettings
-from aegis_runtime.broker import create_broker, ensure_streams, publish, publish_raw_archived
+from aegis_runtime.bus import create_broker, ensure_streams, publish, publish_raw_archived
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.s3 import ObjectStore
 from aegis_storage_tools.replay import replay

@@ -6,7 +6,7 @@ from __future__ import annotations
 from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
 
 from aegis_cli import exitcodes
-from aegis_runtime.broker import BrokerUnavailable
+from aegis_runtime.bus import BrokerUnavailable
 from aegis_storage.errors import StorageError, Transient
 
 URL = "http://127.0.0.1:4566/bucket?list-type=2&prefix=raw%2F"

@@ -14,7 +14,7 @@ from aegis_devstack import stack as devstack
 from aegis_devstack.localservers import ManagedServer
 from aegis_devstack.stack import ServiceSpec, dashboard_access, local_dashboard_token
 from aegis_runtime import natsio
-from aegis_runtime.broker import create_broker, ensure_streams
+from aegis_runtime.bus import create_broker, ensure_streams
 from aegis_runtime.settings import AegisSettings
 
 DASHBOARD = [ServiceSpec("ingest", 0), ServiceSpec("dashboard-api", 0)]

@@ -1,4 +1,4 @@
-"""aegis_runtime.broker against a real NATS JetStream: streams, de-duplication, shared durable pull
+"""aegis_runtime.bus against a real NATS JetStream: streams, de-duplication, shared durable pull
 consumers, redelivery with delay, dead letters. Every test uses its own stream and subjects."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from aegis_contracts.subjects import DEAD_LETTER, STREAMS, StreamSpec, dead_lett
 from aegis_devstack.localservers import ManagedServer
 from aegis_devstack.testing.waiting import eventually
 from aegis_runtime import natsio
-from aegis_runtime.broker import (
+from aegis_runtime.bus import (
     DeadLetter,
     Outgoing,
     Poison,

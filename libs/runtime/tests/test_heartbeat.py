@@ -13,7 +13,7 @@ from faststream.nats import NatsBroker
 from aegis_contracts.events import Heartbeat
 from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.waiting import eventually
-from aegis_runtime.broker import create_broker, ensure_streams
+from aegis_runtime.bus import create_broker, ensure_streams
 from aegis_runtime.heartbeat import (
     HeartbeatPublisher,
     freshest_by_service,

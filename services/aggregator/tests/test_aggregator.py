@@ -35,7 +35,7 @@ from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.testing.builders import FakeClock, meta
 from aegis_devstack.testing.emulator import request_counts
 from aegis_devstack.testing.storage import Foundation
-from aegis_runtime.broker import create_broker, ensure_streams
+from aegis_runtime.bus import create_broker, ensure_streams
 from aegis_storage.s3 import to_json_bytes
 
 T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)

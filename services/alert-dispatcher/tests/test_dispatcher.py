@@ -50,7 +50,7 @@ from aegis_devstack.testing.emulator import arequest_counts
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_devstack.testing.webhook import ABANDONED, FakeWebhook
-from aegis_runtime.broker import create_broker, ensure_streams, publish
+from aegis_runtime.bus import create_broker, ensure_streams, publish
 from aegis_runtime.health import answers_ready
 from aegis_runtime.logging import configure
 from aegis_storage import fleetindex

@@ -33,7 +33,7 @@ from aegis_devstack.testing.streams import dead_letters, messages_on
 from aegis_devstack.testing.waiting import eventually
 from aegis_ingest.app import IngestApp, create_app
 from aegis_ingest.settings import IngestSettings
-from aegis_runtime.broker import MSG_ID_HEADER
+from aegis_runtime.bus import MSG_ID_HEADER
 
 if TYPE_CHECKING:
     from aegis_devstack.testing.storage import Foundation

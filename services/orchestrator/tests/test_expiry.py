@@ -34,7 +34,7 @@ from aegis_orchestrator.app import OrchestratorApp
 from aegis_orchestrator.expiry import ExpiryAnnouncer, position, ttl_removal
 from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_runtime import natsio
-from aegis_runtime.broker import command_broker, ensure_streams
+from aegis_runtime.bus import command_broker, ensure_streams
 from aegis_runtime.metrics import Metrics
 from aegis_storage.clients import AwsConfig, open_client
 

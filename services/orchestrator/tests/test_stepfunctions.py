@@ -54,7 +54,7 @@ from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.sfn_task import Container, TaskRequest, open_function
 from aegis_orchestrator.sfn_template import render
 from aegis_runtime import natsio
-from aegis_runtime.broker import command_broker, ensure_streams
+from aegis_runtime.bus import command_broker, ensure_streams
 from aegis_storage.clients import AwsConfig, open_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -21,7 +21,7 @@ from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.devices import factory_state_message
 from aegis_processor.handlers import Processor
 from aegis_processor.rules import load_rules
-from aegis_runtime.broker import Outgoing
+from aegis_runtime.bus import Outgoing
 from aegis_storage.latemarks import MemoryLateMarks
 from aegis_storage.objects import MemoryObjects
 from aegis_storage.readmodel import Encoded

@@ -18,7 +18,7 @@ from aegis_devstack.testing.builders import FakeClock, history_item, latest_fiel
 from aegis_processor.handlers import Processor
 from aegis_processor.refresh import Refresher
 from aegis_processor.rules import load_rules
-from aegis_runtime.broker import Outgoing
+from aegis_runtime.bus import Outgoing
 
 pytestmark = pytest.mark.integration
 

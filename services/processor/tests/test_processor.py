@@ -27,7 +27,7 @@ from aegis_devstack.testing.builders import FakeClock
 from aegis_devstack.testing.waiting import eventually
 from aegis_processor.app import ProcessorApp, create_app
 from aegis_processor.settings import ProcessorSettings
-from aegis_runtime.broker import DeadLetter, create_broker, ensure_streams, publish
+from aegis_runtime.bus import DeadLetter, create_broker, ensure_streams, publish
 from aegis_runtime.settings import AegisSettings
 from aegis_storage import fleetindex
 

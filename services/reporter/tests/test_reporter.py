@@ -28,7 +28,7 @@ from aegis_devstack.testing.builders import FakeClock, meta
 from aegis_devstack.testing.storage import Foundation
 from aegis_reporter.generators import BedrockGenerator
 from aegis_reporter.report import JOB, Reporter
-from aegis_runtime.broker import create_broker, ensure_streams
+from aegis_runtime.bus import create_broker, ensure_streams
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.clients import AwsConfig
 from aegis_storage.s3 import ObjectStore, PutResult

@@ -370,7 +370,7 @@ def streams(
 
     Exit codes: 0 done, 1 failed, 5 NATS not reachable within AEGIS_NATS_CONNECT_TIMEOUT_S.
     """
-    from aegis_runtime.broker import (  # noqa: PLC0415 - only this command needs a broker
+    from aegis_runtime.bus import (  # noqa: PLC0415 - only this command needs a broker
         BrokerError,
         StreamLimits,
         connect_broker,

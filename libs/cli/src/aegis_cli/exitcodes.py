@@ -48,7 +48,7 @@ def unavailable(err: BaseException) -> str | None:
     )
 
     # the broker module loads FastStream: if no command loaded it, no error can come from it
-    broker = sys.modules.get("aegis_runtime.broker")
+    broker = sys.modules.get("aegis_runtime.bus")
     aiohttp = sys.modules.get("aiohttp")  # likewise: no aiohttp error unless it was loaded
     for cause in _chain(err):
         if broker is not None and isinstance(cause, broker.BrokerUnavailable):

@@ -43,7 +43,7 @@ from aegis_contracts.subjects import (
     object_created_subject,
     system_subject,
 )
-from aegis_runtime.broker import MSG_ID_HEADER, DeadLetter, stream_for
+from aegis_runtime.bus import MSG_ID_HEADER, DeadLetter, stream_for
 
 ASYNCAPI_VERSION = "3.0.0"
 DEFAULT_PATH = Path("docs") / "asyncapi.json"

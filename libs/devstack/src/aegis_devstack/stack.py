@@ -47,7 +47,7 @@ from aegis_devstack.localservers import (
     free_port,
 )
 from aegis_runtime import natsio
-from aegis_runtime.broker import connect_broker, create_broker
+from aegis_runtime.bus import connect_broker, create_broker
 from aegis_runtime.health import answers_ready
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.bootstrap import bootstrap

@@ -25,7 +25,7 @@ from aegis_contracts.events import Heartbeat
 from aegis_contracts.subjects import HEARTBEAT, heartbeat_subject
 from aegis_contracts.times import Clock, format_ts, truncate_ms, utc_now
 from aegis_runtime import natsio
-from aegis_runtime.broker import BrokerError, publish, stream_for
+from aegis_runtime.bus import BrokerError, publish, stream_for
 
 if TYPE_CHECKING:
     from faststream.nats import NatsBroker

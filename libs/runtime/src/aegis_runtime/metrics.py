@@ -43,7 +43,7 @@ class Metrics:
     """The standard metrics every service has, plus factories for its own.
 
     ``messages_total{consumer,outcome}``: ``ok``, ``retried``, ``dead_lettered`` (see
-    ``aegis_runtime.broker``); ``dead_letters_total{reason}``; ``handler_seconds{consumer}``;
+    ``aegis_runtime.bus``); ``dead_letters_total{reason}``; ``handler_seconds{consumer}``;
     ``inflight{consumer}``; ``service_info{service}`` = 1. ``consumer`` is the JetStream durable
     consumer a message came from (a service may read several), ``mqtt`` for ingest's
     subscription.

@@ -1,7 +1,7 @@
 """nats-py, the client under FastStream, for the few things FastStream 0.7 does not model.
 
-FastStream runs every consumer (:func:`aegis_runtime.broker.durable_pull`) and makes every single
-publish (:func:`aegis_runtime.broker.publish`, ``broker.publish``). What it has no call for is done
+FastStream runs every consumer (:func:`aegis_runtime.bus.durable_pull`) and makes every single
+publish (:func:`aegis_runtime.bus.publish`, ``broker.publish``). What it has no call for is done
 here with nats-py, and nowhere else: no other module of the platform imports ``nats`` (tests may).
 The client is the connection FastStream opened, taken from its broker in one place
 (:func:`_connection_state`, FastStream's own ``JsClient``/``Client`` context); the dashboard's
@@ -155,7 +155,7 @@ async def close(broker: NatsBroker) -> None:
 
 async def connect(options: Mapping[str, Any], **more: Any) -> Client:
     """A connection of its own, for the dashboard's live feed only (see the module's docstring):
-    ``options`` as :func:`aegis_runtime.broker.connect_options` gives them, plus ``more`` of
+    ``options`` as :func:`aegis_runtime.bus.connect_options` gives them, plus ``more`` of
     nats-py's connection arguments (name, reconnection, callbacks). Like every connection of
     a service, it is given up once its server leaves data unacknowledged for as long as its
     pings may go unanswered (:func:`give_up_unacknowledged`), this one and each it reconnects

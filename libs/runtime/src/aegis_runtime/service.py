@@ -25,7 +25,7 @@ from aegis_contracts.events import ChangeEvent
 from aegis_contracts.subjects import change_subject
 from aegis_contracts.times import Clock, utc_now
 from aegis_runtime import natsio
-from aegis_runtime.broker import (
+from aegis_runtime.bus import (
     RetryPolicy,
     create_broker,
     ensure_deployed_streams,

@@ -103,7 +103,7 @@ async def _run(
     from aegis_aggregator.aggregate import Aggregator  # noqa: PLC0415
     from aegis_contracts.events import ObjectCreated  # noqa: PLC0415
     from aegis_contracts.times import format_ts, utc_now  # noqa: PLC0415
-    from aegis_runtime.broker import (  # noqa: PLC0415
+    from aegis_runtime.bus import (  # noqa: PLC0415
         connect_broker,
         create_broker,
         ensure_deployed_streams,

@@ -37,7 +37,7 @@ from aegis_contracts.events import ObjectCreated, SystemEvent
 from aegis_contracts.subjects import OBJECT_CREATED, STREAMS, system_subject
 from aegis_contracts.times import Clock, utc_now
 from aegis_runtime import logging as aegis_logging
-from aegis_runtime.broker import dead_letter, durable_pull, stop_consuming
+from aegis_runtime.bus import dead_letter, durable_pull, stop_consuming
 from aegis_runtime.lifecycle import run_service, start_background
 from aegis_runtime.service import ServiceApp
 from aegis_storage.clients import AwsClients

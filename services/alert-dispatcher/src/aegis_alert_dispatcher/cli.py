@@ -97,7 +97,7 @@ async def _resend(s: DispatcherSettings, *, dry_run: bool, limit: int, attempts:
     from aegis_alert_dispatcher.slack import SlackWebhook  # noqa: PLC0415
     from aegis_contracts.subjects import dead_letter_subject  # noqa: PLC0415
     from aegis_runtime import natsio  # noqa: PLC0415
-    from aegis_runtime.broker import command_broker  # noqa: PLC0415
+    from aegis_runtime.bus import command_broker  # noqa: PLC0415
     from aegis_storage.clients import open_clients  # noqa: PLC0415
     from aegis_storage.readmodel import ReadModel  # noqa: PLC0415
 
@@ -158,7 +158,7 @@ async def _one(
     from aegis_alert_dispatcher.slack import Undeliverable  # noqa: PLC0415
     from aegis_contracts import keys  # noqa: PLC0415
     from aegis_contracts.times import format_ts  # noqa: PLC0415
-    from aegis_runtime.broker import DeadLetter  # noqa: PLC0415
+    from aegis_runtime.bus import DeadLetter  # noqa: PLC0415
 
     try:
         letter = DeadLetter.model_validate_json(msg.data)

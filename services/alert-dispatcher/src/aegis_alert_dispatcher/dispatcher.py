@@ -100,7 +100,7 @@ from aegis_contracts.silences import Silence, silenced_by
 from aegis_contracts.state import Reason
 from aegis_contracts.times import Clock, format_ts, parse_ts
 from aegis_contracts.ttl import TtlSettings
-from aegis_runtime.broker import current_message, delivery
+from aegis_runtime.bus import current_message, delivery
 from aegis_storage.errors import Conflict, NotFound, StorageError, Transient
 from aegis_storage.incidents import IncidentStore
 from aegis_storage.readmodel import Put, ReadModel

@@ -44,7 +44,7 @@ def _run(work: Callable[[IncidentStore], Awaitable[T]], *, announce: bool = Fals
     and the dashboard's are (open dashboards show it at once); without NATS it is written all
     the same, and screens show it at their next read."""
     from aegis_alert_dispatcher.settings import DispatcherSettings  # noqa: PLC0415
-    from aegis_runtime.broker import BrokerUnavailable, connect_broker, create_broker  # noqa: PLC0415
+    from aegis_runtime.bus import BrokerUnavailable, connect_broker, create_broker  # noqa: PLC0415
     from aegis_runtime.service import change_sink  # noqa: PLC0415
     from aegis_storage.clients import open_clients  # noqa: PLC0415
     from aegis_storage.incidents import IncidentStore  # noqa: PLC0415

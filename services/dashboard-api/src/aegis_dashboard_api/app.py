@@ -35,7 +35,7 @@ from aegis_dashboard_api.observe import DashboardMetrics
 from aegis_dashboard_api.routes import Reader, router
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_runtime import logging as aegis_logging
-from aegis_runtime.broker import log_bus_identity
+from aegis_runtime.bus import log_bus_identity
 from aegis_runtime.envcheck import report_environment
 from aegis_runtime.health import HealthServer
 from aegis_storage.clients import AwsClients, open_clients

@@ -40,7 +40,7 @@ from aegis_contracts.subjects import change_subject, object_created_subject, sys
 from aegis_dashboard_api.live import Hub, LiveEvent, factory_event, family_of
 from aegis_dashboard_api.routes import Reader, fleet_entry
 from aegis_runtime import natsio
-from aegis_runtime.broker import MSG_ID_HEADER, connect_options
+from aegis_runtime.bus import MSG_ID_HEADER, connect_options
 from aegis_runtime.service import change_message
 from aegis_storage.readmodel import Change
 

@@ -25,7 +25,7 @@ from aegis_ingest.handlers import Inbound, IngestHandler, Reply
 from aegis_ingest.mqtt import Acker, create_client
 from aegis_ingest.settings import IngestSettings
 from aegis_runtime import tracing
-from aegis_runtime.broker import create_broker, ensure_deployed_streams, nats_ready
+from aegis_runtime.bus import create_broker, ensure_deployed_streams, nats_ready
 from aegis_runtime.health import HealthServer
 from aegis_runtime.heartbeat import HeartbeatPublisher, is_alive, last_heartbeats
 from aegis_runtime.lifecycle import run_service, settle_heap, start_background

@@ -40,7 +40,7 @@ from aegis_ingest.domain import (
     queue_full,
 )
 from aegis_ingest.settings import IngestSettings
-from aegis_runtime.broker import BrokerError, StreamFull, dead_letter, publish_raw_archived
+from aegis_runtime.bus import BrokerError, StreamFull, dead_letter, publish_raw_archived
 from aegis_runtime.logging import bind_message
 from aegis_runtime.metrics import Metrics
 from aegis_storage.errors import Conflict, StorageError

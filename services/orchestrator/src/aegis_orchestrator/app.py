@@ -52,7 +52,7 @@ from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.stepfunctions import Launcher
 from aegis_orchestrator.tasks import Tasks
 from aegis_runtime import logging as aegis_logging
-from aegis_runtime.broker import current_subject, dead_letter, delivery, durable_pull
+from aegis_runtime.bus import current_subject, dead_letter, delivery, durable_pull
 from aegis_runtime.heartbeat import instance_id
 from aegis_runtime.lifecycle import run_service, start_background
 from aegis_runtime.service import ServiceApp

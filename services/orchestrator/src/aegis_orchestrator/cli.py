@@ -91,7 +91,7 @@ def announce(
     from aegis_contracts.times import utc_now  # noqa: PLC0415
     from aegis_orchestrator.settings import OrchestratorSettings  # noqa: PLC0415
     from aegis_runtime import natsio  # noqa: PLC0415
-    from aegis_runtime.broker import command_broker  # noqa: PLC0415
+    from aegis_runtime.bus import command_broker  # noqa: PLC0415
 
     s = settings or OrchestratorSettings()
 

@@ -58,7 +58,7 @@ from aegis_orchestrator.settings import OrchestratorSettings
 from aegis_orchestrator.tasks import Tasks
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime import natsio
-from aegis_runtime.broker import command_broker, publish
+from aegis_runtime.bus import command_broker, publish
 from aegis_storage.clients import open_clients
 from aegis_storage.errors import NotFound
 from aegis_storage.readmodel import ReadModel

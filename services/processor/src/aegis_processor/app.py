@@ -17,7 +17,7 @@ from aegis_processor.refresh import Refresher
 from aegis_processor.rules import RiskRules, load_rules
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime import logging as aegis_logging
-from aegis_runtime.broker import (
+from aegis_runtime.bus import (
     Outgoing,
     RetryPolicy,
     delivery,

@@ -66,7 +66,7 @@ from aegis_contracts.times import (
 from aegis_contracts.ttl import TtlSettings
 from aegis_processor import domain
 from aegis_processor.rules import RiskRules
-from aegis_runtime.broker import Outgoing, Poison
+from aegis_runtime.bus import Outgoing, Poison
 from aegis_storage.errors import Conflict, NotFound, Transient
 from aegis_storage.latemarks import LateMarks, TableLateMarks
 from aegis_storage.objects import Objects

@@ -182,7 +182,7 @@ async def _run(
     from aegis_contracts.events import ObjectCreated, SystemEvent  # noqa: PLC0415
     from aegis_contracts.times import utc_now  # noqa: PLC0415
     from aegis_reporter.app import build_reporter  # noqa: PLC0415
-    from aegis_runtime.broker import (  # noqa: PLC0415
+    from aegis_runtime.bus import (  # noqa: PLC0415
         connect_broker,
         create_broker,
         ensure_deployed_streams,

@@ -308,7 +308,7 @@ def replay(  # noqa: PLR0917 - typer options are parameters
 
     Exit codes: 0 done, 1 something failed, 2 bad options, 5 NATS (within
     AEGIS_NATS_CONNECT_TIMEOUT_S) or S3 not reachable."""
-    from aegis_runtime.broker import (  # noqa: PLC0415
+    from aegis_runtime.bus import (  # noqa: PLC0415
         connect_broker,
         create_broker,
         ensure_deployed_streams,

@@ -4,7 +4,7 @@ ingest fed them (raw/ is what reprocessing reads).
 The range is by arrival time, like raw/'s partitions: the day partitions that overlap
 ``[start, end)`` are listed and each object's ``received_at`` (ingest's metadata) decides. The
 RawArchived event is rebuilt by ingest's own code (:func:`aegis_contracts.archive.archived_again`)
-and published the way ingest publishes it (:func:`aegis_runtime.broker.publish_raw_archived`):
+and published the way ingest publishes it (:func:`aegis_runtime.bus.publish_raw_archived`):
 same event, same Nats-Msg-Id. Inside JetStream's duplicate window (2 min) the queue drops it;
 older data is processed again, and the processor's writes are idempotent (processed/ objects
 rewritten byte for byte, LATEST never moved backwards).

@@ -26,7 +26,7 @@ from aegis_devstack.localservers import (
     port_open,
     start_managed_server,
 )
-from aegis_runtime.broker import create_broker, ensure_streams
+from aegis_runtime.bus import create_broker, ensure_streams
 from aegis_runtime.settings import AegisSettings
 
 __all__ = ["PASSWORDS", "Bus", "Connect", "bus", "connect"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from aegis_contracts.subjects import dead_letter_subject
-from aegis_runtime.broker import DeadLetter
+from aegis_runtime.bus import DeadLetter
 from aegis_runtime.natsio import JetStreamContext, NotFound
 
 DLQ_STREAM = "AEGIS_DLQ"
