@@ -22,8 +22,15 @@ pytest_plugins = [
     "aegis_devstack.testing.webhook",
 ]
 
-# files that take minutes on one worker (whole stacks started, killed, restarted)
-FIRST = ("tests/e2e/",)
+# files that take minutes on one worker (whole stacks started, killed, restarted; a Terraform
+# apply; a NATS cluster partitioned; the emulator's memory measured): handed out first, so
+# that neither worker is left with one of them while the other has nothing left to do
+FIRST = (
+    "tests/e2e/",
+    "tests/integration/test_terraform.py",
+    "tests/integration/test_nats_cluster.py",
+    "libs/devstack/tests/test_emulator_memory.py",
+)
 
 
 @pytest.hookimpl(trylast=True)
