@@ -3,14 +3,16 @@ in-memory marks (no server)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
-from aegis_contracts.times import format_ts
+from aegis_contracts.times import floor_to, format_ts, utc_now
 from aegis_storage.latemarks import LateMarks, MemoryLateMarks, TableLateMarks
 
-HOUR = datetime(2026, 11, 30, 5, 0, tzinfo=UTC)
+# hours of today, not of a fixed day: the markers' TTLs (a day after NOW) are still ahead when
+# the table is a real one that deletes expired items
+HOUR = floor_to(utc_now(), timedelta(hours=1)) - timedelta(hours=3)
 NOW = HOUR + timedelta(hours=2)
 TTL = int((NOW + timedelta(days=1)).timestamp())
 

@@ -4,18 +4,20 @@ refuses, the dict refuses too, and both read back the same plain items."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
 from aegis_contracts import keys
-from aegis_contracts.times import format_ts
+from aegis_contracts.times import floor_to, format_ts, utc_now
 from aegis_storage.errors import Conflict
 from aegis_storage.readmodel import Encoded, encode
 from aegis_storage.states import FactoryStates, MemoryStates, TableStates
 
-T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+# an hour of today, not of a fixed day: the live items' TTLs (a day ahead) stay ahead when the
+# table is a real one that deletes expired items
+T0 = floor_to(utc_now(), timedelta(hours=1)) - timedelta(hours=1)
 FACTORY = "factory-a"
 
 
@@ -112,7 +114,7 @@ async def test_history_is_the_live_items_of_the_range_oldest_first(
     states: FactoryStates,
 ) -> None:
     now = T0 + timedelta(minutes=10)
-    alive, expired = int(now.timestamp()) + 60, int(now.timestamp())  # ttl == now: expired
+    alive, expired = int(now.timestamp()) + 86_400, int(now.timestamp())  # ttl == now: expired
     times = [T0 + timedelta(seconds=s) for s in (0, 1, 2, 3, 4)]
     for at in reversed(times):
         await states.add_history(history(at, ttl=alive))
