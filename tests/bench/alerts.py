@@ -78,6 +78,7 @@ from aegis_devstack.localservers import (
 from aegis_devstack.testing.devices import factory_state_message
 from aegis_devstack.testing.waiting import eventually
 from aegis_devstack.testing.webhook import FakeWebhook, Request, running_webhook
+from aegis_runtime.process import exit_process
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.incidents import IncidentStore
@@ -683,3 +684,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)  # not finalized: the S3 client's threads could crash it (exit_process)

@@ -37,6 +37,7 @@ from aegis_contracts import keys
 from aegis_contracts.events import ChangeEvent
 from aegis_contracts.times import format_ts
 from aegis_devstack.localservers import free_port, start_private_nats
+from aegis_runtime.process import exit_process
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.readmodel import ReadModel
@@ -290,3 +291,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)  # not finalized: the S3 client's threads could crash it (exit_process)

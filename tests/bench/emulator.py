@@ -39,6 +39,7 @@ from aegis_devstack.localservers import (
     start_private_nats,
 )
 from aegis_devstack.testing.emulator import request_counts
+from aegis_runtime.process import exit_process
 from aegis_storage.clients import AwsClients, AwsConfig, open_client, open_clients
 
 AEGIS = str(Path(sys.executable).parent / "aegis")
@@ -188,3 +189,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)  # not finalized: the S3 client's threads could crash it (exit_process)

@@ -68,6 +68,7 @@ from aegis_devstack.localservers import (
 )
 from aegis_devstack.testing.devices import factory_state_message
 from aegis_devstack.testing.outage import OutageProxy
+from aegis_runtime.process import exit_process
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
 from aegis_storage.readmodel import ReadModel
@@ -536,3 +537,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)  # not finalized: the S3 client's threads could crash it (exit_process)

@@ -109,6 +109,7 @@ from aegis_processor.rules import RiskRules, load_rules
 from aegis_processor.settings import ProcessorSettings
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime.lifecycle import service_runner
+from aegis_runtime.process import exit_process
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
 from aegis_storage.readmodel import ReadModel, encode, indexed, to_attributes, to_plain
@@ -2310,3 +2311,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)  # not finalized: the S3 client's threads could crash it (exit_process)

@@ -35,6 +35,7 @@ from procstat import sample
 
 from aegis_devstack.localservers import MotoServer, free_port, start_moto_server
 from aegis_devstack.testing.emulator import request_counts, reset_request_counts
+from aegis_runtime.process import exit_process
 from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.s3 import ObjectStore
 
@@ -282,4 +283,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # not finalized: the S3 client's threads could crash it

@@ -55,6 +55,7 @@ from aegis_devstack.localservers import (
     start_private_mosquitto,
     start_private_nats,
 )
+from aegis_runtime.process import exit_process
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.readmodel import ReadModel
@@ -575,3 +576,4 @@ if __name__ == "__main__":
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(table(result))
     print(f"\nwritten: {args.out}")
+    exit_process(0)  # not finalized: the S3 client's threads could crash it (exit_process)

@@ -61,6 +61,7 @@ from pipeline import Services, cpu_split, run_load
 from procstat import machine_busy_s, sample
 
 from aegis_devstack.localservers import ManagedServer, start_private_mosquitto, start_private_nats
+from aegis_runtime.process import exit_process
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_clients
 
@@ -563,3 +564,4 @@ if __name__ == "__main__":
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(table(result))
     print(f"\nwritten: {args.out}")
+    exit_process(0)  # not finalized: the S3 client's threads could crash it (exit_process)

@@ -34,6 +34,7 @@ from aegis_contracts.keys import Dataset
 from aegis_contracts.times import format_ts, kst_day_bounds
 from aegis_devstack.localservers import free_port, start_moto_server
 from aegis_devstack.testing.emulator import request_counts, reset_request_counts
+from aegis_runtime.process import exit_process
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.s3 import ObjectStore
@@ -271,3 +272,4 @@ if __name__ == "__main__":
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
+    exit_process(0)  # not finalized: the S3 client's threads could crash it (exit_process)

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from procstat import machine_busy_s
 
 from aegis_devstack.localservers import free_port, start_moto_server
+from aegis_runtime.process import exit_process
 from aegis_storage.clients import AwsConfig, aio_config, emulator_credentials
 from aegis_storage.objectclient import s3_store
 
@@ -294,3 +295,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)  # not finalized: the S3 client's threads could crash it (exit_process)

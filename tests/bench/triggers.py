@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aegis_orchestration.model import Job
 from aegis_orchestration.triggers import TriggerIndex, biz_object_trigger
+from aegis_runtime.process import exit_process
 
 SUB_TYPES = ("Insert", "Update", "Delete", "*")
 
@@ -89,3 +90,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)  # not finalized: the S3 client's threads could crash it (exit_process)

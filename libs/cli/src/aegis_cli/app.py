@@ -17,11 +17,12 @@ import asyncio
 import json
 import re
 import sys
+import traceback
 from enum import StrEnum
 from functools import cache
 from importlib.metadata import EntryPoint, distributions, entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
@@ -437,8 +438,21 @@ def nats_auth(
         typer.echo(f"nats-auth: wrote {out}", err=True)
 
 
-def main() -> None:
-    app()
+def main() -> NoReturn:
+    """Run the command, then end the process with its exit code without finalizing the
+    interpreter (:func:`aegis_runtime.process.exit_process`: the S3 client's threads could
+    otherwise crash a command that succeeded)."""
+    from aegis_runtime.process import exit_process  # noqa: PLC0415
+
+    code: object = 0
+    try:
+        app()
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    exit_process(code)
 
 
 if __name__ == "__main__":

@@ -12,16 +12,18 @@ import contextlib
 import gc
 import os
 import signal
+import traceback
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 
 from aegis_contracts.times import floor_to
 from aegis_runtime import tracing
 from aegis_runtime.envcheck import report_environment
+from aegis_runtime.process import exit_process
 
 log = structlog.get_logger(__name__)
 
@@ -53,20 +55,24 @@ def settle_heap() -> None:
     gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
 
 
-def run_service(main: Main, *, shutdown_timeout: float = 25.0) -> None:
-    """Run ``main`` in a fresh event loop (uvloop's); raises ``SystemExit`` with a non-zero code
-    on failure.
+def run_service(main: Main, *, shutdown_timeout: float = 25.0) -> NoReturn:
+    """Run ``main`` in a fresh event loop (uvloop's), then end the process with its exit code
+    (:func:`exit_process`; non-zero on failure).
 
     First the environment is checked: ``AEGIS_*`` variables no AEGIS component reads and
     deprecated names are logged as warnings (:mod:`aegis_runtime.envcheck`)."""
     report_environment()
+    code: object = 1
     try:
         with service_runner() as runner:
             code = runner.run(_supervise(main, shutdown_timeout))
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        traceback.print_exc()
     finally:
         tracing.shutdown()  # export the last spans (nothing to do when tracing is off)
-    if code:
-        raise SystemExit(code)
+    exit_process(code)
 
 
 def service_runner() -> asyncio.Runner:

@@ -26,7 +26,9 @@ attempts, timeouts) and one credential chain.
 obstore runs its requests on a Tokio runtime of its own (a thread per core, started with the
 first request, idle between them); an awaiting coroutine is woken on the service's own asyncio
 loop. Nothing needs closing at shutdown: its connections are pooled per store and dropped with
-it, and its threads never keep the process alive.
+it, and its threads never keep the process alive. They must not outlive the interpreter either:
+one that hands a result back while the interpreter finalizes crashes the process, so every AEGIS
+process ends through :func:`aegis_runtime.process.exit_process`.
 """
 
 from __future__ import annotations

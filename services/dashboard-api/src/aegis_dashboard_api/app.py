@@ -10,7 +10,7 @@ import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 import uvicorn
@@ -38,6 +38,7 @@ from aegis_runtime import logging as aegis_logging
 from aegis_runtime.bus import log_bus_identity
 from aegis_runtime.envcheck import report_environment
 from aegis_runtime.health import HealthServer
+from aegis_runtime.process import exit_process
 from aegis_storage.clients import AwsClients, open_clients
 from aegis_storage.errors import StorageError
 from aegis_storage.readmodel import ReadModel
@@ -273,7 +274,7 @@ class _Observed:
         await self._app(scope, receive, send)
 
 
-def main() -> None:
+def main() -> NoReturn:
     settings = DashboardSettings()
     aegis_logging.configure(settings.log_format, settings.log_level)
     report_environment()  # AEGIS_* variables nobody reads, deprecated names (uvicorn, not run_service)
@@ -283,7 +284,9 @@ def main() -> None:
         tokens=len(settings.token_grants),
         tokens_file=str(settings.dashboard_tokens_file or ""),
     )
-    uvicorn.Server(server_config(create_app(settings), settings)).run()
+    server = uvicorn.Server(server_config(create_app(settings), settings))
+    server.run()
+    exit_process(0 if server.started else 1)  # not finalized: see exit_process
 
 
 def server_config(app: FastAPI, settings: DashboardSettings) -> uvicorn.Config:
