@@ -11,9 +11,12 @@ body contain every string of ``contains`` is held, one request per hold:
   ``release`` applies and answers it, ``abort`` answers 503 without applying it (what a client
   killed meanwhile would never have seen anyway);
 * ``after``: it is applied, and its answer waits; ``release`` sends the answer, ``abort`` cuts
-  the connection without one (the write stands, its caller never learns it).
+  the connection without one (the write stands, its caller never learns it). Between matching
+  and the write being done (it may wait for the emulator's lock) the hold is ``applying``, and
+  ``holding`` only once the write is in the store, so a test that sees it held can read it.
 
-``GET /_aegis/holds/{name}`` answers ``{"state": "armed" | "holding" | "released" | "aborted"}``;
+``GET /_aegis/holds/{name}`` answers ``{"state": "armed" | "applying" | "holding" | "released" |
+"aborted"}``;
 ``POST /_aegis/holds/{name}/release`` and ``.../abort`` decide; ``DELETE /_aegis/holds/{name}``
 forgets it (releasing a held request). A held request that nobody decides on is released after
 ``HOLD_LIMIT_S``, so a test that failed never leaves the emulator stuck. The client is
@@ -70,12 +73,23 @@ class Holds:
                     and hold.operation == operation
                     and all(part in text for part in hold.contains)
                 ):
-                    hold.state, hold.held_at = "holding", time.time()
+                    if hold.when == "after":
+                        hold.state = "applying"  # holding once applied: see applied()
+                    else:
+                        hold.state, hold.held_at = "holding", time.time()
                     return hold
         return None
 
+    def applied(self, hold: Hold) -> None:
+        """An ``after`` hold's request is applied: from now on it is holding its answer."""
+        with self._lock:
+            hold.state, hold.held_at = "holding", time.time()
+
     def wait(self, hold: Hold) -> Decision:
-        """Block the request's thread until a test decides (released after the limit)."""
+        """Block the request's thread until a test decides (released after the limit); an
+        ``after`` hold's request waits here once applied, so it is holding from now on."""
+        if hold.when == "after":
+            self.applied(hold)
         hold.decided.wait(HOLD_LIMIT_S)
         decision: Decision = hold.decision or "release"
         with self._lock:

@@ -63,7 +63,7 @@ class Holds:
         """Wait until the emulator holds the request (AssertionError after ``within`` s: the
         work never reached the hold point, so a fault now would not be mid-work)."""
         deadline = time.monotonic() + within
-        while (state := await asyncio.to_thread(self.state, name)) == "armed":
+        while (state := await asyncio.to_thread(self.state, name)) in ("armed", "applying"):
             if time.monotonic() > deadline:
                 raise AssertionError(f"hold {name!r}: no request reached it in {within} s")
             await asyncio.sleep(0.05)
