@@ -30,6 +30,8 @@ def md5_etag(body: bytes) -> str:
 async def test_a_key_nobody_wrote_is_not_found(objects: Objects) -> None:
     with pytest.raises(NotFound):
         await objects.get_bytes("processed/f/none.json")
+    with pytest.raises(NotFound):
+        await objects.get_json("processed/f/none.json")
     assert not await objects.exists("processed/f/none.json")
 
 
@@ -50,6 +52,7 @@ async def test_put_json_writes_the_values_json_bytes(objects: Objects) -> None:
     value = {"name": "공장", "score": 24, "at": T0.isoformat()}
     put = await objects.put_json("processed/f/j.json", value)
     assert await objects.get_bytes("processed/f/j.json") == to_json_bytes(value)
+    assert await objects.get_json("processed/f/j.json") == value
     assert put.size_bytes == len(to_json_bytes(value))
 
 
@@ -75,3 +78,15 @@ async def test_created_announces_the_put_in_this_bucket(objects: Objects) -> Non
         md5_etag(b"{}"),
     )
     assert (event.producer, event.created_at, event.replayed) == ("processor", T0, True)
+
+
+async def test_a_listing_names_the_keys_under_a_prefix_in_key_order(objects: Objects) -> None:
+    for key in ("incidents/b/2.json", "incidents/a/1.json", "incidents/b/1.json", "other/1.json"):
+        await objects.put_bytes(key, b"{}")
+    assert await objects.list_keys("incidents/b/") == ["incidents/b/1.json", "incidents/b/2.json"]
+    assert await objects.list_keys("incidents/") == [
+        "incidents/a/1.json",
+        "incidents/b/1.json",
+        "incidents/b/2.json",
+    ]
+    assert await objects.list_keys("none/") == []

@@ -45,11 +45,11 @@ from aegis_contracts.subjects import change_subject, object_created_subject
 from aegis_contracts.times import format_ts, utc_now
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port
-from aegis_devstack.testing.builders import FakeClock
+from aegis_devstack.testing.builders import FakeClock, fire_reason
 from aegis_devstack.testing.emulator import arequest_counts
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
-from aegis_devstack.testing.webhook import ABANDONED, FakeWebhook
+from aegis_devstack.testing.webhook import ABANDONED, FakeWebhook, Unanswered
 from aegis_runtime.bus import create_broker, ensure_streams, publish
 from aegis_runtime.health import answers_ready
 from aegis_runtime.logging import configure
@@ -62,13 +62,7 @@ from aegis_storage.silences import SilenceStore
 pytestmark = pytest.mark.integration
 
 T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
-FIRE = {
-    "code": "FIRE_DETECTED",
-    "severity": "CRITICAL",
-    "detail": "fire on cam-1",
-    "value": 0.93,
-    "threshold": 0.8,
-}
+FIRE = fire_reason()
 
 
 def risk_body(factory: str, at: datetime, reasons: list[dict[str, Any]]) -> dict[str, Any]:
@@ -859,17 +853,6 @@ async def test_a_recovery_right_behind_a_fire_still_sending_waits_for_it(
     ]
 
 
-class Stuck:
-    """A sender that never hears back: its handler dies with the post outstanding."""
-
-    def __init__(self) -> None:
-        self.posted = asyncio.Event()
-
-    async def send(self, payload: dict[str, Any], *, deadline: float | None = None) -> Any:
-        self.posted.set()
-        await asyncio.Event().wait()
-
-
 async def test_an_intent_left_by_a_dead_replica_is_completed_by_another_after_its_lease(
     foundation, webhook, session
 ) -> None:
@@ -877,7 +860,7 @@ async def test_an_intent_left_by_a_dead_replica_is_completed_by_another_after_it
     confirmation). Replica B handles the scope's next snapshot: inside A's lease it leaves the
     intent alone; after it, B posts the recorded message once and confirms it."""
     dead = make(foundation, webhook, session, Recorded())
-    stuck = Stuck()
+    stuck = Unanswered()
     dead.sender = stuck
     handler = asyncio.ensure_future(
         dead.handle(await put_state(foundation, "factory-a", T0, [FIRE, TEMPERATURE]))

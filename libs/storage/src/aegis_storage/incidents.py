@@ -19,8 +19,10 @@ import pydantic
 from aegis_contracts import incidents, keys
 from aegis_contracts.items import Incident
 from aegis_storage.errors import Conflict, NotFound
-from aegis_storage.readmodel import ReadModel, live
-from aegis_storage.s3 import ObjectStore, to_json_bytes
+from aegis_storage.items import Items
+from aegis_storage.objects import Objects
+from aegis_storage.readmodel import live
+from aegis_storage.s3 import to_json_bytes
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +37,8 @@ Transition = Callable[[Incident], Incident | None]
 class IncidentStore:
     def __init__(
         self,
-        readmodel: ReadModel,
-        store: ObjectStore | None = None,
+        readmodel: Items,
+        store: Objects | None = None,
         *,
         kept: timedelta = DEFAULT_KEPT,
     ) -> None:

@@ -4,7 +4,9 @@
 in a dict, for tests that need no server. Both answer the same way (one contract test suite
 runs against both, libs/storage/tests/test_objects.py):
 
-- ``get_bytes`` of a key nobody wrote raises :class:`~aegis_storage.errors.NotFound`;
+- ``get_bytes`` (and ``get_json``) of a key nobody wrote raises
+  :class:`~aegis_storage.errors.NotFound`;
+- ``list_keys`` returns the keys under a prefix in key order (S3's listing order);
 - ``put_bytes`` and ``put_json`` overwrite; ``put_immutable`` writes a key once: the same bytes
   again are a ``duplicate``, other bytes raise :class:`~aegis_storage.errors.Conflict` and
   leave the object as it was;
@@ -15,6 +17,7 @@ runs against both, libs/storage/tests/test_objects.py):
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
@@ -39,7 +42,11 @@ class Objects(Protocol):
 
     async def get_bytes(self, key: str) -> bytes: ...
 
+    async def get_json(self, key: str) -> Any: ...
+
     async def exists(self, key: str) -> bool: ...
+
+    async def list_keys(self, prefix: str) -> list[str]: ...
 
     async def put_bytes(
         self,
@@ -82,8 +89,14 @@ class MemoryObjects:
             raise NotFound(f"get s3://{self.bucket}/{key}: no such key")
         return found[0]
 
+    async def get_json(self, key: str) -> Any:
+        return json.loads(await self.get_bytes(key))
+
     async def exists(self, key: str) -> bool:
         return key in self.objects
+
+    async def list_keys(self, prefix: str) -> list[str]:
+        return sorted(key for key in self.objects if key.startswith(prefix))
 
     async def put_bytes(
         self,

@@ -197,7 +197,7 @@ def _number(value: Any) -> tuple[int | float, dict[str, str]]:
     return int(Decimal(text)), {"N": text}
 
 
-def _attributes(item: BaseModel | Mapping[str, Any] | Encoded) -> dict[str, Any]:
+def item_attributes(item: BaseModel | Mapping[str, Any] | Encoded) -> dict[str, Any]:
     """The item as DynamoDB attribute values, with the fleet index's keys when it belongs in
     the index (a whole-item put without them takes the item out of the index)."""
     return indexed((item if isinstance(item, Encoded) else encode(item)).attributes)
@@ -215,6 +215,12 @@ def indexed(attributes: Mapping[str, Any]) -> dict[str, Any]:
         for name, value in (found or {}).items():
             out[name] = {"S": value}
     return out
+
+
+def condition_value(value: Any) -> dict[str, Any]:
+    """An ``expected`` value of a conditional put as the attribute value it is compared with."""
+    serialized: dict[str, Any] = _ser.serialize(to_plain({"v": value})["v"])
+    return serialized
 
 
 def to_attributes(item: Mapping[str, Any]) -> dict[str, Any]:
@@ -372,7 +378,7 @@ class ReadModel:
         """Write the whole LATEST item if it is still the version read (``updated_at`` equal to
         ``expected``; ``None``: no LATEST yet). False when another writer got there first."""
         pk = keys.factory_pk(factory_id)
-        item = indexed({**_attributes(image), "pk": {"S": pk}, "sk": {"S": keys.LATEST_SK}})
+        item = indexed({**item_attributes(image), "pk": {"S": pk}, "sk": {"S": keys.LATEST_SK}})
         request: dict[str, Any] = {"TableName": self.table, "Item": item}
         if expected is None:
             request["ConditionExpression"] = "attribute_not_exists(pk)"
@@ -523,7 +529,7 @@ class ReadModel:
             entity = self._tracked(pk, sk)
             if entity is not None:
                 assert pk is not None and sk is not None
-                before = from_attributes(_attributes(put.before)) if put.before else None
+                before = from_attributes(item_attributes(put.before)) if put.before else None
                 await self._changed(
                     entity,
                     pk,
@@ -536,15 +542,12 @@ class ReadModel:
 
     @staticmethod
     def _put_request(put: Put) -> dict[str, Any]:
-        request: dict[str, Any] = {"Item": _attributes(put.item)}
+        request: dict[str, Any] = {"Item": item_attributes(put.item)}
         conditions: list[str] = []
         if put.expected:
             names, values = {}, {}
             for i, (name, value) in enumerate(sorted(put.expected.items())):
-                names[f"#e{i}"], values[f":e{i}"] = (
-                    name,
-                    _ser.serialize(to_plain({"v": value})["v"]),
-                )
+                names[f"#e{i}"], values[f":e{i}"] = name, condition_value(value)
                 conditions.append(f"#e{i} = :e{i}")
             request["ExpressionAttributeNames"] = names
             request["ExpressionAttributeValues"] = values

@@ -17,7 +17,7 @@ import pydantic
 from aegis_contracts import keys
 from aegis_contracts.silences import Silence, end_early
 from aegis_storage.errors import NotFound
-from aegis_storage.readmodel import ReadModel
+from aegis_storage.items import Items
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def _item(silence: Silence) -> dict[str, Any]:
 
 
 class SilenceStore:
-    def __init__(self, readmodel: ReadModel, *, cache_s: float = 0.0) -> None:
+    def __init__(self, readmodel: Items, *, cache_s: float = 0.0) -> None:
         self.readmodel = readmodel
         self.cache_s = cache_s
         self._cached: list[Silence] | None = None

@@ -103,8 +103,9 @@ from aegis_contracts.ttl import TtlSettings
 from aegis_runtime.bus import current_message, delivery
 from aegis_storage.errors import Conflict, NotFound, StorageError, Transient
 from aegis_storage.incidents import IncidentStore
-from aegis_storage.readmodel import Put, ReadModel
-from aegis_storage.s3 import ObjectStore
+from aegis_storage.items import Items
+from aegis_storage.objects import Objects
+from aegis_storage.readmodel import Put
 from aegis_storage.silences import SilenceStore
 
 log = structlog.get_logger(__name__)
@@ -241,8 +242,8 @@ class Dispatcher:
     def __init__(
         self,
         *,
-        store: ObjectStore,
-        readmodel: ReadModel,
+        store: Objects,
+        readmodel: Items,
         sender: Sender | None,
         dead_letter: DeadLetterFn,
         announce: SystemEventFn,

@@ -1,5 +1,6 @@
 """What tests build again and again, built one way: a clock the test moves by hand, the
-``meta`` block every processed object carries, and read-model items to seed a table with.
+``meta`` block every processed object carries, read-model items to seed a table with, and the
+fire reason alert tests raise.
 
 Services take ``clock=`` (a callable returning an aware UTC ``datetime``), so a test passes a
 :class:`FakeClock` and moves it instead of sleeping; nothing here reads the calendar.
@@ -79,3 +80,15 @@ def history_item(
         "updated_at": format_ts(updated_at),
         "ttl": ttl,
     }
+
+
+def fire_reason(**fields: Any) -> dict[str, Any]:
+    """A CRITICAL ``FIRE_DETECTED`` reason as a state's risk carries it (``fields`` override)."""
+    reason = {
+        "code": "FIRE_DETECTED",
+        "severity": "CRITICAL",
+        "detail": "fire on cam-1",
+        "value": 0.93,
+        "threshold": 0.8,
+    }
+    return reason | fields

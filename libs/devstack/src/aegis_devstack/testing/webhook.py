@@ -158,3 +158,16 @@ async def webhook() -> AsyncIterator[FakeWebhook]:
     """A running fake webhook on 127.0.0.1 (its ``url`` ends in /hook)."""
     async with running_webhook() as fake:
         yield fake
+
+
+class Unanswered:
+    """A sender (``await send(payload, deadline=...)``, as the alert dispatcher calls one) that
+    never hears back: ``posted`` is set at the first post, which then waits forever, so its
+    handler can be killed with the post outstanding."""
+
+    def __init__(self) -> None:
+        self.posted = asyncio.Event()
+
+    async def send(self, payload: dict[str, Any], *, deadline: float | None = None) -> Any:
+        self.posted.set()
+        await asyncio.Event().wait()

@@ -1,0 +1,234 @@
+"""Keyed items of the table, as the alert dispatcher, its incidents and silences read and write
+them: a read, a conditional put, a transaction of conditional puts, a delete, one partition, a
+batch of keys, the members of a fleet index partition.
+
+:class:`Items` is the protocol; :class:`~aegis_storage.readmodel.ReadModel` keeps them in
+DynamoDB, :class:`MemoryItems` in a dict, for tests that need no server. Both refuse exactly the
+same writes (one contract suite runs against both, libs/storage/tests/test_items.py):
+
+- ``put_item`` with ``if_absent`` writes only where no item has the key; with ``expected`` only
+  where the stored item has those attribute values (a missing attribute or item never matches;
+  both: absent, or present with them). A refused write raises
+  :class:`~aegis_storage.errors.Conflict` and changes nothing;
+- ``put_items`` checks every condition first and writes all or nothing (1 to 100 puts, at most
+  one per item);
+- a whole-item put replaces the item, and its fleet index entry follows the new item
+  (:func:`aegis_contracts.keys.fleet_index_keys`): in, moved or out;
+- reads return plain values as DynamoDB's do (integral numbers as ``int``), without the fleet
+  index's bookkeeping attributes, as a copy; ``now`` hides items whose ``ttl`` has passed;
+- ``partition`` returns live items by sort key, ``batch_get`` the present ones in no particular
+  order, ``index_members`` the sorted (pk, sk) of the index entries of one kind.
+
+Every call of :class:`MemoryItems` suspends once before it acts, as a request to the table
+does, so that concurrent callers interleave there as they would against DynamoDB.
+
+What the dict does not model: eventual consistency (every read is a consistent one), TTL
+deletion (expired items stay until overwritten; reads with ``now`` hide them as the table's
+reads do) and throttling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from aegis_contracts import keys
+from aegis_storage.errors import Conflict, StorageError
+from aegis_storage.readmodel import (
+    TRANSACTION_LIMIT,
+    Change,
+    ChangeSink,
+    Encoded,
+    Put,
+    condition_value,
+    from_attributes,
+    item_attributes,
+    live,
+)
+
+Item = BaseModel | Mapping[str, Any] | Encoded
+
+
+class Items(Protocol):
+    """Keyed items of one table."""
+
+    @property
+    def table(self) -> str: ...
+
+    async def get_item(
+        self, pk: str, sk: str, *, now: datetime | None = None, consistent: bool = True
+    ) -> dict[str, Any] | None: ...
+
+    async def get_latest(self, factory_id: str) -> dict[str, Any] | None: ...
+
+    async def put_item(
+        self, item: Item, *, if_absent: bool = False, expected: Mapping[str, Any] | None = None
+    ) -> None: ...
+
+    async def put_items(self, puts: Sequence[Put]) -> None: ...
+
+    async def delete_item(self, pk: str, sk: str) -> None: ...
+
+    async def partition(
+        self, pk: str, *, now: datetime, prefix: str | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    async def batch_get(
+        self, item_keys: Sequence[tuple[str, str]], *, consistent: bool = False
+    ) -> list[dict[str, Any]]: ...
+
+    async def index_members(
+        self, kind: str, *, shards: Sequence[int] | None = None
+    ) -> list[tuple[str, str]]: ...
+
+
+class MemoryItems:
+    """:class:`Items` in a dict of DynamoDB attribute values (the fleet index's keys included,
+    as the table stores them). With ``changes``, announced entities' writes are handed to it as
+    :class:`~aegis_storage.readmodel.ReadModel` hands them (not a factory's LATEST)."""
+
+    def __init__(self, table: str = "memory", *, changes: ChangeSink | None = None) -> None:
+        self._table = table
+        self.changes = changes
+        self.items: dict[tuple[str, str], dict[str, Any]] = {}
+
+    @property
+    def table(self) -> str:
+        return self._table
+
+    def _read(self, pk: str, sk: str) -> dict[str, Any] | None:
+        stored = self.items.get((pk, sk))
+        return None if stored is None else from_attributes(copy.deepcopy(stored))
+
+    async def get_item(
+        self, pk: str, sk: str, *, now: datetime | None = None, consistent: bool = True
+    ) -> dict[str, Any] | None:
+        await asyncio.sleep(0)  # a request's suspension point
+        del consistent  # every read of the dict is consistent
+        item = self._read(pk, sk)
+        return item if item is None or now is None or live(item, now) else None
+
+    async def get_latest(self, factory_id: str) -> dict[str, Any] | None:
+        await asyncio.sleep(0)  # a request's suspension point
+        return self._read(keys.factory_pk(factory_id), keys.LATEST_SK)
+
+    async def put_item(
+        self, item: Item, *, if_absent: bool = False, expected: Mapping[str, Any] | None = None
+    ) -> None:
+        await asyncio.sleep(0)  # a request's suspension point
+        await self._write([Put(item, if_absent=if_absent, expected=expected)], transaction=False)
+
+    async def put_items(self, puts: Sequence[Put]) -> None:
+        await asyncio.sleep(0)  # a request's suspension point
+        if not 0 < len(puts) <= TRANSACTION_LIMIT:
+            raise ValueError(f"a transaction takes 1 to {TRANSACTION_LIMIT} puts, not {len(puts)}")
+        await self._write(puts, transaction=True)
+
+    async def _write(self, puts: Sequence[Put], *, transaction: bool) -> None:
+        writes = [(put, item_attributes(put.item)) for put in puts]
+        item_keys = [_key_of(attributes) for _, attributes in writes]
+        if len(set(item_keys)) < len(item_keys):
+            raise StorageError("a transaction cannot include multiple operations on one item")
+        for (put, _), key in zip(writes, item_keys, strict=True):
+            if not _meets(put, self.items.get(key)):
+                raise Conflict(f"put {key[0]}/{key[1]}: the condition failed")
+        olds = [self._read(*key) for key in item_keys]
+        for (_, attributes), key in zip(writes, item_keys, strict=True):
+            self.items[key] = copy.deepcopy(attributes)
+        for (put, attributes), key, old in zip(writes, item_keys, olds, strict=True):
+            if not transaction:
+                await self._changed(key, old, from_attributes(attributes), None)
+                continue
+            # a transaction returns no old image: the writer's ``before`` stands for it, and
+            # one it did not give is unknown, not absent
+            before = None if put.before is None else from_attributes(item_attributes(put.before))
+            event = "INSERT" if before is None and put.if_absent else "MODIFY"
+            await self._changed(key, before, from_attributes(attributes), event)
+
+    async def delete_item(self, pk: str, sk: str) -> None:
+        await asyncio.sleep(0)  # a request's suspension point
+        old = self._read(pk, sk)
+        self.items.pop((pk, sk), None)
+        if old is not None:
+            await self._changed((pk, sk), old, None, None)
+
+    async def partition(
+        self, pk: str, *, now: datetime, prefix: str | None = None
+    ) -> list[dict[str, Any]]:
+        await asyncio.sleep(0)  # a request's suspension point
+        found = sorted(
+            sk for p, sk in self.items if p == pk and (prefix is None or sk.startswith(prefix))
+        )
+        return [item for sk in found if (item := self._read(pk, sk)) and live(item, now)]
+
+    async def batch_get(
+        self, item_keys: Sequence[tuple[str, str]], *, consistent: bool = False
+    ) -> list[dict[str, Any]]:
+        await asyncio.sleep(0)  # a request's suspension point
+        del consistent
+        return [item for pk, sk in dict.fromkeys(item_keys) if (item := self._read(pk, sk))]
+
+    async def index_members(
+        self, kind: str, *, shards: Sequence[int] | None = None
+    ) -> list[tuple[str, str]]:
+        await asyncio.sleep(0)  # a request's suspension point
+        wanted = set(
+            keys.fleet_partitions(kind)
+            if shards is None
+            else [keys.fleet_partition(kind, n) for n in shards]
+        )
+        return sorted(
+            key
+            for key, attributes in self.items.items()
+            if attributes.get(keys.FLEET_PK, {}).get("S") in wanted
+        )
+
+    async def _changed(
+        self,
+        key: tuple[str, str],
+        old: dict[str, Any] | None,
+        new: dict[str, Any] | None,
+        event_name: str | None,
+    ) -> None:
+        if self.changes is None or old == new:
+            return
+        entity = keys.change_entity(*key)
+        if entity is None or entity == "factory_latest":
+            return
+        name = event_name or ("REMOVE" if new is None else "INSERT" if old is None else "MODIFY")
+        await self.changes(Change(entity, key[0], key[1], name, old, new))
+
+
+def _key_of(attributes: Mapping[str, Any]) -> tuple[str, str]:
+    try:
+        return attributes["pk"]["S"], attributes["sk"]["S"]
+    except (KeyError, TypeError):
+        raise StorageError("an item needs the string keys pk and sk") from None
+
+
+def _meets(put: Put, stored: Mapping[str, Any] | None) -> bool:
+    """Whether ``put``'s condition holds for the ``stored`` attribute values (None: no item),
+    as DynamoDB evaluates ``attribute_not_exists(pk) OR (#e0 = :e0 AND ...)``."""
+    expected = put.expected or {}
+    matches = (
+        bool(expected)
+        and stored is not None
+        and all(
+            name in stored and _same(stored[name], condition_value(value))
+            for name, value in expected.items()
+        )
+    )
+    if put.if_absent:
+        return stored is None or matches
+    return matches if expected else True
+
+
+def _same(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """DynamoDB's ``=``: the same type, and numbers equal as numbers (1 = 1.0)."""
+    same_type = set(stored) == set(wanted)
+    return same_type and from_attributes({"v": stored}) == from_attributes({"v": wanted})
