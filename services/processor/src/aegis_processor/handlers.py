@@ -158,8 +158,12 @@ class Processor:
         if readmodel is None and (states is None or late is None):
             raise ValueError("without a read model, give the states and the late marks")
         # LATEST and HISTORY: the commit protocol's reads and conditional writes
-        self.states: FactoryStates = states or TableStates(cast("ReadModel", readmodel))
-        self.late: LateMarks = late or TableLateMarks(cast("ReadModel", readmodel))
+        self.states: FactoryStates = (
+            states if states is not None else TableStates(cast("ReadModel", readmodel))
+        )
+        self.late: LateMarks = (
+            late if late is not None else TableLateMarks(cast("ReadModel", readmodel))
+        )
         self.publish = publish
         self.rules = rules
         self.ttl = ttl
