@@ -5,15 +5,15 @@ the same changes."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
 from aegis_contracts import keys
-from aegis_contracts.times import floor_to, utc_now
+from aegis_contracts.times import floor_to, format_ts, utc_now
 from aegis_storage.errors import Conflict, StorageError
-from aegis_storage.items import Items, MemoryItems
+from aegis_storage.items import MemoryTable, Table
 from aegis_storage.readmodel import Change, Put, ReadModel
 
 # now, not a fixed day: live TTLs (a day ahead) stay ahead where the table deletes expired items
@@ -23,7 +23,7 @@ PK = "ALERT#factory-a"
 
 
 @pytest.fixture(params=["memory", pytest.param("table", marks=pytest.mark.integration)])
-def changes(request: pytest.FixtureRequest) -> tuple[Items, list[Change]]:
+def changes(request: pytest.FixtureRequest) -> tuple[Table, list[Change]]:
     """The items and the changes they announce."""
     seen: list[Change] = []
 
@@ -31,13 +31,13 @@ def changes(request: pytest.FixtureRequest) -> tuple[Items, list[Change]]:
         seen.append(change)
 
     if request.param == "memory":
-        return MemoryItems(changes=sink), seen
+        return MemoryTable(changes=sink), seen
     foundation = request.getfixturevalue("foundation")
     return ReadModel(foundation.clients.items, foundation.table, changes=sink), seen
 
 
 @pytest.fixture
-def items(changes: tuple[Items, list[Change]]) -> Items:
+def items(changes: tuple[Table, list[Change]]) -> Table:
     return changes[0]
 
 
@@ -45,7 +45,7 @@ def intent(sk: str = "INTENT#1", **fields: Any) -> dict[str, Any]:
     return {"pk": PK, "sk": sk, "ttl": LIVE_TTL, **fields}
 
 
-async def test_if_absent_writes_only_where_no_item_is(items: Items) -> None:
+async def test_if_absent_writes_only_where_no_item_is(items: Table) -> None:
     await items.put_item(intent(version=1), if_absent=True)
     with pytest.raises(Conflict):
         await items.put_item(intent(version=2), if_absent=True)
@@ -53,7 +53,7 @@ async def test_if_absent_writes_only_where_no_item_is(items: Items) -> None:
     assert stored is not None and stored["version"] == 1
 
 
-async def test_expected_writes_only_over_those_values(items: Items) -> None:
+async def test_expected_writes_only_over_those_values(items: Table) -> None:
     with pytest.raises(Conflict):  # no item: nothing has the value
         await items.put_item(intent(version=2), expected={"version": 1})
     await items.put_item(intent(version=1, owner="a"))
@@ -68,7 +68,7 @@ async def test_expected_writes_only_over_those_values(items: Items) -> None:
     assert stored is not None and (stored["version"], stored["owner"]) == (2, "b")
 
 
-async def test_if_absent_with_expected_writes_over_nothing_or_those_values(items: Items) -> None:
+async def test_if_absent_with_expected_writes_over_nothing_or_those_values(items: Table) -> None:
     await items.put_item(intent(version=1), if_absent=True, expected={"version": 0})
     await items.put_item(intent(version=2), if_absent=True, expected={"version": 1})
     with pytest.raises(Conflict):
@@ -77,7 +77,7 @@ async def test_if_absent_with_expected_writes_over_nothing_or_those_values(items
     assert stored is not None and stored["version"] == 2
 
 
-async def test_a_transaction_writes_all_of_its_puts_or_none(items: Items) -> None:
+async def test_a_transaction_writes_all_of_its_puts_or_none(items: Table) -> None:
     await items.put_item(intent("INTENT#taken", version=1))
     with pytest.raises(Conflict):
         await items.put_items(
@@ -100,19 +100,19 @@ async def test_a_transaction_writes_all_of_its_puts_or_none(items: Items) -> Non
     ]
 
 
-async def test_a_transaction_refuses_two_puts_of_one_item_and_writes_nothing(items: Items) -> None:
+async def test_a_transaction_refuses_two_puts_of_one_item_and_writes_nothing(items: Table) -> None:
     with pytest.raises(StorageError):
         await items.put_items([Put(intent(version=1)), Put(intent(version=2))])
     assert await items.get_item(PK, "INTENT#1") is None
 
 
-async def test_a_transaction_takes_one_to_a_hundred_puts(items: Items) -> None:
+async def test_a_transaction_takes_one_to_a_hundred_puts(items: Table) -> None:
     for size in (0, 101):
         with pytest.raises(ValueError, match="1 to 100"):
             await items.put_items([Put(intent(f"INTENT#{n}")) for n in range(size)])
 
 
-async def test_reads_return_plain_copies_without_the_index_bookkeeping(items: Items) -> None:
+async def test_reads_return_plain_copies_without_the_index_bookkeeping(items: Table) -> None:
     await items.put_item(
         {"pk": PK, "sk": "WARNING#fire#FIRING", "firing": True, "score": 24.0, "tags": ["a"]}
     )
@@ -129,7 +129,7 @@ async def test_reads_return_plain_copies_without_the_index_bookkeeping(items: It
     assert (await items.get_item(PK, "WARNING#fire#FIRING")) == {**first, "tags": ["a"]}
 
 
-async def test_the_fleet_index_follows_each_whole_item_put(items: Items) -> None:
+async def test_the_fleet_index_follows_each_whole_item_put(items: Table) -> None:
     state = {"pk": PK, "sk": "WARNING#fire#FIRING"}
     await items.put_item({**state, "firing": True})
     assert await items.index_members(keys.FLEET_FIRING) == [(PK, "WARNING#fire#FIRING")]
@@ -143,7 +143,7 @@ async def test_the_fleet_index_follows_each_whole_item_put(items: Items) -> None
     assert await items.index_members(keys.FLEET_FIRING) == []
 
 
-async def test_expired_items_are_hidden_from_reads_given_now(items: Items) -> None:
+async def test_expired_items_are_hidden_from_reads_given_now(items: Table) -> None:
     expired = int((NOW - timedelta(minutes=5)).timestamp())
     await items.put_item({"pk": PK, "sk": "INTENT#old", "ttl": expired})
     await items.put_item(intent("INTENT#live"))
@@ -157,7 +157,7 @@ async def test_expired_items_are_hidden_from_reads_given_now(items: Items) -> No
     ]
 
 
-async def test_a_batch_returns_the_present_items_and_a_delete_removes_one(items: Items) -> None:
+async def test_a_batch_returns_the_present_items_and_a_delete_removes_one(items: Table) -> None:
     await items.put_item(intent("INTENT#a"))
     await items.put_item(intent("INTENT#b"))
     found = await items.batch_get([(PK, "INTENT#a"), (PK, "INTENT#none"), (PK, "INTENT#b")])
@@ -170,7 +170,7 @@ async def test_a_batch_returns_the_present_items_and_a_delete_removes_one(items:
 
 
 async def test_announced_entities_changes_are_handed_on_as_written(
-    changes: tuple[Items, list[Change]],
+    changes: tuple[Table, list[Change]],
 ) -> None:
     items, seen = changes
     state = {"pk": PK, "sk": "WARNING#fire#FIRING", "firing": True}
@@ -186,3 +186,63 @@ async def test_announced_entities_changes_are_handed_on_as_written(
         ("alert", "MODIFY", {**state, "firing": False}, {**state, "count": 2}),
         ("alert", "REMOVE", {**state, "count": 2}, None),
     ]
+
+
+async def test_a_range_of_sort_keys_is_read_in_time_order_either_way(items: Table) -> None:
+    def at(minutes: int) -> datetime:
+        return NOW - timedelta(hours=1) + timedelta(minutes=minutes)
+
+    for m in (0, 10, 20, 30):
+        await items.put_item({"pk": PK, "sk": f"LOG#{format_ts(at(m))}", "m": m, "ttl": LIVE_TTL})
+    await items.put_item({"pk": PK, "sk": f"OTHER#{format_ts(at(10))}", "m": -1})
+    found = await items.query_range(PK, "LOG#", at(10), at(30), now=NOW)
+    assert [i["m"] for i in found] == [10, 20]  # the end is excluded
+    newest = await items.query_range(PK, "LOG#", at(0), at(31), now=NOW, descending=True, limit=2)
+    assert [i["m"] for i in newest] == [30, 20]
+
+
+async def test_a_lease_is_held_by_one_owner_until_it_runs_out(items: Table) -> None:
+    until = NOW + timedelta(seconds=30)
+    assert await items.acquire_lease(PK, "LEASE#1", owner="a", now=NOW, until=until)
+    assert not await items.acquire_lease(PK, "LEASE#1", owner="b", now=NOW, until=until)
+    assert not await items.extend_lease(PK, "LEASE#1", owner="b", until=until)
+    assert await items.extend_lease(PK, "LEASE#1", owner="a", until=NOW + timedelta(seconds=60))
+    later = NOW + timedelta(seconds=45)  # past the first until, inside the extended one
+    assert not await items.acquire_lease(PK, "LEASE#1", owner="b", now=later, until=later)
+    taken = NOW + timedelta(seconds=61)  # run out: a holder that died does not keep it
+    assert await items.acquire_lease(
+        PK, "LEASE#1", owner="b", now=taken, until=taken, attributes={"kind": "wait"}
+    )
+    held = await items.get_item(PK, "LEASE#1")
+    assert held is not None and (held["owner"], held["kind"]) == ("b", "wait")
+    assert not await items.release_lease(PK, "LEASE#1", owner="a")  # taken over meanwhile
+    assert await items.release_lease(PK, "LEASE#1", owner="b")
+    assert await items.get_item(PK, "LEASE#1") is None
+    assert not await items.extend_lease(PK, "LEASE#1", owner="b", until=until)  # gone
+    assert not await items.release_lease(PK, "LEASE#1", owner="b")
+
+
+async def test_an_item_without_an_until_is_never_taken_as_a_lease(items: Table) -> None:
+    await items.put_item({"pk": PK, "sk": "LEASE#2", "owner": "a"})
+    assert not await items.acquire_lease(PK, "LEASE#2", owner="b", now=NOW, until=NOW)
+
+
+async def test_a_window_is_claimed_once_and_again_only_after_its_lease_unfinished(
+    items: Table,
+) -> None:
+    window, lease = NOW - timedelta(minutes=5), timedelta(minutes=2)
+    assert await items.claim_window("job", window, owner="a", now=NOW, ttl=LIVE_TTL)
+    assert not await items.claim_window("job", window, owner="b", now=NOW, ttl=LIVE_TTL)
+    inside = NOW + timedelta(minutes=1)
+    assert not await items.claim_window(
+        "job", window, owner="b", now=inside, ttl=LIVE_TTL, lease=lease
+    )
+    after = NOW + timedelta(minutes=3)  # a never-finished claim older than the lease
+    assert await items.claim_window("job", window, owner="b", now=after, ttl=LIVE_TTL, lease=lease)
+    assert not await items.finish_window("job", window, owner="a", now=after)  # taken over
+    assert await items.finish_window("job", window, owner="b", now=after)
+    much_later = after + timedelta(hours=1)  # finished: never claimed again
+    assert not await items.claim_window(
+        "job", window, owner="c", now=much_later, ttl=LIVE_TTL, lease=lease
+    )
+    assert not await items.finish_window("job", NOW, owner="a", now=NOW)  # no such claim

@@ -1,5 +1,5 @@
 """The dispatcher's whole flow without servers: the table and the bucket in memory
-(:class:`~aegis_storage.items.MemoryItems` and :class:`~aegis_storage.objects.MemoryObjects`,
+(:class:`~aegis_storage.items.MemoryTable` and :class:`~aegis_storage.objects.MemoryObjects`,
 which refuse what DynamoDB and S3 refuse), a receiver that records what it is given, time from a
 clock the test turns. The same rules run against the emulator and a webhook server in
 test_dispatcher.py; here each takes milliseconds."""
@@ -22,7 +22,7 @@ from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.testing.builders import FakeClock, fire_reason
 from aegis_devstack.testing.webhook import Unanswered
 from aegis_storage.incidents import IncidentStore
-from aegis_storage.items import MemoryItems
+from aegis_storage.items import MemoryTable
 from aegis_storage.objects import MemoryObjects
 
 T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
@@ -32,7 +32,7 @@ TEMPERATURE = {"code": "TEMPERATURE_HIGH", "severity": "CRITICAL", "detail": "71
 
 @dataclass
 class Storage:
-    items: MemoryItems = field(default_factory=MemoryItems)
+    items: MemoryTable = field(default_factory=MemoryTable)
     objects: MemoryObjects = field(default_factory=MemoryObjects)
 
     async def state(

@@ -26,7 +26,8 @@ from aegis_contracts import keys
 from aegis_contracts.times import format_ts
 from aegis_orchestration.model import Job
 from aegis_storage.errors import Conflict
-from aegis_storage.readmodel import Put, ReadModel
+from aegis_storage.items import Items
+from aegis_storage.readmodel import Put
 
 log = structlog.get_logger(__name__)
 
@@ -40,7 +41,7 @@ class JobNotFound(KeyError):
 
 
 class JobStore:
-    def __init__(self, readmodel: ReadModel, clock: Callable[[], datetime]) -> None:
+    def __init__(self, readmodel: Items, clock: Callable[[], datetime]) -> None:
         self.readmodel = readmodel
         self.clock = clock
 

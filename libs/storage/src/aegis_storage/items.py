@@ -1,10 +1,12 @@
-"""Keyed items of the table, as the alert dispatcher, its incidents and silences read and write
-them: a read, a conditional put, a transaction of conditional puts, a delete, one partition, a
-batch of keys, the members of a fleet index partition.
+"""Keyed items of the table as services read and write them, and the leases and claims that
+keep replicas apart.
 
-:class:`Items` is the protocol; :class:`~aegis_storage.readmodel.ReadModel` keeps them in
-DynamoDB, :class:`MemoryItems` in a dict, for tests that need no server. Both refuse exactly the
-same writes (one contract suite runs against both, libs/storage/tests/test_items.py):
+:class:`Items`: a read, a conditional put, a transaction of conditional puts, a delete, one
+partition or a range of it, a batch of keys, the members of a fleet index partition (the alert
+dispatcher, incidents, silences, the job registry). :class:`Leases`: a lease on an item, held by
+one owner until a time, and a claim of one window of periodic work. :class:`ReadModel` keeps both
+in DynamoDB, :class:`MemoryTable` in a dict, for tests that need no server. Both refuse exactly
+the same writes (one contract suite runs against both, libs/storage/tests/test_items.py):
 
 - ``put_item`` with ``if_absent`` writes only where no item has the key; with ``expected`` only
   where the stored item has those attribute values (a missing attribute or item never matches;
@@ -16,15 +18,19 @@ same writes (one contract suite runs against both, libs/storage/tests/test_items
   (:func:`aegis_contracts.keys.fleet_index_keys`): in, moved or out;
 - reads return plain values as DynamoDB's do (integral numbers as ``int``), without the fleet
   index's bookkeeping attributes, as a copy; ``now`` hides items whose ``ttl`` has passed;
-- ``partition`` returns live items by sort key, ``batch_get`` the present ones in no particular
-  order, ``index_members`` the sorted (pk, sk) of the index entries of one kind.
+- ``partition`` returns live items by sort key, ``query_range`` those of a time range of sort
+  keys, ``batch_get`` the present ones in no particular order, ``index_members`` the sorted
+  (pk, sk) of the index entries of one kind;
+- a lease is taken where there is none or where its ``until`` has passed, moved and given back
+  only by its owner; a window is claimed once, or again after ``lease`` when never finished,
+  and finished only by its owner (False, never an error, when refused).
 
-Every call of :class:`MemoryItems` suspends once before it acts, as a request to the table
+Every call of :class:`MemoryTable` suspends once before it acts, as a request to the table
 does, so that concurrent callers interleave there as they would against DynamoDB.
 
 What the dict does not model: eventual consistency (every read is a consistent one), TTL
 deletion (expired items stay until overwritten; reads with ``now`` hide them as the table's
-reads do) and throttling.
+reads do), throttling, and free-form queries (``ReadModel.query_pages``' expressions).
 """
 
 from __future__ import annotations
@@ -32,12 +38,13 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from pydantic import BaseModel
 
 from aegis_contracts import keys
+from aegis_contracts.times import format_ts
 from aegis_storage.errors import Conflict, StorageError
 from aegis_storage.readmodel import (
     TRANSACTION_LIMIT,
@@ -49,6 +56,7 @@ from aegis_storage.readmodel import (
     from_attributes,
     item_attributes,
     live,
+    to_attributes,
 )
 
 Item = BaseModel | Mapping[str, Any] | Encoded
@@ -86,11 +94,62 @@ class Items(Protocol):
         self, kind: str, *, shards: Sequence[int] | None = None
     ) -> list[tuple[str, str]]: ...
 
+    async def query_range(
+        self,
+        pk: str,
+        sk_prefix: str,
+        start: datetime,
+        end: datetime,
+        *,
+        now: datetime,
+        descending: bool = False,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]: ...
 
-class MemoryItems:
-    """:class:`Items` in a dict of DynamoDB attribute values (the fleet index's keys included,
-    as the table stores them). With ``changes``, announced entities' writes are handed to it as
-    :class:`~aegis_storage.readmodel.ReadModel` hands them (not a factory's LATEST)."""
+
+class Leases(Protocol):
+    """Leases and claims that keep replicas of a service apart."""
+
+    async def acquire_lease(
+        self,
+        pk: str,
+        sk: str,
+        *,
+        owner: str,
+        now: datetime,
+        until: datetime,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> bool: ...
+
+    async def extend_lease(self, pk: str, sk: str, *, owner: str, until: datetime) -> bool: ...
+
+    async def release_lease(self, pk: str, sk: str, *, owner: str) -> bool: ...
+
+    async def claim_window(
+        self,
+        job: str,
+        window_start: datetime,
+        *,
+        owner: str,
+        now: datetime,
+        ttl: int,
+        lease: timedelta | None = None,
+    ) -> bool: ...
+
+    async def finish_window(
+        self, job: str, window_start: datetime, *, owner: str, now: datetime
+    ) -> bool: ...
+
+
+class Table(Items, Leases, Protocol):
+    """Both: what a service that keeps replicas apart and reads and writes items needs."""
+
+
+class MemoryTable:
+    """:class:`Items` and :class:`Leases` in a dict of DynamoDB attribute values (the fleet
+    index's keys included, as the table stores them). With ``changes``, announced entities'
+    writes are handed to it as :class:`~aegis_storage.readmodel.ReadModel` hands them (not a
+    factory's LATEST, nor leases and claims)."""
 
     def __init__(self, table: str = "memory", *, changes: ChangeSink | None = None) -> None:
         self._table = table
@@ -188,6 +247,97 @@ class MemoryItems:
             if attributes.get(keys.FLEET_PK, {}).get("S") in wanted
         )
 
+    async def query_range(
+        self,
+        pk: str,
+        sk_prefix: str,
+        start: datetime,
+        end: datetime,
+        *,
+        now: datetime,
+        descending: bool = False,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        await asyncio.sleep(0)  # a request's suspension point
+        low, high = sk_prefix + format_ts(start), sk_prefix + format_ts(end)
+        found = sorted(
+            (sk for p, sk in self.items if p == pk and low <= sk < high), reverse=descending
+        )
+        live_items = [item for sk in found if (item := self._read(pk, sk)) and live(item, now)]
+        return live_items if limit is None else live_items[:limit]
+
+    # -- leases and claims --------------------------------------------------------------------
+
+    async def acquire_lease(
+        self,
+        pk: str,
+        sk: str,
+        *,
+        owner: str,
+        now: datetime,
+        until: datetime,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> bool:
+        await asyncio.sleep(0)  # a request's suspension point
+        stored = self.items.get((pk, sk))
+        if stored is not None and not _before(stored, "until", format_ts(now)):
+            return False
+        item = {**(attributes or {}), "pk": pk, "sk": sk, "owner": owner}
+        item |= {"since": format_ts(now), "until": format_ts(until)}
+        self.items[(pk, sk)] = to_attributes(item)
+        return True
+
+    async def extend_lease(self, pk: str, sk: str, *, owner: str, until: datetime) -> bool:
+        await asyncio.sleep(0)  # a request's suspension point
+        return self._set_if_owned((pk, sk), owner, "until", format_ts(until))
+
+    async def release_lease(self, pk: str, sk: str, *, owner: str) -> bool:
+        await asyncio.sleep(0)  # a request's suspension point
+        stored = self.items.get((pk, sk))
+        if stored is None or stored.get("owner") != {"S": owner}:
+            return False
+        del self.items[(pk, sk)]
+        return True
+
+    async def claim_window(
+        self,
+        job: str,
+        window_start: datetime,
+        *,
+        owner: str,
+        now: datetime,
+        ttl: int,
+        lease: timedelta | None = None,
+    ) -> bool:
+        await asyncio.sleep(0)  # a request's suspension point
+        key = (keys.claim_pk(job), keys.claim_sk(window_start))
+        stored = self.items.get(key)
+        if stored is not None and (
+            lease is None
+            or "done_at" in stored
+            or not _before(stored, "claimed_at", format_ts(now - lease))
+        ):
+            return False
+        item: dict[str, Any] = {"pk": key[0], "sk": key[1], "job": job, "owner": owner}
+        item |= {"window_start": format_ts(window_start), "claimed_at": format_ts(now), "ttl": ttl}
+        self.items[key] = to_attributes(item)
+        return True
+
+    async def finish_window(
+        self, job: str, window_start: datetime, *, owner: str, now: datetime
+    ) -> bool:
+        await asyncio.sleep(0)  # a request's suspension point
+        key = (keys.claim_pk(job), keys.claim_sk(window_start))
+        return self._set_if_owned(key, owner, "done_at", format_ts(now))
+
+    def _set_if_owned(self, key: tuple[str, str], owner: str, name: str, value: str) -> bool:
+        """An update conditioned on ``#owner = :owner``: a missing item fails it too."""
+        stored = self.items.get(key)
+        if stored is None or stored.get("owner") != {"S": owner}:
+            return False
+        stored[name] = {"S": value}
+        return True
+
     async def _changed(
         self,
         key: tuple[str, str],
@@ -202,6 +352,12 @@ class MemoryItems:
             return
         name = event_name or ("REMOVE" if new is None else "INSERT" if old is None else "MODIFY")
         await self.changes(Change(entity, key[0], key[1], name, old, new))
+
+
+def _before(stored: Mapping[str, Any], name: str, bound: str) -> bool:
+    """DynamoDB's ``#name < :bound`` on a string attribute: False where it is missing."""
+    value = stored.get(name, {}).get("S")
+    return isinstance(value, str) and value < bound
 
 
 def _key_of(attributes: Mapping[str, Any]) -> tuple[str, str]:

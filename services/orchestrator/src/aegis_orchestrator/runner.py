@@ -44,8 +44,8 @@ from aegis_orchestration.store import JobStore
 from aegis_orchestration.triggers import Trigger
 from aegis_orchestrator.tasks import Tasks
 from aegis_storage.errors import Conflict, StorageError, Transient
-from aegis_storage.readmodel import ReadModel
-from aegis_storage.s3 import ObjectStore
+from aegis_storage.items import Table
+from aegis_storage.objects import Objects
 
 log = structlog.get_logger(__name__)
 
@@ -97,8 +97,8 @@ class Runner:
         self,
         *,
         store: JobStore,
-        readmodel: ReadModel,
-        objects: ObjectStore,
+        readmodel: Table,
+        objects: Objects,
         tasks: Tasks,
         clock: Callable[[], datetime],
         environment: Mapping[str, str],
