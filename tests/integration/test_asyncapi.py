@@ -3,7 +3,7 @@ the committed copy is what the generator makes; it has AsyncAPI 3.0's shape (eve
 resolves, every channel has a message with a payload schema, every operation sends or receives
 its channel's message); every subject of the contracts and of the services is one of its
 channels; each payload schema accepts the events its model makes; and every sender and reader it
-names may do so under its NATS identity (``aegis_cli.natsauth``), while every subject an identity
+names may do so under its NATS identity (``aegis_contracts.bus``), while every subject an identity
 may publish to is documented. No server is needed."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pydantic
 import pytest
 from jsonschema import Draft202012Validator
 
-from aegis_cli.natsauth import IDENTITIES
+from aegis_contracts.bus import CONSUMERS, IDENTITIES, consumer
 from aegis_contracts.events import ChangeEvent, Heartbeat, ObjectCreated, RawArchived, SystemEvent
 from aegis_contracts.ids import SourceType
 from aegis_contracts.keys import CLOUD_INFRA, Dataset
@@ -285,6 +285,29 @@ def test_every_sender_and_reader_may_do_so_under_its_identity() -> None:
                 rights = identity.publish
             problems += [f"{use.identity} may not {n}" for n in needed if not allowed(rights, n)]
     assert not problems, "\n".join(problems)
+
+
+def test_every_consumer_read_is_declared_and_every_declared_one_is_read() -> None:
+    """A reader through a durable consumer names one of the bus's declared consumers: of its
+    identity, on the channel's stream, taking the channel's subjects."""
+    problems, read = [], set()
+    for channel in asyncapi.CHANNELS:
+        for use in channel.readers:
+            if use.via != "consumer":
+                continue
+            assert use.durable is not None, channel.id
+            declared = consumer(use.durable)
+            read.add(declared.name)
+            if declared.identity != use.identity:
+                problems.append(f"{declared.name} is {declared.identity}'s, not {use.identity}'s")
+            if declared.stream != channel.stream.name:
+                problems.append(f"{declared.name} reads {declared.stream}, not {channel.id}")
+            family = re.sub(r"\{[a-z_]+\}", "*", channel.address)
+            takes = allowed((declared.subject,), sample(channel, use))  # all of the channel
+            if not (takes or subject_matches(declared.subject, family)):  # or a part of it
+                problems.append(f"{declared.name} does not take {channel.address}")
+    assert not problems, "\n".join(problems)
+    assert read == {c.name for c in CONSUMERS}
 
 
 def test_every_subject_an_identity_may_publish_is_documented() -> None:

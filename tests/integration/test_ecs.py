@@ -21,7 +21,7 @@ import yaml
 from botocore.session import get_session
 from botocore.validate import ParamValidator
 
-from aegis_cli.natsauth import IDENTITIES
+from aegis_contracts.bus import IDENTITIES
 from aegis_devstack.testing.workspace import Workspace
 from aegis_runtime.settings import AegisSettings
 
@@ -227,7 +227,7 @@ def test_each_task_role_is_made_by_the_infrastructure_template_with_its_services
 
 
 def test_every_task_is_its_own_nats_identity_over_tls(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The identity of aegis_cli.natsauth named after the service, its own password from
+    """The identity of aegis_contracts.bus named after the service, its own password from
     Secrets Manager, the CA from an SSM parameter, a tls:// URL, and no stream management."""
     account = PLACEHOLDERS["AWS_ACCOUNT_ID"]
     for name, task in tasks().items():

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from aegis_alert_dispatcher.settings import DispatcherSettings
-from aegis_cli.natsauth import ADMIN, IDENTITIES
+from aegis_contracts.bus import ADMIN, IDENTITIES
 from aegis_devstack.testing.workspace import Workspace
 from aegis_ingest.settings import IngestSettings
 from aegis_orchestrator.settings import OrchestratorSettings
@@ -444,7 +444,7 @@ def _env(container: Doc) -> dict[str, Doc]:
 
 
 def test_every_aws_pod_is_its_own_nats_identity_over_tls() -> None:
-    """Every service connects as the identity of aegis_cli.natsauth named after it, its
+    """Every service connects as the identity of aegis_contracts.bus named after it, its
     password from a Secret, over tls:// with the CA mounted, and may not manage streams; the one
     that may (the admin) is the nats-streams Job. The servers take TLS and those identities."""
     docs = rendered("aws")

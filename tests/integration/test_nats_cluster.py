@@ -36,8 +36,8 @@ from faststream.nats import NatsBroker
 from nats.aio.client import Client
 from nats.js import JetStreamManager, api
 
-from aegis_cli.natsauth import ADMIN
 from aegis_contracts.archive import Archive, admit, raw_event_msg_id
+from aegis_contracts.bus import ADMIN
 from aegis_contracts.events import RawArchived
 from aegis_contracts.subjects import STREAMS, StreamSpec
 from aegis_contracts.times import utc_now

@@ -1,5 +1,5 @@
 """The internal bus with identities, on a real nats-server configured by
-``aegis_cli.natsauth``: the data path runs under its own identities (ingest publishes a raw
+``aegis_contracts.bus``: the data path runs under its own identities (ingest publishes a raw
 event, the processor consumes it and commits LATEST), and the attacks a pod on the network would
 try are refused: a forged change event, a forged raw event from the processor's identity, purging
 a stream, managing streams from a service."""
@@ -17,9 +17,10 @@ from faststream.nats import NatsBroker
 
 from aegis_alert_dispatcher.app import DispatcherApp
 from aegis_alert_dispatcher.settings import DispatcherSettings
-from aegis_cli.natsauth import ADMIN, server_authorization
+from aegis_cli.natsauth import server_authorization
 from aegis_contracts import keys
 from aegis_contracts.archive import Archive, admit
+from aegis_contracts.bus import ADMIN
 from aegis_contracts.events import ObjectCreated, RawArchived
 from aegis_contracts.subjects import STREAMS, change_subject, object_created_subject
 from aegis_contracts.times import format_ts, utc_now

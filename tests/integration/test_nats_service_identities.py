@@ -1,4 +1,4 @@
-"""The rest of the services on the internal bus with identities (``aegis_cli.natsauth``), on
+"""The rest of the services on the internal bus with identities (``aegis_contracts.bus``), on
 a real nats-server: each does its work under its own identity (the orchestrator runs a job from a
 change event, the cloud collector reads the queue's state and files a snapshot, the aggregator
 and the reporter announce their objects, the dashboard's live feed hears them all), and what
@@ -23,10 +23,10 @@ from nats.aio.msg import Msg
 
 from aegis_aggregator.app import AggregatorApp
 from aegis_aggregator.settings import AggregatorSettings
-from aegis_cli.natsauth import IDENTITIES
 from aegis_cloud_collector.app import create_app as create_collector
 from aegis_cloud_collector.settings import CollectorSettings
 from aegis_contracts import incidents, keys
+from aegis_contracts.bus import IDENTITIES
 from aegis_contracts.events import ChangeEvent, ObjectCreated, SystemEvent
 from aegis_contracts.people import Identity, Role
 from aegis_contracts.state import Level

@@ -1,5 +1,5 @@
 """TLS between the services and NATS, on a real nats-server that requires it (a CA and a server
-certificate made here, the identities of ``aegis_cli.natsauth``): a service with the CA
+certificate made here, the identities of ``aegis_contracts.bus``): a service with the CA
 (``AEGIS_NATS_TLS_CA_FILE``, a ``tls://`` URL) connects and publishes; a client that does not
 trust the server's CA, and a plaintext client, are refused."""
 

@@ -12,7 +12,7 @@ import bcrypt
 from typer.testing import CliRunner
 
 from aegis_cli.app import app
-from aegis_cli.natsauth import ADMIN, IDENTITIES
+from aegis_contracts.bus import ADMIN, IDENTITIES
 
 
 def read(path: Path) -> dict[str, str]:

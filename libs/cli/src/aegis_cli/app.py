@@ -416,7 +416,7 @@ def nats_auth(
     ] = None,
 ) -> None:
     """Write nats-server's authorization block: every NATS identity with its permissions
-    (aegis_cli.natsauth) and bcrypt hashes of the passwords file's passwords.
+    (aegis_contracts.bus) and bcrypt hashes of the passwords file's passwords.
 
     Identities missing from the passwords file get a new random password there first (mode
     0600). Mount the file as the services' secret and the block as the server's.

@@ -33,8 +33,9 @@ from aegis_alert_dispatcher.receivers import (
 from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_alert_dispatcher.slack import SlackWebhook
 from aegis_contracts import keys
+from aegis_contracts.bus import consumer
 from aegis_contracts.events import ObjectCreated, SystemEvent
-from aegis_contracts.subjects import OBJECT_CREATED, STREAMS, system_subject
+from aegis_contracts.subjects import STREAMS, system_subject
 from aegis_contracts.times import Clock, utc_now
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime.bus import dead_letter, durable_pull, stop_consuming
@@ -87,7 +88,7 @@ class DispatcherApp(ServiceApp):
             self.broker,
             EVENTS_STREAM,
             settings.alert_durable,
-            subject=f"{OBJECT_CREATED}.>",
+            subject=consumer("alert-dispatcher").subject,
             batch_size=settings.alert_batch_size,
             fetch_timeout=settings.alert_fetch_timeout_s,
             ack_wait=settings.alert_ack_wait_s,

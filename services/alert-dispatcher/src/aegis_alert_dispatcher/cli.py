@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from aegis_cli import exitcodes
+from aegis_contracts.bus import consumer
 
 if TYPE_CHECKING:
     from aegis_alert_dispatcher.settings import DispatcherSettings
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="Slack alerts: resend the dead-lettered ones.", no_args_is_help=True)
 
-RESEND_DURABLE = "alerts-resend"
+RESEND = consumer("alerts-resend")
 EXIT_UNDELIVERED = exitcodes.FAILED
 EXIT_NO_WEBHOOK = 2
 
@@ -108,8 +109,8 @@ async def _resend(s: DispatcherSettings, *, dry_run: bool, limit: int, attempts:
         sub = await natsio.pull_durable(
             broker,
             dead_letter_subject(SERVICE, UNDELIVERABLE),
-            durable=RESEND_DURABLE,
-            stream="AEGIS_DLQ",
+            durable=RESEND.name,
+            stream=RESEND.stream,
             ack_wait=120,
             max_deliver=-1,
         )

@@ -8,6 +8,7 @@ from typing import Self
 from pydantic import AliasChoices, Field, model_validator
 
 from aegis_alert_dispatcher.dispatcher import DEFAULT_TRIGGERS
+from aegis_contracts.bus import consumer
 from aegis_runtime.settings import AegisSettings
 
 DEFAULT_SEND_LEASE_S = 120.0
@@ -19,7 +20,7 @@ class DispatcherSettings(AegisSettings):
 
     service: str = "alert-dispatcher"
     alert_durable: str = Field(
-        default="alert-dispatcher",
+        default=consumer("alert-dispatcher").name,
         pattern=r"^[A-Za-z0-9_-]{1,64}$",
         description="The JetStream durable consumer on AEGIS_EVENTS its replicas share.",
     )

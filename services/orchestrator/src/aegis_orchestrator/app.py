@@ -17,13 +17,10 @@ from typing import Any
 import structlog
 from faststream.nats.subscriber.usecases import PullStreamSubscriber
 
-from aegis_contracts import keys
+from aegis_contracts import bus, keys
 from aegis_contracts.events import ChangeEvent, ObjectCreated, RawArchived, SystemEvent
 from aegis_contracts.subjects import (
-    CHANGES,
-    OBJECT_CREATED,
     STREAMS,
-    SYSTEM,
     StreamSpec,
     change_subject,
 )
@@ -150,14 +147,16 @@ class OrchestratorApp(ServiceApp):
         self._unfinished: dict[str, set[datetime]] = {}
         durable = settings.orchestrator_durable
 
-        def consumer(
-            spec: StreamSpec, name: str, subject: str | None = None
-        ) -> PullStreamSubscriber:
+        def consumer(spec: StreamSpec, source: str) -> PullStreamSubscriber:
+            """The trigger consumer of ``source``, as the bus declares it (named after the
+            ``orchestrator_durable`` prefix)."""
+            declared = bus.consumer(f"orchestrator-{source}")
+            assert declared.stream == spec.name, declared
             return durable_pull(
                 self.broker,
                 spec,
-                f"{durable}-{name}",
-                subject=subject,
+                f"{durable}-{source}",
+                subject=declared.subject,
                 batch_size=settings.orchestrator_batch_size,
                 fetch_timeout=settings.orchestrator_fetch_timeout_s,
                 ack_wait=settings.orchestrator_ack_wait_s,
@@ -165,7 +164,7 @@ class OrchestratorApp(ServiceApp):
                 user=settings.nats_user,
             )
 
-        @consumer(EVENTS_STREAM, "changes", f"{CHANGES}.>")
+        @consumer(EVENTS_STREAM, "changes")
         async def on_change(event: ChangeEvent) -> None:
             entity = current_subject().rsplit(".", 1)[-1]
             await self.handle(
@@ -173,7 +172,7 @@ class OrchestratorApp(ServiceApp):
                 redelivered=delivery() > 1,
             )
 
-        @consumer(EVENTS_STREAM, "objects", f"{OBJECT_CREATED}.>")
+        @consumer(EVENTS_STREAM, "objects")
         async def on_object(event: ObjectCreated) -> None:
             family = current_subject().rsplit(".", 1)[-1]
             await self.handle(
@@ -181,7 +180,7 @@ class OrchestratorApp(ServiceApp):
                 redelivered=delivery() > 1,
             )
 
-        @consumer(EVENTS_STREAM, "events", f"{SYSTEM}.>")
+        @consumer(EVENTS_STREAM, "events")
         async def on_system(event: SystemEvent) -> None:
             await self.handle(
                 automation_trigger(event.model_dump(mode="json")), redelivered=delivery() > 1

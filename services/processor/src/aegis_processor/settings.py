@@ -7,6 +7,7 @@ from typing import Self
 
 from pydantic import AliasChoices, Field, model_validator
 
+from aegis_contracts.bus import consumer
 from aegis_runtime.settings import AegisSettings
 
 
@@ -21,12 +22,12 @@ class ProcessorSettings(AegisSettings):
         "staleness), a TOML file. Unset: the packaged `rules.toml`.",
     )
     durable: str = Field(
-        default="processor",
+        default=consumer("processor").name,
         pattern=r"^[A-Za-z0-9_-]{1,64}$",
         description="The JetStream durable consumer on AEGIS_RAW its replicas share.",
     )
     subject: str = Field(
-        default="aegis.raw.>",
+        default=consumer("processor").subject,
         pattern=r"^aegis\.raw\.[A-Za-z0-9_.*>-]+$",
         description="The consumer's filter on AEGIS_RAW: all raw events, or a shard (e.g. "
         "`aegis.raw.factory-a.>`).",

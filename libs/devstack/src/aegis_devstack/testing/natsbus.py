@@ -1,4 +1,4 @@
-"""pytest plugin: a real nats-server with every NATS identity of :mod:`aegis_cli.natsauth`
+"""pytest plugin: a real nats-server with every NATS identity of :mod:`aegis_contracts.bus`
 (its authorization block, as a deployment writes it), and brokers connected as one of them.
 
 Fixtures: ``bus`` (per module: the server, and the settings each identity gets), ``connect`` (per
@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from faststream.nats import NatsBroker
 
-from aegis_cli.natsauth import ADMIN, IDENTITIES, server_authorization
+from aegis_cli.natsauth import server_authorization
+from aegis_contracts.bus import ADMIN, IDENTITIES
 from aegis_devstack.localservers import (
     NATS_SERVER,
     ManagedServer,

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from aegis_cli.natsauth import ADMIN, server_authorization
+from aegis_cli.natsauth import server_authorization
+from aegis_contracts.bus import ADMIN
 from aegis_devstack.localservers import (
     NATS_SERVER,
     LocalServerError,
@@ -168,7 +169,7 @@ def start_cluster(
 ) -> NatsCluster:
     """``size`` nats-servers on free ports of 127.0.0.1, routed to each other, JetStream in
     ``folder/<node>``, and the authorization block of ``passwords`` (``admin`` and identities of
-    :mod:`aegis_cli.natsauth`). Returns once JetStream answers on every node.
+    :mod:`aegis_contracts.bus`). Returns once JetStream answers on every node.
 
     Like the NATS Helm chart the AWS overlay deploys, the nodes do not tell clients about each
     other (``no_advertise``) unless ``advertise``: clients then know only the URLs they were

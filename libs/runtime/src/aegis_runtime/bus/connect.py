@@ -140,7 +140,7 @@ def connect_options(settings: AegisSettings) -> dict[str, Any]:
     """What every NATS connection of a process takes from its settings (FastStream's broker and
     plain nats-py clients alike): the servers with this process's identity; replies (JetStream
     acks, API answers) under an inbox of that identity only, which no other identity may
-    subscribe to (aegis_cli.natsauth); TLS when the settings ask for it; and the pings that
+    subscribe to (aegis_contracts.bus); TLS when the settings ask for it; and the pings that
     find a connection whose server went silent (no FIN, no RST: a partition, a dead link),
     which the operating system would take many minutes to give up on."""
     options: dict[str, Any] = {
@@ -188,7 +188,7 @@ def log_bus_identity(settings: AegisSettings) -> None:
         log.warning(
             "nats_without_identity",
             hint="the bus is open to anything that reaches it: for local development only; "
-            "deployments set AEGIS_NATS_USER and AEGIS_NATS_PASSWORD (aegis_cli.natsauth)",
+            "deployments set AEGIS_NATS_USER and AEGIS_NATS_PASSWORD (aegis_contracts.bus)",
         )
     else:
         log.info("nats_identity", user=settings.nats_user, tls=settings.nats_tls)
@@ -212,6 +212,6 @@ def nats_ready(broker: NatsBroker, wait: float = 1.0) -> Callable[[], Awaitable[
 
 
 def inbox_prefix(user: str | None) -> str:
-    """``_INBOX`` without an identity; ``_INBOX_{user}`` with one (aegis_cli.natsauth lets
+    """``_INBOX`` without an identity; ``_INBOX_{user}`` with one (aegis_contracts.bus lets
     each identity subscribe to its own inbox only)."""
     return "_INBOX" if user is None else f"_INBOX_{user}"
