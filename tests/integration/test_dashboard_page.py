@@ -46,7 +46,7 @@ from aegis_dashboard_api.access import COOKIE, token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_devstack.localservers import ManagedServer, free_port
-from aegis_devstack.testing.builders import FakeClock
+from aegis_devstack.testing.builders import FakeClock, seed_latest
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_orchestration.graph import EdgeKind, graph
@@ -283,7 +283,8 @@ async def test_fleet_charts_and_a_critical_state_arriving_live(
         mid=f"m-{unique_id}-1",
         at=now - timedelta(seconds=5),
     )
-    await foundation.readmodel.set_latest(
+    await seed_latest(
+        foundation.readmodel,
         "factory-b",
         seeded_latest(
             "WARNING",
@@ -299,7 +300,8 @@ async def test_fleet_charts_and_a_critical_state_arriving_live(
             now - timedelta(seconds=3),
         ),
     )
-    await foundation.readmodel.set_latest(
+    await seed_latest(
+        foundation.readmodel,
         "factory-c",
         seeded_latest(
             "CRITICAL",
@@ -434,7 +436,7 @@ async def test_the_alert_link_opens_the_factory_with_its_image_and_alerts_in_kor
         "content_type": "image/png",
         "captured_at": format_ts(now),
     }
-    await foundation.readmodel.set_latest("factory-b", latest)
+    await seed_latest(foundation.readmodel, "factory-b", latest)
     for scope in ("factory-b", "factory-c"):
         await foundation.readmodel.put_item(
             AlertState(
@@ -495,8 +497,8 @@ async def test_without_a_valid_token_the_page_and_the_stream_are_401_without_dat
     now = truncate_ms(datetime.now(UTC))
     secret = "smoke seen at line 7 by cam-9"
     reasons = [{"code": "SMOKE_DETECTED", "severity": "CRITICAL", "detail": secret}]
-    await foundation.readmodel.set_latest(
-        "factory-c", seeded_latest("CRITICAL", 91.0, reasons, now)
+    await seed_latest(
+        foundation.readmodel, "factory-c", seeded_latest("CRITICAL", 91.0, reasons, now)
     )
     async with httpx.AsyncClient(base_url=dashboard.url, cookies=auth.get("cookies")) as client:
         kwargs = {k: v for k, v in auth.items() if k != "cookies"}
@@ -512,7 +514,7 @@ async def test_the_event_stream_retry_heartbeat_snapshot_and_last_event_id(
     foundation: Foundation, dashboard: Dashboard
 ) -> None:
     now = truncate_ms(datetime.now(UTC))
-    await foundation.readmodel.set_latest("factory-c", seeded_latest("CRITICAL", 90.0, [], now))
+    await seed_latest(foundation.readmodel, "factory-c", seeded_latest("CRITICAL", 90.0, [], now))
     headers = {"Authorization": f"Bearer {TOKEN}", "Last-Event-ID": "0a1b2c-41"}
     seen: list[str] = []
     async with (
@@ -698,7 +700,7 @@ async def test_without_nats_the_page_serves_and_stops(
 ) -> None:
     settings = dashboard_settings(foundation, f"nats://127.0.0.1:{free_port()}", aws_endpoint)
     now = truncate_ms(datetime.now(UTC))
-    await foundation.readmodel.set_latest("factory-a", seeded_latest("NORMAL", 0.0, [], now))
+    await seed_latest(foundation.readmodel, "factory-a", seeded_latest("NORMAL", 0.0, [], now))
     async with serving(settings, foundation) as dash:
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with httpx.AsyncClient(base_url=dash.url, headers=headers, timeout=10) as client:
@@ -715,7 +717,7 @@ async def test_after_a_nats_restart_every_screen_gets_the_state_again(
     foundation: Foundation, aws_endpoint: str, private_nats: ManagedServer
 ) -> None:
     now = truncate_ms(datetime.now(UTC))
-    await foundation.readmodel.set_latest("factory-a", seeded_latest("NORMAL", 0.0, [], now))
+    await seed_latest(foundation.readmodel, "factory-a", seeded_latest("NORMAL", 0.0, [], now))
     settings = dashboard_settings(foundation, private_nats.url, aws_endpoint)
     async with serving(settings, foundation) as dash:
         feed = dash.app.state.feed
@@ -730,7 +732,7 @@ async def test_after_a_nats_restart_every_screen_gets_the_state_again(
             # while NATS is away the state changes (its change event is lost with it)
             await asyncio.to_thread(private_nats.stop)
             later = seeded_latest("WARNING", 40.0, [], now + timedelta(seconds=1))
-            await foundation.readmodel.set_latest("factory-a", later)
+            await seed_latest(foundation.readmodel, "factory-a", later)
             dash.app.state.reader._fleet_read_at = 0.0  # the fleet cache period has passed
             await asyncio.to_thread(private_nats.restart)
             again: dict[str, list[Any]] = {}
@@ -1068,8 +1070,8 @@ async def test_the_factory_page_banner_of_each_open_incident_acknowledges(
     dash, clock = clocked
     now = clock()
     gas_reason = {"code": "GAS_LEAK", "severity": "CRITICAL", "detail": "lel 12 >= 10"}
-    await foundation.readmodel.set_latest(
-        "factory-a", seeded_latest("CRITICAL", 92.0, [gas_reason], now)
+    await seed_latest(
+        foundation.readmodel, "factory-a", seeded_latest("CRITICAL", 92.0, [gas_reason], now)
     )
     co = await seed_incident(
         foundation, "factory-a", "CO_HIGH", "WARNING", now - timedelta(minutes=40)
@@ -1230,7 +1232,7 @@ async def test_a_scoped_browser_gets_nothing_of_another_factory_live_or_after_a_
     )
     opened = {}
     for fid in ("factory-a", "factory-b"):
-        await foundation.readmodel.set_latest(fid, seeded_latest("WARNING", 50.0, [], now))
+        await seed_latest(foundation.readmodel, fid, seeded_latest("WARNING", 50.0, [], now))
         await foundation.readmodel.put_item(
             fire_alert(fid, firing=True, version=1, ttl=int(now.timestamp()) + 3600)
         )

@@ -19,7 +19,7 @@ from aegis_contracts.keys import Dataset, ReportArtifact
 from aegis_contracts.state import Level
 from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
-from aegis_devstack.testing.builders import FakeClock, meta
+from aegis_devstack.testing.builders import FakeClock, meta, seed_latest
 from aegis_devstack.testing.emulator import RequestCounts, arequest_counts
 from aegis_devstack.testing.storage import Foundation
 from aegis_folds.folds import FoldParams, Hour, InputListing, fold_factory_hour
@@ -190,7 +190,7 @@ async def test_the_report_from_windows_equals_the_report_object_by_object(
     fid = unique_id
     hour2 = START + timedelta(hours=2)
     ttl = int(AFTER.timestamp()) + 86_400
-    await foundation.readmodel.set_latest(fid, {"factory_id": fid})
+    await seed_latest(foundation.readmodel, fid, {"factory_id": fid})
     objects = day_objects(fid)
     # late within its hour: 01:10-01:15 records land after the 01:15 and 01:20 windows ran;
     # late after its hour: 02:30-02:35 records land once hour 03 is being aggregated

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from aegis_contracts.times import format_ts
-from aegis_devstack.testing.builders import latest_fields
+from aegis_devstack.testing.builders import latest_fields, seed_latest
 from aegis_devstack.testing.storage import Foundation
 
 pytestmark = pytest.mark.integration
@@ -40,7 +40,8 @@ async def test_status_lists_the_fleet_from_latest_items(
     now = datetime.now(UTC)
     hot, calm = f"f-{unique_id}-b", f"f-{unique_id}-a"
     rm = foundation.readmodel
-    await rm.set_latest(
+    await seed_latest(
+        rm,
         hot,
         latest_fields(
             "factory_state",
@@ -56,8 +57,9 @@ async def test_status_lists_the_fleet_from_latest_items(
             updated_at=now,
         ),
     )
-    await rm.set_latest(hot, {"pipeline_status": {"status": "OK", "checked_at": format_ts(now)}})
-    await rm.set_latest(
+    await seed_latest(rm, hot, {"pipeline_status": {"status": "OK", "checked_at": format_ts(now)}})
+    await seed_latest(
+        rm,
         calm,
         latest_fields(
             "factory_state",
@@ -107,7 +109,8 @@ async def test_status_watch_refreshes_until_interrupted(
 ) -> None:
     factory = f"f-{unique_id}"
     now = datetime.now(UTC)
-    await foundation.readmodel.set_latest(
+    await seed_latest(
+        foundation.readmodel,
         factory,
         latest_fields(
             "factory_state",
@@ -140,7 +143,8 @@ async def test_status_fail_on_exits_3_at_or_above_the_level(
 ) -> None:
     now = datetime.now(UTC)
     for name, level in ((f"f-{unique_id}-w", "WARNING"), (f"f-{unique_id}-n", "NORMAL")):
-        await foundation.readmodel.set_latest(
+        await seed_latest(
+            foundation.readmodel,
             name,
             latest_fields(
                 "factory_state",

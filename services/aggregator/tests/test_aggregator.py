@@ -32,7 +32,7 @@ from aegis_contracts.items import Graph5m, HistoryState
 from aegis_contracts.subjects import change_subject
 from aegis_contracts.times import floor_to, format_ts, parse_ts, utc_now
 from aegis_contracts.ttl import TtlSettings
-from aegis_devstack.testing.builders import FakeClock, meta
+from aegis_devstack.testing.builders import FakeClock, meta, seed_latest
 from aegis_devstack.testing.emulator import request_counts
 from aegis_devstack.testing.storage import Foundation
 from aegis_runtime.bus import create_broker, ensure_streams
@@ -406,7 +406,7 @@ async def seed(foundation: Foundation, snaps: list[Snap], factory: str, **item: 
     for s in snaps:
         await foundation.readmodel.put_item({**s.item(factory), **item})
     if await foundation.readmodel.get_latest(factory) is None:
-        await foundation.readmodel.set_latest(factory, {"updated_at": format_ts(snaps[-1].at)})
+        await seed_latest(foundation.readmodel, factory, {"updated_at": format_ts(snaps[-1].at)})
 
 
 async def seed_objects(
@@ -745,7 +745,7 @@ async def write_snapshots(foundation: Foundation, snaps: list[Snap], factory: st
     await asyncio.gather(*(history(s) for s in snaps))
     await seed_objects(foundation, snaps, factory)
     if await foundation.readmodel.get_latest(factory) is None:
-        await foundation.readmodel.set_latest(factory, {"updated_at": format_ts(snaps[-1].at)})
+        await seed_latest(foundation.readmodel, factory, {"updated_at": format_ts(snaps[-1].at)})
 
 
 def inside(snaps: list[Snap], start: datetime) -> list[Snap]:

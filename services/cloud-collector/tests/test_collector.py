@@ -26,7 +26,7 @@ from aegis_contracts.state import Level
 from aegis_contracts.subjects import object_created_subject, raw_subject
 from aegis_contracts.times import floor_to, format_ts
 from aegis_devstack.localservers import ManagedServer
-from aegis_devstack.testing.builders import FakeClock
+from aegis_devstack.testing.builders import FakeClock, seed_latest
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.heartbeat import HeartbeatPublisher
@@ -420,7 +420,7 @@ async def test_coverage_reads_the_buckets_and_one_history_item_whatever_the_hist
     now = datetime(2026, 11, 30, 10, 12, tzinfo=UTC)
     newest = domain.newest_graded_window(now)
     rm = foundation.readmodel
-    await rm.set_latest("factory-a", {"factory_id": "factory-a"})
+    await seed_latest(rm, "factory-a", {"factory_id": "factory-a"})
     ttl = int((now + timedelta(hours=1)).timestamp())
     for i in range(120):  # a snapshot every 2.5 s in the newest window
         at = newest + timedelta(milliseconds=2500 * i)

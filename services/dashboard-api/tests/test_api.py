@@ -19,7 +19,7 @@ from aegis_dashboard_api.access import token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_devstack.localservers import free_port
-from aegis_devstack.testing.builders import FakeClock
+from aegis_devstack.testing.builders import FakeClock, seed_latest
 from aegis_devstack.testing.storage import Foundation
 from aegis_storage.clients import AwsConfig, open_clients
 
@@ -46,7 +46,8 @@ async def seed(f: Foundation, fid: str) -> dict[str, Any]:
     captured = NOW - timedelta(minutes=1)
     image_key = keys.image_snapshot_key(fid, captured, "cam-1.jpg")
     await f.store.put_bytes(image_key, IMAGE, content_type="image/jpeg")
-    await rm.set_latest(
+    await seed_latest(
+        rm,
         fid,
         {
             "risk": {"score": 87.5, "level": "CRITICAL", "reasons": [{"code": "GAS_LEAK"}]},
@@ -237,7 +238,7 @@ async def test_presigned_image_urls_download_the_image(
 async def test_latest_image_is_null_when_there_is_none(
     client: httpx.AsyncClient, foundation: Foundation, unique_id: str
 ) -> None:
-    await foundation.readmodel.set_latest(unique_id, {"updated_at": format_ts(NOW)})
+    await seed_latest(foundation.readmodel, unique_id, {"updated_at": format_ts(NOW)})
     resp = await client.get(f"/api/factories/{unique_id}/images/latest", headers=AUTH)
     assert resp.json() == {"factory_id": unique_id, "image": None}
 

@@ -30,7 +30,7 @@ from aegis_dashboard_api.access import token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.authz import Permission, public
 from aegis_dashboard_api.settings import DashboardSettings
-from aegis_devstack.testing.builders import FakeClock
+from aegis_devstack.testing.builders import FakeClock, seed_latest
 from aegis_devstack.testing.storage import Foundation
 from aegis_orchestration.model import Job
 from aegis_orchestration.store import JobStore
@@ -137,7 +137,8 @@ class World:
 async def factory(f: Foundation, fid: str) -> tuple[Incident, Silence]:
     image = keys.image_snapshot_key(fid, NOW - timedelta(minutes=1), "cam-1.jpg")
     await f.store.put_bytes(image, b"\xff\xd8 frame", content_type="image/jpeg")
-    await f.readmodel.set_latest(
+    await seed_latest(
+        f.readmodel,
         fid,
         {
             "risk": {"score": 90.0, "level": "CRITICAL", "reasons": [{"code": "GAS_LEAK"}]},

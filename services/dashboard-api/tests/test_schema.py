@@ -25,6 +25,7 @@ from aegis_dashboard_api.access import token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_devstack.localservers import free_port
+from aegis_devstack.testing.builders import seed_latest
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.readmodel import ReadModel
@@ -44,7 +45,8 @@ async def _seed(endpoint: str, bucket: str, table: str) -> None:
         store, rm = ObjectStore(clients, bucket), ReadModel(clients.items, table)
         image = keys.image_snapshot_key(FACTORY, now, "cam-1.jpg")
         await store.put_bytes(image, b"\xff\xd8 frame", content_type="image/jpeg")
-        await rm.set_latest(
+        await seed_latest(
+            rm,
             FACTORY,
             {
                 "risk": {"score": 40.0, "level": "WARNING", "reasons": [{"code": "CO_HIGH"}]},

@@ -28,7 +28,7 @@ from aegis_dashboard_api import audit
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_dashboard_api.signin import FLOW_COOKIE, SESSION_COOKIE, session_identity
-from aegis_devstack.testing.builders import FakeClock
+from aegis_devstack.testing.builders import FakeClock, seed_latest
 from aegis_devstack.testing.oidc import OidcClient, OidcProvider, OidcUser, StartProvider
 from aegis_devstack.testing.storage import Foundation
 from aegis_storage.audit import AuditLog
@@ -390,7 +390,7 @@ async def test_a_signed_in_person_reads_and_acts_as_the_groups_role_and_scope_sa
     now = dashboard.clock()
     opened = {}
     for fid in ("north-1", "south-9"):
-        await foundation.readmodel.set_latest(fid, {"updated_at": format_ts(now)})
+        await seed_latest(foundation.readmodel, fid, {"updated_at": format_ts(now)})
         opened[fid] = incidents.open_incident(
             scope=fid, stream="STATE", reason="GAS_LEAK", severity="CRITICAL", at=now
         )
@@ -433,7 +433,7 @@ async def test_the_sign_in_page_offers_the_provider_and_a_signed_in_page_signs_o
 ) -> None:
     form = await dashboard.http.get("/login", params={"next": "/incidents"})
     assert 'href="/auth/login?next=%2Fincidents"' in form.text
-    await foundation.readmodel.set_latest("north-1", {"updated_at": format_ts(dashboard.clock())})
+    await seed_latest(foundation.readmodel, "north-1", {"updated_at": format_ts(dashboard.clock())})
     assert (await dashboard.sign_in("vic")).status_code == 303
     page = await dashboard.http.get("/")
     assert page.status_code == 200 and "north-1" in page.text

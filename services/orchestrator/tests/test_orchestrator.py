@@ -27,7 +27,7 @@ from aegis_contracts.events import ChangeEvent
 from aegis_contracts.subjects import change_subject, object_created_subject
 from aegis_contracts.times import format_ts, parse_ts
 from aegis_devstack.localservers import free_port
-from aegis_devstack.testing.builders import FakeClock
+from aegis_devstack.testing.builders import FakeClock, seed_latest
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_devstack.testing.webhook import FakeWebhook
@@ -204,7 +204,7 @@ async def test_the_example_workflow_end_to_end(
     assert app.store is not None
     await app.store.register(example_job(unique_id))
     await app.refresh()
-    await foundation.readmodel.set_latest(unique_id, {"risk": {"level": "CRITICAL"}})
+    await seed_latest(foundation.readmodel, unique_id, {"risk": {"level": "CRITICAL"}})
     webhook.script(200, 500, 500, 500)  # notify ok; the maintenance webhook fails 3 times
     await publish_change(nats_url, unique_id, "WARNING", "CRITICAL")
     await eventually(lambda: _count(app, "gas-leak-escalation", 1), within=40, what="the run")
@@ -596,7 +596,7 @@ async def test_a_replica_killed_during_a_2_minute_wait_leaves_it_to_another_that
     drill: Drill, webhook: FakeWebhook
 ) -> None:
     job = example_job(drill.factory, wait_s=120)
-    await drill.foundation.readmodel.set_latest(drill.factory, {"risk": {"level": "CRITICAL"}})
+    await seed_latest(drill.foundation.readmodel, drill.factory, {"risk": {"level": "CRITICAL"}})
     await drill.start(job)
 
     async def waiting() -> bool:
@@ -748,8 +748,8 @@ async def test_a_log_item_near_its_budget_keeps_values_in_s3_then_the_run_fails_
     make_app: Callable[..., Any], nats_url: str, unique_id: str, foundation: Foundation
 ) -> None:
     app = await make_app(orchestrator_max_item_bytes=8192, orchestrator_log_inline_bytes=256)
-    await foundation.readmodel.set_latest(
-        unique_id, {"risk": {"level": "CRITICAL"}, "note": "n" * 600}
+    await seed_latest(
+        foundation.readmodel, unique_id, {"risk": {"level": "CRITICAL"}, "note": "n" * 600}
     )
     body = [
         {"id": "check", "step_type": "TASK", "step_sub_type": "READ_MODEL_QUERY",

@@ -14,7 +14,7 @@ import pytest
 from aegis_contracts import keys
 from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
-from aegis_devstack.testing.builders import FakeClock, history_item, latest_fields
+from aegis_devstack.testing.builders import FakeClock, history_item, latest_fields, seed_latest
 from aegis_processor.handlers import Processor
 from aegis_processor.refresh import Refresher
 from aegis_processor.rules import load_rules
@@ -44,12 +44,12 @@ async def test_the_fleet_is_exactly_the_factories_with_a_latest_whoever_wrote_th
     rm = foundation.readmodel
     guarded = [f"factory-g{i:03d}" for i in range(120)]  # more than one BatchGetItem of 100
     replaced = [f"factory-r{i:03d}" for i in range(10)]
-    # a LATEST made by partial updates (UpdateItem) from many writers at once, by whole-item
-    # puts (the processor's replace), and by a partial update of a field of its own
+    # a LATEST put by many writers at once, made by the processor's guarded replace and
+    # rewritten again and again, and one holding nothing but a field of its own
     await asyncio.gather(
         *(
-            rm.set_latest(
-                f, latest_fields("factory_state", state(T0), event_time=T0, updated_at=T0)
+            seed_latest(
+                rm, f, latest_fields("factory_state", state(T0), event_time=T0, updated_at=T0)
             )
             for f in guarded
         )
@@ -62,7 +62,7 @@ async def test_the_fleet_is_exactly_the_factories_with_a_latest_whoever_wrote_th
             at = format_ts(T0 + timedelta(seconds=n))
             prev = format_ts(T0 + timedelta(seconds=n - 1))
             assert await rm.replace_latest(f, {"factory_id": f, "updated_at": at}, expected=prev)
-    await rm.set_latest("factory-set", {"note": "by hand"})
+    await seed_latest(rm, "factory-set", {"note": "by hand"})
     # items that are no factory LATEST stay out: history, graph, cloud, claims, alerts at rest
     ttl = int(T0.timestamp()) + 3600
     await rm.put_item(history_item(guarded[0], state(T0), updated_at=T0, ttl=ttl), if_absent=True)

@@ -14,7 +14,7 @@ from aegis_contracts import incidents, keys
 from aegis_contracts.cloud import CloudCheck, CloudSnapshot
 from aegis_contracts.items import Incident
 from aegis_contracts.keys import ReportArtifact
-from aegis_devstack.testing.builders import FakeClock
+from aegis_devstack.testing.builders import FakeClock, seed_latest
 from aegis_devstack.testing.storage import Foundation
 from aegis_reporter.incidents import utc_days
 from aegis_reporter.report import Reporter
@@ -151,7 +151,7 @@ async def test_the_days_alert_incidents_with_exact_mtta_mttr_and_fleet_totals(
 ) -> None:
     fid = unique_id
     seen = await seed(foundation, fid)
-    await foundation.readmodel.set_latest(fid, {"factory_id": fid})
+    await seed_latest(foundation.readmodel, fid, {"factory_id": fid})
     clock = FakeClock(AFTER)
     rep = Reporter(
         store=foundation.store, readmodel=foundation.readmodel, publish=_quiet, clock=clock

@@ -24,7 +24,7 @@ from aegis_contracts.keys import Dataset, ReportArtifact
 from aegis_contracts.state import Level
 from aegis_contracts.times import format_ts
 from aegis_devstack.localservers import free_port
-from aegis_devstack.testing.builders import FakeClock, meta
+from aegis_devstack.testing.builders import FakeClock, meta, seed_latest
 from aegis_devstack.testing.storage import Foundation
 from aegis_reporter.generators import BedrockGenerator
 from aegis_reporter.report import JOB, Reporter
@@ -346,7 +346,7 @@ async def test_each_day_is_claimed_once_across_replicas_and_missed_days_caught_u
     await put_all(foundation.store, factory_objects(unique_id, recs))
     # the fleet the reporter reports on: the factories with a LATEST (the processor's first
     # message of a factory makes it)
-    await foundation.readmodel.set_latest(unique_id, {"factory_id": unique_id})
+    await seed_latest(foundation.readmodel, unique_id, {"factory_id": unique_id})
     clock = FakeClock(START + timedelta(days=1, minutes=20))  # 00:20 KST: DAY is not due yet
     a = reporter(foundation, clock, catchup_days=3, owner="replica-a")
     b = reporter(foundation, clock, catchup_days=3, owner="replica-b")
@@ -372,7 +372,7 @@ async def test_a_stop_during_a_catch_up_ends_it_after_the_day_being_written(
 ) -> None:
     """A replica told to stop while it writes the first of three missed days finishes that day
     and claims no other; the next replica writes the other two."""
-    await foundation.readmodel.set_latest(unique_id, {"factory_id": unique_id})
+    await seed_latest(foundation.readmodel, unique_id, {"factory_id": unique_id})
     clock = FakeClock(START + timedelta(days=1, minutes=20))
     a = reporter(foundation, clock, catchup_days=3, owner="replica-a")
     stop = asyncio.Event()

@@ -268,15 +268,6 @@ def live(item: Mapping[str, Any], now: datetime) -> bool:
     return ttl is None or int(ttl) > int(now.timestamp())
 
 
-@dataclass(frozen=True, slots=True)
-class LatestChange:
-    """The outcome of a LATEST update: applied or not, with the images for a change event."""
-
-    applied: bool
-    old_image: dict[str, Any] | None
-    new_image: dict[str, Any] | None
-
-
 class ReadModel:
     """The table. With ``changes``, every write of an announced entity made through it (puts,
     deletes, the cloud LATEST, late-data markers; not a factory's LATEST, which the processor
@@ -316,57 +307,6 @@ class ReadModel:
             log.exception("change_announce_failed %s %s/%s %s", entity, pk, sk, name)
 
     # -- LATEST -------------------------------------------------------------------------------
-
-    async def set_latest(
-        self, factory_id: str, fields: BaseModel | Mapping[str, Any]
-    ) -> LatestChange:
-        """Set fields on LATEST without a guard (operator repair, tests); services commit
-        whole states with :meth:`replace_latest` instead."""
-        values = to_plain(fields)
-        values["factory_id"] = factory_id
-        return await self._update_latest(
-            factory_id, values, condition=None, names={}, condition_values={}
-        )
-
-    async def _update_latest(
-        self,
-        factory_id: str,
-        values: dict[str, Any],
-        *,
-        condition: str | None,
-        names: dict[str, str],
-        condition_values: dict[str, Any],
-    ) -> LatestChange:
-        sets, attr_names, attr_values = [], dict(names), {}
-        for i, (name, value) in enumerate(sorted(values.items())):
-            attr_names[f"#f{i}"] = name
-            attr_values[f":v{i}"] = _ser.serialize(value)
-            sets.append(f"#f{i} = :v{i}")
-        attr_values.update({k: _ser.serialize(v) for k, v in condition_values.items()})
-        pk = keys.factory_pk(factory_id)
-        index = keys.fleet_index_keys(pk, keys.LATEST_SK) or {}
-        for i, (name, value) in enumerate(sorted(index.items())):
-            attr_names[f"#x{i}"] = name
-            attr_values[f":x{i}"] = {"S": value}
-            sets.append(f"#x{i} = :x{i}")
-        request: dict[str, Any] = {
-            "TableName": self.table,
-            "Key": {"pk": {"S": pk}, "sk": {"S": keys.LATEST_SK}},
-            "UpdateExpression": "SET " + ", ".join(sets),
-            "ExpressionAttributeNames": attr_names,
-            "ExpressionAttributeValues": attr_values,
-            "ReturnValues": "ALL_OLD",
-        }
-        if condition:
-            request["ConditionExpression"] = condition
-        try:
-            with translated(f"update {pk}/LATEST"):
-                resp = await self._ddb.update_item(**request)
-        except Conflict:
-            return LatestChange(applied=False, old_image=None, new_image=None)
-        old = from_attributes(resp["Attributes"]) if resp.get("Attributes") else None
-        new = {**(old or {"pk": pk, "sk": keys.LATEST_SK}), **_unwrap(values)}
-        return LatestChange(applied=True, old_image=old, new_image=new)
 
     async def replace_latest(
         self,

@@ -12,9 +12,12 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from pydantic import BaseModel
+
 from aegis_contracts import keys
 from aegis_contracts.times import format_ts
-from aegis_storage.readmodel import LATEST_GROUPS
+from aegis_storage.items import Items
+from aegis_storage.readmodel import LATEST_GROUPS, to_plain
 
 
 class FakeClock:
@@ -59,7 +62,7 @@ def latest_fields(
 ) -> dict[str, Any]:
     """``fields`` (the group, and what derives from it, e.g. ``risk``) as a LATEST carries them
     once a message of ``group`` emitted at ``event_time`` was committed at ``updated_at``: with
-    the group's event-time guard. For seeding LATEST with ``ReadModel.set_latest``."""
+    the group's event-time guard. For seeding LATEST with :func:`seed_latest`."""
     if group not in fields:
         raise ValueError(f"fields must include the group {group!r}")
     return {
@@ -92,3 +95,13 @@ def fire_reason(**fields: Any) -> dict[str, Any]:
         "threshold": 0.8,
     }
     return reason | fields
+
+
+async def seed_latest(items: Items, factory_id: str, fields: BaseModel | Mapping[str, Any]) -> None:
+    """Set ``fields`` on the factory's LATEST (made when absent), as a test seeds a table: the
+    item read, ``fields`` merged in, the whole item put back (no condition: nothing else writes
+    it meanwhile). Services commit whole states through their repositories instead."""
+    old = await items.get_latest(factory_id) or {}
+    pk = keys.factory_pk(factory_id)
+    item = {**old, **to_plain(fields), "factory_id": factory_id, "pk": pk, "sk": keys.LATEST_SK}
+    await items.put_item(item)
