@@ -571,6 +571,51 @@ def hour_from_windows(
     ordered = sorted(windows, key=lambda w: w.window_start)
     if any(w.params != params for w in ordered):
         raise ValueError("windows folded with other parameters do not merge into this hour")
+    intervals, gaps = _joined_timeline(ordered, params)
+    sensors = _merged_series(ordered, "sensors")
+    runs: list[Run] = []
+    for run in (run for w in ordered for run in w.runs):
+        runs = append_run(runs, run)
+    with_states = [w for w in ordered if w.factory_records]
+    scores = [w.max_score for w in ordered if w.max_score is not None]
+    levels = [w.worst_level for w in ordered if w.worst_level is not None]
+    out_of_range = added_counts(w.out_of_range for w in ordered)
+    return FactoryHour(
+        target=target,
+        report_date=report_date,
+        kst_hour=kst_hour,
+        utc_hour=utc_hour,
+        params=params,
+        input=listing,
+        skipped=sum(w.skipped for w in ordered),
+        factory_records=sum(w.factory_records for w in ordered),
+        first_at=with_states[0].first_at if with_states else None,
+        last_at=with_states[-1].last_at if with_states else None,
+        intervals=intervals,
+        gaps=gaps,
+        sensors=sensors,
+        out_of_range={n: c for n, c in out_of_range.items() if n in sensors},
+        detections=_merged_detections(ordered),
+        risk_records=sum(w.risk_records for w in ordered),
+        max_score=max(scores) if scores else None,
+        worst_level=Level.worst(*levels) if levels else None,
+        runs=runs,
+        infra_records=sum(w.infra_records for w in ordered),
+        infra=_merged_series(ordered, "infra"),
+        camera_observations=added_counts(w.camera_observations for w in ordered),
+        camera_offline=added_counts(w.camera_offline for w in ordered),
+        pipeline_not_ok=added_counts(w.pipeline_not_ok for w in ordered),
+        images=sum(w.images for w in ordered),
+        image_bytes=sum(w.image_bytes for w in ordered),
+        image_cameras=added_counts(w.image_cameras for w in ordered),
+    )
+
+
+def _joined_timeline(
+    ordered: Sequence[FactoryWindow], params: FoldParams
+) -> tuple[dict[str, int], list[Gap]]:
+    """The hour's intervals and gaps: each window's own, and the step from one window's last
+    record to the next one's first (a gap when longer than ``gap_s``)."""
     intervals: Counter[str] = Counter()
     gaps: list[Gap] = []
     last: datetime | None = None
@@ -587,71 +632,35 @@ def hour_from_windows(
         intervals.update(w.intervals)
         gaps.extend(w.gaps)
         last = w.last_at
+    return dict(sorted(intervals.items())), gaps
 
-    def merged(field: str) -> dict[str, Series]:
-        names = sorted({n for w in ordered for n in getattr(w, field)})
-        return {
-            n: _merge_series(
-                [
-                    (getattr(w, field)[n], w.exact[f"{field}.{n}"])
-                    for w in ordered
-                    if n in getattr(w, field)
-                ]
-            )
-            for n in names
-        }
 
-    sensors = merged("sensors")
-    runs: list[Run] = []
-    for w in ordered:
-        for run in w.runs:
-            runs = append_run(runs, run)
-    labels = sorted({label for w in ordered for label in w.detections})
-    with_states = [w for w in ordered if w.factory_records]
-    scores = [w.max_score for w in ordered if w.max_score is not None]
-    levels = [w.worst_level for w in ordered if w.worst_level is not None]
-    return FactoryHour(
-        target=target,
-        report_date=report_date,
-        kst_hour=kst_hour,
-        utc_hour=utc_hour,
-        params=params,
-        input=listing,
-        skipped=sum(w.skipped for w in ordered),
-        factory_records=sum(w.factory_records for w in ordered),
-        first_at=with_states[0].first_at if with_states else None,
-        last_at=with_states[-1].last_at if with_states else None,
-        intervals=dict(sorted(intervals.items())),
-        gaps=gaps,
-        sensors=sensors,
-        out_of_range={
-            n: c for n, c in added_counts(w.out_of_range for w in ordered).items() if n in sensors
-        },
-        detections={
-            label: LabelFold(
-                count=sum(w.detections[label].count for w in ordered if label in w.detections),
-                max_confidence=max(
-                    w.detections[label].max_confidence for w in ordered if label in w.detections
-                ),
-                cameras=added_counts(
-                    w.detections[label].cameras for w in ordered if label in w.detections
-                ),
-            )
-            for label in labels
-        },
-        risk_records=sum(w.risk_records for w in ordered),
-        max_score=max(scores) if scores else None,
-        worst_level=Level.worst(*levels) if levels else None,
-        runs=runs,
-        infra_records=sum(w.infra_records for w in ordered),
-        infra=merged("infra"),
-        camera_observations=added_counts(w.camera_observations for w in ordered),
-        camera_offline=added_counts(w.camera_offline for w in ordered),
-        pipeline_not_ok=added_counts(w.pipeline_not_ok for w in ordered),
-        images=sum(w.images for w in ordered),
-        image_bytes=sum(w.image_bytes for w in ordered),
-        image_cameras=added_counts(w.image_cameras for w in ordered),
-    )
+def _merged_series(ordered: Sequence[FactoryWindow], field: str) -> dict[str, Series]:
+    """The windows' series of ``field`` (``sensors`` or ``infra``) merged name by name."""
+    names = sorted({n for w in ordered for n in getattr(w, field)})
+    return {
+        n: _merge_series(
+            [
+                (getattr(w, field)[n], w.exact[f"{field}.{n}"])
+                for w in ordered
+                if n in getattr(w, field)
+            ]
+        )
+        for n in names
+    }
+
+
+def _merged_detections(ordered: Sequence[FactoryWindow]) -> dict[str, LabelFold]:
+    """The windows' detections merged label by label: counts added, the highest confidence."""
+    merged: dict[str, LabelFold] = {}
+    for label in sorted({label for w in ordered for label in w.detections}):
+        folds = [w.detections[label] for w in ordered if label in w.detections]
+        merged[label] = LabelFold(
+            count=sum(f.count for f in folds),
+            max_confidence=max(f.max_confidence for f in folds),
+            cameras=added_counts(f.cameras for f in folds),
+        )
+    return merged
 
 
 def _worse_value(check: CheckFold, value: float | None, at: datetime) -> CheckFold:
