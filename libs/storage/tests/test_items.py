@@ -246,3 +246,24 @@ async def test_a_window_is_claimed_once_and_again_only_after_its_lease_unfinishe
         "job", window, owner="c", now=much_later, ttl=LIVE_TTL, lease=lease
     )
     assert not await items.finish_window("job", NOW, owner="a", now=NOW)  # no such claim
+
+
+async def test_late_marks_are_announced_as_their_marker_changes(
+    changes: tuple[Table, list[Change]],
+) -> None:
+    table, seen = changes
+    assert isinstance(table, (MemoryTable, ReadModel))
+    hour = floor_to(NOW, timedelta(hours=1)) - timedelta(hours=2)
+    await table.mark_late("factory-a", hour, now=NOW, ttl=LIVE_TTL)
+    await table.mark_late("factory-a", hour, now=NOW, ttl=LIVE_TTL)
+    assert not await table.clear_late("factory-a", hour, marks=1)  # a mark came since
+    assert [m["marks"] for m in await table.late_hours(now=NOW)] == [2]
+    assert await table.clear_late("factory-a", hour, marks=2)
+    assert await table.late_hours(now=NOW) == []
+    assert [(c.entity, c.event_name) for c in seen] == [
+        ("factory_late", "INSERT"),
+        ("factory_late", "MODIFY"),
+        ("factory_late", "REMOVE"),
+    ]
+    assert [(c.old_image or {}).get("marks") for c in seen] == [None, 1, 2]
+    assert [(c.new_image or {}).get("marks") for c in seen] == [1, 2, None]

@@ -54,7 +54,9 @@ from aegis_storage.readmodel import (
     Put,
     condition_value,
     from_attributes,
+    indexed,
     item_attributes,
+    late_markers,
     live,
     to_attributes,
 )
@@ -176,6 +178,30 @@ class MemoryTable:
         await asyncio.sleep(0)  # a request's suspension point
         return self._read(keys.factory_pk(factory_id), keys.LATEST_SK)
 
+    async def replace_latest(self, factory_id: str, image: Item, *, expected: str | None) -> bool:
+        """:meth:`ReadModel.replace_latest <aegis_storage.readmodel.ReadModel.replace_latest>`:
+        the whole LATEST, only over the version read (``expected``; None: only where none is)."""
+        await asyncio.sleep(0)  # a request's suspension point
+        pk = keys.factory_pk(factory_id)
+        attributes = {**item_attributes(image), "pk": {"S": pk}, "sk": {"S": keys.LATEST_SK}}
+        put = Put(
+            Encoded(from_attributes(attributes), attributes),
+            if_absent=expected is None,
+            expected=None if expected is None else {"updated_at": expected},
+        )
+        try:
+            await self._write([put], transaction=False)
+        except Conflict:
+            return False
+        return True
+
+    async def history_states(
+        self, factory_id: str, start: datetime, end: datetime, *, now: datetime
+    ) -> list[dict[str, Any]]:
+        return await self.query_range(
+            keys.factory_pk(factory_id), keys.HISTORY_STATE_PREFIX, start, end, now=now
+        )
+
     async def put_item(
         self, item: Item, *, if_absent: bool = False, expected: Mapping[str, Any] | None = None
     ) -> None:
@@ -265,6 +291,48 @@ class MemoryTable:
         )
         live_items = [item for sk in found if (item := self._read(pk, sk)) and live(item, now)]
         return live_items if limit is None else live_items[:limit]
+
+    # -- late-data marks ------------------------------------------------------------------------
+
+    async def mark_late(self, factory_id: str, hour: datetime, *, now: datetime, ttl: int) -> None:
+        """:meth:`ReadModel.mark_late <aegis_storage.readmodel.ReadModel.mark_late>`: one more
+        mark on the factory-hour's marker (made by the first), in the fleet index."""
+        await asyncio.sleep(0)  # a request's suspension point
+        pk, sk = keys.factory_pk(factory_id), keys.late_hour_sk(hour)
+        stored = self.items.get((pk, sk), {})
+        marks = int(stored.get("marks", {}).get("N", "0")) + 1
+        fields = {
+            "factory_id": factory_id,
+            "hour_start": format_ts(hour),
+            "marked_at": format_ts(now),
+        }
+        updated = {**stored, **to_attributes(fields | {"ttl": ttl, "marks": marks})}
+        self.items[(pk, sk)] = indexed({**updated, "pk": {"S": pk}, "sk": {"S": sk}})
+        new = from_attributes(self.items[(pk, sk)])
+        # as the table announces it: the old image is the new one a mark before
+        await self._changed(
+            (pk, sk), None if marks <= 1 else {**new, "marks": marks - 1}, new, None
+        )
+
+    async def late_hours(self, *, now: datetime) -> list[dict[str, Any]]:
+        found = await self.batch_get(await self.index_members(keys.FLEET_LATE), consistent=True)
+        return late_markers(found, now)
+
+    async def clear_late(self, factory_id: str, hour: datetime, *, marks: int) -> bool:
+        """Delete the marker only while it holds ``marks`` (False, and it stays, otherwise)."""
+        await asyncio.sleep(0)  # a request's suspension point
+        key = (keys.factory_pk(factory_id), keys.late_hour_sk(hour))
+        stored = self.items.get(key)
+        if (
+            stored is None
+            or stored.get("marks") is None
+            or not _same(stored["marks"], {"N": str(marks)})
+        ):
+            return False
+        old = self._read(*key)
+        del self.items[key]
+        await self._changed(key, old, None, None)
+        return True
 
     # -- leases and claims --------------------------------------------------------------------
 

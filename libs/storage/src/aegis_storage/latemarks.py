@@ -2,23 +2,21 @@
 (``FACTORY#{f}`` / ``LATE#{hour}``, in the fleet index), marked by the processor and cleared by
 the aggregator once it folded the hour again.
 
-:class:`LateMarks` is the protocol; :class:`TableLateMarks` keeps the marks in DynamoDB (through
-:class:`~aegis_storage.readmodel.ReadModel`, which also announces them), :class:`MemoryLateMarks`
-in a dict. Both follow one contract (libs/storage/tests/test_latemarks.py): every ``mark`` adds
-one to the hour's ``marks``; ``clear`` deletes the marker only while it still holds the count
-the clearer read (else False, and the marker stays); ``late_hours`` lists the live markers,
-oldest hour first.
+:class:`LateMarks` is the protocol; :class:`TableLateMarks` its one implementation, over a table:
+DynamoDB's (:class:`~aegis_storage.readmodel.ReadModel`, which also announces the marks) or the
+in-memory one (:class:`~aegis_storage.items.MemoryTable`; :class:`MemoryLateMarks` makes one).
+Both follow one contract (libs/storage/tests/test_latemarks.py): every ``mark`` adds one to the
+hour's ``marks``; ``clear`` deletes the marker only while it still holds the count the clearer
+read (else False, and the marker stays); ``late_hours`` lists the live markers, oldest hour
+first.
 """
 
 from __future__ import annotations
 
-import copy
 from datetime import datetime
 from typing import Any, Protocol
 
-from aegis_contracts import keys
-from aegis_contracts.times import format_ts
-from aegis_storage.readmodel import ReadModel, live
+from aegis_storage.items import MemoryTable
 
 
 class LateMarks(Protocol):
@@ -35,10 +33,22 @@ class LateMarks(Protocol):
         ...
 
 
-class TableLateMarks:
-    """:class:`LateMarks` in DynamoDB."""
+class LateTable(Protocol):
+    """What :class:`TableLateMarks` needs of a table."""
 
-    def __init__(self, readmodel: ReadModel) -> None:
+    async def mark_late(
+        self, factory_id: str, hour: datetime, *, now: datetime, ttl: int
+    ) -> None: ...
+
+    async def late_hours(self, *, now: datetime) -> list[dict[str, Any]]: ...
+
+    async def clear_late(self, factory_id: str, hour: datetime, *, marks: int) -> bool: ...
+
+
+class TableLateMarks:
+    """:class:`LateMarks` in a table (DynamoDB's, or the in-memory one)."""
+
+    def __init__(self, readmodel: LateTable) -> None:
         self._readmodel = readmodel
 
     async def mark(self, factory_id: str, hour: datetime, *, now: datetime, ttl: int) -> None:
@@ -51,33 +61,9 @@ class TableLateMarks:
         return await self._readmodel.clear_late(factory_id, hour, marks=marks)
 
 
-class MemoryLateMarks:
-    """:class:`LateMarks` in a dict, items as a DynamoDB read returns them."""
+class MemoryLateMarks(TableLateMarks):
+    """:class:`TableLateMarks` on an in-memory table (a new one, or ``table`` to share one)."""
 
-    def __init__(self) -> None:
-        self.items: dict[tuple[str, str], dict[str, Any]] = {}
-
-    async def mark(self, factory_id: str, hour: datetime, *, now: datetime, ttl: int) -> None:
-        pk, sk = keys.factory_pk(factory_id), keys.late_hour_sk(hour)
-        marks = int(self.items.get((pk, sk), {}).get("marks", 0)) + 1
-        self.items[(pk, sk)] = {
-            "pk": pk,
-            "sk": sk,
-            "factory_id": factory_id,
-            "hour_start": format_ts(hour),
-            "marked_at": format_ts(now),
-            "ttl": ttl,
-            "marks": marks,
-        }
-
-    async def late_hours(self, *, now: datetime) -> list[dict[str, Any]]:
-        found = [copy.deepcopy(i) for i in self.items.values() if live(i, now)]
-        return sorted(found, key=lambda i: (str(i["hour_start"]), str(i["pk"])))
-
-    async def clear(self, factory_id: str, hour: datetime, *, marks: int) -> bool:
-        key = (keys.factory_pk(factory_id), keys.late_hour_sk(hour))
-        found = self.items.get(key)
-        if found is None or found["marks"] != marks:
-            return False
-        del self.items[key]
-        return True
+    def __init__(self, table: MemoryTable | None = None) -> None:
+        self.memory = table if table is not None else MemoryTable()
+        super().__init__(self.memory)

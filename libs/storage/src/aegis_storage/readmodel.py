@@ -262,6 +262,13 @@ def window_span(window: str) -> tuple[timedelta, str]:
         raise ValueError(f"unknown window {window!r}; one of {', '.join(WINDOWS)}") from None
 
 
+def late_markers(found: Sequence[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+    """The live late-data markers among ``found`` (the items the fleet index's ``LATE``
+    entries name), oldest hour first."""
+    items = [i for i in found if live(i, now) and "hour_start" in i and "marks" in i]
+    return sorted(items, key=lambda i: (str(i["hour_start"]), str(i["pk"])))
+
+
 def live(item: Mapping[str, Any], now: datetime) -> bool:
     """True unless the item carries a ``ttl`` that has passed."""
     ttl = item.get("ttl")
@@ -1005,9 +1012,9 @@ class ReadModel:
         """Every live late-data marker (``factory_id``, ``hour_start``, ``marks``), oldest hour
         first: the fleet index's ``LATE`` entries, then the markers themselves (consistent reads,
         so ``marks`` is the count a clear is conditioned on)."""
-        found = await self.batch_get(await self.index_members(keys.FLEET_LATE), consistent=True)
-        items = [i for i in found if live(i, now) and "hour_start" in i and "marks" in i]
-        return sorted(items, key=lambda i: (str(i["hour_start"]), str(i["pk"])))
+        return late_markers(
+            await self.batch_get(await self.index_members(keys.FLEET_LATE), consistent=True), now
+        )
 
     async def clear_late(self, factory_id: str, hour: datetime, *, marks: int) -> bool:
         """Delete the factory-hour's marker if it still holds ``marks`` (no object came late

@@ -1,10 +1,11 @@
 """A factory's states in the table: its LATEST item and its HISTORY#STATE items, as the
 processor's commit protocol reads and writes them.
 
-:class:`FactoryStates` is the protocol; :class:`TableStates` keeps them in DynamoDB (through
-:class:`~aegis_storage.readmodel.ReadModel`), :class:`MemoryStates` in a dict, for tests that
-need no server. Both refuse exactly the same writes (one contract test suite runs against both,
-libs/storage/tests/test_states.py):
+:class:`FactoryStates` is the protocol; :class:`TableStates` is its one implementation, over a
+table: DynamoDB's (:class:`~aegis_storage.readmodel.ReadModel`) or the in-memory one
+(:class:`~aegis_storage.items.MemoryTable`, for tests that need no server; :class:`MemoryStates`
+makes one). The table decides every condition, so both refuse exactly the same writes (one
+contract test suite runs against both, libs/storage/tests/test_states.py):
 
 - ``add_history`` puts a HISTORY item only where none is: a taken key raises
   :class:`~aegis_storage.errors.Conflict` and leaves the stored item as it was;
@@ -18,15 +19,13 @@ libs/storage/tests/test_states.py):
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
 from aegis_contracts import keys
-from aegis_contracts.times import format_ts
-from aegis_storage.errors import Conflict
-from aegis_storage.readmodel import Encoded, ReadModel, encode, live
+from aegis_storage.items import MemoryTable
+from aegis_storage.readmodel import Encoded
 
 Image = Encoded | Mapping[str, Any]
 
@@ -66,10 +65,33 @@ class FactoryStates(Protocol):
         ...
 
 
-class TableStates:
-    """:class:`FactoryStates` in DynamoDB."""
+class StatesTable(Protocol):
+    """What :class:`TableStates` needs of a table."""
 
-    def __init__(self, readmodel: ReadModel) -> None:
+    @property
+    def table(self) -> str: ...
+
+    async def get_latest(self, factory_id: str) -> dict[str, Any] | None: ...
+
+    async def replace_latest(
+        self, factory_id: str, image: Image, *, expected: str | None
+    ) -> bool: ...
+
+    async def put_item(self, item: Encoded, *, if_absent: bool = False) -> None: ...
+
+    async def get_item(self, pk: str, sk: str) -> dict[str, Any] | None: ...
+
+    async def delete_item(self, pk: str, sk: str) -> None: ...
+
+    async def history_states(
+        self, factory_id: str, start: datetime, end: datetime, *, now: datetime
+    ) -> list[dict[str, Any]]: ...
+
+
+class TableStates:
+    """:class:`FactoryStates` in a table (DynamoDB's, or the in-memory one)."""
+
+    def __init__(self, readmodel: StatesTable) -> None:
         self._readmodel = readmodel
 
     @property
@@ -97,63 +119,9 @@ class TableStates:
         return await self._readmodel.history_states(factory_id, start, end, now=now)
 
 
-class MemoryStates:
-    """:class:`FactoryStates` in a dict: items kept in the plain form a DynamoDB read returns."""
+class MemoryStates(TableStates):
+    """:class:`TableStates` on an in-memory table (a new one, or ``table`` to share one)."""
 
-    def __init__(self, table: str = "memory") -> None:
-        self._table = table
-        self.items: dict[tuple[str, str], dict[str, Any]] = {}
-
-    @property
-    def table(self) -> str:
-        return self._table
-
-    def _get(self, pk: str, sk: str) -> dict[str, Any] | None:
-        found = self.items.get((pk, sk))
-        return None if found is None else copy.deepcopy(found)
-
-    async def latest(self, factory_id: str) -> dict[str, Any] | None:
-        return self._get(keys.factory_pk(factory_id), keys.LATEST_SK)
-
-    async def replace_latest(self, factory_id: str, image: Image, *, expected: str | None) -> bool:
-        pk = keys.factory_pk(factory_id)
-        stored = self.items.get((pk, keys.LATEST_SK))
-        if expected is None and stored is not None:
-            return False
-        if expected is not None and (stored is None or stored.get("updated_at") != expected):
-            return False
-        plain = _plain(image)
-        self.items[(pk, keys.LATEST_SK)] = {**plain, "pk": pk, "sk": keys.LATEST_SK}
-        return True
-
-    async def add_history(self, item: Encoded) -> None:
-        plain = _plain(item)
-        key = (str(plain["pk"]), str(plain["sk"]))
-        if key in self.items:
-            raise Conflict(f"put {key[0]}/{key[1]}: the item exists")
-        self.items[key] = plain
-
-    async def history_item(self, factory_id: str, sk: str) -> dict[str, Any] | None:
-        return self._get(keys.factory_pk(factory_id), sk)
-
-    async def remove_history(self, factory_id: str, sk: str) -> None:
-        self.items.pop((keys.factory_pk(factory_id), sk), None)
-
-    async def history(
-        self, factory_id: str, start: datetime, end: datetime, *, now: datetime
-    ) -> list[dict[str, Any]]:
-        pk = keys.factory_pk(factory_id)
-        low = keys.HISTORY_STATE_PREFIX + format_ts(start)
-        high = keys.HISTORY_STATE_PREFIX + format_ts(end)
-        found = sorted(
-            (sk, item)
-            for (p, sk), item in self.items.items()
-            if p == pk and low <= sk < high and live(item, now)
-        )
-        return [copy.deepcopy(item) for _, item in found]
-
-
-def _plain(image: Image) -> dict[str, Any]:
-    """What a read of ``image`` once written returns (the conversion a write makes)."""
-    encoded = image if isinstance(image, Encoded) else encode(image)
-    return copy.deepcopy(encoded.plain)
+    def __init__(self, table: MemoryTable | None = None) -> None:
+        self.memory = table if table is not None else MemoryTable()
+        super().__init__(self.memory)
