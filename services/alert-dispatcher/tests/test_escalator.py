@@ -9,6 +9,7 @@ import asyncio
 import functools
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,11 +22,11 @@ from aegis_alert_dispatcher.escalator import Escalator, Swept
 from aegis_alert_dispatcher.receivers import Receiver, SlackWebhookReceiver
 from aegis_alert_dispatcher.slack import SlackWebhook
 from aegis_contracts import incidents
-from aegis_contracts.items import Incident, IncidentOutbox
+from aegis_contracts.items import IncidentOutbox
 from aegis_contracts.state import Reason
 from aegis_contracts.times import format_ts
 from aegis_contracts.ttl import TtlSettings
-from aegis_devstack.testing.builders import FakeClock
+from aegis_devstack.testing.builders import FakeClock, fired_incident
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.webhook import FakeWebhook, running_webhook
 from aegis_storage.incidents import IncidentStore
@@ -33,36 +34,7 @@ from aegis_storage.incidents import IncidentStore
 pytestmark = pytest.mark.integration
 
 T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
-FALLBACK = """
-[receivers.slack]
-type = "slack_webhook"
-url_env = "AEGIS_SLACK_WEBHOOK_URL"
-
-[receivers.pager]
-type = "slack_webhook"
-url_env = "PAGER_URL"
-
-[policies.critical]
-fallback = "pager"
-
-[[policies.critical.levels]]
-after = "0s"
-receivers = ["slack"]
-
-[[policies.critical.levels]]
-after = "5m"
-receivers = ["slack"]
-
-[policies.warning]
-
-[[policies.warning.levels]]
-after = "0s"
-receivers = ["slack"]
-
-[defaults]
-critical = "critical"
-warning = "warning"
-"""
+FALLBACK = (Path(__file__).parent / "fallback.toml").read_text()
 
 
 @pytest.fixture
@@ -101,16 +73,6 @@ def escalator(
         instance=instance,
         on_swept=swept.append if swept is not None else None,
     )
-
-
-async def fired(f: Foundation, scope: str, *, outcome: str = "sent") -> Incident:
-    """An incident as the dispatcher leaves it after its first message (level 0)."""
-    opened = incidents.open_incident(
-        scope=scope, stream="STATE", reason="GAS_LEAK", severity="CRITICAL", at=T0
-    )
-    told = incidents.notified(opened, at=T0, receiver="slack", outcome=outcome)
-    await IncidentStore(f.readmodel).save(told, None)
-    return told
 
 
 async def nothing(*args: Any) -> None:
@@ -182,7 +144,7 @@ async def test_an_unacknowledged_critical_escalates_on_time_repeats_and_stops_wh
 ) -> None:
     clock = FakeClock(T0)
     e = escalator(foundation, {"slack": slack_receiver("slack", webhook.url, session)}, clock)
-    gas = await fired(foundation, unique_id)
+    gas = await fired_incident(foundation.readmodel, unique_id, at=T0)
     clock.now = T0 + timedelta(minutes=4, seconds=59)
     await e.sweep()
     assert webhook.delivered == []  # not yet
@@ -222,7 +184,7 @@ async def test_two_replicas_sweeping_at_once_escalate_once(
         for n in range(2)
     ]
     for n in range(5):
-        await fired(foundation, f"{unique_id}-{n}")
+        await fired_incident(foundation.readmodel, f"{unique_id}-{n}", at=T0)
     for _ in range(3):
         await asyncio.gather(*(r.sweep() for r in replicas))
     mine = sorted(t for t in titles(webhook) if unique_id in t)
@@ -240,7 +202,7 @@ async def test_a_notification_claimed_by_a_dead_replica_is_sent_once_after_its_l
     """Replica A claimed the escalation (its outbox is on the incident) and died before sending.
     Inside A's lease B leaves it; after the lease B sends it once and clears it."""
     store = IncidentStore(foundation.readmodel)
-    gas = await fired(foundation, unique_id)
+    gas = await fired_incident(foundation.readmodel, unique_id, at=T0)
     claimed = incidents.escalated(gas, level=1, at=T0 + timedelta(minutes=5)).model_copy(
         update={
             "outbox": IncidentOutbox(
@@ -273,7 +235,7 @@ async def test_a_claim_whose_owner_stopped_is_taken_over_before_its_lease(
     """Inside the claim's lease, another replica leaves it while its owner is alive; once the
     owner's heartbeat has run out (it was killed), it takes the claim over at once."""
     store = IncidentStore(foundation.readmodel)
-    gas = await fired(foundation, unique_id)
+    gas = await fired_incident(foundation.readmodel, unique_id, at=T0)
     outbox = IncidentOutbox(
         attempt_id="b" * 16,
         kind="escalate",
@@ -308,7 +270,7 @@ async def test_a_failing_slack_falls_back_at_once_and_nothing_is_sent_twice(
 ) -> None:
     """The first message could not reach Slack (undeliverable): the next sweep sends the
     incident to the policy's fallback receiver at once; later sweeps send nothing more."""
-    gas = await fired(foundation, unique_id, outcome="undeliverable")
+    gas = await fired_incident(foundation.readmodel, unique_id, outcome="undeliverable", at=T0)
     webhook.down()
     clock = FakeClock(T0 + timedelta(seconds=5))
     receivers: dict[str, Receiver | None] = {
@@ -332,7 +294,7 @@ async def test_a_failing_slack_falls_back_at_once_and_nothing_is_sent_twice(
 async def test_when_every_receiver_fails_it_is_retried_with_back_off_not_parked(
     foundation: Foundation, webhook: FakeWebhook, session: aiohttp.ClientSession, unique_id: str
 ) -> None:
-    await fired(foundation, unique_id, outcome="undeliverable")
+    await fired_incident(foundation.readmodel, unique_id, outcome="undeliverable", at=T0)
     webhook.down()
     clock = FakeClock(T0 + timedelta(seconds=1))
     e = escalator(foundation, {"slack": slack_receiver("slack", webhook.url, session)}, clock)
@@ -355,7 +317,7 @@ async def test_a_resolved_incident_is_archived_by_the_sweep_once_its_message_had
     foundation: Foundation, unique_id: str
 ) -> None:
     store = IncidentStore(foundation.readmodel, foundation.store)
-    gas = await fired(foundation, unique_id)
+    gas = await fired_incident(foundation.readmodel, unique_id, at=T0)
     closed = incidents.resolve(gas, at=T0 + timedelta(minutes=1))
     assert closed is not None
     await store.save(closed, gas)
@@ -433,7 +395,7 @@ async def test_an_acknowledgement_is_told_once_to_the_receivers_reached_but_slac
 ) -> None:
     """``ack_notify``: the receivers that heard of the incident hear once who is on it; an
     acknowledgement made in Slack updated the Slack message itself, so no Slack post."""
-    gas = await fired(foundation, unique_id)
+    gas = await fired_incident(foundation.readmodel, unique_id, at=T0)
     ack = functools.partial(incidents.acknowledge, by="kim", via=via, at=T0 + timedelta(minutes=1))
     await IncidentStore(foundation.readmodel).change(gas.incident_id, ack)
     clock = FakeClock(T0 + timedelta(minutes=1))

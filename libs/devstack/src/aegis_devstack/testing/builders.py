@@ -1,6 +1,6 @@
 """What tests build again and again, built one way: a clock the test moves by hand, the
-``meta`` block every processed object carries, read-model items to seed a table with, and the
-fire reason alert tests raise.
+``meta`` block every processed object carries, read-model items to seed a table with, the fire
+reason alert tests raise and the incident a first alert message leaves.
 
 Services take ``clock=`` (a callable returning an aware UTC ``datetime``), so a test passes a
 :class:`FakeClock` and moves it instead of sleeping; nothing here reads the calendar.
@@ -14,8 +14,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from aegis_contracts import keys
+from aegis_contracts import incidents, keys
+from aegis_contracts.items import Incident
 from aegis_contracts.times import format_ts
+from aegis_storage.incidents import IncidentStore
 from aegis_storage.items import Items
 from aegis_storage.readmodel import LATEST_GROUPS, to_plain
 
@@ -105,3 +107,22 @@ async def seed_latest(items: Items, factory_id: str, fields: BaseModel | Mapping
     pk = keys.factory_pk(factory_id)
     item = {**old, **to_plain(fields), "factory_id": factory_id, "pk": pk, "sk": keys.LATEST_SK}
     await items.put_item(item)
+
+
+async def fired_incident(
+    items: Items,
+    scope: str,
+    *,
+    at: datetime,
+    outcome: str = "sent",
+    reason: str = "GAS_LEAK",
+    severity: incidents.Severity = "CRITICAL",
+) -> Incident:
+    """An incident as the alert dispatcher leaves it after its first message (level 0, told to
+    ``slack`` with ``outcome``), stored in ``items``."""
+    opened = incidents.open_incident(
+        scope=scope, stream="STATE", reason=reason, severity=severity, at=at
+    )
+    told = incidents.notified(opened, at=at, receiver="slack", outcome=outcome)
+    await IncidentStore(items).save(told, None)
+    return told
