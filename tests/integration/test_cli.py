@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,28 +16,18 @@ import pytest
 
 from aegis_cli.exitcodes import FOUND, OK, UNAVAILABLE
 from aegis_devstack.localservers import free_port
+from aegis_devstack.testing.cli import run_aegis
 from aegis_devstack.testing.storage import Foundation
 
 pytestmark = pytest.mark.integration
 
-AEGIS = str(Path(sys.executable).parent / "aegis")
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "deploy" / "jobs" / "examples.yaml"
 DAY = "2026-11-29"
 SECRET = "s3cret-in-the-url"
 
 
-async def aegis(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        AEGIS,
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 100)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+aegis = run_aegis
 
 
 def environment(**values: str) -> dict[str, str]:

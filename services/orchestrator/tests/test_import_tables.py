@@ -7,7 +7,6 @@ refused."""
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import json
 import shutil
@@ -15,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from aegis_cli.app import app
+from aegis_devstack.testing.cli import invoke, invoke_in_thread
 from aegis_devstack.testing.storage import Foundation
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -34,13 +32,7 @@ ORIGIN = {
 }
 
 
-def aegis(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
-
-
-async def cli(*args: str) -> Any:
-    """An ``aegis`` command in a thread (it runs its own event loop)."""
-    return await asyncio.to_thread(aegis, *args)
+aegis, cli = invoke, invoke_in_thread
 
 
 def as_json(result: Any) -> Any:

@@ -19,10 +19,9 @@ from typing import Any
 import httpx
 import pytest
 from aiobotocore.session import get_session
-from typer.testing import CliRunner
 
-from aegis_cli.app import app
 from aegis_devstack.localservers import free_port, start_moto_server
+from aegis_devstack.testing.cli import invoke
 from aegis_devstack.testing.infra import load_render
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_client, open_clients
@@ -189,7 +188,7 @@ def as_storage_tools(
 
 
 def aegis(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return invoke(*args, catch_exceptions=False)
 
 
 def test_flat_raw_cannot_delete_its_sources_and_keep_sources_hands_them_over(

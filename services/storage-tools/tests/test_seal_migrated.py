@@ -9,16 +9,14 @@ goes through the plain S3 client, as an administrator's would (the break-glass r
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from aegis_cli.app import app
 from aegis_contracts.seal import DatasetPartitionSeal, days_to_seal, read_document
+from aegis_devstack.testing.cli import invoke_in_thread
 from aegis_storage.s3 import ObjectStore
 from aegis_storage_tools.migrate import Migrator
 from aegis_storage_tools.rules import datasets_processing
@@ -32,13 +30,9 @@ NOW = datetime(2026, 11, 30, 2, 30, tzinfo=UTC)
 GRACE = timedelta(hours=2)
 
 
-def aegis(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
-
-
 async def audit(*args: str) -> tuple[int, dict[str, Any]]:
     """``aegis audit raw ARGS --json`` (its own event loop, in a thread): exit code, document."""
-    result = await asyncio.to_thread(aegis, "audit", "raw", *args, "--json")
+    result = await invoke_in_thread("audit", "raw", *args, "--json")
     try:
         return result.exit_code, json.loads(result.stdout)
     except ValueError:

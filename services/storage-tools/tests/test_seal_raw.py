@@ -14,13 +14,12 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from aegis_cli.app import app
 from aegis_contracts import keys
 from aegis_contracts.archive import Archive, admit
 from aegis_contracts.ids import SourceType
 from aegis_contracts.seal import NO_SCHEMA_VERSION, Change, RawPartitionSeal, read_document
+from aegis_devstack.testing.cli import invoke_in_thread
 from aegis_storage.s3 import ObjectStore
 from aegis_storage_tools.audit import Auditor, AuditStatus, exit_code
 from aegis_storage_tools.replay import replay
@@ -161,13 +160,9 @@ async def test_two_sealers_at_once_leave_one_seal(foundation: Any, unique_id: st
     assert len(await versions(store, keys.raw_metadata_key(f, FS, DAY))) == 1
 
 
-def aegis(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
-
-
 async def cli(*args: str) -> tuple[int, Any]:
     """An ``aegis`` command (its own event loop, in a thread); its exit code and JSON output."""
-    result = await asyncio.to_thread(aegis, *args, "--json")
+    result = await invoke_in_thread(*args, "--json")
     try:
         return result.exit_code, json.loads(result.stdout)
     except ValueError:
@@ -188,7 +183,7 @@ async def test_audit_names_what_was_deleted_added_and_changed(
     code, out = await cli("seal", "raw", "--date", "2026-11-30", "--factory", f)
     assert code == 0, out
     assert [(p["outcome"], p["objects"]) for p in out["partitions"]] == [("sealed", 6)]
-    text = await asyncio.to_thread(aegis, "audit", "raw", "--factory", f, "--date", "2026-11-30")
+    text = await invoke_in_thread("audit", "raw", "--factory", f, "--date", "2026-11-30")
     assert (text.exit_code, text.stdout.split()[:2]) == (
         0,
         ["intact", keys.raw_day_prefix(f, FS, DAY)],
@@ -222,9 +217,7 @@ async def test_audit_names_what_was_deleted_added_and_changed(
     await s3.put_object(Bucket=store.bucket, Key=same_size, Body=original.replace(b"4", b"7"))
     (audit,) = await auditor.audit(f, DAY, [FS])
     assert audit.diff is not None and Change(same_size, ("etag",)) in audit.diff.changed
-    text = await asyncio.to_thread(
-        aegis, "audit", "raw", "--factory", f, "--date", "2026-11-30", "--deep"
-    )
+    text = await invoke_in_thread("audit", "raw", "--factory", f, "--date", "2026-11-30", "--deep")
     assert text.exit_code == 4
     assert f"missing {gone}" in text.stdout and f"added   {added}" in text.stdout
     assert f"changed {altered} (size, etag, sha256)" in text.stdout
@@ -243,7 +236,7 @@ async def test_a_day_that_is_not_over_plus_grace_is_refused(
     monkeypatch.setenv("AEGIS_AWS_ENDPOINT_URL", aws_endpoint)
     monkeypatch.setenv("AEGIS_BUCKET", foundation.bucket)
     today = datetime.now(UTC).date().isoformat()
-    result = await asyncio.to_thread(aegis, "seal", "raw", "--date", today)
+    result = await invoke_in_thread("seal", "raw", "--date", today)
     assert result.exit_code == 2 and "not over" in result.output
-    result = await asyncio.to_thread(aegis, "seal", "raw", "--date", "30/11/2026")
+    result = await invoke_in_thread("seal", "raw", "--date", "30/11/2026")
     assert result.exit_code == 2
