@@ -70,13 +70,13 @@ browser: ## Debian's chromium and a Korean font for the page tests (apt-get, as 
 PYTEST_TMP := .pytest-tmp
 TEST_TMP := $(CURDIR)/.test-tmp
 PYTEST_RUN = rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP) && TMPDIR=$(TEST_TMP) $(VENV)/bin/pytest --basetemp=$(PYTEST_TMP)
-# three workers on two cores (pytest-xdist; the suite waits on servers and on the processes it
-# starts more than it computes: on two workers it kept 1.3 of the 2 cores busy; measured on a
-# fresh clone, 17 min 10 s of pytest on two workers, 15 min 1 s on three): each worker
+# two workers (pytest-xdist; the suite waits on servers more than it computes: it keeps ~1.3 of
+# the 2 cores busy; three workers took a fresh clone's run from ~17 to ~15 minutes, but the
+# end-to-end tests' waits on the services then ran out on the busier machine): each worker
 # starts servers of its own on free ports, and a test file runs on one worker, so its module
 # fixtures are made once; files are handed out in collection order (the end-to-end ones first,
 # conftest.py), not by their number of tests. PYTEST_WORKERS=0 runs it in one process.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 2
 PYTEST_DIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: lint browser $(KUBECTL) ## lint, then the whole suite: unit, integration, e2e against real servers
@@ -99,7 +99,7 @@ test-at: lint browser $(KUBECTL) ## the whole suite with the clock moved (AT='20
 	  $(VENV)/bin/pytest $(CLOCKSHIFT_WARNING) --basetemp=$(PYTEST_TMP) $(PYTEST_DIST); \
 	status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
 
-# the unit tests only compute: one worker a core (PYTEST_WORKERS=3 there: 60 s instead of 52)
+# the unit tests only compute: one worker a core (three workers there: 60 s instead of 45)
 UNIT_WORKERS ?= 2
 unit: $(STAMP) $(KUBECTL) ## only the tests that need no server (one worker a core)
 	$(PYTEST_RUN) $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --dist loadfile --no-loadscope-reorder) -m "not integration and not e2e"; status=$$?; rm -rf $(PYTEST_TMP) $(TEST_TMP); exit $$status
