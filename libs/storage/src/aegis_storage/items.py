@@ -52,11 +52,13 @@ from aegis_storage.readmodel import (
     ChangeSink,
     Encoded,
     Put,
+    claim_item,
     condition_value,
     from_attributes,
     indexed,
     item_attributes,
     late_markers,
+    lease_item,
     live,
     to_attributes,
 )
@@ -348,10 +350,9 @@ class MemoryTable:
     ) -> bool:
         await asyncio.sleep(0)  # a request's suspension point
         stored = self.items.get((pk, sk))
-        if stored is not None and not _before(stored, "until", format_ts(now)):
+        if stored is not None and not _less_than(stored, "until", format_ts(now)):
             return False
-        item = {**(attributes or {}), "pk": pk, "sk": sk, "owner": owner}
-        item |= {"since": format_ts(now), "until": format_ts(until)}
+        item = lease_item(pk, sk, owner=owner, now=now, until=until, attributes=attributes)
         self.items[(pk, sk)] = to_attributes(item)
         return True
 
@@ -383,11 +384,10 @@ class MemoryTable:
         if stored is not None and (
             lease is None
             or "done_at" in stored
-            or not _before(stored, "claimed_at", format_ts(now - lease))
+            or not _less_than(stored, "claimed_at", format_ts(now - lease))
         ):
             return False
-        item: dict[str, Any] = {"pk": key[0], "sk": key[1], "job": job, "owner": owner}
-        item |= {"window_start": format_ts(window_start), "claimed_at": format_ts(now), "ttl": ttl}
+        item = claim_item(job, window_start, owner=owner, now=now, ttl=ttl)
         self.items[key] = to_attributes(item)
         return True
 
@@ -422,7 +422,7 @@ class MemoryTable:
         await self.changes(Change(entity, key[0], key[1], name, old, new))
 
 
-def _before(stored: Mapping[str, Any], name: str, bound: str) -> bool:
+def _less_than(stored: Mapping[str, Any], name: str, bound: str) -> bool:
     """DynamoDB's ``#name < :bound`` on a string attribute: False where it is missing."""
     value = stored.get(name, {}).get("S")
     return isinstance(value, str) and value < bound

@@ -269,6 +269,36 @@ def late_markers(found: Sequence[dict[str, Any]], now: datetime) -> list[dict[st
     return sorted(items, key=lambda i: (str(i["hour_start"]), str(i["pk"])))
 
 
+def lease_item(
+    pk: str,
+    sk: str,
+    *,
+    owner: str,
+    now: datetime,
+    until: datetime,
+    attributes: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A lease on ``pk``/``sk`` as the table keeps it: held by ``owner`` from ``now`` to
+    ``until``, with ``attributes`` (what kind of work it is) beside."""
+    fields = {"owner": owner, "since": format_ts(now), "until": format_ts(until)}
+    return {**(attributes or {}), "pk": pk, "sk": sk, **fields}
+
+
+def claim_item(
+    job: str, window_start: datetime, *, owner: str, now: datetime, ttl: int
+) -> dict[str, Any]:
+    """The claim of one window of periodic work as the table keeps it."""
+    return {
+        "pk": keys.claim_pk(job),
+        "sk": keys.claim_sk(window_start),
+        "job": job,
+        "window_start": format_ts(window_start),
+        "owner": owner,
+        "claimed_at": format_ts(now),
+        "ttl": ttl,
+    }
+
+
 def live(item: Mapping[str, Any], now: datetime) -> bool:
     """True unless the item carries a ``ttl`` that has passed."""
     ttl = item.get("ttl")
@@ -802,15 +832,7 @@ class ReadModel:
 
         With ``lease``, a claim that was never finished (:meth:`finish_window`) and is older than
         the lease may be taken over: a replica that died mid-window does not lose the window."""
-        item = {
-            "pk": keys.claim_pk(job),
-            "sk": keys.claim_sk(window_start),
-            "job": job,
-            "window_start": format_ts(window_start),
-            "owner": owner,
-            "claimed_at": format_ts(now),
-            "ttl": ttl,
-        }
+        item = claim_item(job, window_start, owner=owner, now=now, ttl=ttl)
         request: dict[str, Any] = {"TableName": self.table, "Item": to_attributes(item)}
         if lease is None:
             request["ConditionExpression"] = "attribute_not_exists(pk)"
@@ -839,14 +861,7 @@ class ReadModel:
         """Hold ``pk``/``sk`` for ``owner`` until ``until`` if it is free or its lease has run out
         (a holder that died does not keep it); False when someone else holds it. ``attributes``
         are stored on the lease item too (what kind of work it is, for whoever takes it over)."""
-        item = {
-            **(attributes or {}),
-            "pk": pk,
-            "sk": sk,
-            "owner": owner,
-            "since": format_ts(now),
-            "until": format_ts(until),
-        }
+        item = lease_item(pk, sk, owner=owner, now=now, until=until, attributes=attributes)
         try:
             with translated(f"lease {pk}/{sk}"):
                 await self._ddb.put_item(
