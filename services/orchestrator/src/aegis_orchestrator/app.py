@@ -21,7 +21,6 @@ from aegis_contracts import bus, keys
 from aegis_contracts.events import ChangeEvent, ObjectCreated, RawArchived, SystemEvent
 from aegis_contracts.subjects import (
     STREAMS,
-    StreamSpec,
     change_subject,
 )
 from aegis_contracts.times import Clock, ensure_utc, utc_now
@@ -60,8 +59,6 @@ from aegis_storage.s3 import ObjectStore
 
 log = structlog.get_logger(__name__)
 
-EVENTS_STREAM = next(s for s in STREAMS if s.name == "AEGIS_EVENTS")
-RAW_STREAM = next(s for s in STREAMS if s.name == "AEGIS_RAW")
 JOB_ENTITY = "orch_job"
 CLAIM_TTL = timedelta(days=7)
 # a schedule fire claimed but not recorded within this is taken over by another replica
@@ -147,14 +144,13 @@ class OrchestratorApp(ServiceApp):
         self._unfinished: dict[str, set[datetime]] = {}
         durable = settings.orchestrator_durable
 
-        def consumer(spec: StreamSpec, source: str) -> PullStreamSubscriber:
-            """The trigger consumer of ``source``, as the bus declares it (named after the
-            ``orchestrator_durable`` prefix)."""
+        def consumer(source: str) -> PullStreamSubscriber:
+            """The trigger consumer of ``source`` on the stream and subjects the bus declares
+            for it (named after the ``orchestrator_durable`` prefix)."""
             declared = bus.consumer(f"orchestrator-{source}")
-            assert declared.stream == spec.name, declared
             return durable_pull(
                 self.broker,
-                spec,
+                next(s for s in STREAMS if s.name == declared.stream),
                 f"{durable}-{source}",
                 subject=declared.subject,
                 batch_size=settings.orchestrator_batch_size,
@@ -164,7 +160,7 @@ class OrchestratorApp(ServiceApp):
                 user=settings.nats_user,
             )
 
-        @consumer(EVENTS_STREAM, "changes")
+        @consumer("changes")
         async def on_change(event: ChangeEvent) -> None:
             entity = current_subject().rsplit(".", 1)[-1]
             await self.handle(
@@ -172,7 +168,7 @@ class OrchestratorApp(ServiceApp):
                 redelivered=delivery() > 1,
             )
 
-        @consumer(EVENTS_STREAM, "objects")
+        @consumer("objects")
         async def on_object(event: ObjectCreated) -> None:
             family = current_subject().rsplit(".", 1)[-1]
             await self.handle(
@@ -180,13 +176,13 @@ class OrchestratorApp(ServiceApp):
                 redelivered=delivery() > 1,
             )
 
-        @consumer(EVENTS_STREAM, "events")
+        @consumer("events")
         async def on_system(event: SystemEvent) -> None:
             await self.handle(
                 automation_trigger(event.model_dump(mode="json")), redelivered=delivery() > 1
             )
 
-        @consumer(RAW_STREAM, "raw")
+        @consumer("raw")
         async def on_raw(event: RawArchived) -> None:
             await self.handle(
                 platform_trigger(event.model_dump(mode="json")), redelivered=delivery() > 1
