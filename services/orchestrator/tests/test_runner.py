@@ -12,7 +12,8 @@ from typing import Any
 
 from aegis_contracts import keys
 from aegis_devstack.testing.builders import FakeClock
-from aegis_orchestration.model import Job
+from aegis_orchestration.engine import Executor
+from aegis_orchestration.model import Job, TaskKind
 from aegis_orchestration.store import JobStore
 from aegis_orchestration.triggers import schedule_trigger
 from aegis_orchestrator.runner import Execution, Runner
@@ -48,7 +49,7 @@ def dummy_job(job_id: str = "job", overlap: int = 1) -> Job:
 class NoTasks:
     """The executors of a job of DUMMY steps: none are called."""
 
-    def executors(self, job: Job, execution_id: str) -> dict[Any, Any]:
+    def executors(self, job: Job, execution_id: str) -> dict[TaskKind, Executor]:
         return {}
 
 
@@ -57,7 +58,7 @@ def runner(table: MemoryTable, clock: FakeClock, owner: str) -> Runner:
         store=JobStore(table, clock),
         readmodel=table,
         objects=MemoryObjects(),
-        tasks=NoTasks(),  # type: ignore[arg-type]
+        tasks=NoTasks(),
         clock=clock,
         environment={},
         owner=owner,

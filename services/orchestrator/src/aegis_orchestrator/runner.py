@@ -24,13 +24,13 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
 from aegis_contracts import keys
 from aegis_contracts.times import format_ts, parse_ts
-from aegis_orchestration.engine import Interpreter, StepRecord
+from aegis_orchestration.engine import Executor, Interpreter, StepRecord
 from aegis_orchestration.limits import (
     CLAIM_CHECK,
     LimitExceeded,
@@ -39,10 +39,9 @@ from aegis_orchestration.limits import (
     claim_check,
     json_size,
 )
-from aegis_orchestration.model import Job
+from aegis_orchestration.model import Job, TaskKind
 from aegis_orchestration.store import JobStore
 from aegis_orchestration.triggers import Trigger
-from aegis_orchestrator.tasks import Tasks
 from aegis_storage.errors import Conflict, StorageError, Transient
 from aegis_storage.items import Table
 from aegis_storage.objects import Objects
@@ -63,6 +62,12 @@ def trigger_digest(trigger: Trigger) -> str:
 
 def new_execution_id(now: datetime) -> str:
     return f"{now.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
+
+
+class TaskSource(Protocol):
+    """What runs a job's task steps (:class:`aegis_orchestrator.tasks.Tasks`)."""
+
+    def executors(self, job: Job, execution_id: str) -> Mapping[TaskKind, Executor]: ...
 
 
 class LeaseLost(Exception):
@@ -99,7 +104,7 @@ class Runner:
         store: JobStore,
         readmodel: Table,
         objects: Objects,
-        tasks: Tasks,
+        tasks: TaskSource,
         clock: Callable[[], datetime],
         environment: Mapping[str, str],
         owner: str,
