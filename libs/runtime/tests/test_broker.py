@@ -44,6 +44,7 @@ from aegis_runtime.bus import (
     poison_reason,
     publish,
     publish_many,
+    stop_consuming,
     stream_for,
 )
 from aegis_runtime.logging import _AegisHandler, configure
@@ -424,6 +425,80 @@ def json_log() -> Iterator[io.StringIO]:
         root.removeHandler(handler)
         handler.close()
     structlog.reset_defaults()
+
+
+async def test_a_consumer_stopped_while_events_flow_leaves_none_unacknowledged(
+    settings: AegisSettings,
+    broker: NatsBroker,
+    js: JetStreamContext,
+    stream: StreamSpec,
+    unique_id: str,
+) -> None:
+    """A rolling restart's view of one consumer: stopped (as a service stops: consumers first,
+    the connection after) and replaced, twelve times, while events flow and handlers are busy.
+    Every event is handled once and acknowledged, none waits for its ack wait (300 s here) to be
+    delivered again: a stop hands back nothing it fetched and did not settle."""
+    subject = f"test.{unique_id}.flow"
+    seen: list[bytes] = []
+    busy_at_stop: list[int] = []
+    in_flight = 0
+
+    def replica() -> NatsBroker:
+        service = create_broker(settings, name="flowing")
+
+        @durable_pull(
+            service, stream, "flow", subject=subject, batch_size=8, fetch_timeout=0.5, ack_wait=300
+        )
+        async def handle(body: bytes) -> None:
+            nonlocal in_flight
+            in_flight += 1
+            try:
+                await asyncio.sleep(0.02 + 0.01 * (len(seen) % 5))
+                seen.append(body)
+            finally:
+                in_flight -= 1
+
+        return service
+
+    flowing = asyncio.Event()
+    flowing.set()
+    published = 0
+
+    async def flow() -> None:
+        nonlocal published
+        while flowing.is_set():
+            await publish(
+                broker, subject, f"e-{published}".encode(), msg_id=None, stream=stream.name
+            )
+            published += 1
+            await asyncio.sleep(0.004)
+
+    feeder = asyncio.create_task(flow())
+    current = replica()
+    await current.start()
+    try:
+        for n in range(12):
+            await asyncio.sleep(0.07 + 0.03 * (n % 4))
+            busy_at_stop.append(in_flight)
+            await stop_consuming(current)
+            await current.stop()
+            current = replica()
+            await current.start()
+        flowing.clear()
+        await feeder
+
+        async def all_acked() -> bool:
+            info = await _consumer(js, stream, "flow")
+            return info.num_pending == 0 and info.num_ack_pending == 0
+
+        await eventually(all_acked, within=10, what="every event acknowledged")
+    finally:
+        flowing.clear()
+        await feeder
+        await current.stop()
+    assert sum(1 for busy in busy_at_stop if busy) >= 3, busy_at_stop  # stops met busy handlers
+    assert sorted(seen) == sorted(f"e-{n}".encode() for n in range(published))
+    assert (await _consumer(js, stream, "flow")).num_redelivered == 0
 
 
 async def test_transient_error_is_nacked_and_redelivered(
