@@ -126,7 +126,7 @@ N, W, C = Level.NORMAL, Level.WARNING, Level.CRITICAL
 def test_an_incident_across_an_hour_boundary_is_one_incident() -> None:
     h0 = hour(0, [(0, N, 1), (3540, W, 50), (3570, C, 250)])
     h1 = hour(1, [(0, C, 300), (30, W, 60), (60, N, 2)])
-    found = incidents(day_runs([h0.runs, h1.runs]), START + timedelta(days=1))
+    found = [i.facts() for i in incidents(day_runs([h0.runs, h1.runs]), START + timedelta(days=1))]
     assert len(found) == 1
     inc = found[0]
     assert inc["level"] == "CRITICAL"
@@ -144,7 +144,7 @@ def test_an_incident_across_an_hour_boundary_is_one_incident() -> None:
 def test_an_incident_still_open_at_the_end_is_ongoing() -> None:
     h = hour(23, [(0, N, 1), (60, W, 40)])
     end = START + timedelta(days=1)
-    (inc,) = incidents(h.runs, end)
+    (inc,) = [i.facts() for i in incidents(h.runs, end)]
     assert inc["ongoing"] and inc["end_kst"] is None
     assert inc["duration_s"] == 3600 - 60
 
@@ -161,7 +161,7 @@ def test_completeness_lists_gaps_and_missing_hours_never_zeros() -> None:
     h0 = hour(0, [(s, N, 1) for s in range(0, 3600, 30)])
     h2 = hour(2, [(s, N, 1) for s in range(0, 1200, 30)] + [(1800, N, 1)])
     window = DayWindow.of(DAY, START + timedelta(hours=2, minutes=59, seconds=59))
-    c = completeness({0: h0, 2: h2}, window, gap_s=60, offline_s=300, cadence_s=None)
+    c = completeness({0: h0, 2: h2}, window, gap_s=60, offline_s=300, cadence_s=None).facts()
     assert c["missing_hours"] == [1]
     assert c["received"] == 120 + 41
     assert c["cadence_s"] == 30
@@ -172,7 +172,9 @@ def test_completeness_lists_gaps_and_missing_hours_never_zeros() -> None:
         ("02:19:30", "02:30:00", "offline"),
         ("02:30:00", "02:59:59", "offline"),
     ]
-    summary = factory_summary("f", window, {0: h0, 2: h2}, PARAMS, offline_s=300, cadence_s=None)
+    summary = factory_summary(
+        "f", window, {0: h0, 2: h2}, PARAMS, offline_s=300, cadence_s=None
+    ).facts()
     statuses = [r["status"] for r in summary["timeline"]]
     assert statuses[:3] == ["ok", "missing", "ok"] and set(statuses[3:]) == {"future"}
     assert "max_score" not in summary["timeline"][1]
@@ -192,7 +194,7 @@ def test_the_template_is_deterministic_and_shows_missing_hours() -> None:
     h0 = hour(0, [(0, N, 1), (60, W, 50), (120, N, 1)])
     window = DayWindow.of(DAY)
     context = report_context(
-        factory_summary("f", window, {0: h0}, PARAMS, offline_s=300, cadence_s=5.0)
+        factory_summary("f", window, {0: h0}, PARAMS, offline_s=300, cadence_s=5.0).facts()
     )
     text = render(context)
     assert text == render(context)

@@ -371,7 +371,7 @@ class Reporter:
     ) -> tuple[dict[str, Any], ReportArtifact]:
         if target == CLOUD_INFRA_TARGET:
             cloud = {h: f for h, f in hours.items() if isinstance(f, CloudHour)}
-            return cloud_summary(target, window, cloud), ReportArtifact.CLOUD_SUMMARY
+            return cloud_summary(target, window, cloud).facts(), ReportArtifact.CLOUD_SUMMARY
         factory = {h: f for h, f in hours.items() if isinstance(f, FactoryHour)}
         summary = factory_summary(
             target,
@@ -381,7 +381,7 @@ class Reporter:
             offline_s=self.offline_s,
             cadence_s=self.cadence_s,
         )
-        return summary, ReportArtifact.FACTORY_SUMMARY
+        return summary.facts(), ReportArtifact.FACTORY_SUMMARY
 
     async def _announce(
         self,
