@@ -112,7 +112,8 @@ from aegis_runtime.lifecycle import service_runner
 from aegis_runtime.process import exit_process
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
-from aegis_storage.readmodel import ReadModel, encode, indexed, to_attributes, to_plain
+from aegis_storage.encoding import encode, indexed, to_attributes, to_plain
+from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
 _T = TypeVar("_T")

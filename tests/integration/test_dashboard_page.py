@@ -57,7 +57,8 @@ from aegis_runtime.bus import create_broker, ensure_streams, publish
 from aegis_runtime.service import change_message, change_sink
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.incidents import IncidentStore
-from aegis_storage.readmodel import Change, ReadModel
+from aegis_storage.items import Change
+from aegis_storage.readmodel import ReadModel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

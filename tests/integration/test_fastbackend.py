@@ -27,7 +27,8 @@ from aegis_storage import fleetindex
 from aegis_storage.bootstrap import bootstrap, describe_foundation, drift, expected_foundation
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
 from aegis_storage.errors import Conflict, StorageError
-from aegis_storage.readmodel import Put, ReadModel
+from aegis_storage.items import Put
+from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore, PutOutcome
 
 pytestmark = pytest.mark.integration

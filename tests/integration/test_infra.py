@@ -45,8 +45,9 @@ from aegis_storage.bootstrap import (
 from aegis_storage.clients import AwsClients, AwsConfig, aio_config, open_client
 from aegis_storage.dynamo import open_items
 from aegis_storage.errors import StorageError
+from aegis_storage.items import Put
 from aegis_storage.objectclient import ChainCredentials, ObjectClient, StaticKeys
-from aegis_storage.readmodel import Put, ReadModel
+from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore, PresignedPost, post_policy
 from aegis_storage_tools.audit import Auditor, AuditStatus
 from aegis_storage_tools.seal import Outcome, Sealer

@@ -13,7 +13,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aegis_storage.readmodel import encode, from_attributes
+from aegis_storage.encoding import encode, from_attributes
 
 _ser, _deser = TypeSerializer(), TypeDeserializer()
 

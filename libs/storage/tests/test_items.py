@@ -13,8 +13,9 @@ import pytest
 from aegis_contracts import keys
 from aegis_contracts.times import floor_to, format_ts, utc_now
 from aegis_storage.errors import Conflict, StorageError
-from aegis_storage.items import MemoryTable, Table
-from aegis_storage.readmodel import Change, Put, ReadModel
+from aegis_storage.items import Change, Put, Table
+from aegis_storage.memorytable import MemoryTable
+from aegis_storage.readmodel import ReadModel
 
 # now, not a fixed day: live TTLs (a day ahead) stay ahead where the table deletes expired items
 NOW = floor_to(utc_now(), timedelta(minutes=1))

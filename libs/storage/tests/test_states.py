@@ -11,8 +11,8 @@ import pytest
 
 from aegis_contracts import keys
 from aegis_contracts.times import floor_to, format_ts, utc_now
+from aegis_storage.encoding import Encoded, encode
 from aegis_storage.errors import Conflict
-from aegis_storage.readmodel import Encoded, encode
 from aegis_storage.states import FactoryStates, MemoryStates, TableStates
 
 # an hour of today, not of a fixed day: the live items' TTLs (a day ahead) stay ahead when the

@@ -12,8 +12,8 @@ from aegis_contracts import keys
 from aegis_contracts.times import Timestamp, format_ts
 from aegis_devstack.testing.builders import history_item
 from aegis_devstack.testing.emulator import arequest_counts
+from aegis_storage.encoding import encode
 from aegis_storage.errors import Conflict, NotFound
-from aegis_storage.readmodel import encode
 from aegis_storage.s3 import PutOutcome
 
 pytestmark = pytest.mark.integration
@@ -364,7 +364,8 @@ async def test_a_lease_is_extended_only_by_its_owner_and_handed_over_by_ending_i
 
 
 async def test_the_read_model_hands_each_announced_write_to_its_change_sink(foundation):
-    from aegis_storage.readmodel import Change, Put, ReadModel  # noqa: PLC0415
+    from aegis_storage.items import Change, Put  # noqa: PLC0415
+    from aegis_storage.readmodel import ReadModel  # noqa: PLC0415
 
     seen: list[Change] = []
 

@@ -19,7 +19,7 @@ from aegis_alert_dispatcher.receivers import Notification, Receiver
 from aegis_contracts import incidents
 from aegis_devstack.testing.builders import FakeClock, fired_incident
 from aegis_storage.incidents import IncidentStore
-from aegis_storage.items import MemoryTable
+from aegis_storage.memorytable import MemoryTable
 from aegis_storage.objects import MemoryObjects
 
 T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)

@@ -22,7 +22,7 @@ from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.testing.builders import FakeClock, fire_reason
 from aegis_devstack.testing.webhook import Unanswered
 from aegis_storage.incidents import IncidentStore
-from aegis_storage.items import MemoryTable
+from aegis_storage.memorytable import MemoryTable
 from aegis_storage.objects import MemoryObjects
 
 T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)

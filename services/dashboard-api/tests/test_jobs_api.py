@@ -28,7 +28,7 @@ from aegis_devstack.testing.storage import Foundation
 from aegis_orchestration.model import Job
 from aegis_orchestration.store import DuplicateJob, JobStore
 from aegis_storage.audit import AuditLog
-from aegis_storage.readmodel import Change
+from aegis_storage.items import Change
 from aegis_storage.tokens import TokenStore
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from aegis_orchestration.model import Job, TaskKind
 from aegis_orchestration.store import JobStore
 from aegis_orchestration.triggers import schedule_trigger
 from aegis_orchestrator.runner import Execution, Runner
-from aegis_storage.items import MemoryTable
+from aegis_storage.memorytable import MemoryTable
 from aegis_storage.objects import MemoryObjects
 
 T0 = datetime(2026, 11, 30, 3, 0, 30, tzinfo=UTC)

@@ -22,9 +22,9 @@ from aegis_devstack.testing.devices import factory_state_message
 from aegis_processor.handlers import Processor
 from aegis_processor.rules import load_rules
 from aegis_runtime.bus import Outgoing
+from aegis_storage.encoding import Encoded
 from aegis_storage.latemarks import MemoryLateMarks
 from aegis_storage.objects import MemoryObjects
-from aegis_storage.readmodel import Encoded
 from aegis_storage.states import MemoryStates
 
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)

@@ -26,8 +26,7 @@ from aegis_contracts import keys
 from aegis_contracts.times import format_ts
 from aegis_orchestration.model import Job
 from aegis_storage.errors import Conflict
-from aegis_storage.items import Items
-from aegis_storage.readmodel import Put
+from aegis_storage.items import Items, Put
 
 log = structlog.get_logger(__name__)
 

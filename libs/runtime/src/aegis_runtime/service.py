@@ -38,7 +38,7 @@ from aegis_runtime.lifecycle import start_background
 from aegis_runtime.metrics import Metrics
 from aegis_storage import fleetindex
 from aegis_storage.clients import AwsClients, open_clients
-from aegis_storage.readmodel import Change
+from aegis_storage.items import Change
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

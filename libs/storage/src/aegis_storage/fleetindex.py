@@ -28,8 +28,8 @@ from typing import Any
 
 from aegis_contracts import keys
 from aegis_contracts.times import Clock, format_ts
+from aegis_storage.encoding import indexed
 from aegis_storage.errors import StorageError, translated
-from aegis_storage.readmodel import indexed
 
 log = logging.getLogger(__name__)
 

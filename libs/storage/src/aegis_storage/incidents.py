@@ -19,9 +19,8 @@ import pydantic
 from aegis_contracts import incidents, keys
 from aegis_contracts.items import Incident
 from aegis_storage.errors import Conflict, NotFound
-from aegis_storage.items import Items
+from aegis_storage.items import Items, live
 from aegis_storage.objects import Objects
-from aegis_storage.readmodel import live
 from aegis_storage.s3 import to_json_bytes
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Protocol
 
-from aegis_storage.items import MemoryTable
+from aegis_storage.memorytable import MemoryTable
 
 
 class LateMarks(Protocol):

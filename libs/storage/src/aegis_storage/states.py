@@ -24,8 +24,8 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from aegis_contracts import keys
-from aegis_storage.items import MemoryTable
-from aegis_storage.readmodel import Encoded
+from aegis_storage.encoding import Encoded
+from aegis_storage.memorytable import MemoryTable
 
 Image = Encoded | Mapping[str, Any]
 

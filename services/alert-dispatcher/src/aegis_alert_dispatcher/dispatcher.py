@@ -103,9 +103,8 @@ from aegis_contracts.ttl import TtlSettings
 from aegis_runtime.bus import current_message, delivery
 from aegis_storage.errors import Conflict, NotFound, StorageError, Transient
 from aegis_storage.incidents import IncidentStore
-from aegis_storage.items import Items
+from aegis_storage.items import Items, Put
 from aegis_storage.objects import Objects
-from aegis_storage.readmodel import Put
 from aegis_storage.silences import SilenceStore
 
 log = structlog.get_logger(__name__)

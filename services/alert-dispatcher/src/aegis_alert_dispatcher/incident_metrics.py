@@ -36,7 +36,8 @@ from aegis_runtime.metrics import Metrics
 from aegis_storage.clients import AwsClients
 from aegis_storage.errors import StorageError
 from aegis_storage.incidents import DEFAULT_KEPT, IncidentStore, Transition
-from aegis_storage.readmodel import ChangeSink, ReadModel
+from aegis_storage.items import ChangeSink
+from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
 
 log = structlog.get_logger(__name__)

@@ -42,7 +42,7 @@ from aegis_dashboard_api.routes import Reader, fleet_entry
 from aegis_runtime import natsio
 from aegis_runtime.bus import MSG_ID_HEADER, connect_options
 from aegis_runtime.service import change_message
-from aegis_storage.readmodel import Change
+from aegis_storage.items import Change
 
 if TYPE_CHECKING:
     from aegis_runtime.natsio import Client, Msg

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from aegis_orchestration.tables import Planned, TableProblem, TablesResult
     from aegis_orchestration.tenants import Tenants
     from aegis_orchestrator.settings import OrchestratorSettings
-    from aegis_storage.readmodel import Change
+    from aegis_storage.items import Change
 
 app = typer.Typer(help="Orchestration jobs: triggers and workflows.", no_args_is_help=True)
 EXIT_REFUSED = exitcodes.FAILED

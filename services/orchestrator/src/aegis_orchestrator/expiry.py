@@ -38,8 +38,9 @@ from aegis_contracts.events import ChangeEvent
 from aegis_contracts.subjects import EXPIRING_ENTITIES, change_subject
 from aegis_contracts.times import Clock, ensure_utc, format_ts
 from aegis_runtime.metrics import Metrics
+from aegis_storage.encoding import from_attributes, to_attributes
 from aegis_storage.errors import Conflict, error_code, translated
-from aegis_storage.readmodel import ReadModel, from_attributes, to_attributes
+from aegis_storage.readmodel import ReadModel
 
 if TYPE_CHECKING:
     from aegis_storage.clients import AwsClients

@@ -67,10 +67,11 @@ from aegis_contracts.ttl import TtlSettings
 from aegis_processor import domain
 from aegis_processor.rules import RiskRules
 from aegis_runtime.bus import Outgoing, Poison
+from aegis_storage.encoding import Encoded, encode
 from aegis_storage.errors import Conflict, NotFound, Transient
 from aegis_storage.latemarks import LateMarks, TableLateMarks
 from aegis_storage.objects import Objects
-from aegis_storage.readmodel import LATEST_GROUPS, Encoded, ReadModel, encode
+from aegis_storage.readmodel import LATEST_GROUPS, ReadModel
 from aegis_storage.s3 import PutResult
 from aegis_storage.states import FactoryStates, TableStates
 from aegis_storage.tasks import all_of

@@ -17,9 +17,10 @@ from pydantic import BaseModel
 from aegis_contracts import incidents, keys
 from aegis_contracts.items import Incident
 from aegis_contracts.times import format_ts
+from aegis_storage.encoding import to_plain
 from aegis_storage.incidents import IncidentStore
 from aegis_storage.items import Items
-from aegis_storage.readmodel import LATEST_GROUPS, to_plain
+from aegis_storage.readmodel import LATEST_GROUPS
 
 
 class FakeClock:
