@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from faults import dead_letters
 from fleet import MESSAGE_INTERVAL_S, percentile
-from pipeline import SCRIPTS, Services, payload
+from pipeline import Services, payload
 from procstat import machine_busy_s, sample
 
 from aegis_alert_dispatcher.escalation import default_escalation_text
@@ -76,6 +76,7 @@ from aegis_devstack.localservers import (
     start_private_nats,
 )
 from aegis_devstack.testing.devices import factory_state_message
+from aegis_devstack.testing.processes import SCRIPTS
 from aegis_devstack.testing.waiting import eventually
 from aegis_devstack.testing.webhook import FakeWebhook, Request, running_webhook
 from aegis_runtime.process import exit_process
@@ -558,7 +559,7 @@ async def measure(args: argparse.Namespace, servers: list[ManagedServer], logs: 
         try:
             for service in SERVICES:
                 svc.start(service, logs)
-            await asyncio.to_thread(svc.ready)
+            await asyncio.to_thread(svc.wait_ready)
             async with aiomqtt.Client(
                 host, int(port), protocol=aiomqtt.ProtocolVersion.V5, max_inflight_messages=100
             ) as client:

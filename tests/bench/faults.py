@@ -55,7 +55,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from pipeline import SCRIPTS, Services, payload
+from pipeline import Services, payload
 from procstat import sample
 
 from aegis_contracts.ids import topic_for
@@ -68,6 +68,7 @@ from aegis_devstack.localservers import (
 )
 from aegis_devstack.testing.devices import factory_state_message
 from aegis_devstack.testing.outage import OutageProxy
+from aegis_devstack.testing.processes import SCRIPTS
 from aegis_runtime.process import exit_process
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
@@ -253,7 +254,7 @@ async def _measure_fault(
     dead_before = await dead_letters(servers.nats.url)
     svc.start("ingest", logs)
     svc.start("processor", logs)
-    await asyncio.to_thread(svc.ready)
+    await asyncio.to_thread(svc.wait_ready)
     devices, stop = Devices(servers.mqtt.url), asyncio.Event()
     load = asyncio.create_task(devices.steady(steady, stop))
     try:
@@ -379,7 +380,7 @@ async def _measure_slack_fault(
     dead_before = await dead_letters(servers.nats.url)
     for service in ("ingest", "processor", "alert-dispatcher"):
         svc.start(service, logs)
-    await asyncio.to_thread(svc.ready)
+    await asyncio.to_thread(svc.wait_ready)
     devices, stop = Devices(servers.mqtt.url), asyncio.Event()
     load = asyncio.create_task(devices.steady(steady, stop))
     resent: str = ""

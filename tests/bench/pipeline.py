@@ -23,14 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
@@ -55,6 +52,7 @@ from aegis_devstack.localservers import (
     start_private_mosquitto,
     start_private_nats,
 )
+from aegis_devstack.testing.processes import ServiceProcesses
 from aegis_runtime.process import exit_process
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsConfig, open_clients
@@ -72,7 +70,6 @@ CALLS_PER_MESSAGE = {
     "ddb_put_if_absent": 1,
     "ddb_replace_latest": 1,
 }
-SCRIPTS = Path(sys.executable).parent
 BENCH = Path(__file__).parent
 
 
@@ -216,71 +213,25 @@ async def baseline(endpoint: str, samples: dict[str, Any], seconds: float) -> fl
         return n / (time.perf_counter() - start)
 
 
-class Services:
+class Services(ServiceProcesses):
+    """The services of one bench run against its servers, a bucket and a table of its own."""
+
     def __init__(self, mqtt: ManagedServer, nats_server: ManagedServer, endpoint: str) -> None:
         self.uid = uuid.uuid4().hex[:8]
         self.bucket, self.table = f"aegis-bench-{self.uid}", f"AEGIS-bench-{self.uid}"
         self.mqtt, self.nats, self.endpoint = mqtt, nats_server, endpoint
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.health: dict[str, int] = {}
-        self.extra_env: dict[str, str] = {}  # added to every service's environment
-
-    def start(self, service: str, logs: Path) -> None:
-        self.health[service] = free_port()
-        with (logs / f"{service}.log").open("ab") as log:
-            self.procs[service] = subprocess.Popen(
-                self.command_for(service),
-                env=self.env_for(service),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def command_for(self, service: str) -> list[str]:
-        """How ``service`` is started: its console script."""
-        return [str(SCRIPTS / f"aegis-{service}")]
-
-    def env_for(self, service: str) -> dict[str, str]:
-        """The environment ``service`` runs with (also a one-shot ``aegis`` command's)."""
-        return (
-            {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")}
-            | {
-                "AEGIS_AWS_ENDPOINT_URL": self.endpoint,
+        super().__init__(
+            {
+                "AEGIS_AWS_ENDPOINT_URL": endpoint,
                 "AEGIS_BUCKET": self.bucket,
                 "AEGIS_TABLE": self.table,
-                "AEGIS_MQTT_URL": self.mqtt.url,
-                "AEGIS_NATS_URL": self.nats.url,
+                "AEGIS_MQTT_URL": mqtt.url,
+                "AEGIS_NATS_URL": nats_server.url,
                 "AEGIS_LOG_FORMAT": "json",
                 "AEGIS_LOG_LEVEL": "WARNING",
-                "AEGIS_HEALTH_PORT": str(self.health.get(service, 0)),
                 "AEGIS_REFRESH_ENABLED": "false",
             }
-            | self.extra_env
         )
-
-    def ready(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        for service, port in self.health.items():
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1):
-                        break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"{service} not ready") from None
-                    time.sleep(0.1)
-
-    def stop(self, *services: str) -> None:
-        """Stop ``services`` (default: every one started) and forget them."""
-        names = list(services or self.procs)
-        for name in names:
-            self.procs[name].send_signal(signal.SIGTERM)
-        for name in names:
-            proc = self.procs.pop(name)
-            self.health.pop(name, None)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def payload(factory: str, message_id: str, at: datetime) -> bytes:
@@ -467,7 +418,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             await bootstrap(c, bucket=svc.bucket, table=svc.table)
         for service in ("ingest", "processor"):
             svc.start(service, logs)
-        svc.ready()
+        svc.wait_ready()
         try:
             warm = await run_load(svc, messages=200, rate=None, factories=args.factories)
             samples = await samples_of(svc, warm["sample_factory"])

@@ -5,13 +5,8 @@ service or restart a server and observe only what a user would: objects, items a
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import urllib.request
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,9 +15,9 @@ import pytest
 
 from aegis_contracts.ids import topic_for
 from aegis_contracts.times import format_ts
-from aegis_devstack.localservers import ManagedServer, free_port
+from aegis_devstack.localservers import ManagedServer
 from aegis_devstack.testing.holds import Holds
-from aegis_devstack.testing.waiting import eventually
+from aegis_devstack.testing.processes import ServiceProcesses
 from aegis_storage.bootstrap import bootstrap
 from aegis_storage.clients import AwsClients
 from aegis_storage.readmodel import ReadModel
@@ -31,99 +26,43 @@ from aegis_storage.s3 import ObjectStore
 SCRIPTS = Path(sys.executable).parent
 
 
-@dataclass
-class Pipeline:
-    mqtt: ManagedServer
-    nats: ManagedServer
-    aws_endpoint: str
-    bucket: str
-    table: str
-    store: ObjectStore
-    readmodel: ReadModel
-    uid: str
-    logs: Path
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    health: dict[str, int] = field(default_factory=dict)
-    # per-test additions to every service's environment (e.g. a webhook URL)
-    extra_env: dict[str, str] = field(default_factory=dict)
+class Pipeline(ServiceProcesses):
+    """The services of one test against its private servers, its bucket and its table."""
 
-    def log_tails(self, lines: int = 40) -> str:
-        """The last lines of every service's log: what a failed wait shows, so a failure in CI
-        says what the services were doing (the logs go away with the test's temp folder)."""
-        parts = []
-        for log in sorted(self.logs.glob("*.log")):
-            tail = log.read_text(errors="replace").splitlines()[-lines:]
-            parts.append(f"--- {log.name} (last {len(tail)} lines)\n" + "\n".join(tail))
-        return "\n".join(parts)
-
-    def env(self, service: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")}
-        return (
-            env
-            | {
-                "AEGIS_AWS_ENDPOINT_URL": self.aws_endpoint,
-                "AEGIS_BUCKET": self.bucket,
-                "AEGIS_TABLE": self.table,
-                "AEGIS_MQTT_URL": self.mqtt.url,
-                "AEGIS_NATS_URL": self.nats.url,
+    def __init__(
+        self,
+        *,
+        mqtt: ManagedServer,
+        nats: ManagedServer,
+        aws_endpoint: str,
+        bucket: str,
+        table: str,
+        store: ObjectStore,
+        readmodel: ReadModel,
+        uid: str,
+        logs: Path,
+    ) -> None:
+        super().__init__(
+            {
+                "AEGIS_AWS_ENDPOINT_URL": aws_endpoint,
+                "AEGIS_BUCKET": bucket,
+                "AEGIS_TABLE": table,
+                "AEGIS_MQTT_URL": mqtt.url,
+                "AEGIS_NATS_URL": nats.url,
                 "AEGIS_LOG_FORMAT": "json",
-                "AEGIS_HEALTH_PORT": str(self.health.setdefault(service, free_port())),
                 # the same client id across restarts: the broker keeps the session and its messages
-                "AEGIS_MQTT_CLIENT_ID": f"ingest-{self.uid}",
+                "AEGIS_MQTT_CLIENT_ID": f"ingest-{uid}",
                 # one ingest: a plain subscription, which the broker restores when it restarts
                 "AEGIS_MQTT_SHARE_GROUP": "",
                 # an unacked message comes back quickly after a crash
                 "AEGIS_PROCESSOR_ACK_WAIT_S": "3",
                 "AEGIS_REFRESH_ENABLED": "false",
-            }
-            | self.extra_env
+            },
+            logs,
         )
-
-    def start(self, service: str) -> subprocess.Popen[bytes]:
-        log = (self.logs / f"{service}.log").open("ab")
-        proc = subprocess.Popen(
-            [str(SCRIPTS / f"aegis-{service}")],
-            env=self.env(service),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        self.procs[service] = proc
-        return proc
-
-    async def ready(self, *services: str, within: float = 30) -> None:
-        """Wait until each service's /readyz answers 200 (connected to what it needs)."""
-
-        def answers(service: str) -> bool:
-            url = f"http://127.0.0.1:{self.health[service]}/readyz"
-            try:
-                with urllib.request.urlopen(url, timeout=1) as resp:
-                    return bool(resp.status == 200)
-            except OSError:
-                return False
-
-        for service in services:
-            await eventually(lambda s=service: answers(s), within=within, what=f"{service} ready")
-
-    def kill(self, service: str) -> None:
-        proc = self.procs.pop(service)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        self.procs.clear()
-
-    def log_tail(self, service: str, lines: int = 30) -> str:
-        path = self.logs / f"{service}.log"
-        return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else ""
+        self.mqtt, self.nats, self.aws_endpoint = mqtt, nats, aws_endpoint
+        self.bucket, self.table, self.store, self.readmodel = bucket, table, store, readmodel
+        self.uid = uid
 
     async def held(self, holds: Holds, name: str, *, within: float) -> None:
         """``holds.held``; when the work never reaches the hold, the failure carries the last
@@ -197,7 +136,7 @@ async def pipeline(
     try:
         yield p
     finally:
-        p.stop_all()
+        p.stop()
 
 
 @pytest.fixture

@@ -275,7 +275,8 @@ async def test_storage_cut_off_while_a_latest_commit_is_in_flight_loses_and_repe
     holds = Holds(emulator)  # the emulator itself, not through the proxy
     proxy = OutageProxy(int(emulator.rsplit(":", 1)[1]))
     proxy.up()
-    pipeline.aws_endpoint = proxy.url  # the services go through the proxy; the test does not
+    # the services go through the proxy; the test does not
+    pipeline.settings["AEGIS_AWS_ENDPOINT_URL"] = proxy.url
     factories = pipeline.factories(FACTORIES)
     named = f"{factories[0]}-000000"
     hold = f"commit-{pipeline.uid}"
