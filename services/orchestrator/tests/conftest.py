@@ -1,4 +1,5 @@
-"""Fixtures of the orchestrator's tests: settings for the test's own servers and foundation."""
+"""Fixtures of the orchestrator's tests: settings for the test's own servers and foundation, and
+jobs as a test needs them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import pytest
 
 from aegis_devstack.testing.storage import Foundation
+from aegis_orchestration.model import Job
 from aegis_orchestrator.settings import OrchestratorSettings
 
 
@@ -32,5 +34,27 @@ def make_settings(
             "job_egress_allow": ["127.0.0.1"],  # the webhook stand-in is local http
         }
         return OrchestratorSettings(**(defaults | extra))
+
+    return make
+
+
+@pytest.fixture
+def every_minute_job() -> Callable[..., Job]:
+    """A Schedule job due every minute (a missed run skipped), ``overlap`` runs of it allowed at
+    once, with ``steps`` (the first one is where it starts)."""
+
+    def make(job_id: str, *, overlap: int, steps: list[dict[str, Any]]) -> Job:
+        first, *rest = steps
+        return Job.model_validate(
+            {
+                "id": job_id,
+                "job_name": job_id,
+                "trigger_type": "Schedule",
+                "trigger_cron": "* * * * *",
+                "misfire_policy": "SKIP",
+                "overlap_allowed": overlap,
+                "steps": [{**first, "is_start_point": True}, *rest],
+            }
+        )
 
     return make

@@ -242,38 +242,21 @@ async def test_the_example_workflow_end_to_end(
     assert slack[0] == unique_id and slack.count("ESCALATION: factory-b is still CRITICAL") == 3
 
 
-def schedule_job(job_id: str, overlap: int, wait: float) -> Job:
-    return Job.model_validate(
-        {
-            "id": job_id,
-            "job_name": job_id,
-            "trigger_type": "Schedule",
-            "trigger_cron": "* * * * *",
-            "misfire_policy": "SKIP",
-            "overlap_allowed": overlap,
-            "steps": [
-                {
-                    "id": "hold",
-                    "step_type": "FLOW",
-                    "step_sub_type": "WAIT",
-                    "wait_seconds": wait,
-                    "is_start_point": True,
-                }
-            ],
-        }
-    )
+def wait_step(seconds: float) -> dict[str, Any]:
+    return {"id": "hold", "step_type": "FLOW", "step_sub_type": "WAIT", "wait_seconds": seconds}
 
 
 START = datetime(2026, 11, 30, 3, 0, 30, tzinfo=UTC)
 
 
 async def test_schedule_overlap_allowed_n_does_not_start_while_previous_runs_go(
+    every_minute_job: Callable[..., Job],
     make_app: Callable[..., Any],
 ) -> None:
     clock = FakeClock(START)
     app = await make_app(clock=clock)
     assert app.store is not None
-    await app.store.register(schedule_job("every-minute", overlap=2, wait=3.0))
+    await app.store.register(every_minute_job("every-minute", overlap=2, steps=[wait_step(3.0)]))
     await app.refresh()
     await app.tick_schedules()  # first tick: nothing due (SKIP)
     started = []
@@ -287,12 +270,14 @@ async def test_schedule_overlap_allowed_n_does_not_start_while_previous_runs_go(
     assert statuses == ["SKIPPED_OVERLAP", "SUCCEEDED", "SUCCEEDED"]  # the third found 2 running
 
 
-async def test_two_replicas_fire_each_schedule_once(make_app: Callable[..., Any]) -> None:
+async def test_two_replicas_fire_each_schedule_once(
+    make_app: Callable[..., Any], every_minute_job: Callable[..., Job]
+) -> None:
     clock = FakeClock(START)
     one = await make_app(clock=clock)
     two = await make_app(clock=clock)
     assert one.store is not None
-    await one.store.register(schedule_job("once", overlap=5, wait=0))
+    await one.store.register(every_minute_job("once", overlap=5, steps=[wait_step(0)]))
     await one.refresh()
     await two.refresh()
     await asyncio.gather(one.tick_schedules(), two.tick_schedules())
@@ -310,7 +295,7 @@ async def test_two_replicas_fire_each_schedule_once(make_app: Callable[..., Any]
 
 @pytest.mark.parametrize("recorded", [False, True], ids=["died-claiming", "died-recording"])
 async def test_a_schedule_fire_whose_replica_died_runs_once(
-    make_app: Callable[..., Any], recorded: bool
+    every_minute_job: Callable[..., Job], make_app: Callable[..., Any], recorded: bool
 ) -> None:
     """A replica claimed a fire and died before marking it done: before recording its execution
     (nobody ran it), or after (it ran). The surviving replica watches the unfinished claim, takes
@@ -319,7 +304,7 @@ async def test_a_schedule_fire_whose_replica_died_runs_once(
     one = await make_app(clock=clock)
     assert one.store is not None and one.clients is not None
     job_id = f"died-{'recorded' if recorded else 'claimed'}"
-    await one.store.register(schedule_job(job_id, overlap=5, wait=0))
+    await one.store.register(every_minute_job(job_id, overlap=5, steps=[wait_step(0)]))
     await one.refresh()
     await one.tick_schedules()  # first tick: nothing due (SKIP)
     clock.advance(timedelta(minutes=1))

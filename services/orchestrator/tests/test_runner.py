@@ -7,6 +7,7 @@ rules run against the servers in test_orchestrator.py."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,26 +25,11 @@ T0 = datetime(2026, 11, 30, 3, 0, 30, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
 
 
-def dummy_job(job_id: str = "job", overlap: int = 1) -> Job:
-    return Job.model_validate(
-        {
-            "id": job_id,
-            "job_name": job_id,
-            "trigger_type": "Schedule",
-            "trigger_cron": "* * * * *",
-            "misfire_policy": "SKIP",
-            "overlap_allowed": overlap,
-            "steps": [
-                {
-                    "id": "first",
-                    "step_type": "DUMMY",
-                    "is_start_point": True,
-                    "next_step_id": "second",
-                },
-                {"id": "second", "step_type": "DUMMY"},
-            ],
-        }
-    )
+# two DUMMY steps, one after the other
+DUMMY_STEPS = [
+    {"id": "first", "step_type": "DUMMY", "next_step_id": "second"},
+    {"id": "second", "step_type": "DUMMY"},
+]
 
 
 class NoTasks:
@@ -81,8 +67,14 @@ async def leases(table: MemoryTable, job: Job) -> list[str]:
     return sorted(str(i["sk"]) for i in (*active, *slots))
 
 
-async def test_an_execution_runs_to_its_outcome_and_gives_its_lease_and_slot_back() -> None:
-    table, clock, job = MemoryTable(), FakeClock(T0), dummy_job()
+async def test_an_execution_runs_to_its_outcome_and_gives_its_lease_and_slot_back(
+    every_minute_job: Callable[..., Job],
+) -> None:
+    table, clock, job = (
+        MemoryTable(),
+        FakeClock(T0),
+        every_minute_job("job", overlap=1, steps=DUMMY_STEPS),
+    )
     r = runner(table, clock, "replica-a")
     execution = await begin(r, job)
     assert execution is not None
@@ -95,8 +87,14 @@ async def test_an_execution_runs_to_its_outcome_and_gives_its_lease_and_slot_bac
     assert await leases(table, job) == []
 
 
-async def test_an_execution_past_the_jobs_overlap_is_recorded_as_skipped() -> None:
-    table, clock, job = MemoryTable(), FakeClock(T0), dummy_job(overlap=2)
+async def test_an_execution_past_the_jobs_overlap_is_recorded_as_skipped(
+    every_minute_job: Callable[..., Job],
+) -> None:
+    table, clock, job = (
+        MemoryTable(),
+        FakeClock(T0),
+        every_minute_job("job", overlap=2, steps=DUMMY_STEPS),
+    )
     r = runner(table, clock, "replica-a")
     first, second = await begin(r, job, 0), await begin(r, job, 1)
     assert first is not None and second is not None
@@ -107,8 +105,14 @@ async def test_an_execution_past_the_jobs_overlap_is_recorded_as_skipped() -> No
     assert await begin(r, job, 3) is not None
 
 
-async def test_one_execution_recorded_by_two_replicas_at_once_is_recorded_once() -> None:
-    table, clock, job = MemoryTable(), FakeClock(T0), dummy_job(overlap=5)
+async def test_one_execution_recorded_by_two_replicas_at_once_is_recorded_once(
+    every_minute_job: Callable[..., Job],
+) -> None:
+    table, clock, job = (
+        MemoryTable(),
+        FakeClock(T0),
+        every_minute_job("job", overlap=5, steps=DUMMY_STEPS),
+    )
     one, two = runner(table, clock, "replica-a"), runner(table, clock, "replica-b")
     both = await asyncio.gather(
         begin(one, job, execution_id="exec-0001"), begin(two, job, execution_id="exec-0001")
@@ -117,10 +121,14 @@ async def test_one_execution_recorded_by_two_replicas_at_once_is_recorded_once()
     assert [e["execution_id"] for e in await one.store.executions(job.id)] == ["exec-0001"]
 
 
-async def test_an_execution_a_dead_replica_left_is_resumed_by_another_only_after_its_lease() -> (
-    None
-):
-    table, clock, job = MemoryTable(), FakeClock(T0), dummy_job()
+async def test_an_execution_a_dead_replica_left_is_resumed_by_another_only_after_its_lease(
+    every_minute_job: Callable[..., Job],
+) -> None:
+    table, clock, job = (
+        MemoryTable(),
+        FakeClock(T0),
+        every_minute_job("job", overlap=1, steps=DUMMY_STEPS),
+    )
     dead = runner(table, clock, "replica-a")
     assert await begin(dead, job) is not None  # recorded, then the replica died: never run
     other = runner(table, clock, "replica-b")
