@@ -27,6 +27,7 @@ from aegis_cli.progress import progress_bar
 if TYPE_CHECKING:
     from aegis_reporter.report import TargetRun
     from aegis_reporter.settings import ReporterSettings
+    from aegis_reporter.summary import AlertSection
 
 EXIT_FAILED = exitcodes.FAILED
 MAX_DAYS = 366  # one --from/--to run at most: a year of reports
@@ -211,7 +212,7 @@ async def _run(
                     runs: list[dict[str, Any]] = []
                     done.append({"date": day.isoformat(), "targets": runs})
                     live = await reporter.live_incidents()
-                    sections: dict[str, dict[str, Any]] = {}
+                    sections: dict[str, AlertSection | None] = {}
                     for target in chosen:
                         bar.describe(f"{day} {target}")
                         run = await reporter.run_target(day, target, live=live)

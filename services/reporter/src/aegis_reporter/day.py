@@ -15,7 +15,7 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from aegis_contracts.state import Level
-from aegis_contracts.times import format_ts, kst_day_bounds
+from aegis_contracts.times import kst_day_bounds
 from aegis_folds.folds import (
     INTERVAL_RESOLUTION_S,
     CheckFold,
@@ -88,14 +88,6 @@ class DayWindow:
 
     def hour_started(self, kst_hour: int) -> bool:
         return self.utc_hour(kst_hour) < self.as_of
-
-
-def times(prefix: str, at: datetime | None) -> dict[str, str | None]:
-    """``<prefix>_kst`` and ``<prefix>_utc`` of ``at`` (both None without a time)."""
-    return {
-        f"{prefix}_kst": kst_text(at) if at else None,
-        f"{prefix}_utc": format_ts(at) if at else None,
-    }
 
 
 def _series(items: Sequence[Series]) -> dict[str, Any]:
@@ -329,10 +321,9 @@ def _infra(ordered: Sequence[FactoryHour]) -> InfraFigures:
     )
 
 
-def _day(target: str, window: DayWindow) -> dict[str, Any]:
-    """The fields every summary of ``target``'s day starts with."""
+def window_fields(window: DayWindow) -> dict[str, Any]:
+    """The fields every summary of the day starts with."""
     return {
-        "target": target,
         "report_date": window.day.isoformat(),
         "timezone": "KST (UTC+09:00)",
         "window_start": window.start,
@@ -360,7 +351,8 @@ def factory_summary(
     )
     return FactorySummary(
         kind="factory",
-        **_day(target, window),
+        target=target,
+        **window_fields(window),
         headline=FactoryHeadline(
             worst_level=Level.worst(*(r.level for r in runs)) if runs else None,
             incidents=len(found),
@@ -477,7 +469,8 @@ def cloud_summary(target: str, window: DayWindow, hours: Mapping[int, CloudHour]
     worst_all = [r.worst_level for r in timeline if r.worst_level is not None]
     return CloudSummary(
         kind="cloud-infra",
-        **_day(target, window),
+        target=target,
+        **window_fields(window),
         headline=CloudHeadline(
             worst_level=Level.worst(*worst_all) if worst_all else None,
             incidents=len(found),

@@ -29,7 +29,17 @@ import structlog
 
 from aegis_contracts import incidents, keys
 from aegis_contracts.items import Incident
-from aegis_reporter.day import DayWindow, times
+from aegis_reporter.day import DayWindow, window_fields
+from aegis_reporter.summary import (
+    AlertCounts,
+    AlertFigures,
+    AlertIncidentRow,
+    AlertSection,
+    CloudSummary,
+    FactorySummary,
+    FleetIncidents,
+    TargetAlertFigures,
+)
 from aegis_storage.incidents import IncidentStore
 
 log = structlog.get_logger(__name__)
@@ -87,7 +97,7 @@ async def day_incidents(
     return ordered, unreadable
 
 
-def row(incident: Incident) -> dict[str, Any]:
+def row(incident: Incident) -> AlertIncidentRow:
     """One incident of the report: when, why, who answered through what, how fast, and who was
     told (delivered notifications per receiver; failed attempts counted apart)."""
     delivered: Counter[str] = Counter()
@@ -99,102 +109,98 @@ def row(incident: Incident) -> dict[str, Any]:
             delivered[event.receiver] += 1
         else:
             failed += 1
-    return {
-        "incident_id": incident.incident_id,
-        "stream": incident.stream,
-        "reason": incident.reason,
-        "severity": incident.severity,
-        "state": incident.state,
-        "open": incident.state != "resolved",
-        **times("triggered", incident.triggered_at),
-        "acknowledged": incident.acknowledged_at is not None,
-        **times("acknowledged", incident.acknowledged_at),
-        "acknowledged_by": incident.acknowledged_by,
-        "acknowledged_via": incident.acknowledged_via,
-        "time_to_acknowledge_s": incidents.seconds_between(
+    return AlertIncidentRow(
+        incident_id=incident.incident_id,
+        stream=incident.stream,
+        reason=incident.reason,
+        severity=incident.severity,
+        state=incident.state,
+        open=incident.state != "resolved",
+        triggered=incident.triggered_at,
+        acknowledged=incident.acknowledged_at is not None,
+        acknowledged_at=incident.acknowledged_at,
+        acknowledged_by=incident.acknowledged_by,
+        acknowledged_via=incident.acknowledged_via,
+        time_to_acknowledge_s=incidents.seconds_between(
             incident.triggered_at, incident.acknowledged_at
         ),
-        **times("resolved", incident.resolved_at),
-        "resolved_by": incident.resolved_by,
-        "resolved_via": incident.resolved_via,
-        "resolution_note": incident.resolution_note,
-        "time_to_resolve_s": incidents.seconds_between(incident.triggered_at, incident.resolved_at),
-        "escalation_level": incident.level,
-        "notifications": incident.notifications,
-        "receivers": dict(sorted(delivered.items())),
-        "failed_notifications": failed,
-    }
+        resolved=incident.resolved_at,
+        resolved_by=incident.resolved_by,
+        resolved_via=incident.resolved_via,
+        resolution_note=incident.resolution_note,
+        time_to_resolve_s=incidents.seconds_between(incident.triggered_at, incident.resolved_at),
+        escalation_level=incident.level,
+        notifications=incident.notifications,
+        receivers=dict(sorted(delivered.items())),
+        failed_notifications=failed,
+    )
 
 
 def _mean(values: Sequence[float]) -> float | None:
     return round(math.fsum(values) / len(values), 3) if values else None
 
 
-def figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def figures(rows: Sequence[AlertIncidentRow]) -> AlertFigures:
     """Counts, MTTA and MTTR of incident rows (of one target, or of the whole fleet)."""
-    acked = [r["time_to_acknowledge_s"] for r in rows if r["time_to_acknowledge_s"] is not None]
-    resolved = [r["time_to_resolve_s"] for r in rows if r["time_to_resolve_s"] is not None]
-    return {
-        "counts": {
-            "total": len(rows),
-            "critical": sum(1 for r in rows if r["severity"] == "CRITICAL"),
-            "warning": sum(1 for r in rows if r["severity"] == "WARNING"),
-            "open": sum(1 for r in rows if r["open"]),
-            "resolved": len(resolved),
-            "acknowledged": len(acked),
-            "unacknowledged": len(rows) - len(acked),
-            "escalated": sum(1 for r in rows if r["escalation_level"] > 0),
-            "resolved_by_data": sum(1 for r in rows if r["resolved_via"] == "data"),
-            "resolved_by_person": sum(1 for r in rows if r["resolved_via"] not in (None, "data")),
-        },
-        "mtta_s": _mean(acked),
-        "mtta_over": len(acked),
-        "mttr_s": _mean(resolved),
-        "mttr_over": len(resolved),
-    }
+    acked = [r.time_to_acknowledge_s for r in rows if r.time_to_acknowledge_s is not None]
+    resolved = [r.time_to_resolve_s for r in rows if r.time_to_resolve_s is not None]
+    return AlertFigures(
+        counts=AlertCounts(
+            total=len(rows),
+            critical=sum(1 for r in rows if r.severity == "CRITICAL"),
+            warning=sum(1 for r in rows if r.severity == "WARNING"),
+            open=sum(1 for r in rows if r.open),
+            resolved=len(resolved),
+            acknowledged=len(acked),
+            unacknowledged=len(rows) - len(acked),
+            escalated=sum(1 for r in rows if r.escalation_level > 0),
+            resolved_by_data=sum(1 for r in rows if r.resolved_via == "data"),
+            resolved_by_person=sum(1 for r in rows if r.resolved_via not in (None, "data")),
+        ),
+        mtta_s=_mean(acked),
+        mtta_over=len(acked),
+        mttr_s=_mean(resolved),
+        mttr_over=len(resolved),
+    )
 
 
-def section(found: Sequence[Incident], unreadable: int = 0) -> dict[str, Any]:
+def section(found: Sequence[Incident], unreadable: int = 0) -> AlertSection:
     """``alert_incidents`` of a target's summary."""
     rows = [row(i) for i in found]
-    return {
-        **figures(rows),
-        "items": rows,
-        "unreadable_records": unreadable,
-        "method": MEAN_METHOD,
-    }
+    return AlertSection(
+        **dict(figures(rows)), items=rows, unreadable_records=unreadable, method=MEAN_METHOD
+    )
 
 
-def with_section(summary: dict[str, Any], alerts: Mapping[str, Any]) -> dict[str, Any]:
+def with_section(
+    summary: FactorySummary | CloudSummary, alerts: AlertSection
+) -> FactorySummary | CloudSummary:
     """The summary with its ``alert_incidents`` and the headline's figures of them."""
-    head = summary["headline"]
-    head["alert_incidents"] = alerts["counts"]["total"]
-    head["open_alert_incidents"] = alerts["counts"]["open"]
-    head["mtta_s"] = alerts["mtta_s"]
-    head["mttr_s"] = alerts["mttr_s"]
-    summary["alert_incidents"] = dict(alerts)
-    return summary
+    headline = summary.headline.model_copy(
+        update={
+            "alert_incidents": alerts.counts.total,
+            "open_alert_incidents": alerts.counts.open,
+            "mtta_s": alerts.mtta_s,
+            "mttr_s": alerts.mttr_s,
+        }
+    )
+    return summary.model_copy(update={"headline": headline, "alert_incidents": alerts})
 
 
-def fleet_summary(window: DayWindow, sections: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def _target_figures(rows: Sequence[AlertIncidentRow], unreadable: int) -> TargetAlertFigures:
+    return TargetAlertFigures(**dict(figures(rows)), unreadable_records=unreadable)
+
+
+def fleet_summary(window: DayWindow, sections: Mapping[str, AlertSection]) -> FleetIncidents:
     """``fleet-incidents-summary.json``: the day's alert incidents of every target, with the
     fleet's totals (MTTA and MTTR over all the fleet's incidents, not a mean of the targets')."""
-    rows = [r for s in sections.values() for r in s["items"]]
-    return {
-        "kind": "fleet-incidents",
-        "report_date": window.day.isoformat(),
-        "timezone": "KST (UTC+09:00)",
-        **times("window_start", window.start),
-        **times("window_end", window.end),
-        **times("as_of", window.as_of),
-        "complete_day": window.complete,
-        "targets": {
-            t: {**figures(s["items"]), "unreadable_records": s["unreadable_records"]}
-            for t, s in sorted(sections.items())
+    rows = [r for s in sections.values() for r in s.items]
+    return FleetIncidents(
+        kind="fleet-incidents",
+        **window_fields(window),
+        targets={
+            t: _target_figures(s.items, s.unreadable_records) for t, s in sorted(sections.items())
         },
-        "totals": {
-            **figures(rows),
-            "unreadable_records": sum(s["unreadable_records"] for s in sections.values()),
-        },
-        "method": MEAN_METHOD,
-    }
+        totals=_target_figures(rows, sum(s.unreadable_records for s in sections.values())),
+        method=MEAN_METHOD,
+    )

@@ -29,7 +29,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from importlib.metadata import PackageNotFoundError, version
@@ -61,6 +61,7 @@ from aegis_folds.windows import current_windows, hour_entries
 from aegis_reporter.day import DayWindow, cloud_summary, factory_summary, report_context
 from aegis_reporter.generators import ReportGenerator, TemplateGenerator
 from aegis_reporter.incidents import day_incidents, fleet_summary, section, with_section
+from aegis_reporter.summary import AlertSection, CloudSummary, FactorySummary
 from aegis_runtime.heartbeat import instance_id
 from aegis_storage.errors import NotFound
 from aegis_storage.incidents import IncidentStore
@@ -119,7 +120,7 @@ class TargetRun:
     alert_incidents: int = 0
     generator: str = ""
     # the summary's alert_incidents, for the fleet's totals
-    alerts: dict[str, Any] = field(default_factory=dict, repr=False)
+    alerts: AlertSection | None = field(default=None, repr=False)
 
 
 class Reporter:
@@ -229,12 +230,12 @@ class Reporter:
         """The incidents of the read model now: open, or resolved without a record yet."""
         return await self.incidents.listed(now=truncate_ms(self.clock()))
 
-    async def write_fleet(self, day: date, sections: dict[str, dict[str, Any]]) -> str:
+    async def write_fleet(self, day: date, sections: Mapping[str, AlertSection | None]) -> str:
         """``fleet-incidents-summary.json`` from the targets' ``alert_incidents``."""
         window = DayWindow.of(day, truncate_ms(self.clock()))
         key = keys.report_fleet_key(day)
-        body = fleet_summary(window, {t: s for t, s in sections.items() if s})
-        await self.store.put_bytes(key, artifact_bytes(body))
+        body = fleet_summary(window, {t: s for t, s in sections.items() if s is not None})
+        await self.store.put_bytes(key, artifact_bytes(body.facts()))
         log.info("fleet_incidents_written", report_date=day.isoformat(), key=key)
         return key
 
@@ -272,14 +273,14 @@ class Reporter:
                 {"kst_hour": h, "objects": listing.count, "digest": listing.digest, "key": key}
             )
         run.objects = sum(per_dataset.values())
-        run.alerts = await self._alerts(target, window, live)
-        if not hours and not run.alerts["items"]:
+        run.alerts = alerts = await self._alerts(target, window, live)
+        if not hours and not alerts.items:
             log.info("report_skipped_no_data", report_date=day.isoformat(), target=target)
             return run
         t_folded = time.perf_counter()
 
-        summary, summary_artifact = self._summary(target, window, hours)
-        summary = with_section(summary, run.alerts)
+        typed, summary_artifact = self._summary(target, window, hours)
+        summary = with_section(typed, alerts).facts()
         context = report_context(summary)
         generated = await self.generator.generate(context)
         t_generated = time.perf_counter()
@@ -356,7 +357,7 @@ class Reporter:
 
     async def _alerts(
         self, target: str, window: DayWindow, live: list[Incident] | None
-    ) -> dict[str, Any]:
+    ) -> AlertSection:
         """The summary's ``alert_incidents`` of ``target`` that day."""
         found, unreadable = await day_incidents(
             self.incidents,
@@ -368,10 +369,10 @@ class Reporter:
 
     def _summary(
         self, target: str, window: DayWindow, hours: dict[int, Hour]
-    ) -> tuple[dict[str, Any], ReportArtifact]:
+    ) -> tuple[FactorySummary | CloudSummary, ReportArtifact]:
         if target == CLOUD_INFRA_TARGET:
             cloud = {h: f for h, f in hours.items() if isinstance(f, CloudHour)}
-            return cloud_summary(target, window, cloud).facts(), ReportArtifact.CLOUD_SUMMARY
+            return cloud_summary(target, window, cloud), ReportArtifact.CLOUD_SUMMARY
         factory = {h: f for h, f in hours.items() if isinstance(f, FactoryHour)}
         summary = factory_summary(
             target,
@@ -381,7 +382,7 @@ class Reporter:
             offline_s=self.offline_s,
             cadence_s=self.cadence_s,
         )
-        return summary.facts(), ReportArtifact.FACTORY_SUMMARY
+        return summary, ReportArtifact.FACTORY_SUMMARY
 
     async def _announce(
         self,

@@ -10,6 +10,7 @@ carry sketches. :meth:`Facts.facts` is what the artifact and the report context 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -18,9 +19,23 @@ from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model
 from aegis_contracts.state import Level
 from aegis_contracts.times import KST, format_ts
 
-_STAMP = object()  # the marker of a time written as a _kst/_utc pair
-Stamp = Annotated[datetime, _STAMP]
-MaybeStamp = Annotated[datetime | None, _STAMP]  # null both when there is no time
+
+@dataclass(frozen=True, slots=True)
+class _Stamp:
+    """The marker of a time written as a ``<name>_kst``/``<name>_utc`` pair (``name``: the
+    field's own name unless given)."""
+
+    name: str | None = None
+
+
+Stamp = Annotated[datetime, _Stamp()]
+MaybeStamp = Annotated[datetime | None, _Stamp()]  # null both when there is no time
+
+
+def stamp_named(name: str) -> _Stamp:
+    """The marker of a time written under another name than its field's (``acknowledged_at``
+    as ``acknowledged_kst``/``_utc`` beside a field ``acknowledged``)."""
+    return _Stamp(name)
 
 
 def kst_text(at: datetime) -> str:
@@ -32,23 +47,27 @@ class Facts(BaseModel):
     """A part of a summary. Times (:data:`Stamp`) are written as their KST and UTC texts."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    _stamps: ClassVar[tuple[str, ...] | None] = None
+    _stamps: ClassVar[tuple[tuple[str, str], ...] | None] = None
 
     @classmethod
-    def _stamp_fields(cls) -> tuple[str, ...]:
+    def _stamp_fields(cls) -> tuple[tuple[str, str], ...]:
+        """(field, written name) of each time of the model."""
         if cls.__dict__.get("_stamps") is None:
             cls._stamps = tuple(
-                name for name, f in cls.model_fields.items() if _STAMP in f.metadata
+                (name, marker.name or name)
+                for name, f in cls.model_fields.items()
+                for marker in f.metadata
+                if isinstance(marker, _Stamp)
             )
         return cls.__dict__["_stamps"]  # type: ignore[no-any-return]
 
     @model_serializer(mode="wrap")
     def _with_stamp_pairs(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         out: dict[str, Any] = handler(self)
-        for name in self._stamp_fields():
-            if name in out:
-                del out[name]
-                at: datetime | None = getattr(self, name)
+        for field, name in self._stamp_fields():
+            if field in out:
+                del out[field]
+                at: datetime | None = getattr(self, field)
                 out[f"{name}_kst"] = None if at is None else kst_text(at)
                 out[f"{name}_utc"] = None if at is None else format_ts(at)
         return out
@@ -173,10 +192,9 @@ class CloudHourRow(Facts):
     worst_level: Level | None = None
 
 
-class _Day(Facts):
-    """What every summary of a target's day starts with."""
+class _Window(Facts):
+    """What every summary of a day starts with: the KST day and how much of it is covered."""
 
-    target: str
     report_date: str
     timezone: Literal["KST (UTC+09:00)"]
     window_start: Stamp
@@ -185,7 +203,81 @@ class _Day(Facts):
     complete_day: bool
 
 
-class FactoryHeadline(Facts):
+class _Day(_Window):
+    target: str
+
+
+class AlertIncidentRow(Facts):
+    """One alert incident of the day: when, why, who answered through what, how fast, and who
+    was told (delivered notifications per receiver; failed attempts counted apart)."""
+
+    incident_id: str
+    stream: str
+    reason: str
+    severity: str
+    state: str
+    open: bool
+    triggered: Stamp
+    acknowledged: bool
+    acknowledged_at: Annotated[datetime | None, stamp_named("acknowledged")]
+    acknowledged_by: str | None
+    acknowledged_via: str | None
+    time_to_acknowledge_s: float | None
+    resolved: MaybeStamp
+    resolved_by: str | None
+    resolved_via: str | None
+    resolution_note: str | None
+    time_to_resolve_s: float | None
+    escalation_level: int
+    notifications: int
+    receivers: dict[str, int]
+    failed_notifications: int
+
+
+class AlertCounts(Facts):
+    total: int
+    critical: int
+    warning: int
+    open: int
+    resolved: int
+    acknowledged: int
+    unacknowledged: int
+    escalated: int
+    resolved_by_data: int
+    resolved_by_person: int
+
+
+class AlertFigures(Facts):
+    """Counts, MTTA and MTTR of alert incidents (of one target, or of the whole fleet)."""
+
+    counts: AlertCounts
+    mtta_s: float | None
+    mtta_over: int
+    mttr_s: float | None
+    mttr_over: int
+
+
+class TargetAlertFigures(AlertFigures):
+    unreadable_records: int
+
+
+class AlertSection(TargetAlertFigures):
+    """``alert_incidents`` of a target's summary."""
+
+    items: list[AlertIncidentRow]
+    method: str
+
+
+class _AlertHeadline(Facts):
+    """The headline's figures of the day's alert incidents (once the section is added)."""
+
+    alert_incidents: int | None = None
+    open_alert_incidents: int | None = None
+    mtta_s: float | None = None
+    mttr_s: float | None = None
+
+
+class FactoryHeadline(_AlertHeadline):
     worst_level: Level | None
     incidents: int
     critical_incidents: int
@@ -207,6 +299,7 @@ class FactorySummary(_Day):
     completeness: Completeness
     infra: InfraFigures
     images: ImageFigures
+    alert_incidents: AlertSection | None = None
 
 
 class CheckFigures(Facts):
@@ -246,7 +339,7 @@ class CloudCompleteness(Facts):
     skipped_objects: int
 
 
-class CloudHeadline(Facts):
+class CloudHeadline(_AlertHeadline):
     worst_level: Level | None
     incidents: int
     critical_incidents: int
@@ -267,3 +360,14 @@ class CloudSummary(_Day):
     worst_latencies: list[LatencyRow]
     drift: dict[str, DriftFigures]
     completeness: CloudCompleteness
+    alert_incidents: AlertSection | None = None
+
+
+class FleetIncidents(_Window):
+    """``fleet-incidents-summary.json``: the day's alert incidents of every target, with the
+    fleet's totals."""
+
+    kind: Literal["fleet-incidents"]
+    targets: dict[str, TargetAlertFigures]
+    totals: TargetAlertFigures
+    method: str
