@@ -10,6 +10,7 @@ import logging
 import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -47,9 +48,12 @@ from aegis_runtime.bus import (
     stop_consuming,
     stream_for,
 )
+from aegis_runtime.lifecycle import start_background
 from aegis_runtime.logging import _AegisHandler, configure
 from aegis_runtime.metrics import Metrics
+from aegis_runtime.service import ServiceApp
 from aegis_runtime.settings import AegisSettings
+from aegis_storage.clients import AwsClients
 
 pytestmark = pytest.mark.integration
 
@@ -499,6 +503,60 @@ async def test_a_consumer_stopped_while_events_flow_leaves_none_unacknowledged(
     assert sum(1 for busy in busy_at_stop if busy) >= 3, busy_at_stop  # stops met busy handlers
     assert sorted(seen) == sorted(f"e-{n}".encode() for n in range(published))
     assert (await _consumer(js, stream, "flow")).num_redelivered == 0
+
+
+class _SlowToStop(ServiceApp):
+    """A service with one consumer and a background task that takes a while to finish (a
+    periodic run caught mid-way by the stop)."""
+
+    def __init__(self, settings: AegisSettings, stream: StreamSpec, subject: str) -> None:
+        super().__init__(settings, background=False)
+        self.handled: list[bytes] = []
+
+        @durable_pull(self.broker, stream, "slow", subject=subject, batch_size=8, fetch_timeout=0.5)
+        async def handle(body: bytes) -> None:
+            await asyncio.sleep(0.01)
+            self.handled.append(body)
+
+    async def setup(self, stack: AsyncExitStack, clients: AwsClients) -> None:
+        async def run(stop: asyncio.Event) -> None:
+            await stop.wait()
+            await asyncio.sleep(1.0)  # the run in progress finishes
+
+        start_background(stack, run, "slow-run")
+
+
+async def test_a_stopping_service_takes_no_new_message_while_its_tasks_finish(
+    nats_url: str,
+    aws_endpoint: str,
+    broker: NatsBroker,
+    js: JetStreamContext,
+    stream: StreamSpec,
+    unique_id: str,
+) -> None:
+    """Asked to stop with a backlog waiting, a service settles what it holds and fetches
+    nothing more, though its background task takes a second to finish: the backlog is left,
+    unacknowledged by no one, to the replicas that go on."""
+    subject = f"test.{unique_id}.backlog"
+    await publish_many(
+        broker,
+        [Outgoing(subject, f"b-{n}".encode(), f"b-{unique_id}-{n}") for n in range(400)],
+        stream=stream.name,
+    )
+    settings = AegisSettings(
+        service=f"slow-{unique_id}", nats_url=nats_url, aws_endpoint_url=aws_endpoint
+    )
+    app = _SlowToStop(settings, stream, subject)
+    await app.start()
+    try:
+        await eventually(lambda: len(app.handled) >= 16, within=10, what="work under way")
+    finally:
+        at_stop = len(app.handled)
+        await app.stop()
+    info = await _consumer(js, stream, "slow")
+    assert len(app.handled) - at_stop <= 8  # the batch it held, no more
+    assert info.num_ack_pending == 0
+    assert info.num_pending == 400 - len(app.handled) > 0  # the fault hit with work waiting
 
 
 async def test_transient_error_is_nacked_and_redelivered(

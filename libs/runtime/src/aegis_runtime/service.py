@@ -31,6 +31,7 @@ from aegis_runtime.bus import (
     ensure_deployed_streams,
     nats_ready,
     publish,
+    stop_consuming,
 )
 from aegis_runtime.health import HealthServer
 from aegis_runtime.heartbeat import HeartbeatPublisher
@@ -222,12 +223,16 @@ class ServiceApp:
         )
 
     async def stop(self) -> None:
-        """Heartbeat and the parts' tasks first, then the consumers (in-flight messages finish or
-        are nacked), the clients and the health server."""
+        """The consumers first: they take no new message, and those they hold finish (or are
+        nacked) within the graceful timeout; then the heartbeat and the parts' tasks (which may
+        still publish), the connection, the clients and the health server. A stopping replica
+        leaves the queue's backlog to the others from the moment it is asked to stop."""
         self._stopping = True
         self.started.clear()
         stack, self._stack = self._stack, None
         if stack is not None:
+            if not self.connection_lost.is_set():
+                await stop_consuming(self.broker)
             await stack.aclose()
         self.clients = None
 
@@ -254,6 +259,8 @@ class ServiceApp:
 
     async def _stop_broker(self) -> None:
         try:
+            if not self.connection_lost.is_set():  # a start that failed half-way: consumers too
+                await stop_consuming(self.broker)
             await self.broker.stop()
         except Exception as err:  # an ExceptionGroup of its consumers' unsubscribes, often
             if not self.connection_lost.is_set():

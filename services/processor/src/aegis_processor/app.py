@@ -133,8 +133,8 @@ class ProcessorApp(ServiceApp):
         )
 
     async def stop(self) -> None:
-        """The refresh, then the consumer (in-flight messages finish or are nacked), then the
-        clients and the health server (ServiceApp's order)."""
+        """The consumer (it takes no new raw event; those in flight finish or are nacked), then
+        the refresh, the clients and the health server (ServiceApp's order)."""
         await super().stop()
         self.processor = None
 

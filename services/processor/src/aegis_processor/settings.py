@@ -40,7 +40,7 @@ class ProcessorSettings(AegisSettings):
         description="Raw events each replica fetches from its consumer at a time.",
     )
     processor_fetch_timeout_s: float = Field(
-        default=5.0,
+        default=1.0,
         gt=0,
         validation_alias=AliasChoices("AEGIS_PROCESSOR_FETCH_TIMEOUT_S", "AEGIS_FETCH_TIMEOUT_S"),
         description="Seconds one fetch waits for raw events (also how quickly a replica notices "

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 from faststream import AckPolicy
@@ -24,6 +24,7 @@ from faststream.nats import (
     StorageType,
     StreamConfig,
 )
+from faststream.nats.subscriber.usecases import PullStreamSubscriber
 
 from aegis_contracts.backoff import exponential_s
 from aegis_contracts.subjects import STREAMS, StreamSpec
@@ -34,7 +35,6 @@ from aegis_runtime.settings import RAW_MAX_PER_FACTORY, AegisSettings
 
 if TYPE_CHECKING:
     from faststream.nats.broker.registrator import NatsRegistrator
-    from faststream.nats.subscriber.usecases import PullStreamSubscriber
 
 
 # how long a stream's creation waits for a forming cluster to have nodes for its replicas
@@ -282,7 +282,54 @@ def durable_pull(
 
 
 async def stop_consuming(broker: NatsBroker) -> None:
-    """Stop the broker's consumers (in-flight messages finish within the graceful timeout or
-    are cancelled) and keep its connection: what they started can still publish. The broker's
-    own ``stop`` closes the connection later."""
-    await asyncio.gather(*(subscriber.stop() for subscriber in broker.subscribers))
+    """Stop the broker's consumers and keep its connection: what they started can still publish.
+    The broker's own ``stop`` closes the connection later.
+
+    A pull consumer first finishes the fetch it is waiting on and handles what that fetch
+    brought (:func:`_finish_fetching`); only then is it stopped (in-flight messages finish within
+    the graceful timeout or are cancelled). Stopped in the middle of a fetch, it would drop the
+    messages the server had already delivered to it, unacknowledged: those would wait out their
+    ack wait (minutes, for the alert dispatcher) before anyone saw them again."""
+
+    async def stop(subscriber: Any) -> None:
+        if isinstance(subscriber, PullStreamSubscriber) and subscriber.running:
+            await _finish_fetching(subscriber)
+        await subscriber.stop()
+
+    await asyncio.gather(*(stop(s) for s in broker.subscribers))
+
+
+async def _finish_fetching(subscriber: PullStreamSubscriber) -> None:
+    """Let ``subscriber``'s pull loop finish the fetch in progress and handle its messages, then
+    hold the loop at its next fetch: it asks the server for nothing more. Messages already in the
+    subscription's buffer (delivered after a fetch returned) are handed to the loop first, one
+    by one, from the buffer. Bounded by the fetch's timeout and the broker's graceful timeout;
+    after that the subscriber is stopped as it stands."""
+    subscription = subscriber.subscription
+    if subscription is None or not any(not t.done() for t in subscriber.tasks):
+        return
+    fetch = subscription.fetch
+    held = asyncio.Event()
+
+    async def from_buffer_then_hold(*_args: Any, **kwargs: Any) -> list[Any]:
+        if subscription.pending_msgs > 0:  # one from the buffer: no request to the server
+            return await fetch(1, timeout=kwargs.get("timeout") or 1.0)
+        held.set()
+        await asyncio.Event().wait()  # until the subscriber's stop cancels the loop
+        return []
+
+    subscription.fetch = from_buffer_then_hold  # type: ignore[method-assign]
+    timeout = (subscriber.pull_sub.timeout or 0.0) + _graceful_timeout(subscriber)
+    try:
+        await asyncio.wait_for(held.wait(), timeout=timeout)
+    except TimeoutError:
+        log.warning(
+            "consumer_stop_waited",
+            durable=getattr(subscriber.config, "durable_name", None),
+            waited_s=timeout,
+        )
+
+
+def _graceful_timeout(subscriber: PullStreamSubscriber) -> float:
+    configured = getattr(subscriber._outer_config, "graceful_timeout", None)
+    return float(configured) if isinstance(configured, int | float) else 20.0
