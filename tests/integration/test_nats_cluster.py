@@ -21,7 +21,9 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import random
+import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -85,6 +87,9 @@ RAW = next(spec for spec in STREAMS if spec.name == "AEGIS_RAW")
 EVENTS = 300
 # ingest handles this many device messages at once (each its own put and publish)
 IN_FLIGHT = 8
+# how long the leader is frozen before it is killed: the publishers send to it meanwhile, far
+# shorter than an election takes
+FROZEN_S = 0.3
 PASSWORDS = {ADMIN: "admin-pw", "ingest": "ingest-pw"}
 # longer than a three-replica stream here takes to elect a new leader after a kill (4-9 s seen)
 UNAVAILABLE_FOR_S = 10.0
@@ -273,8 +278,14 @@ async def test_three_replicas_lose_nothing_when_the_leader_is_killed(
     await asyncio.wait_for(tally.halfway.wait(), 30)
     leader, followers = peers(await stream_info(admin))
     assert leader is not None
+    # frozen first, so that the publishes sent to it now wait for an answer it never gives
+    # (killed at once, it could have answered every one it had): then killed
+    doomed = cluster.node(leader).server
+    assert doomed.process is not None
+    os.kill(doomed.process.pid, signal.SIGSTOP)
+    await asyncio.sleep(FROZEN_S)
     acked_at_kill, in_flight_at_kill = len(tally.acked), tally.in_flight
-    cluster.node(leader).server.kill()
+    doomed.kill()
     killed_at = time.monotonic()
     await eventually(new_leader(admin, leader), within=20, what="a new leader of the raw stream")
     elected_s = time.monotonic() - killed_at
