@@ -903,7 +903,7 @@ async def test_the_incidents_page_worst_first_acknowledge_resolve_and_kept_curre
     ack = first.locator('form[data-action="ack"]')
     await ack.locator('input[name="note"]').fill("on my way")
     await ack.locator("button").click()
-    await expect(first.locator(".outcome")).to_have_text(f"Acknowledged by {ME}")
+    await expect(first.locator(".outcome")).to_have_text(f"Acknowledged by {ME}", timeout=15_000)
     await expect(first.locator(".state")).to_have_attribute("data-state", "acknowledged")
     await expect(first.locator(".acked")).to_contain_text(ME)
     await expect(first.locator('form[data-action="ack"]')).to_have_count(0)
@@ -933,7 +933,10 @@ async def test_the_incidents_page_worst_first_acknowledge_resolve_and_kept_curre
     # with a note it is resolved, says so, and leaves the list at the next read
     await resolve.locator('input[name="note"]').fill("false alarm: the lens was cleaned")
     await resolve.locator("button").click()
-    await expect(second.locator(".outcome")).to_have_text(f"Resolved by {ME}: it leaves the list")
+    # (a write through the emulator: it may wait behind the other worker's requests)
+    await expect(second.locator(".outcome")).to_have_text(
+        f"Resolved by {ME}: it leaves the list", timeout=15_000
+    )
     closed = await stored(foundation, crit_new)
     assert closed.state == "resolved" and closed.resolved_by == ME
     assert closed.resolution_note == "false alarm: the lens was cleaned"
