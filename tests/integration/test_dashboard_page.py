@@ -779,9 +779,11 @@ ME = f"token:{token_digest(TOKEN)[:8]}"  # who this test's token is to the dashb
 
 @pytest.fixture
 async def clocked(
-    foundation: Foundation, nats_url: str, aws_endpoint: str
+    foundation: Foundation, nats_url: str, aws_endpoint: str, broker: NatsBroker
 ) -> AsyncIterator[tuple[Dashboard, FakeClock]]:
-    """The dashboard (live feed on) on a clock that stands still where the test put it."""
+    """The dashboard (live feed on) on a clock that stands still where the test put it, on a bus
+    whose streams exist (``broker`` makes them) as bootstrap leaves them: what it announces is
+    stored, not left waiting for a stream that is not there."""
     clock = FakeClock(truncate_ms(datetime.now(UTC)))
     settings = dashboard_settings(foundation, nats_url, aws_endpoint)
     async with serving(settings, foundation, clock) as dash:
