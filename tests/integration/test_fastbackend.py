@@ -26,7 +26,7 @@ from aegis_devstack.testing.builders import history_item
 from aegis_storage import fleetindex
 from aegis_storage.bootstrap import bootstrap, describe_foundation, drift, expected_foundation
 from aegis_storage.clients import AwsClients, AwsConfig, open_clients
-from aegis_storage.errors import Conflict, StorageError
+from aegis_storage.errors import Conflict, NotFound, StorageError
 from aegis_storage.items import Put
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore, PutOutcome
@@ -142,6 +142,32 @@ async def test_put_once_is_refused_over_an_existing_key_and_keeps_the_first_body
     assert await store.objects.get_bytes(RAW) == b"first"
     head = await store.objects.head(RAW)
     assert head is not None and head["Metadata"] == {"topic": "aegis/a/b"}
+
+
+async def test_a_body_is_read_whole_in_one_ranged_get_an_empty_one_too(store: Store) -> None:
+    """``get_bytes`` asks for the range from the first byte to far past the end: the whole body
+    comes back (a 206); an empty object, which no range names (416 InvalidRange), is read
+    plainly; a missing key is NotFound. The ranges a client may send beyond that one form are
+    the responder's to refuse (loudly)."""
+    body = bytes(range(256)) * 40  # 10 KiB, every byte value
+    await store.objects.put_bytes("processed/f/whole.bin", body)
+    await store.objects.put_bytes("processed/f/empty.bin", b"")
+    assert await store.objects.get_bytes("processed/f/whole.bin") == body
+    assert await store.objects.get_bytes("processed/f/empty.bin") == b""
+    with pytest.raises(NotFound):
+        await store.objects.get_bytes("processed/f/none.bin")
+    part = await store.clients.s3.get_object(
+        Bucket=store.bucket, Key="processed/f/whole.bin", Range="bytes=10-19"
+    )
+    assert part["ResponseMetadata"]["HTTPStatusCode"] == 206
+    assert part["ContentRange"] == f"bytes 10-19/{len(body)}"
+    async with part["Body"] as stream:
+        assert await stream.read() == body[10:20]
+    with pytest.raises(ClientError) as unsatisfiable:
+        await store.clients.s3.get_object(
+            Bucket=store.bucket, Key="processed/f/empty.bin", Range="bytes=0-9"
+        )
+    assert _code(unsatisfiable.value) == "InvalidRange"
 
 
 async def test_listing_pages_through_keys_in_order_with_prefixes_and_start_after(
@@ -392,6 +418,11 @@ async def test_what_it_does_not_follow_is_refused_loudly_and_counted(
             ConditionExpression="sk <> :x",
             ExpressionAttributeValues={":x": {"S": "y"}},
         )
+    await fast_store.objects.put_bytes("processed/f/ten.bin", b"0123456789")
+    with pytest.raises(ClientError) as suffix_range:  # the last 4 bytes: a form AEGIS never sends
+        await fast_store.clients.s3.get_object(
+            Bucket=fast_store.bucket, Key="processed/f/ten.bin", Range="bytes=-4"
+        )
     after = fast.counters()
     refused = {
         op: c["refused"] - before["ops"].get(op, {}).get("refused", 0)
@@ -399,15 +430,20 @@ async def test_what_it_does_not_follow_is_refused_loudly_and_counted(
     }
     messages = [
         str(transaction.value),  # the read model's client names the refusal in its error
-        *(str(e.response["Error"]["Message"]) for e in (tagging.value, comparator.value)),
+        *(
+            str(e.response["Error"]["Message"])
+            for e in (tagging.value, comparator.value, suffix_range.value)
+        ),
     ]
     assert {op: n for op, n in refused.items() if n} == {
         "TransactWriteItems": 1,
         "S3 PUT": 1,
         "PutItem": 1,
+        "GetObject": 1,
     }
-    assert len(messages) == 3 and all("does not follow" in m for m in messages)
+    assert len(messages) == 4 and all("does not follow" in m for m in messages)
     assert "TransactWriteItems" in messages[0] and "tagging" in messages[1] and "<>" in messages[2]
+    assert "bytes=-4" in messages[3]
     assert await fast_store.model.get_item("A#3", "x") is None
 
 

@@ -3,7 +3,8 @@
 // public access block configurations (stored as sent, returned as stored, never applied),
 // GetBucketLocation, ListObjectsV2, and PutObject (If-None-Match: * -> 412; Content-MD5,
 // x-amz-content-sha256 and x-amz-checksum-{sha256,sha1,crc32,crc32c} verified against the body,
-// the checksum kept), GetObject, HeadObject (the checksum with x-amz-checksum-mode: ENABLED),
+// the checksum kept), GetObject (whole, or one bytes=FIRST-LAST range), HeadObject (the
+// checksum with x-amz-checksum-mode: ENABLED),
 // DeleteObject. A versioned bucket answers with version ids but keeps only the current version.
 // Any other operation, sub-resource, query parameter or x-amz-* header is refused as Unsupported.
 
@@ -18,6 +19,29 @@ const BASE_AMZ = new Set(['x-amz-date', 'x-amz-content-sha256', 'x-amz-security-
 const PUT_AMZ = new Set(['x-amz-sdk-checksum-algorithm', 'x-amz-checksum-type']);
 const KEPT_HEADERS = ['cache-control', 'content-disposition', 'content-encoding', 'content-language', 'expires'];
 const CONDITIONAL = ['if-match', 'if-modified-since', 'if-unmodified-since'];
+
+// GetObject with Range: bytes=FIRST-LAST (the one form AEGIS sends): 206 with the bytes from
+// FIRST to LAST or the end of the object, whichever comes first; 416 InvalidRange when FIRST is
+// not a byte of the object (an empty object has none). Other forms are refused as Unsupported.
+function ranged(range, body, headers) {
+  const m = /^bytes=(\d+)-(\d+)$/.exec(range);
+  if (!m) throw new Unsupported(`S3 GetObject Range: ${range}`);
+  const first = Number(m[1]);
+  const last = Math.min(Number(m[2]), body.length - 1);
+  if (first > Number(m[2])) throw new Unsupported(`S3 GetObject Range: ${range}`);
+  if (first >= body.length) {
+    throw new S3Error(416, 'InvalidRange', 'The requested range is not satisfiable', {
+      RangeRequested: range,
+      ActualObjectSize: String(body.length),
+    });
+  }
+  const part = body.subarray(first, last + 1);
+  return {
+    status: 206,
+    headers: { ...headers, 'content-length': String(part.length), 'content-range': `bytes ${first}-${last}/${body.length}` },
+    body: part,
+  };
+}
 
 export class S3Error extends Error {
   constructor(status, code, message, extra = {}) {
@@ -238,8 +262,11 @@ export class S3 {
 
   get(op, bucketName, key, headers) {
     checkHeaders(op, headers, new Set(['x-amz-checksum-mode']));
-    for (const h of [...CONDITIONAL, 'if-none-match', 'range']) if (headers[h] !== undefined) throw new Unsupported(`S3 ${op} header ${h}`);
+    for (const h of [...CONDITIONAL, 'if-none-match']) if (headers[h] !== undefined) throw new Unsupported(`S3 ${op} header ${h}`);
+    const range = headers.range;
+    if (range !== undefined && op !== 'GetObject') throw new Unsupported(`S3 ${op} header range`);
     const mode = headers['x-amz-checksum-mode'];
+    if (range !== undefined && mode !== undefined) throw new Unsupported(`S3 ${op} range with x-amz-checksum-mode`);
     if (mode !== undefined && mode !== 'ENABLED') throw new S3Error(400, 'InvalidArgument', 'x-amz-checksum-mode must be ENABLED');
     const b = this.bucket(bucketName);
     const object = b.objects.get(key);
@@ -260,6 +287,7 @@ export class S3 {
         out['x-amz-checksum-type'] = 'FULL_OBJECT';
       }
     }
+    if (range !== undefined) return ranged(range, object.body, out);
     return { status: 200, headers: out, body: op === 'GetObject' ? object.body : undefined };
   }
 

@@ -203,6 +203,14 @@ def translated_obstore(what: str) -> Iterator[None]:
         ) from err
 
 
+def range_unsatisfiable(err: Exception) -> bool:
+    """Whether obstore's ``err`` is S3's 416: the range names no byte of the object (an empty
+    object has none)."""
+    from obstore import exceptions as obs  # noqa: PLC0415
+
+    return isinstance(err, obs.BaseError) and _status(err) == 416
+
+
 def _denied(err: Exception) -> bool:
     from obstore import exceptions as obs  # noqa: PLC0415
 

@@ -35,7 +35,7 @@ from pydantic import BaseModel
 from aegis_contracts.events import ObjectCreated
 from aegis_contracts.times import parse_iso
 from aegis_storage.errors import Conflict, NotFound, translated
-from aegis_storage.objectclient import translated_obstore
+from aegis_storage.objectclient import range_unsatisfiable, translated_obstore
 
 if TYPE_CHECKING:
     from obstore import Attributes, PutMode
@@ -59,6 +59,8 @@ _COPIED_HEADERS = (
     "CacheControl",
     "Expires",
 )
+# the end of the range a one-call read asks for: past the end of any object S3 can hold (5 TiB)
+WHOLE_OBJECT_END = 1 << 50
 # the names obstore takes as an object's attributes rather than as user metadata
 _ATTRIBUTE_NAMES = frozenset(
     {
@@ -318,6 +320,21 @@ class ObjectStore:
         return PresignedPost(str(post["url"]), fields, parse_iso(expiration, "expiration"))
 
     async def get_bytes(self, key: str) -> bytes:
+        """The object's body. Through obstore in one call: a GET of the range from its first
+        byte to far past any object's end, which S3 answers with the whole body (a plain get
+        and its body are two results handed back from obstore's I/O thread, each a wake-up of
+        the event loop: ~0.12 ms of CPU more per read). An empty object, which no range names
+        (416), is read plainly."""
+        if obstore_can_name(key):
+            with translated_obstore(f"get s3://{self.bucket}/{key}"):
+                try:
+                    whole = await obstore.get_range_async(
+                        self._objects, key, start=0, end=WHOLE_OBJECT_END
+                    )
+                    return bytes(whole)
+                except Exception as err:
+                    if not range_unsatisfiable(err):
+                        raise
         return (await self.get_object(key)).body
 
     async def get_object(self, key: str) -> StoredObject:
