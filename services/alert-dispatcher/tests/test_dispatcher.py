@@ -427,6 +427,10 @@ async def test_two_replicas_on_one_durable_send_each_alert_once_and_resend_recov
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     s = settings_for(foundation, aws_endpoint, private_nats.url, webhook, unique_id)
+    # no escalation sweep while the test runs: the fires are at T0, long before the wall clock,
+    # so a sweep would escalate factory-z's incident, and the resend would find its alert
+    # notified since (superseded) instead of still undeliverable
+    s = s.model_copy(update={"escalation_tick_s": 300.0})
     async with replicas(s) as (_, client):
         events = [await put_state(foundation, f"factory-{i}", T0, [FIRE]) for i in range(6)]
         for e in events:
