@@ -17,7 +17,6 @@ pytest_plugins = [
     "aegis_devstack.testing.fixtures",
     "aegis_devstack.testing.hygiene",
     "aegis_devstack.testing.natsbus",
-    "aegis_devstack.testing.oidc",
     "aegis_devstack.testing.storage",
     "aegis_devstack.testing.webhook",
 ]

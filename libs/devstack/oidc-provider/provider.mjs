@@ -35,10 +35,17 @@ if (offsetMs) {
   };
 }
 
+// each step of the start is logged with its time, so a start that did not finish says where
+const started = performance.now();
+const step = (what) => console.log(`oidc provider: ${what} (${Math.round(performance.now() - started)} ms)`);
+
+step('loading oidc-provider');
 const { default: Provider } = await import('oidc-provider');
 
 const accounts = new Map(config.users.map((user) => [user.account_id, user]));
+step('making the signing key');
 const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
+step('configuring');
 const signingKey = { ...privateKey.export({ format: 'jwk' }), kid: 'test-key', use: 'sig', alg: 'RS256' };
 
 function page(title, body) {
@@ -168,7 +175,7 @@ const server = http.createServer((req, res) => {
 });
 
 server.listen(config.port, '127.0.0.1', () => {
-  console.log(`oidc provider ${config.issuer} ready`);
+  step(`${config.issuer} ready`);
 });
 
 for (const signal of ['SIGTERM', 'SIGINT']) {

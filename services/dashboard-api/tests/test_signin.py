@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -29,7 +29,7 @@ from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_dashboard_api.signin import FLOW_COOKIE, SESSION_COOKIE, session_identity
 from aegis_devstack.testing.builders import FakeClock, seed_latest
-from aegis_devstack.testing.oidc import OidcClient, OidcProvider, OidcUser, StartProvider
+from aegis_devstack.testing.oidc import OidcClient, OidcProvider, OidcUser, running_provider
 from aegis_devstack.testing.storage import Foundation
 from aegis_storage.audit import AuditLog
 from aegis_storage.incidents import IncidentStore
@@ -99,17 +99,23 @@ class Dashboard:
         return await session_identity(Request({**scope, "app": self.app, "query_string": b""}))
 
 
-@pytest.fixture
-async def dashboard(
-    foundation: Foundation, oidc_provider: StartProvider, tmp_path: Path
-) -> AsyncIterator[Dashboard]:
-    provider = oidc_provider(
+@pytest.fixture(scope="module")
+def provider() -> Iterator[OidcProvider]:
+    """One provider for the module: each test's browser has cookie jars of its own."""
+    with running_provider(
         client=OidcClient(
             redirect_uris=[f"{DASHBOARD}/auth/callback", "https://dash/auth/callback"],
             post_logout_redirect_uris=[f"{DASHBOARD}/auth/signed-out"],
         ),
         users=USERS,
-    )
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+async def dashboard(
+    foundation: Foundation, provider: OidcProvider, tmp_path: Path
+) -> AsyncIterator[Dashboard]:
     roles = tmp_path / "roles.toml"
     roles.write_text(ROLES)
     settings = DashboardSettings(
