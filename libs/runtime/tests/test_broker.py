@@ -314,6 +314,37 @@ async def test_publish_many_sends_all_then_waits_for_every_ack(
         )
 
 
+async def test_concurrent_batches_each_get_their_own_acks_and_a_refusal_names_its_subject(
+    broker: NatsBroker, js: JetStreamContext, stream: StreamSpec, unique_id: str
+) -> None:
+    """Many batches in flight on one connection: every publish gets its own ack back (a
+    duplicate is told apart from a first), and a refusal fails its batch naming what it
+    refused, without leaving the batch's other acks waiting."""
+    subject = f"test.{unique_id}.acks"
+    firsts = [Outgoing(subject, f"m-{n}".encode(), f"a-{n}") for n in range(40)]
+    assert await publish_many(broker, firsts, stream=stream.name) == [False] * 40
+
+    def batch(b: int) -> list[Outgoing]:  # odd positions repeat an earlier message's id
+        return [
+            Outgoing(subject, b"x", f"a-{b * 5 + i}" if i % 2 else f"b-{b}-{i}") for i in range(5)
+        ]
+
+    answers = await asyncio.gather(
+        *(publish_many(broker, batch(b), stream=stream.name) for b in range(8))
+    )
+    assert answers == [[False, True, False, True, False]] * 8
+    assert (await js.stream_info(stream.name)).state.messages == 40 + 8 * 3
+    elsewhere = f"nowhere.{unique_id}"
+    with pytest.raises(PublishFailed, match=elsewhere):
+        await publish_many(
+            broker,
+            [Outgoing(subject, b"ok", "c-1"), Outgoing(elsewhere, b"x", None)],
+            stream=stream.name,
+            ack_timeout=2,
+        )
+    assert (await js.stream_info(stream.name)).state.messages == 40 + 8 * 3 + 1
+
+
 async def test_publish_to_a_subject_no_stream_captures_fails(
     broker: NatsBroker, stream: StreamSpec, unique_id: str
 ) -> None:

@@ -63,8 +63,10 @@ def consuming(tracer_: trace.Tracer, name: str, attributes: dict[str, str | int]
 
 def inject(headers: MutableMapping[str, str]) -> None:
     """Put the current trace context (if any) into message headers: for publishes that go
-    around FastStream's middleware (batched JetStream publishes)."""
-    propagate.inject(headers)
+    around FastStream's middleware (batched JetStream publishes). With no provider made in this
+    process there is no span whose context could go: nothing is done."""
+    if _PROVIDERS:
+        propagate.inject(headers)
 
 
 def flush(timeout_s: float = 5.0) -> None:

@@ -105,34 +105,33 @@ async def publish_many(
 ) -> list[bool]:
     """:func:`publish` for several messages at once: all are sent, then all acks awaited
     (``ack_timeout`` for the lot); True for each that was a duplicate. Raises
-    :class:`PublishFailed` if any was not confirmed (the others may well be stored); a message
-    the server refused shows as not confirmed in time (nats-py's asynchronous acks), so the
-    streams these go to drop their oldest messages rather than refuse new ones.
+    :class:`PublishFailed` if any was not confirmed (the others may well be stored), naming the
+    subject of the first the server refused, if any; :class:`StreamFull` when that refusal was
+    a stream's limit.
 
-    nats-py's asynchronous JetStream publish (:func:`aegis_runtime.natsio.publish_async`), which
+    The asynchronous JetStream publish (:func:`aegis_runtime.natsio.publish_async`), which
     FastStream does not model: its acks, matched by one reply subscription, cost less than a
     request per message."""
     pending: list[asyncio.Future[PubAck]] = []
-    subject = ""
+    subject = messages[0].subject if messages else ""
     try:
+        outgoing = []
         for message in messages:
-            subject = message.subject
             data, sent_headers = _outgoing(message, headers, correlation_id)
-            pending.append(
-                await natsio.publish_async(
-                    broker,
-                    subject,
-                    data,
-                    stream=stream or stream_for(subject).name,
-                    headers=sent_headers,
-                )
-            )
+            target = stream or stream_for(message.subject).name
+            outgoing.append((message.subject, data, target, sent_headers))
+        pending = await natsio.publish_async(broker, outgoing)
         acks = await asyncio.wait_for(asyncio.gather(*pending), ack_timeout)
     except (natsio.Error, TimeoutError) as err:
+        refused = [
+            message.subject
+            for message, future in zip(messages, pending, strict=False)
+            if future.done() and not future.cancelled() and future.exception() is not None
+        ]  # each exception seen: none is left "never retrieved"
         for future in pending:
-            if future.done() and not future.cancelled():
-                future.exception()  # seen: not "never retrieved"
             future.cancel()
+        natsio.forget_unanswered(broker)
+        subject = refused[0] if refused else subject
         raise _publish_failure(subject, err) from err
     return [bool(ack.duplicate) for ack in acks]
 
