@@ -11,10 +11,12 @@ the test holds still."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import re
+import signal
 import struct
 import time
 import zlib
@@ -34,14 +36,20 @@ from playwright.async_api import BrowserContext, Page, expect
 
 from aegis_contracts import incidents, keys
 from aegis_contracts.cloud import CheckAlerting, CheckState, CloudCheck, CloudSnapshot
-from aegis_contracts.events import ObjectCreated, RawArchived, SystemEvent
+from aegis_contracts.events import ChangeEvent, ObjectCreated, RawArchived, SystemEvent
 from aegis_contracts.graph import LabelStats, RiskStats, SeriesStats, WindowStats
 from aegis_contracts.ids import SourceType
 from aegis_contracts.items import AlertState, Graph5m, Incident
 from aegis_contracts.keys import ReportArtifact
 from aegis_contracts.state import Level
-from aegis_contracts.subjects import object_created_subject, raw_subject, system_subject
+from aegis_contracts.subjects import (
+    change_subject,
+    object_created_subject,
+    raw_subject,
+    system_subject,
+)
 from aegis_contracts.times import Clock, format_ts, kst_report_date, truncate_ms, utc_now
+from aegis_dashboard_api import feed as feed_module
 from aegis_dashboard_api.access import COOKIE, token_digest
 from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.settings import DashboardSettings
@@ -1054,6 +1062,109 @@ async def test_an_acknowledgement_made_elsewhere_reaches_an_open_list_on_the_liv
         )
         await expect(card(page, gas).locator(".acked")).to_contain_text("cli:kim")
         assert len(reads) >= 1  # read because it heard the change
+
+
+def lost_announcements(dash: Dashboard) -> float:
+    """``aegis_dashboard_change_events_lost_total`` as the dashboard's /metrics says it."""
+    text = dash.app.state.metrics.metrics.render().decode()
+    found = re.search(r"^aegis_dashboard_change_events_lost_total (\S+)$", text, re.MULTILINE)
+    assert found is not None, "the lost-announcements counter is not exposed"
+    return float(found.group(1))
+
+
+async def incident_changes(bus: NatsBroker, incident: Incident) -> list[str]:
+    """The states of the incident's changes on the events stream, in the order stored."""
+    js: JetStreamContext = bus.connection.jetstream()
+    sub = await js.pull_subscribe(change_subject("incident"), stream="AEGIS_EVENTS")
+    states = []
+    try:
+        for msg in await sub.fetch(100, timeout=2):
+            change = ChangeEvent.model_validate_json(msg.data)
+            if (change.new_image or {}).get("incident_id") == incident.incident_id:
+                states.append(str(change.new_image["state"]))  # type: ignore[index]
+    finally:
+        await sub.unsubscribe()
+    return states
+
+
+@pytest.fixture
+async def frozen_bus(
+    private_nats: ManagedServer,
+) -> AsyncIterator[tuple[ManagedServer, NatsBroker]]:
+    """A NATS of the test's own, its streams made, which the test may freeze (SIGSTOP)."""
+    bus = create_broker(AegisSettings(nats_url=private_nats.url), name="frozen-bus-test")
+    await bus.connect()
+    await ensure_streams(bus)
+    try:
+        yield private_nats, bus
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(private_nats.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        await bus.stop()
+
+
+async def test_an_acknowledge_and_a_resolve_are_answered_while_the_bus_is_frozen_and_announced_in_order_after(
+    foundation: Foundation, aws_endpoint: str, frozen_bus: tuple[ManagedServer, NatsBroker]
+) -> None:
+    """A person acknowledging never waits for NATS: with the server frozen (connected, taking
+    nothing), both writes are answered while their announcements are still outstanding; once
+    it thaws, both are announced, in the order they were made, none lost."""
+    server, bus = frozen_bus
+    clock = FakeClock(truncate_ms(datetime.now(UTC)))
+    async with serving(
+        dashboard_settings(foundation, server.url, aws_endpoint), foundation, clock
+    ) as dash:
+        feed = dash.app.state.feed
+        await eventually(lambda: feed.connected, within=15, what="the live feed")
+        gas = await seed_incident(foundation, "factory-a", "GAS_LEAK", "CRITICAL", clock())
+        url = f"{dash.url}/api/incidents/{gas.incident_id}"
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        os.kill(server.process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+        try:
+            async with httpx.AsyncClient(timeout=60) as http:
+                acked = await http.post(f"{url}/ack", headers=auth, json={"note": "on my way"})
+                resolved = await http.post(f"{url}/resolve", headers=auth, json={"note": "closed"})
+            assert acked.status_code == resolved.status_code == 200, (acked.text, resolved.text)
+            assert feed.unannounced == 2  # answered with both still to announce
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        await eventually(lambda: feed.unannounced == 0, within=60, what="the announcements")
+        assert lost_announcements(dash) == 0
+    assert (await stored(foundation, gas)).state == "resolved"
+    assert await incident_changes(bus, gas) == ["acknowledged", "resolved"]
+
+
+async def test_an_acknowledge_whose_announcement_is_not_confirmed_within_the_hold_stands_and_is_counted_lost(
+    foundation: Foundation,
+    aws_endpoint: str,
+    frozen_bus: tuple[ManagedServer, NatsBroker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server, bus = frozen_bus
+    monkeypatch.setattr(feed_module, "ANNOUNCE_HOLD_S", 1.0)
+    clock = FakeClock(truncate_ms(datetime.now(UTC)))
+    async with serving(
+        dashboard_settings(foundation, server.url, aws_endpoint), foundation, clock
+    ) as dash:
+        feed = dash.app.state.feed
+        await eventually(lambda: feed.connected, within=15, what="the live feed")
+        gas = await seed_incident(foundation, "factory-a", "GAS_LEAK", "CRITICAL", clock())
+        os.kill(server.process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+        try:
+            async with httpx.AsyncClient(timeout=60) as http:
+                acked = await http.post(
+                    f"{dash.url}/api/incidents/{gas.incident_id}/ack",
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                )
+            assert acked.status_code == 200, acked.text
+            assert feed.unannounced == 1
+            await eventually(lambda: feed.unannounced == 0, within=30, what="the give-up")
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        assert lost_announcements(dash) == 1
+    assert (await stored(foundation, gas)).state == "acknowledged"  # the write stands
+    # what was sent into the frozen server's socket may be stored once it thaws: never twice
+    assert await incident_changes(bus, gas) in ([], ["acknowledged"])
 
 
 async def test_acknowledging_a_resolved_incident_or_signed_out_is_said_in_place_in_korean(

@@ -126,7 +126,9 @@ def _lifespan(
             else:
                 opened = clients
             reader = app.state.reader = Reader(opened, s, clock)
-            feed = app.state.feed = LiveFeed(reader, hub)
+            feed = app.state.feed = LiveFeed(
+                reader, hub, on_lost=app.state.metrics.change_events_lost.inc
+            )
             if s.dashboard_live:  # incidents changed here are announced like the dispatcher's
                 reader.readmodel.changes = feed.announce
             # /metrics (and /healthz, /readyz) on the health port, apart from the public API
@@ -194,7 +196,9 @@ def create_app(
     )
     if clients is not None:  # reachable before the lifespan too (ASGITransport runs none)
         app.state.reader = Reader(clients, s, clock)
-        app.state.feed = LiveFeed(app.state.reader, hub)
+        app.state.feed = LiveFeed(
+            app.state.reader, hub, on_lost=app.state.metrics.change_events_lost.inc
+        )
     if s.cors_origins:
         app.add_middleware(
             CORSMiddleware,

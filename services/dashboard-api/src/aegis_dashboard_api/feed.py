@@ -29,11 +29,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import pydantic
 import structlog
 
+from aegis_contracts.backoff import spread_s
 from aegis_contracts.events import ChangeEvent, ObjectCreated, SystemEvent
 from aegis_contracts.people import factory_of
 from aegis_contracts.subjects import change_subject, object_created_subject, system_subject
@@ -65,20 +68,35 @@ SUBJECTS = (
 )
 # how long a dashboard waits for JetStream to take an incident change it announces
 ANNOUNCE_TIMEOUT_S = 5.0
+# changes written here and not announced yet (in order, off the request's path): beyond this
+# many, while NATS cannot take them, a new one is counted lost
+ANNOUNCE_BACKLOG = 1000
+# how long a change is tried again (NATS away, or not taking it) before it is counted lost
+ANNOUNCE_HOLD_S = 30.0
 # the cloud and alert views a connecting browser gets are read again when older than this (an
 # alert can also clear without a message being sent)
 SNAPSHOT_MAX_AGE_S = 15.0
 ERROR_LOG_EVERY_S = 60.0
+STOPPED = "the dashboard stopped before announcing it"
+
+
+def _nothing() -> None:
+    return None
 
 
 class LiveFeed:
     """Connects in the background (the read API serves while NATS is away), subscribes once,
     and keeps the latest cloud and alert views for the snapshot a browser gets on connect."""
 
-    def __init__(self, reader: Reader, hub: Hub) -> None:
+    def __init__(self, reader: Reader, hub: Hub, *, on_lost: Callable[[], None] = _nothing) -> None:
         """Connects as the reader's settings say: their NATS identity (``dashboard-api``, which
-        may read these subjects and publish incident changes only), its inbox, TLS."""
+        may read these subjects and publish incident changes only), its inbox, TLS. ``on_lost``
+        counts a change written here that could not be announced."""
         self.reader, self.hub = reader, hub
+        self.on_lost = on_lost
+        # (change, when it was written) in write order, announced by run()
+        self.changes: asyncio.Queue[tuple[Change, datetime]] = asyncio.Queue(ANNOUNCE_BACKLOG)
+        self._unannounced = 0
         self.nc: Client | None = None
         self.cloud: dict[str, Any] | None = None
         self.alerts: list[dict[str, Any]] | None = None
@@ -92,9 +110,12 @@ class LiveFeed:
         return self.nc is not None and self.nc.is_connected
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Connect (retrying until ``stop``: the API serves meanwhile), subscribe, stay."""
+        """Connect (retrying until ``stop``: the API serves meanwhile), subscribe, stay; announce
+        the changes written here as they come (at ``stop``, what is queued gets
+        ``ANNOUNCE_TIMEOUT_S`` more)."""
         connecting = asyncio.create_task(self._connect(), name="live-feed-connect")
         stopping = asyncio.create_task(stop.wait(), name="live-feed-stop")
+        announcing = asyncio.create_task(self._announce_changes(), name="live-feed-announce")
         try:
             await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if connecting.done():
@@ -104,10 +125,13 @@ class LiveFeed:
                 log.info("live_feed_subscribed", subjects=list(SUBJECTS))
                 await stopping
         finally:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changes.join(), ANNOUNCE_TIMEOUT_S)
             self._closing = True
-            for task in (connecting, stopping):
+            for task in (connecting, stopping, announcing):
                 task.cancel()
-            await asyncio.gather(connecting, stopping, return_exceptions=True)
+            await asyncio.gather(connecting, stopping, announcing, return_exceptions=True)
+            self._give_up_queued()
             if self.nc is not None:
                 with contextlib.suppress(Exception):
                     await self.nc.close()
@@ -198,14 +222,77 @@ class LiveFeed:
 
     async def announce(self, change: Change) -> None:
         """The read model's change sink: a write this dashboard made (an incident acknowledged
-        or resolved, a job changed) on ``aegis.changes.{entity}``, taken by JetStream like
-        every other service's. While NATS is away it raises, which the read model logs: the
-        write stands, and screens see it at their next read of the list."""
+        or resolved, a job changed), queued to go on ``aegis.changes.{entity}`` in write order
+        (:meth:`run` announces it, taken by JetStream like every other service's). The person
+        who made it never waits for NATS: the write stands, and screens see it at their next
+        read of the list whatever becomes of its announcement. A change the queue has no room
+        for, or that JetStream has not taken within ``ANNOUNCE_HOLD_S`` of tries, is logged and
+        counted lost (``dashboard_change_events_lost_total``)."""
+        try:
+            self.changes.put_nowait((change, self.reader.clock()))
+        except asyncio.QueueFull:
+            self._lost(change, "the queue of changes to announce is full")
+        else:
+            self._unannounced += 1
+
+    @property
+    def unannounced(self) -> int:
+        """Changes written here whose announcement is queued or under way."""
+        return self._unannounced
+
+    async def _announce_changes(self) -> None:
+        while True:
+            change, at = await self.changes.get()
+            try:
+                await self._announce_one(change, at)
+            except asyncio.CancelledError:
+                self._lost(change, STOPPED)
+                raise
+            except Exception as err:
+                self._lost(change, str(err) or type(err).__name__)
+            finally:
+                self._unannounced -= 1
+                self.changes.task_done()
+
+    async def _announce_one(self, change: Change, at: datetime) -> None:
+        """Publish one change, again after each failure (its message id makes a repeat one
+        stored message) until ``ANNOUNCE_HOLD_S`` has passed since it was taken up."""
         settings = self.reader.settings
         subject, event, msg_id = change_message(
-            change, table=settings.table, producer=settings.service, at=self.reader.clock()
+            change, table=settings.table, producer=settings.service, at=at
         )
-        await self._publish(subject, event.model_dump_json().encode(), msg_id)
+        body = event.model_dump_json().encode()
+        deadline = time.monotonic() + ANNOUNCE_HOLD_S
+        attempt = 0
+        while True:
+            try:
+                await self._publish(subject, body, msg_id)
+            except Exception:
+                attempt += 1
+                wait = spread_s(attempt, first=0.2, cap=5.0)
+                if time.monotonic() + wait >= deadline:
+                    raise
+                await asyncio.sleep(wait)
+            else:
+                return
+
+    def _lost(self, change: Change, why: str) -> None:
+        self.on_lost()
+        log.warning(
+            "change_not_announced",
+            entity=change.entity,
+            pk=change.pk,
+            sk=change.sk,
+            event_name=change.event_name,
+            error=why[:300],
+        )
+
+    def _give_up_queued(self) -> None:
+        while not self.changes.empty():
+            change, _ = self.changes.get_nowait()
+            self._unannounced -= 1
+            self.changes.task_done()
+            self._lost(change, STOPPED)
 
     async def announce_event(self, event: SystemEvent, *, msg_id: str) -> None:
         """A system event of this dashboard's (a sign-in: ``aegis.events.login``), taken by

@@ -58,6 +58,12 @@ class DashboardMetrics:
             "dashboard_audit_failures_total",
             "Audit events that could not be written (the action stands; the event is in the log).",
         )
+        self.change_events_lost = self.metrics.counter(
+            "dashboard_change_events_lost_total",
+            "Writes made here (incidents acknowledged or resolved, jobs changed) whose "
+            "announcement on aegis.changes JetStream did not confirm (NATS away or not taking "
+            "them): other screens see them at their next read; jobs they would start may not.",
+        )
         self.login_events_lost = self.metrics.counter(
             "dashboard_login_events_lost_total",
             "Sign-ins not announced as a login system event (NATS away): Login jobs did not start.",
