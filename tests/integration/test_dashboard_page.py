@@ -20,7 +20,7 @@ import signal
 import struct
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -1087,84 +1087,87 @@ async def incident_changes(bus: NatsBroker, incident: Incident) -> list[str]:
     return states
 
 
+@dataclass
+class FrozenBus:
+    """A NATS of the test's own (its streams made) that the test freezes (SIGSTOP) and thaws,
+    a dashboard on it, and an open incident to act on."""
+
+    server: ManagedServer
+    bus: NatsBroker
+    dash: Dashboard
+    incident: Incident
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        pid = self.server.process.pid  # type: ignore[union-attr]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    async def post(self, action: str, note: str | None = None) -> httpx.Response:
+        async with httpx.AsyncClient(timeout=60) as http:
+            return await http.post(
+                f"{self.dash.url}/api/incidents/{self.incident.incident_id}/{action}",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                json={"note": note},
+            )
+
+
 @pytest.fixture
 async def frozen_bus(
-    private_nats: ManagedServer,
-) -> AsyncIterator[tuple[ManagedServer, NatsBroker]]:
-    """A NATS of the test's own, its streams made, which the test may freeze (SIGSTOP)."""
+    private_nats: ManagedServer, foundation: Foundation, aws_endpoint: str
+) -> AsyncIterator[FrozenBus]:
     bus = create_broker(AegisSettings(nats_url=private_nats.url), name="frozen-bus-test")
     await bus.connect()
     await ensure_streams(bus)
+    clock = FakeClock(truncate_ms(datetime.now(UTC)))
+    settings = dashboard_settings(foundation, private_nats.url, aws_endpoint)
     try:
-        yield private_nats, bus
+        async with serving(settings, foundation, clock) as dash:
+            await eventually(lambda: dash.app.state.feed.connected, within=15, what="the feed")
+            gas = await seed_incident(foundation, "factory-a", "GAS_LEAK", "CRITICAL", clock())
+            yield FrozenBus(private_nats, bus, dash, gas)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(private_nats.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
         await bus.stop()
 
 
 async def test_an_acknowledge_and_a_resolve_are_answered_while_the_bus_is_frozen_and_announced_in_order_after(
-    foundation: Foundation, aws_endpoint: str, frozen_bus: tuple[ManagedServer, NatsBroker]
+    foundation: Foundation, frozen_bus: FrozenBus
 ) -> None:
     """A person acknowledging never waits for NATS: with the server frozen (connected, taking
     nothing), both writes are answered while their announcements are still outstanding; once
     it thaws, both are announced, in the order they were made, none lost."""
-    server, bus = frozen_bus
-    clock = FakeClock(truncate_ms(datetime.now(UTC)))
-    async with serving(
-        dashboard_settings(foundation, server.url, aws_endpoint), foundation, clock
-    ) as dash:
-        feed = dash.app.state.feed
-        await eventually(lambda: feed.connected, within=15, what="the live feed")
-        gas = await seed_incident(foundation, "factory-a", "GAS_LEAK", "CRITICAL", clock())
-        url = f"{dash.url}/api/incidents/{gas.incident_id}"
-        auth = {"Authorization": f"Bearer {TOKEN}"}
-        os.kill(server.process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
-        try:
-            async with httpx.AsyncClient(timeout=60) as http:
-                acked = await http.post(f"{url}/ack", headers=auth, json={"note": "on my way"})
-                resolved = await http.post(f"{url}/resolve", headers=auth, json={"note": "closed"})
-            assert acked.status_code == resolved.status_code == 200, (acked.text, resolved.text)
-            assert feed.unannounced == 2  # answered with both still to announce
-        finally:
-            os.kill(server.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
-        await eventually(lambda: feed.unannounced == 0, within=60, what="the announcements")
-        assert lost_announcements(dash) == 0
-    assert (await stored(foundation, gas)).state == "resolved"
-    assert await incident_changes(bus, gas) == ["acknowledged", "resolved"]
+    feed = frozen_bus.dash.app.state.feed
+    with frozen_bus.frozen():
+        acked = await frozen_bus.post("ack", "on my way")
+        resolved = await frozen_bus.post("resolve", "closed")
+        assert acked.status_code == resolved.status_code == 200, (acked.text, resolved.text)
+        assert feed.unannounced == 2  # answered with both still to announce
+    await eventually(lambda: feed.unannounced == 0, within=60, what="the announcements")
+    assert lost_announcements(frozen_bus.dash) == 0
+    assert (await stored(foundation, frozen_bus.incident)).state == "resolved"
+    assert await incident_changes(frozen_bus.bus, frozen_bus.incident) == [
+        "acknowledged",
+        "resolved",
+    ]
 
 
 async def test_an_acknowledge_whose_announcement_is_not_confirmed_within_the_hold_stands_and_is_counted_lost(
-    foundation: Foundation,
-    aws_endpoint: str,
-    frozen_bus: tuple[ManagedServer, NatsBroker],
-    monkeypatch: pytest.MonkeyPatch,
+    foundation: Foundation, frozen_bus: FrozenBus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server, bus = frozen_bus
     monkeypatch.setattr(feed_module, "ANNOUNCE_HOLD_S", 1.0)
-    clock = FakeClock(truncate_ms(datetime.now(UTC)))
-    async with serving(
-        dashboard_settings(foundation, server.url, aws_endpoint), foundation, clock
-    ) as dash:
-        feed = dash.app.state.feed
-        await eventually(lambda: feed.connected, within=15, what="the live feed")
-        gas = await seed_incident(foundation, "factory-a", "GAS_LEAK", "CRITICAL", clock())
-        os.kill(server.process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
-        try:
-            async with httpx.AsyncClient(timeout=60) as http:
-                acked = await http.post(
-                    f"{dash.url}/api/incidents/{gas.incident_id}/ack",
-                    headers={"Authorization": f"Bearer {TOKEN}"},
-                )
-            assert acked.status_code == 200, acked.text
-            assert feed.unannounced == 1
-            await eventually(lambda: feed.unannounced == 0, within=30, what="the give-up")
-        finally:
-            os.kill(server.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
-        assert lost_announcements(dash) == 1
-    assert (await stored(foundation, gas)).state == "acknowledged"  # the write stands
+    feed = frozen_bus.dash.app.state.feed
+    with frozen_bus.frozen():
+        acked = await frozen_bus.post("ack")
+        assert acked.status_code == 200, acked.text
+        assert feed.unannounced == 1
+        await eventually(lambda: feed.unannounced == 0, within=30, what="the give-up")
+    assert lost_announcements(frozen_bus.dash) == 1
+    assert (await stored(foundation, frozen_bus.incident)).state == "acknowledged"  # it stands
     # what was sent into the frozen server's socket may be stored once it thaws: never twice
-    assert await incident_changes(bus, gas) in ([], ["acknowledged"])
+    assert await incident_changes(frozen_bus.bus, frozen_bus.incident) in ([], ["acknowledged"])
 
 
 async def test_acknowledging_a_resolved_incident_or_signed_out_is_said_in_place_in_korean(
