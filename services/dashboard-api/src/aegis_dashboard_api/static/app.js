@@ -573,8 +573,17 @@
     if (inc.state === "resolved") row.querySelectorAll("form[data-action]").forEach((f) => f.remove());
   }
 
+  // a card resolved here stays this long after the answer, whatever the reads in between
+  // bring, so that the person reads what happened; the first read after it takes it away
+  const KEEP_RESOLVED_MS = 10000;
+  function keepAWhile(row) {
+    row.dataset.keepUntil = String(Date.now() + KEEP_RESOLVED_MS);
+    setTimeout(refreshIncidents, KEEP_RESOLVED_MS + 250);
+  }
+
   function closedHere(row) {
-    // it leaves the list at the next read; until then it says what happened
+    // it leaves the list a moment later (keepAWhile); until then it says what happened
+    keepAWhile(row);
     row.dataset.state = "resolved";
     row.dataset.version = "";
     row.dataset.atLeast = Number.MAX_SAFE_INTEGER;  // no read brings it back open
@@ -622,6 +631,7 @@
     if (!resp.ok || !body || !body.incident) return say(row, "error", T.err_failed.replace("{status}", resp.status));
     const inc = body.incident;
     showIncident(row, inc);
+    if (inc.state === "resolved") keepAWhile(row);
     if (input) input.value = "";
     if (action === "ack") {
       const who = inc.acknowledged_by || "";
@@ -670,7 +680,11 @@
       }
       rows.push(next);
     }
-    shown.forEach((el) => el.remove());  // resolved, or archived
+    shown.forEach((el) => {  // resolved, or archived: gone, unless resolved here just now
+      if (Number(el.dataset.keepUntil || 0) <= Date.now()) return el.remove();
+      const at = [...box.querySelectorAll(":scope > [data-incident]")].indexOf(el);
+      rows.splice(Math.min(at, rows.length), 0, el);
+    });
     box.querySelectorAll(":scope > :not([data-incident])").forEach((el) => el.remove());
     // in the server's order, moving only what is out of place (a moved row loses focus)
     rows.forEach((row, i) => {
