@@ -152,6 +152,7 @@ async def test_message_is_archived_byte_identical_and_announced(
         await eventually(announced)
         [msg] = await messages_on(js, RAW_STREAM, raw_subject(factory, "factory_state"))
         assert msg.headers[MSG_ID_HEADER] == key  # de-duplication per raw object
+        assert msg.headers["correlation_id"] == "msg-happy-0001"  # the consumers' message id
         event = RawArchived.model_validate_json(msg.data)
         assert (event.key, event.bucket, event.topic) == (key, foundation.bucket, topic)
         assert event.message_id == "msg-happy-0001" and not event.message_id_derived

@@ -154,11 +154,15 @@ async def publish_raw_archived(
     broker: NatsBroker, event: RawArchived, *, ack_timeout: float = 5.0
 ) -> bool:
     """Publish a RawArchived event the one way ingest and ``aegis replay`` both do: on its raw
-    subject, with the raw key as Nats-Msg-Id. Returns True if JetStream called it a duplicate."""
+    subject, with the raw key as Nats-Msg-Id and the device's message id as ``correlation_id``
+    (the processor's consumer takes it as the message's id, in its logs too; without one,
+    FastStream would draw a random id for every message it consumes). Returns True if
+    JetStream called it a duplicate."""
     return await publish(
         broker,
         raw_subject(event.factory_id, event.source_type),
         event,
         msg_id=raw_event_msg_id(event),
+        correlation_id=event.message_id,
         ack_timeout=ack_timeout,
     )
