@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -374,8 +375,15 @@ async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_noth
     begun = time.monotonic()
     try:
         with log_path.open("wb") as log:
+            # in a process group of its own, as a shell runs a command in the foreground: Ctrl-C
+            # goes to the whole group
             up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
-                [AEGIS, "up"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
+                [AEGIS, "up"],
+                cwd=tmp_path,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                process_group=0,
             )
             try:
 
@@ -394,7 +402,7 @@ async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_noth
                     return (await outstanding(private_nats.url))["AEGIS_RAW"] >= BACKLOG
 
                 await eventually(queue_holds_work, within=30, interval=0.2, what="a backlog")
-                up.send_signal(signal.SIGINT)
+                os.killpg(up.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
                 assert await asyncio.to_thread(up.wait, 60) == 0
                 print(f"first run stopped after {time.monotonic() - begun:.1f} s")
             finally:
@@ -402,6 +410,12 @@ async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_noth
                     up.kill()
     finally:
         first.stop()
+    # each service was asked to stop once, and finished its work in flight: none was forced
+    # (the services that hold the queue's work among them)
+    printed = log_path.read_text()
+    stops = re.findall(r"^([\w-]+) *\| .*service_stopped .*$", printed, re.MULTILINE)
+    assert {"ingest", "processor"} <= set(stops), printed[-3000:]
+    assert "reason=forced" not in printed and "exit_code=1" not in printed, printed[-3000:]
     left = await outstanding(private_nats.url)
     print(f"work outstanding at Ctrl-C: {left}")
     assert sum(left.values()) > 0, left  # the fault hit while the queue held work

@@ -582,6 +582,9 @@ def start_moto_server(
             stdout=log,
             stderr=subprocess.STDOUT,
             env=os.environ | {LATENCY_ENV: str(latency_ms), "MOTO_PORT": str(port)},
+            # not stopped by a terminal's Ctrl-C meant for aegis up: the services still finish
+            # their work against it; whoever started it stops it
+            process_group=0,
         )
     server = MotoServer(
         url=f"http://{host}:{port}", process=process, log_file=log_path, scratch=scratch

@@ -5,7 +5,8 @@ the S3/DynamoDB emulator on 127.0.0.1:4566 (LocalStack if one listens there, els
 starts), runs ``bootstrap``, then starts every installed service (entry-point group
 ``aegis.services``: name -> a ``main()`` callable) and schedule (``aegis.schedules``: the daily
 ``seal-raw``, which a cluster runs as a scheduled job) as a child process with its own health port,
-prefixes their output with the service name, and stops them all on Ctrl-C or SIGTERM.
+prefixes their output with the service name, and stops them all on Ctrl-C, SIGTERM or SIGHUP
+(the terminal closing).
 
 A child that exits is started again, as a deployment's orchestrator would, after a back-off that
 doubles from 1 s to 30 s (back to 1 s once a run lasted a minute); each restart is printed. The
@@ -161,6 +162,9 @@ async def run_stack(
     settings: AegisSettings, *, services: list[str] | None = None, start: Start = "follow"
 ) -> int:
     endpoint = endpoint_of(settings)
+    # the terminal closing while the stack starts ends it as Ctrl-C does (the emulator started
+    # here is stopped); once the services run, it stops them as Ctrl-C does (_supervise)
+    signal.signal(signal.SIGHUP, signal.default_int_handler)
     ensure_mosquitto(settings.mqtt_url)
     ensure_nats(settings.nats_url)
     moto = ensure_moto_server(endpoint) if endpoint == LOCAL_ENDPOINT else None
@@ -270,6 +274,10 @@ class _Child:
             env=self.env,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
+            # a process group of its own: a terminal's Ctrl-C reaches aegis up alone, which
+            # stops each service with one SIGTERM (a second signal would force it to stop
+            # without finishing its work in flight)
+            process_group=0,
         )
         assert self.proc.stdout is not None
         self.group.create_task(_pipe(self.spec.name, self.proc.stdout))
@@ -396,7 +404,8 @@ async def _supervise(settings: AegisSettings, specs: list[ServiceSpec]) -> int:
     extra_env, token_note = dashboard_access(specs)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # Ctrl-C, a stop, or the terminal closing (SIGHUP): every service stops cleanly
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     children: dict[str, _Child] = {}
     async with asyncio.TaskGroup() as group:
