@@ -309,9 +309,8 @@ class _Acks:
     ``asyncio.wait_for`` (a task and a timer), draws random bytes for its token (a system call)
     and registers a completion callback: measured alone, a batch of 4 cost 163-218 us of CPU
     through it and 140-179 us here (docs/benchmarks.md). Here a publish is the PUB and a
-    dictionary entry; the caller
-    bounds how many it leaves unanswered (:func:`aegis_runtime.bus.publish_many` waits for
-    every batch's acks)."""
+    dictionary entry; the caller bounds how many it leaves unanswered
+    (:func:`aegis_runtime.bus.publish_many` waits for every batch's acks)."""
 
     def __init__(self, connection: Client) -> None:
         self.connection = connection

@@ -8,9 +8,9 @@ for every pytest-xdist worker (a file lock), again only when the script or the l
 ``running_provider(client=..., users=[...], ttl={...})`` starts one on a free port of 127.0.0.1,
 waits for its discovery document, and stops it (its process ended, its log folder removed) when
 the block ends: a test module shares one (each test's browser has its own cookies, so its
-sessions are its own). A test signs a user in over HTTP, without a browser: :meth:`OidcProvider.sign_in`
-follows the authorization request to the provider's sign-in form, posts the account id (consent
-is granted at once) and returns the redirect back to the client.
+sessions are its own). A test signs a user in over HTTP, without a browser:
+:meth:`OidcProvider.sign_in` follows the authorization request to the provider's sign-in form,
+posts the account id (consent is granted at once) and returns the redirect back to the client.
 """
 
 from __future__ import annotations

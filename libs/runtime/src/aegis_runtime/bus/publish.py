@@ -113,7 +113,6 @@ async def publish_many(
     FastStream does not model: its acks, matched by one reply subscription, cost less than a
     request per message."""
     pending: list[asyncio.Future[PubAck]] = []
-    subject = messages[0].subject if messages else ""
     try:
         outgoing = []
         for message in messages:
@@ -131,8 +130,8 @@ async def publish_many(
         for future in pending:
             future.cancel()
         natsio.forget_unanswered(broker)
-        subject = refused[0] if refused else subject
-        raise _publish_failure(subject, err) from err
+        named = refused or [m.subject for m in messages[:1]]
+        raise _publish_failure(named[0] if named else "", err) from err
     return [bool(ack.duplicate) for ack in acks]
 
 
