@@ -594,6 +594,65 @@ async def test_a_stopping_service_takes_no_new_message_while_its_tasks_finish(
     assert info.num_pending == 400 - len(app.handled) > 0  # the fault hit with work waiting
 
 
+async def test_a_stopping_consumer_drops_a_pull_requests_end_from_its_buffer_and_fetches_nothing_more(
+    settings: AegisSettings,
+    broker: NatsBroker,
+    js: JetStreamContext,
+    stream: StreamSpec,
+    unique_id: str,
+) -> None:
+    """The server ends a pull request with a status message (No Messages, Request Timeout); one
+    that arrives after its fetch gave up waits in the consumer's buffer. A consumer stopping
+    with one there drops it and asks the server for nothing more: the message published while
+    it stops is left, unacknowledged by no one, to the replicas that go on."""
+    subject = f"test.{unique_id}.late"
+    holding, release = asyncio.Event(), asyncio.Event()
+    handled: list[bytes] = []
+    service = create_broker(settings, name="late")
+
+    consumer = durable_pull(
+        service, stream, "late", subject=subject, batch_size=4, fetch_timeout=0.5
+    )
+
+    @consumer
+    async def handle(body: bytes) -> None:
+        handled.append(body)
+        holding.set()
+        await release.wait()
+
+    await service.start()
+    try:
+        await publish(broker, subject, b"first", msg_id=None, stream=stream.name)
+        await asyncio.wait_for(holding.wait(), 10)
+        # while the pull loop is in the handler, a pull request of the consumer's own inbox
+        # that finds nothing: the server's No Messages waits in the buffer, as a late end does
+        subscription = consumer.subscription
+        assert subscription is not None and subscription.pending_msgs == 0
+        await natsio.client(broker).publish(
+            subscription._nms,
+            json.dumps({"batch": 1, "no_wait": True}).encode(),
+            reply=subscription._deliver,
+        )
+        await eventually(lambda: subscription.pending_msgs == 1, what="the status in the buffer")
+
+        async def no_request_waiting() -> bool:  # the loop's last fetch has expired
+            return (await _consumer(js, stream, "late")).num_waiting == 0
+
+        await eventually(no_request_waiting, within=10, what="no pull request left")
+        await publish(broker, subject, b"second", msg_id=None, stream=stream.name)
+        fetch = subscription.fetch
+        stopping = asyncio.create_task(stop_consuming(service))
+        await eventually(lambda: subscription.fetch is not fetch, what="the stop under way")
+        release.set()  # the loop leaves the handler for its next fetch, with the status buffered
+        await asyncio.wait_for(stopping, 30)
+    finally:
+        release.set()
+        await service.stop()
+    info = await _consumer(js, stream, "late")
+    assert handled == [b"first"]
+    assert info.num_pending == 1 and info.num_ack_pending == 0
+
+
 async def test_transient_error_is_nacked_and_redelivered(
     settings: AegisSettings,
     broker: NatsBroker,

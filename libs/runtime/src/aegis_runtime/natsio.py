@@ -104,6 +104,7 @@ __all__ = [
     "store_refused",
     "stream_config",
     "stream_state",
+    "take_buffered",
     "unanswered_limit",
     "update_stream",
 ]
@@ -473,3 +474,20 @@ def pace_closed_fetches(broker: NatsBroker, pause: float = CLOSED_FETCH_PAUSE_S)
         subscription.fetch = paced_fetch  # type: ignore[union-attr]
         paced += 1
     return paced
+
+
+def take_buffered(subscription: PullSubscription) -> list[Msg]:
+    """The messages the server delivered to ``subscription`` that wait in its buffer, taken out
+    of it, without a request to the server. The status messages that end pull requests (No
+    Messages, Request Timeout: one arrives after its fetch gave up waiting) are dropped: handed
+    to nats-py's fetch, the buffer's status messages made it send a new pull request each time,
+    so a stopping consumer went on taking new messages for up to the graceful timeout."""
+    sub = subscription._sub  # nats-py's Subscription: its buffer, and the bytes it counts
+    taken: list[Msg] = []
+    while not sub._pending_queue.empty():
+        msg = sub._pending_queue.get_nowait()
+        sub._pending_queue.task_done()
+        sub._pending_size -= len(msg.data)
+        if not JetStreamContext.is_status_msg(msg):
+            taken.append(msg)
+    return taken

@@ -302,18 +302,17 @@ async def stop_consuming(broker: NatsBroker) -> None:
 async def _finish_fetching(subscriber: PullStreamSubscriber) -> None:
     """Let ``subscriber``'s pull loop finish the fetch in progress and handle its messages, then
     hold the loop at its next fetch: it asks the server for nothing more. Messages already in the
-    subscription's buffer (delivered after a fetch returned) are handed to the loop first, one
-    by one, from the buffer. Bounded by the fetch's timeout and the broker's graceful timeout;
-    after that the subscriber is stopped as it stands."""
+    subscription's buffer (delivered after a fetch returned) are handed to the loop first
+    (:func:`aegis_runtime.natsio.take_buffered`). Bounded by the fetch's timeout and the
+    broker's graceful timeout; after that the subscriber is stopped as it stands."""
     subscription = subscriber.subscription
     if subscription is None or not any(not t.done() for t in subscriber.tasks):
         return
-    fetch = subscription.fetch
     held = asyncio.Event()
 
-    async def from_buffer_then_hold(*_args: Any, **kwargs: Any) -> list[Any]:
-        if subscription.pending_msgs > 0:  # one from the buffer: no request to the server
-            return await fetch(1, timeout=kwargs.get("timeout") or 1.0)
+    async def from_buffer_then_hold(*_args: Any, **_kwargs: Any) -> list[Any]:
+        if buffered := natsio.take_buffered(subscription):
+            return buffered
         held.set()
         await asyncio.Event().wait()  # until the subscriber's stop cancels the loop
         return []
