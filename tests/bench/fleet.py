@@ -177,9 +177,9 @@ def accelerate_moto() -> None:
     them again and walking from the first item to the ExclusiveStartKey; it deep-copies every
     item it reads, sizes an item by rebuilding it (again at every attribute it stores), walks
     every attribute value of a request and an answer through the service model, keeps a stream
-    record (two full images) per write, walks every key of a bucket for an S3 listing, and lists
-    its own package's folders twice per request to find the service. At a quarter of a million items a request took seconds, which AWS's
-    per-partition reads never do. Here:
+    record (two full images) per write and walks every key of a bucket for an S3 listing. At a
+    quarter of a million items a request took seconds, which AWS's per-partition reads never
+    do. Here:
 
     - a base-table Query sees only its partition's items, an index Query only the items that
       carry the index's hash key, a Scan page starts after its ExclusiveStartKey in a sorted
@@ -191,10 +191,9 @@ def accelerate_moto() -> None:
     - a write's body is read, and a read's items written, as the JSON they are (what the
       model-driven parser and serializer give for items without binaries);
     - an S3 listing with a prefix walks the keys under it (sorted names, kept until a write);
-    - no stream records are kept (nothing here reads the stream); the folder list is kept.
+    - no stream records are kept (nothing here reads the stream).
 
     Checked against the stock emulator: the same answers, pages and counted bytes."""
-    from moto import backends  # noqa: PLC0415
     from moto.dynamodb.exceptions import ItemSizeTooLarge  # noqa: PLC0415
     from moto.dynamodb.models import DynamoDBBackend  # noqa: PLC0415
     from moto.dynamodb.models import table as table_module  # noqa: PLC0415
@@ -203,10 +202,6 @@ def accelerate_moto() -> None:
     from moto.dynamodb.models.utilities import bytesize  # noqa: PLC0415
     from moto.dynamodb.responses import DynamoHandler, DynamoResult  # noqa: PLC0415
     from moto.s3.models import S3Backend  # noqa: PLC0415
-
-    # the folders of moto's package: listed (a stat per folder) twice per request, never change
-    modules = tuple(backends.list_of_moto_modules())
-    backends.list_of_moto_modules = lambda: modules
 
     state = {"version": 0, "epoch": 0}
     cache: dict[tuple[int, str], tuple[int, Any]] = {}

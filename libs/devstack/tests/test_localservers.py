@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from aiobotocore.session import get_session
+from botocore.exceptions import ClientError
 
 from aegis_devstack.localservers import (
     DEFAULT_MQTT_URL,
@@ -32,6 +33,8 @@ from aegis_devstack.localservers import (
     start_moto_server,
     wait_for_port,
 )
+from aegis_devstack.testing.emulator import register_lambda
+from aegis_storage.clients import AwsConfig, open_client
 
 pytestmark = pytest.mark.integration
 
@@ -180,9 +183,11 @@ async def _bucket_names(endpoint: str, create: str | None = None) -> list[str]:
     return [bucket["Name"] for bucket in listed["Buckets"]]
 
 
-async def test_moto_server_answers_s3_over_http_and_stops(unique_id: str) -> None:
+async def test_moto_server_answers_s3_over_http_logs_only_its_server_errors_and_stops(
+    unique_id: str, tmp_path: Path
+) -> None:
     port = free_port()
-    server = start_moto_server("127.0.0.1", port)
+    server = start_moto_server("127.0.0.1", port, log_file=tmp_path / "moto.log")
     try:
         assert server.started
         assert server.url == f"http://127.0.0.1:{port}"
@@ -190,11 +195,23 @@ async def test_moto_server_answers_s3_over_http_and_stops(unique_id: str) -> Non
         assert await _bucket_names(server.url, create=f"aegis-{unique_id}") == [
             f"aegis-{unique_id}"
         ]
+        # a function whose runtime cannot be reached: the emulator answers 502
+        await register_lambda(server.url, "gone", f"http://127.0.0.1:{free_port()}/")
+        cfg = AwsConfig(region="ap-south-1", endpoint_url=server.url, max_attempts=1)
+        async with open_client("lambda", cfg) as lambda_:
+            with pytest.raises(ClientError) as failed:
+                await lambda_.invoke(FunctionName="gone", Payload=b"{}")
+        assert failed.value.response["ResponseMetadata"]["HTTPStatusCode"] == 502
     finally:
         server.close()
     assert server.process is not None
     assert server.process.returncode is not None
     assert not port_open("127.0.0.1", port)
+    # the failed invocation is in the log; the requests served (and counted) are not
+    logged = [
+        line for line in (tmp_path / "moto.log").read_text().splitlines() if "HTTP/1.1" in line
+    ]
+    assert len(logged) == 1 and "/functions/gone/invocations" in logged[0] and " 502 " in logged[0]
 
 
 def test_moto_server_refuses_a_port_in_use() -> None:
