@@ -1,0 +1,32 @@
+"""The AWS client factory (aegis_storage.clients): sessions of their own over one model loader."""
+
+from __future__ import annotations
+
+import pytest
+
+from aegis_storage.clients import AwsConfig, new_session, open_client
+
+
+def test_new_sessions_are_distinct_and_read_the_api_models_through_one_loader() -> None:
+    first, second = new_session(), new_session()
+    assert first is not second
+    loader = first.get_component("data_loader")
+    assert second.get_component("data_loader") is loader
+    # a model parsed once is not parsed again
+    assert loader.load_service_model("dynamodb", "service-2") is loader.load_service_model(
+        "dynamodb", "service-2"
+    )
+
+
+async def test_each_session_keeps_its_own_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFIRST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "first")
+    first = await new_session().get_credentials()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIASECOND")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "second")
+    second = await new_session().get_credentials()
+    assert first is not None and second is not None
+    assert (first.access_key, second.access_key) == ("AKIAFIRST", "AKIASECOND")
+    # and a client is made from the shared models with this process's settings
+    async with open_client("sts", AwsConfig(endpoint_url="http://127.0.0.1:9")) as sts:
+        assert sts.meta.region_name == "ap-south-1"
