@@ -322,9 +322,9 @@ def test_a_cancelled_transaction_leaves_its_items_and_the_stream_as_they_were(
 
 # -- stream records: what an item's images take, not a dict per attribute -----------------------
 
-UPDATES = 1_500
+UPDATES = 500  # 15 MB at the old ~30 KB a record, against a bound of 4 MB (measured: ~0.7 MB)
 # resident memory a write's stream record may add: a LATEST row's two images are ~4 KB of JSON;
-# as moto's nested dicts they took ~30 KB
+# as moto's nested dicts they took ~30 KB; packed, 1.4-1.6 KB
 BOUND_KB_PER_RECORD = 8.0
 
 
@@ -349,6 +349,7 @@ def test_a_stream_record_takes_about_the_size_of_its_images(server: MotoServer) 
     for n in range(UPDATES):  # each replaces the row: one MODIFY record with both images
         ddb.put_item(TableName=name, Item=_latest_row(n))
     per_record = (_rss_kb(pid) - before) / UPDATES
+    print(f"{per_record:.2f} KB of resident memory a stream record")  # shown with -rP
     assert per_record < BOUND_KB_PER_RECORD, (
         f"{UPDATES} writes of one row grew the emulator {per_record:.1f} KB each"
     )
