@@ -970,7 +970,9 @@ async def test_the_module_applies_on_the_emulator_as_the_template_and_bootstrap_
     }
     assignments = "".join(f"  {k} = {json.dumps(v)}\n" for k, v in scheduled.items())
     main.write_text(called.replace("  source = ", assignments + "  source = ", 1))
-    await asyncio.to_thread(terraform, "plan", "-out=scheduled.plan")
+    # (no refresh: the plan above read every resource, nothing changed since; a refresh costs
+    # the provider's lifecycle-rules read, two reads 5 s apart)
+    await asyncio.to_thread(terraform, "plan", "-refresh=false", "-out=scheduled.plan")
     planned = json.loads(terraform("show", "-json", "scheduled.plan").stdout)
     changes = {c["address"]: c["change"] for c in planned["resource_changes"]}
     changes = {a: c for a, c in changes.items() if c["actions"] != ["no-op"]}
@@ -1009,5 +1011,5 @@ async def test_the_module_applies_on_the_emulator_as_the_template_and_bootstrap_
     for reason, given in refused.items():
         assignments = "".join(f"  {k} = {json.dumps(v)}\n" for k, v in given.items())
         main.write_text(called.replace("  source = ", assignments + "  source = ", 1))
-        done = await asyncio.to_thread(terraform, "plan", check=False)
+        done = await asyncio.to_thread(terraform, "plan", "-refresh=false", check=False)
         assert done.returncode == 1 and reason in " ".join(done.stderr.split()), done.stderr
