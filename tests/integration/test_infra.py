@@ -22,7 +22,6 @@ from urllib.parse import unquote
 import httpx
 import pytest
 import yaml
-from aiobotocore.session import get_session
 from botocore.exceptions import ClientError
 
 from aegis_aggregator.aggregate import JOB as AGGREGATE_JOB
@@ -42,7 +41,7 @@ from aegis_storage.bootstrap import (
     expected_foundation,
     normalize_rules,
 )
-from aegis_storage.clients import AwsClients, AwsConfig, aio_config, open_client
+from aegis_storage.clients import AwsClients, AwsConfig, aio_config, new_session, open_client
 from aegis_storage.dynamo import open_items
 from aegis_storage.errors import StorageError
 from aegis_storage.items import Put
@@ -345,7 +344,7 @@ async def _operator_and_break_glass(iam: Any) -> tuple[str, str]:
 
 
 async def _clients(stack: AsyncExitStack, cfg: AwsConfig, key: tuple[str, str]) -> AwsClients:
-    session = get_session()
+    session = new_session()
     kwargs: dict[str, Any] = {
         "region_name": REGION,
         "endpoint_url": cfg.endpoint_url,
@@ -597,7 +596,7 @@ async def test_the_orchestrator_reads_the_table_stream_for_expiries(
         async def streams_of(service: str) -> Any:
             key, secret = credentials[service]
             return await stack.enter_async_context(
-                get_session().create_client(
+                new_session().create_client(
                     "dynamodbstreams",
                     region_name=REGION,
                     endpoint_url=iam_endpoint,
@@ -1200,7 +1199,7 @@ async def test_the_emulator_refuses_every_ecs_request_it_would_not_authorize_as_
     does not supply: with policies enforced, an ECS request is refused saying why, not decided
     on a context short of what AWS would see."""
     key, secret = credentials[OPERATOR]
-    async with get_session().create_client(
+    async with new_session().create_client(
         "ecs",
         region_name=REGION,
         endpoint_url=iam_endpoint,
@@ -1294,7 +1293,7 @@ async def test_the_emulator_refuses_policies_it_would_not_evaluate_as_aws_does(t
 async def test_only_the_break_glass_role_deletes_raw_and_only_with_mfa(iam_endpoint, credentials):
     async with AsyncExitStack() as stack:
         sts = await stack.enter_async_context(
-            get_session().create_client(
+            new_session().create_client(
                 "sts",
                 region_name=REGION,
                 endpoint_url=iam_endpoint,
@@ -1313,7 +1312,7 @@ async def test_only_the_break_glass_role_deletes_raw_and_only_with_mfa(iam_endpo
             )
         )["Credentials"]
         glass = await stack.enter_async_context(
-            get_session().create_client(
+            new_session().create_client(
                 "s3",
                 region_name=REGION,
                 endpoint_url=iam_endpoint,

@@ -11,6 +11,7 @@ Beside the aiobotocore clients, the obstore client of the per-message S3 calls
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -75,8 +76,13 @@ class AwsClients:
     items: DynamoItems  # item reads and writes (the read model's)
 
 
-# the API models' loader every session of this process shares (new_session)
-_models: list[Loader] = []
+@functools.cache
+def _models() -> Loader:
+    """The API models' loader every session of this process shares (the first session's)."""
+    from aiobotocore.session import get_session  # noqa: PLC0415 - see aio_config
+
+    loader: Loader = get_session().get_component("data_loader")
+    return loader
 
 
 def new_session() -> AioSession:
@@ -89,10 +95,7 @@ def new_session() -> AioSession:
     from aiobotocore.session import get_session  # noqa: PLC0415 - see aio_config
 
     session = get_session()
-    if _models:
-        session.register_component("data_loader", _models[0])
-    else:
-        _models.append(session.get_component("data_loader"))
+    session.register_component("data_loader", _models())
     return session
 
 
