@@ -4,6 +4,7 @@ service or restart a server and observe only what a user would: objects, items a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -136,7 +137,9 @@ async def pipeline(
     try:
         yield p
     finally:
-        p.stop()
+        # off the event loop: the fakes a test serves in it (a webhook, a trace collector) go on
+        # answering while the services stop (a service exports its last spans as it stops)
+        await asyncio.to_thread(p.stop)
 
 
 @pytest.fixture

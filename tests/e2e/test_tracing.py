@@ -92,8 +92,10 @@ def fire(factory: str, at: datetime) -> bytes:
 
 
 async def test_one_trace_follows_a_message_through_three_services(
-    pipeline: Pipeline, webhook: FakeWebhook, collector: Collector, now: datetime
+    collector: Collector, webhook: FakeWebhook, pipeline: Pipeline, now: datetime
 ) -> None:
+    # (the collector, made before the services, outlives them: a service exports its last spans
+    # as it stops, and with no collector its exporter would retry until its timeout, 10 s)
     services = ("ingest", "processor", "alert-dispatcher")
     pipeline.extra_env = {
         "AEGIS_TRACING": "otlp",
