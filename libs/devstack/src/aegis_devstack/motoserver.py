@@ -114,7 +114,7 @@ from html import unescape
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, unquote, urlsplit
 
-from aegis_devstack import motoholds, motopolicy, motopost
+from aegis_devstack import motoholds, motojson, motopolicy, motopost
 
 LATENCY_ENV = "AEGIS_MOTO_LATENCY_MS"
 COUNTS_PATH = "/_aegis/requests"
@@ -1329,6 +1329,7 @@ def main(argv: list[str] | None = None) -> None:
 
     gc.set_threshold(700, 10, 1_000_000)
     serve_without_waste()
+    motojson.answer_item_calls_directly()
     bound_memory()
     clock = motopost.EmulatorClock()
     serialize_requests(float(os.environ.get(LATENCY_ENV, "0")) / 1000, clock=clock)
