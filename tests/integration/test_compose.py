@@ -6,6 +6,8 @@ schema (vendored by check-jsonschema), the workspace's members and the `aegis` C
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
 import importlib.resources
 import json
@@ -44,6 +46,12 @@ PROFILED = {"simulator": {"simulator", "demo"}}
 
 
 def load_compose() -> dict[str, Any]:
+    """compose.yaml, a copy of its own for each caller (some change it)."""
+    return copy.deepcopy(_compose())
+
+
+@functools.cache
+def _compose() -> dict[str, Any]:
     # safe_load resolves the `<<: *aegis` merge keys, as compose does.
     data = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
     assert isinstance(data, dict), "compose.yaml is not a mapping"

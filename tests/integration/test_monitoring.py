@@ -9,6 +9,7 @@ The catalogue of metrics comes from the code: the standard ones and the collecto
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 import subprocess
@@ -36,8 +37,9 @@ BUILTIN = {"up": set()}
 SEVERITIES = {"warning", "critical"}
 
 
+@functools.cache
 def catalogue() -> dict[str, set[str]]:
-    """Every exposed series name -> its label names."""
+    """Every exposed series name -> its label names (made once: read, never changed)."""
     found: dict[str, set[str]] = dict(BUILTIN)
     metrics = Metrics("catalogue")
     # labelled series show once used
@@ -61,7 +63,14 @@ def catalogue() -> dict[str, set[str]]:
     return found
 
 
-def declared_metrics() -> Iterator[tuple[str, str, tuple[str, ...]]]:
+@functools.cache
+def declared_metrics() -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """(kind, name, labels) of every metric the services declare, read from their code once
+    (each expression's test asks for them)."""
+    return tuple(_declared_metrics())
+
+
+def _declared_metrics() -> Iterator[tuple[str, str, tuple[str, ...]]]:
     for path in ROOT.glob("services/*/src/**/*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import os
 import re
@@ -540,6 +541,12 @@ def differences(left: Any, right: Any, path: str = "") -> list[str]:
 
 
 def template() -> dict[str, Any]:
+    """The CloudFormation template, a copy of its own for each caller (some change it)."""
+    return copy.deepcopy(_template())
+
+
+@functools.cache
+def _template() -> dict[str, Any]:
     loaded: dict[str, Any] = yaml.safe_load((INFRA / "foundation.yaml").read_text())
     return loaded
 
