@@ -202,6 +202,7 @@ class Tally:
     duplicates: int = 0  # acks that said "already stored": a retry of an event the stream had
     failures: Counter[str] = field(default_factory=Counter)  # by the NATS error under them
     in_flight: int = 0
+    last_began: float = 0.0  # when the latest attempt began
     halfway: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -221,7 +222,7 @@ async def publish_as_ingest(
             attempt = 0
             while True:
                 attempt += 1
-                began = time.monotonic()
+                began = tally.last_began = time.monotonic()
                 tally.in_flight += 1
                 try:
                     duplicate = await publish_raw_archived(
@@ -283,7 +284,16 @@ async def test_three_replicas_lose_nothing_when_the_leader_is_killed(
     doomed = cluster.node(leader).server
     assert doomed.process is not None
     os.kill(doomed.process.pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
     await asyncio.sleep(FROZEN_S)
+    # and not before a publish was sent to it: on a busy machine the publishers may not have
+    # run in those 0.3 s, and what was in flight then had been answered before the freeze
+    await eventually(
+        lambda: tally.last_began > frozen_at,
+        within=10,
+        interval=0.01,
+        what="a publish sent while the leader was frozen",
+    )
     acked_at_kill, in_flight_at_kill = len(tally.acked), tally.in_flight
     doomed.kill()
     killed_at = time.monotonic()
