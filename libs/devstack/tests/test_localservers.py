@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import shutil
@@ -334,3 +335,23 @@ def test_ensure_nats_refuses_a_server_without_jetstream(pidfile: Path) -> None:
     assert port_open("127.0.0.1", port)  # it did start: the refusal is about JetStream
     with pytest.raises(LocalServerError, match="not enabled"):
         jetstream_account_info(url)
+
+
+def test_a_jetstream_probe_that_times_out_in_the_handshake_closes_its_connection() -> None:
+    """A listener that accepts the connection and never says INFO: the probe gives up after its
+    timeout and closes the socket itself (nats-py, reconnecting disallowed, leaves it open, to
+    be found unclosed by whatever collects it later)."""
+    collecting = gc.isenabled()
+    gc.disable()  # a socket left open stays open: nothing collects it behind the test's back
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            port = listener.getsockname()[1]
+            with pytest.raises(LocalServerError, match="no NATS answer"):
+                jetstream_account_info(f"nats://127.0.0.1:{port}", 0.3)
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(5)
+                assert conn.recv(1024) == b""  # the probe's end closed
+    finally:
+        if collecting:
+            gc.enable()

@@ -27,8 +27,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from faststream.nats import NatsBroker
-
 from aegis_devstack.motoserver import LATENCY_ENV
 from aegis_runtime import natsio
 
@@ -310,25 +308,11 @@ def jetstream_account_info(url: str = DEFAULT_NATS_URL, timeout: float = 2.0) ->
         return pool.submit(asyncio.run, _account_info(url, timeout)).result()
 
 
-async def _ignore(_err: Exception) -> None:
-    return None
-
-
 async def _account_info(url: str, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
-    broker = NatsBroker(
-        url,
-        connect_timeout=timeout,  # type: ignore[arg-type]  # nats-py takes seconds as a float
-        allow_reconnect=False,
-        max_reconnect_attempts=0,
-        error_cb=_ignore,  # the raised error says it; nats-py would also print a traceback
-        logger=None,
-    )
     try:
-        await broker.connect()
-    except Exception as err:
-        raise LocalServerError(f"no NATS answer from {url}: {err!r}") from err
-    try:
-        return await natsio.account_info(broker, timeout)
+        return await natsio.account_info_at(url, timeout)
+    except natsio.Unreachable as err:
+        raise LocalServerError(f"no NATS answer from {url}: {err}") from err
     except natsio.JetStreamOff as err:
         raise LocalServerError(str(err)) from err
     except natsio.Error as err:
@@ -337,8 +321,6 @@ async def _account_info(url: str, timeout: float) -> dict[str, Any]:  # noqa: AS
         raise LocalServerError(f"no JetStream answer from {url}: {err!r}") from err
     except TimeoutError as err:
         raise LocalServerError(f"no JetStream answer from {url}: {err!r}") from err
-    finally:
-        await natsio.close(broker)
 
 
 # -- moto_server -------------------------------------------------------------------------------

@@ -282,14 +282,46 @@ async def last_message(broker: NatsBroker, stream: str, subject: str) -> bytes |
     return msg.data or b""
 
 
-async def account_info(broker: NatsBroker, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
-    """JetStream's account info (limits, usage) as a dict. Raises :class:`JetStreamOff` when
-    the server has no JetStream, else nats-py's errors (a refusal is a JetStream API error)."""
+async def account_info(broker: NatsBroker | Client, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
+    """JetStream's account info (limits, usage) as a dict, through a broker or a connection of
+    nats-py's. Raises :class:`JetStreamOff` when the server has no JetStream, else nats-py's
+    errors (a refusal is a JetStream API error)."""
+    nc = broker if isinstance(broker, Client) else client(broker)
     try:
-        info = await client(broker).jsm(timeout=timeout).account_info()
+        info = await nc.jsm(timeout=timeout).account_info()
     except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as err:
         raise JetStreamOff("no responders for $JS.API.INFO (JetStream not enabled)") from err
     return dict(info.as_dict())
+
+
+class Unreachable(Exception):
+    """No connection to the server could be made (refused, or no handshake in time)."""
+
+
+async def account_info_at(url: str, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
+    """:func:`account_info` of the server at ``url``, over a connection of its own that is
+    closed whatever happened: when the server accepts the connection but does not finish the
+    handshake in time, nats-py (reconnecting disallowed) raises and leaves the socket open.
+    Raises :class:`Unreachable` when no connection could be made."""
+    nc = Client()
+    try:
+        try:
+            await nc.connect(
+                servers=[url],
+                connect_timeout=timeout,  # type: ignore[arg-type]  # seconds, as a float
+                allow_reconnect=False,
+                max_reconnect_attempts=0,
+                error_cb=_no_report,  # the raised error says it; nats-py would print a traceback
+            )
+        except Exception as err:
+            raise Unreachable(repr(err)) from err
+        return await account_info(nc, timeout)
+    finally:
+        await nc.close()
+
+
+async def _no_report(_err: Exception) -> None:
+    return None
 
 
 def is_jetstream_refusal(err: BaseException) -> bool:
