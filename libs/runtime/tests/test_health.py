@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from aegis_runtime.health import HealthServer, HealthServerError
+from aegis_runtime.health import HealthServer, HealthServerError, probe_ready
 from aegis_runtime.metrics import Metrics
 
 
@@ -96,6 +96,30 @@ async def test_readyz_is_200_when_all_checks_pass() -> None:
         status, _, body = await _get(server.port, "/readyz")
     assert status == 200
     assert json.loads(body) == {"ready": True, "checks": {"nats": True}}
+
+
+async def test_a_probe_waits_for_checks_slower_than_a_second_but_within_their_timeout() -> None:
+    async def slow_ok() -> bool:
+        await asyncio.sleep(1.5)  # under the server's default check_timeout (2 s)
+        return True
+
+    server = HealthServer(Metrics("dispatcher"))
+    server.add_check("storage", slow_ok)
+    async with server:
+        ready, said = await asyncio.to_thread(probe_ready, server.port)
+    assert ready
+    assert json.loads(said) == {"ready": True, "checks": {"storage": True}}
+
+
+async def test_a_probe_of_a_service_not_ready_says_which_check_failed() -> None:
+    server = HealthServer(Metrics("dispatcher"))
+    server.add_check("nats", _ok)
+    server.add_check("storage", _down)
+    async with server:
+        ready, said = await asyncio.to_thread(probe_ready, server.port)
+    status, _, body = said.partition(" ")
+    assert not ready and status == "503"
+    assert json.loads(body)["checks"] == {"nats": True, "storage": False}
 
 
 def test_a_check_name_is_registered_once() -> None:

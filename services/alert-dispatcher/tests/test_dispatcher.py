@@ -47,11 +47,11 @@ from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port
 from aegis_devstack.testing.builders import FakeClock, fire_reason
 from aegis_devstack.testing.emulator import arequest_counts
+from aegis_devstack.testing.processes import process_ready
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_devstack.testing.webhook import ABANDONED, FakeWebhook, Unanswered
 from aegis_runtime.bus import create_broker, ensure_streams, publish
-from aegis_runtime.health import answers_ready
 from aegis_runtime.logging import configure
 from aegis_storage import fleetindex
 from aegis_storage.dynamo import DynamoItems
@@ -733,11 +733,12 @@ async def test_a_replica_killed_while_slack_is_slow_is_completed_by_the_other_ex
     ports = [free_port(), free_port()]
     procs: dict[int, subprocess.Popen[bytes]] = {}
     try:
-        for i, port in enumerate(ports):
-            proc = spawn(script, env | {"AEGIS_HEALTH_PORT": str(port)}, tmp_path / f"d{i}.log")
+        logs = [tmp_path / f"d{i}.log" for i in range(len(ports))]
+        for port, log in zip(ports, logs, strict=True):
+            proc = spawn(script, env | {"AEGIS_HEALTH_PORT": str(port)}, log)
             procs[proc.pid] = proc
-        for port in ports:
-            await eventually(lambda p=port: answers_ready(p), within=30, what="a replica ready")
+        for proc, port, log in zip(procs.values(), ports, logs, strict=True):
+            await process_ready(proc, port, log, within=30, what=f"replica {log.stem}")
         client = create_broker(
             settings_for(foundation, aws_endpoint, private_nats.url, webhook, unique_id),
             name="alerts-test-client",

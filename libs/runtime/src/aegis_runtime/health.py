@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
@@ -171,11 +172,29 @@ class HealthServer:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
 
-def answers_ready(port: int, host: str = "127.0.0.1") -> bool:
-    """The service whose health server listens on ``port`` answers ``/readyz`` with 200 (a
-    blocking probe with a 1 s timeout: call it in a thread from async code)."""
+# A probe waits longer than the checks may take (``HealthServer``'s ``check_timeout``, 2 s by
+# default): a service whose storage answers slowly says "not ready" itself, and a probe that
+# gave up first would read a slow "ready" as a refusal forever.
+PROBE_TIMEOUT_S = 5.0
+
+
+def probe_ready(
+    port: int, host: str = "127.0.0.1", timeout: float = PROBE_TIMEOUT_S
+) -> tuple[bool, str]:
+    """Ask the service whose health server listens on ``port`` for ``/readyz`` (blocking: call it
+    in a thread from async code): whether it answered 200, and what it said (its checks) or why
+    it could not be asked."""
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=1) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
+        with urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=timeout) as resp:
+            return bool(resp.status == 200), resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:  # 503: the body names the failing checks
+        with exc:
+            return False, f"{exc.code} {exc.read().decode(errors='replace')}"
+    except OSError as exc:
+        return False, repr(exc)
+
+
+def answers_ready(port: int, host: str = "127.0.0.1") -> bool:
+    """The service whose health server listens on ``port`` answers ``/readyz`` with 200
+    (blocking, see :func:`probe_ready`)."""
+    return probe_ready(port, host)[0]

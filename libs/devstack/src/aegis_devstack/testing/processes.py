@@ -10,18 +10,17 @@ process ends (``aegis up``'s supervisor, :mod:`aegis_devstack.stack`, is the one
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
 from aegis_devstack.localservers import free_port
-from aegis_devstack.testing.waiting import eventually
+from aegis_runtime.health import answers_ready, probe_ready
 
 SCRIPTS = Path(sys.executable).parent
 # a service asked to stop is killed when it has not exited this long after SIGTERM
@@ -67,12 +66,7 @@ class ServiceProcesses:
 
     def answers_ready(self, service: str) -> bool:
         """True when ``service``'s ``/readyz`` answers 200 (it has what it needs)."""
-        url = f"http://127.0.0.1:{self.health[service]}/readyz"
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
+        return answers_ready(self.health[service])
 
     def wait_ready(self, *services: str, timeout: float = 30) -> None:
         """Block until each of ``services`` (default: every one running) is ready."""
@@ -84,12 +78,15 @@ class ServiceProcesses:
                 time.sleep(0.1)
 
     async def ready(self, *services: str, within: float = 30) -> None:
-        """Wait, without blocking the event loop, until each of ``services`` is ready."""
+        """Wait, without blocking the event loop, until each of ``services`` is ready; fail at
+        once when one has exited, with its log's last lines (see :func:`process_ready`)."""
         for service in services:
-            await eventually(
-                functools.partial(self.answers_ready, service),
+            await process_ready(
+                self.procs[service],
+                self.health[service],
+                (self.logs or Path()) / f"{service}.log",
                 within=within,
-                what=f"{service} ready",
+                what=service,
             )
 
     def kill(self, service: str) -> None:
@@ -125,8 +122,34 @@ class ServiceProcesses:
         says what the services were doing (the logs go away with the test's temp folder)."""
         if self.logs is None:
             return ""
-        parts = []
-        for log in sorted(self.logs.glob("*.log")):
-            tail = log.read_text(errors="replace").splitlines()[-lines:]
-            parts.append(f"--- {log.name} (last {len(tail)} lines)\n" + "\n".join(tail))
-        return "\n".join(parts)
+        return "\n".join(_tail(log, lines) for log in sorted(self.logs.glob("*.log")))
+
+
+async def process_ready(
+    proc: subprocess.Popen[bytes], port: int, log: Path, *, within: float = 30, what: str
+) -> None:
+    """Wait, without blocking the event loop, until the service ``proc`` (its health server on
+    ``port``, its output in ``log``) answers ``/readyz`` with 200. Fails at once when the
+    process has exited, and after ``within`` seconds otherwise; either way the error carries
+    what ``/readyz`` last said and the log's last lines, so a failure in CI (where the logs go
+    away with the test's folder) says what the service was doing."""
+    deadline = time.monotonic() + within
+    said = "not asked yet"
+    while True:
+        if (code := proc.poll()) is not None:
+            raise AssertionError(f"{what} exited with {code} before it was ready\n{_tail(log)}")
+        ready, said = await asyncio.to_thread(probe_ready, port)
+        if ready:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"{what} not ready within {within:.0f}s; /readyz: {said}\n{_tail(log)}"
+            )
+        await asyncio.sleep(0.1)
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    if not log.exists():
+        return f"--- {log.name}: no log"
+    tail = log.read_text(errors="replace").splitlines()[-lines:]
+    return f"--- {log.name} (last {len(tail)} lines)\n" + "\n".join(tail)

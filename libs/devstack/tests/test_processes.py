@@ -1,0 +1,72 @@
+"""aegis_devstack.testing.processes: waiting for a real service process to be ready."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aegis_devstack.localservers import free_port
+from aegis_devstack.testing.processes import process_ready
+from aegis_runtime.health import HealthServer
+from aegis_runtime.metrics import Metrics
+
+
+def started(code: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait(10)
+
+
+async def test_a_service_that_exits_before_it_is_ready_fails_the_wait_with_its_code_and_log(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    log = tmp_path / "svc.log"
+    proc = started("print('storage unreachable: giving up', flush=True); raise SystemExit(3)", log)
+    processes.append(proc)
+    proc.wait(30)
+    with pytest.raises(AssertionError) as failed:
+        await process_ready(proc, free_port(), log, within=600, what="svc")
+    assert "svc exited with 3 before it was ready" in str(failed.value)
+    assert "storage unreachable: giving up" in str(failed.value)
+
+
+async def test_a_service_never_ready_fails_the_wait_with_what_readyz_said_and_its_log(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    log = tmp_path / "svc.log"
+    proc = started("print('waiting for storage', flush=True); import time; time.sleep(60)", log)
+    processes.append(proc)
+
+    async def down() -> bool:
+        return False
+
+    server = HealthServer(Metrics("svc"))  # stands in for the process's own health server
+    server.add_check("storage", down)
+    async with server:
+        with pytest.raises(AssertionError) as failed:
+            await process_ready(proc, server.port, log, within=0, what="svc")
+    message = str(failed.value)
+    assert "svc not ready within 0s; /readyz: 503" in message
+    assert '"storage":false' in message and "waiting for storage" in message
+
+
+async def test_a_ready_service_ends_the_wait(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    proc = started("import time; time.sleep(60)", tmp_path / "svc.log")
+    processes.append(proc)
+    async with HealthServer(Metrics("svc")) as server:
+        await process_ready(proc, server.port, tmp_path / "svc.log", within=30, what="svc")
+    assert proc.poll() is None
