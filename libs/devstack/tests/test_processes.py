@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,27 +14,32 @@ from aegis_devstack.testing.processes import process_ready
 from aegis_runtime.health import HealthServer
 from aegis_runtime.metrics import Metrics
 
-
-def started(code: str, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT)
+Start = Callable[[str], subprocess.Popen[bytes]]
 
 
 @pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+def start(tmp_path: Path) -> Iterator[Start]:
+    """Starts ``python -c CODE`` with its output in ``svc.log`` (killed at the test's end)."""
     procs: list[subprocess.Popen[bytes]] = []
-    yield procs
+
+    def started(code: str) -> subprocess.Popen[bytes]:
+        with (tmp_path / "svc.log").open("ab") as out:
+            procs.append(
+                subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT)
+            )
+        return procs[-1]
+
+    yield started
     for proc in procs:
         proc.kill()
         proc.wait(10)
 
 
 async def test_a_service_that_exits_before_it_is_ready_fails_the_wait_with_its_code_and_log(
-    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+    tmp_path: Path, start: Start
 ) -> None:
     log = tmp_path / "svc.log"
-    proc = started("print('storage unreachable: giving up', flush=True); raise SystemExit(3)", log)
-    processes.append(proc)
+    proc = start("print('storage unreachable: giving up', flush=True); raise SystemExit(3)")
     proc.wait(30)
     with pytest.raises(AssertionError) as failed:
         await process_ready(proc, free_port(), log, within=600, what="svc")
@@ -43,11 +48,10 @@ async def test_a_service_that_exits_before_it_is_ready_fails_the_wait_with_its_c
 
 
 async def test_a_service_never_ready_fails_the_wait_with_what_readyz_said_and_its_log(
-    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+    tmp_path: Path, start: Start
 ) -> None:
     log = tmp_path / "svc.log"
-    proc = started("print('waiting for storage', flush=True); import time; time.sleep(60)", log)
-    processes.append(proc)
+    proc = start("print('waiting for storage', flush=True); import time; time.sleep(60)")
 
     async def down() -> bool:
         return False
@@ -62,11 +66,8 @@ async def test_a_service_never_ready_fails_the_wait_with_what_readyz_said_and_it
     assert '"storage":false' in message and "waiting for storage" in message
 
 
-async def test_a_ready_service_ends_the_wait(
-    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
-) -> None:
-    proc = started("import time; time.sleep(60)", tmp_path / "svc.log")
-    processes.append(proc)
+async def test_a_ready_service_ends_the_wait(tmp_path: Path, start: Start) -> None:
+    proc = start("import time; time.sleep(60)")
     async with HealthServer(Metrics("svc")) as server:
         await process_ready(proc, server.port, tmp_path / "svc.log", within=30, what="svc")
     assert proc.poll() is None
