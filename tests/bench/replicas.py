@@ -14,12 +14,16 @@ service start are reused. Each round, on fresh processes:
    fifth of the backlog on, so its start-up is left out), its CPU and requests per message;
 3. both, MQTT publish -> LATEST change event, as fast as possible: the sustained rate of one
    replica of each on this machine, the CPU per message of both;
-then, once, latency p50/p95/p99 at a rate just below that sustained one (``--latency-share``,
-80 %: this VM's speed drifts by tens of per cent within minutes, and at 90 % the processor fell
-behind in some runs), at 250 messages/s if that is below it, and at a light load (a quarter
-of the sustained rate: the round trips' floor). Every run reports the machine's CPU split
-(cores used by each process, the machine's total, and what no watched process used): this
-machine has 2 cores shared by Mosquitto, NATS, the responder, the publisher and both services.
+4. latency p50/p95/p99 publish -> LATEST at the target rate, 250 messages/s: in every round,
+   so the tail is a figure per round, not one draw (the target holds only if it holds in each);
+   and in each variant's last round also at a rate just below the sustained one
+   (``--latency-share``, 80 %: this VM's speed drifts by tens of per cent within minutes, and at
+   90 % the processor fell behind in some runs) and at a light load (a quarter of the sustained
+   rate: the round trips' floor).
+
+Every run reports the machine's CPU split (cores used by each process, the machine's total, and
+what no watched process used): this machine has 2 cores shared by Mosquitto, NATS, the
+responder, the publisher and both services.
 
 ``--baseline REF`` runs the same rounds on the code of another commit, alternating (baseline,
 current, baseline, current, ...): its libs/ and services/ are extracted with ``git archive``
@@ -300,10 +304,9 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     both = _median([r["both"]["per_second"] for r in current])
     alone = _median([r["processor_alone"]["per_second"] for r in current])
     median_round = sorted(current, key=lambda r: r["both"]["per_second"])[len(current) // 2]
-    latency = next((r["latency"] for r in current if r.get("latency")), {})
-    at_target = latency.get(f"{TARGETS['processor_per_s']:.0f}")
-    below = [v for k, v in latency.items() if k != f"{TARGETS['processor_per_s']:.0f}"]
-    p99_at = at_target or (max(below, key=lambda v: v["offered_per_s"]) if below else None)
+    target_key = f"{TARGETS['processor_per_s']:.0f}"
+    latency = current[-1]["latency"]
+    p99s = [r["latency"][target_key]["latency_ms"]["p99"] for r in current]
     summary: dict[str, Any] = {
         "ingest_per_s": ingest,
         "both_per_s": both,
@@ -337,12 +340,12 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             },
             "processor_p99_ms": {
                 "target": TARGETS["processor_p99_ms"],
-                "at_per_s": p99_at["offered_per_s"] if p99_at else None,
-                "measured": p99_at["latency_ms"]["p99"] if p99_at else None,
-                # the target is p99 at >= 250 messages/s: a lower rate cannot meet it
-                "met": bool(
-                    at_target and at_target["latency_ms"]["p99"] < TARGETS["processor_p99_ms"]
-                ),
+                "at_per_s": TARGETS["processor_per_s"],
+                # every round's, and met only when each round's is under the target
+                "rounds": p99s,
+                "measured": _median(p99s),
+                "worst": max(p99s),
+                "met": max(p99s) < TARGETS["processor_p99_ms"],
             },
         },
     }
@@ -365,6 +368,12 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         }
         summary["baseline"] = {
             "commit": baseline[0]["commit"],
+            "p99_ms_at_target_rounds": [
+                r["latency"][target_key]["latency_ms"]["p99"] for r in baseline
+            ],
+            "latency_ms": {
+                rate: run["latency_ms"] for rate, run in baseline[-1]["latency"].items()
+            },
             "ingest_per_s": _median([r["ingest"]["per_second"] for r in baseline]),
             "both_per_s": _median([r["both"]["per_second"] for r in baseline]),
             "processor_alone_per_s": _median(
@@ -377,16 +386,21 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def at_target_rate(_sustained: float) -> list[float]:
+    return [TARGETS["processor_per_s"]]
+
+
 def latency_rates_for(done: list[float], share: float) -> Callable[[float], list[float]]:
-    """The latency runs' rates, given the sustained rates of both measured so far (``done``)
-    and of this round: ``share`` of their median, the target rate when it is below that, and a
-    light load (a quarter of it: the round trips' floor, with no batch waiting for the CPU)."""
+    """The latency runs' rates of a variant's last round, given the sustained rates of both
+    measured so far (``done``) and of this round: ``share`` of their median, the target rate
+    (every round runs that one), and a light load (a quarter of it: the round trips' floor,
+    with no batch waiting for the CPU)."""
 
     def rates(this: float) -> list[float]:
         sustained = statistics.median([*done, this])
         below = share * sustained
         target = TARGETS["processor_per_s"]
-        return [below, *([target] if target < below else []), LIGHT_SHARE * sustained]
+        return [below, target, LIGHT_SHARE * sustained]
 
     return rates
 
@@ -408,15 +422,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             variants.insert(0, baseline_variant(args.baseline, scratch))
         order = [v for _ in range(args.rounds) for v in variants]
         for i, variant in enumerate(order):
-            last = i == len(order) - 1  # a current round: it measures latency too
-            done = [r["both"]["per_second"] for r in rounds if r["variant"] == "current"]
+            # every round measures latency at the target rate; each variant's last round at
+            # the other rates too
+            last = i >= len(order) - len(variants)
+            done = [r["both"]["per_second"] for r in rounds if r["variant"] == variant.name]
             result = await measure_round(
                 variant,
                 servers,
                 backend,
                 logs / f"{i + 1:02d}-{variant.name}",
                 args,
-                latency_rates=latency_rates_for(done, args.latency_share) if last else None,
+                latency_rates=(
+                    latency_rates_for(done, args.latency_share) if last else at_target_rate
+                ),
             )
             rounds.append(result)
             print(
@@ -480,14 +498,13 @@ def table(r: dict[str, Any]) -> str:
             )
         )
     p99 = t["processor_p99_ms"]
-    if p99["measured"] is not None:
-        rows.append(
-            (
-                "  p99 target",
-                f"{p99['measured']:.0f} ms at {p99['at_per_s']:.0f}/s",
-                f"target < {p99['target']:.0f} ms at >= {TARGETS['processor_per_s']:.0f}/s: {yes[p99['met']]}",
-            )
+    rows.append(
+        (
+            f"  p99 at {p99['at_per_s']:.0f} msg/s, every round (ms)",
+            ", ".join(f"{v:.0f}" for v in p99["rounds"]),
+            f"target < {p99['target']:.0f} ms in each: {yes[p99['met']]}",
         )
+    )
     cpu = s["cpu_ms_per_message"]
     rows += [
         (
@@ -522,6 +539,21 @@ def table(r: dict[str, Any]) -> str:
             (
                 f"baseline {b['commit'][:12]}: ingest / both / processor alone (msg/s)",
                 f"{b['ingest_per_s']:.0f} / {b['both_per_s']:.0f} / {b['processor_alone_per_s']:.0f}",
+                "",
+            )
+        )
+        for rate, lat in b["latency_ms"].items():
+            rows.append(
+                (
+                    f"baseline latency at {rate} msg/s p50/p95/p99 (ms)",
+                    "{p50:.0f} / {p95:.0f} / {p99:.0f}".format(**lat),
+                    "",
+                )
+            )
+        rows.append(
+            (
+                f"  baseline p99 at {p99['at_per_s']:.0f} msg/s, every round (ms)",
+                ", ".join(f"{v:.0f}" for v in b["p99_ms_at_target_rounds"]),
                 "",
             )
         )
