@@ -11,6 +11,7 @@ import pytest
 
 from aegis_devstack.localservers import free_port
 from aegis_devstack.testing.processes import process_ready
+from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.health import HealthServer
 from aegis_runtime.metrics import Metrics
 
@@ -52,6 +53,7 @@ async def test_a_service_never_ready_fails_the_wait_with_what_readyz_said_and_it
 ) -> None:
     log = tmp_path / "svc.log"
     proc = start("print('waiting for storage', flush=True); import time; time.sleep(60)")
+    await eventually(lambda: "waiting for storage" in log.read_text(), what="the line logged")
 
     async def down() -> bool:
         return False
