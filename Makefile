@@ -70,13 +70,13 @@ browser: ## Debian's chromium and a Korean font for the page tests (apt-get, as 
 PYTEST_TMP := .pytest-tmp
 TEST_TMP := $(CURDIR)/.test-tmp
 PYTEST_RUN = rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP) && TMPDIR=$(TEST_TMP) $(VENV)/bin/pytest --basetemp=$(PYTEST_TMP)
-# three workers (pytest-xdist) on two cores: the suite waits on servers more than it computes
-# (two workers kept ~1.25 of the 2 cores busy, 12 min 49 s here; three: ~1.65 cores, 9 min 49 s,
-# and every test passed with a busy loop on one of the two cores too, in 12 min 15 s). Each
-# worker starts servers of its own on free ports, and a test file runs on one worker, so its
-# module fixtures are made once; files are handed out in collection order (the end-to-end ones
-# first, conftest.py), not by their number of tests. PYTEST_WORKERS=0 runs it in one process.
-PYTEST_WORKERS ?= 3
+# four workers (pytest-xdist) on two cores: the suite waits on servers more than it computes
+# (two workers kept ~1.25 of the 2 cores busy, 12 min 49 s here; three ~1.65 cores, 9 min 36 s
+# to 10 min 06 s; four 7 min 43 s and 8 min 17 s, every test passing). Each worker starts
+# servers of its own on free ports, and a test file runs on one worker, so its module fixtures
+# are made once; files are handed out in collection order (the end-to-end ones first,
+# conftest.py), not by their number of tests. PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 4
 PYTEST_DIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: lint browser $(KUBECTL) ## lint, then the whole suite: unit, integration, e2e against real servers
