@@ -958,7 +958,11 @@ async def test_a_tenants_job_starts_only_for_events_of_its_tenants_factories(
     await app.refresh()
     await publish_change(nats_url, f"{unique_id}-b", "WARNING", "CRITICAL")  # another's factory
     await publish_change(nats_url, f"{unique_id}-a1", "WARNING", "CRITICAL")  # the tenant's
-    # the job without a tenant runs for both: both events were handled, for both jobs
+    # the job without a tenant runs for both; the tenant's job was skipped for the other
+    # factory's event and ran for its own (an event's jobs are launched one after the other, so
+    # the fleet job's runs alone do not say the tenant's job has been launched yet)
     await eventually(lambda: _count(app, "fleet-job", 2), within=20, what="two fleet runs")
+    await eventually(lambda: _skipped(app, "tenant-job") >= 1, within=20, what="a skip")
+    await eventually(lambda: _count(app, "tenant-job", 1), within=20, what="the tenant's run")
     (run,) = await runs_of(app, "tenant-job")
     assert run["input"]["afterData"]["factory_id"] == f"{unique_id}-a1"
