@@ -15,9 +15,11 @@ stay apart. Off (the default), nothing is made: no provider, no middleware, no s
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 
+import structlog
 from opentelemetry import propagate, trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -29,6 +31,11 @@ from aegis_runtime.settings import AegisSettings
 
 _PROVIDERS: dict[str, TracerProvider] = {}
 _OFF = NoOpTracerProvider()
+# how long a process's end waits for its last spans to be taken (the exporter's own timeout is
+# 10 s an attempt, and the SDK waits up to 30 s in all: an unreachable collector would hold
+# every stop of a rolling update that long after its work was done)
+SHUTDOWN_TIMEOUT_S = 5.0
+log = structlog.get_logger(__name__)
 
 
 def provider_for(settings: AegisSettings) -> TracerProvider | None:
@@ -40,7 +47,8 @@ def provider_for(settings: AegisSettings) -> TracerProvider | None:
         provider = TracerProvider(
             resource=Resource.create(
                 {"service.name": settings.service, "service.namespace": "aegis"}
-            )
+            ),
+            shutdown_on_exit=False,  # shutdown() below, bounded, at the process's end
         )
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         _PROVIDERS[settings.service] = provider
@@ -75,8 +83,28 @@ def flush(timeout_s: float = 5.0) -> None:
         provider.force_flush(int(timeout_s * 1000))
 
 
-def shutdown() -> None:
-    """Flush and stop every provider made here (a process's end)."""
-    for provider in _PROVIDERS.values():
-        provider.shutdown()
+def shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:
+    """Flush and stop every provider made here (a process's end), waiting at most
+    ``timeout_s``: whether the last spans were taken. Past the bound they are abandoned, and
+    said (the process then ends; the export's thread goes with it)."""
+    providers = list(_PROVIDERS.values())
     _PROVIDERS.clear()
+    if not providers:
+        return True
+
+    def stop_all() -> None:
+        for provider in providers:
+            provider.shutdown()
+
+    stopping = threading.Thread(target=stop_all, name="tracing-shutdown", daemon=True)
+    stopping.start()
+    stopping.join(timeout_s)
+    if stopping.is_alive():
+        log.warning(
+            "tracing_export_abandoned",
+            waited_s=timeout_s,
+            hint="the OTLP collector did not take the last spans in time "
+            "(OTEL_EXPORTER_OTLP_ENDPOINT); the process ends without them",
+        )
+        return False
+    return True
