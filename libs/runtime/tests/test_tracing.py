@@ -34,7 +34,13 @@ def silent_collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[socket.so
     accepting.start()
     port = listener.getsockname()[1]
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{port}/v1/traces")
+    # the export gives up soon after the test's bound: its retries draw from `random`, which a
+    # later test of this worker (hypothesis) must not see moving under it
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "2")
     yield taken
+    for thread in threading.enumerate():
+        if thread.name == "tracing-shutdown":
+            thread.join(60)
     done.set()
     accepting.join()
     listener.close()
