@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from aegis_contracts import keys
+from aegis_devstack.testing.emulator import arequest_counts, areset_request_counts
 from aegis_storage.bootstrap import (
     LIFECYCLE_RULES,
     bootstrap,
@@ -18,6 +19,7 @@ from aegis_storage.bootstrap import (
     drift,
     expected_foundation,
 )
+from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.fleetindex import FAMILIES, Backfilled, IndexBackfill
 from aegis_storage.readmodel import ReadModel
 
@@ -237,3 +239,47 @@ async def test_a_new_table_is_made_with_the_index_and_never_scanned(aws, unique_
     assert "index fleet" in steps["table"].detail
     again = await bootstrap(aws, bucket=bucket, table=table)
     assert not again.changed
+
+
+async def test_a_new_bucket_and_table_are_made_without_reading_settings_they_cannot_have(
+    private_emulator, unique_id
+):
+    """Bootstrap of a new bucket and table writes each setting without reading it first (a
+    resource just made has none) and leaves the contract; the second run reads each one and
+    writes nothing."""
+    bucket, table = f"aegis-{unique_id}", f"AEGIS-{unique_id}"
+    async with open_clients(AwsConfig(endpoint_url=private_emulator)) as clients:
+        await areset_request_counts(private_emulator)
+        await bootstrap(clients, bucket=bucket, table=table)
+        made = await arequest_counts(private_emulator)
+        await areset_request_counts(private_emulator)
+        again = await bootstrap(clients, bucket=bucket, table=table)
+        checked = await arequest_counts(private_emulator)
+        found = await describe_foundation(clients, bucket=bucket, table=table)
+    assert found == expected_foundation(bucket=bucket, table=table, region="ap-south-1")
+    assert made.ops("s3") == {
+        "HeadBucket": 1,
+        "CreateBucket": 1,
+        "Bucket:PUT:versioning": 1,
+        "Bucket:PUT:lifecycle": 1,
+        "Bucket:PUT:publicAccessBlock": 1,
+    }
+    assert made.ops("dynamodb") == {
+        "DescribeTable": 1,  # the one that finds no table
+        "CreateTable": 1,
+        "UpdateTimeToLive": 1,
+        "UpdateContinuousBackups": 1,
+    }
+    assert not again.changed
+    assert checked.ops("s3") == {
+        "HeadBucket": 1,
+        "Bucket:GET:versioning": 1,
+        "Bucket:GET:lifecycle": 1,
+        "Bucket:GET:publicAccessBlock": 1,
+    }
+    assert checked.ops("dynamodb") == {
+        "DescribeTable": 1,
+        "DescribeTimeToLive": 1,
+        "DescribeContinuousBackups": 1,
+        "ListTagsOfResource": 1,  # the fleet index's backfill generation (a table tag)
+    }

@@ -134,8 +134,12 @@ def normalize_rules(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def ensure_bucket(clients: AwsClients, bucket: str, report: BootstrapReport) -> None:
+    """Create the bucket or correct it. A bucket made here has none of the settings yet (no
+    versioning, no lifecycle, no public access block of its own), so they are written without
+    being read first."""
     s3 = clients.s3
     res = f"s3://{bucket}"
+    created = False
     try:
         with translated(f"head bucket {bucket}"):
             await s3.head_bucket(Bucket=bucket)
@@ -146,11 +150,12 @@ async def ensure_bucket(clients: AwsClients, bucket: str, report: BootstrapRepor
             kwargs["CreateBucketConfiguration"] = {"LocationConstraint": clients.config.region}
         with translated(f"create bucket {bucket}"):
             await s3.create_bucket(**kwargs)
+        created = True
         report.add(res, "bucket", "created", clients.config.region)
 
     with translated(f"versioning of {bucket}"):
-        versioning = await s3.get_bucket_versioning(Bucket=bucket)
-        if versioning.get("Status") != "Enabled":
+        status = None if created else (await s3.get_bucket_versioning(Bucket=bucket)).get("Status")
+        if status != "Enabled":
             await s3.put_bucket_versioning(
                 Bucket=bucket, VersioningConfiguration={"Status": "Enabled"}
             )
@@ -158,7 +163,7 @@ async def ensure_bucket(clients: AwsClients, bucket: str, report: BootstrapRepor
         else:
             report.add(res, "versioning", "unchanged", "Enabled")
 
-    current = await bucket_lifecycle(clients, bucket)
+    current = [] if created else await bucket_lifecycle(clients, bucket)
     if normalize_rules(current) != normalize_rules(LIFECYCLE_RULES):
         with translated(f"lifecycle of {bucket}"):
             await s3.put_bucket_lifecycle_configuration(
@@ -169,7 +174,9 @@ async def ensure_bucket(clients: AwsClients, bucket: str, report: BootstrapRepor
     else:
         report.add(res, "lifecycle", "unchanged", f"{len(LIFECYCLE_RULES)} rules")
 
-    current_block = await _public_access_block(clients, bucket)
+    # (AWS blocks public access on a new bucket by default; the block is written all the same,
+    # so that the bucket does not depend on the account's defaults)
+    current_block = {} if created else await _public_access_block(clients, bucket)
     if current_block != PUBLIC_ACCESS_BLOCK:
         with translated(f"public access block of {bucket}"):
             await s3.put_public_access_block(
@@ -203,28 +210,39 @@ async def _public_access_block(clients: AwsClients, bucket: str) -> dict[str, An
     return dict(resp.get("PublicAccessBlockConfiguration", {}))
 
 
+async def _create_table(ddb: Any, table: str) -> dict[str, Any]:
+    """Create the table; its description, from CreateTable itself when the table is ACTIVE at
+    once (the waiter and a DescribeTable only while it is CREATING)."""
+    with translated(f"create table {table}"):
+        made = await ddb.create_table(
+            TableName=table,
+            KeySchema=KEY_SCHEMA,
+            AttributeDefinitions=ATTRIBUTE_DEFINITIONS,
+            GlobalSecondaryIndexes=[FLEET_INDEX],
+            BillingMode="PAY_PER_REQUEST",
+            StreamSpecification=STREAM,
+        )
+        desc: dict[str, Any] = dict(made["TableDescription"])
+        if desc.get("TableStatus") != "ACTIVE":
+            waiter = ddb.get_waiter("table_exists")
+            await waiter.wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+            desc = dict((await ddb.describe_table(TableName=table))["Table"])
+    return desc
+
+
 async def ensure_table(
     clients: AwsClients, table: str, report: BootstrapReport, *, reindex: bool = False
 ) -> None:
+    """Create the table or correct it. A table made here has no TTL and no point-in-time
+    recovery yet, so they are written without being read first."""
     ddb = clients.dynamodb
     created = False
     try:
         with translated(f"describe table {table}"):
-            desc = (await ddb.describe_table(TableName=table))["Table"]
+            desc: dict[str, Any] = dict((await ddb.describe_table(TableName=table))["Table"])
         report.add(table, "table", "unchanged")
     except NotFound:
-        with translated(f"create table {table}"):
-            await ddb.create_table(
-                TableName=table,
-                KeySchema=KEY_SCHEMA,  # type: ignore[arg-type]
-                AttributeDefinitions=ATTRIBUTE_DEFINITIONS,  # type: ignore[arg-type]
-                GlobalSecondaryIndexes=[FLEET_INDEX],  # type: ignore[list-item]
-                BillingMode="PAY_PER_REQUEST",
-                StreamSpecification=STREAM,  # type: ignore[arg-type]
-            )
-            waiter = ddb.get_waiter("table_exists")
-            await waiter.wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
-            desc = (await ddb.describe_table(TableName=table))["Table"]
+        desc = await _create_table(ddb, table)
         created = True
         report.add(
             table,
@@ -263,7 +281,11 @@ async def ensure_table(
     await ensure_fleet_index(clients, table, dict(desc), report, empty=created, reindex=reindex)
 
     with translated(f"ttl of {table}"):
-        ttl = (await ddb.describe_time_to_live(TableName=table)).get("TimeToLiveDescription", {})
+        ttl = (
+            {}
+            if created
+            else (await ddb.describe_time_to_live(TableName=table)).get("TimeToLiveDescription", {})
+        )
         if ttl.get("TimeToLiveStatus") in {"ENABLED", "ENABLING"} and (
             ttl.get("AttributeName") == TTL_ATTRIBUTE
         ):
@@ -276,8 +298,15 @@ async def ensure_table(
             report.add(table, "ttl", "updated", TTL_ATTRIBUTE)
 
     with translated(f"point-in-time recovery of {table}"):
-        backups = await ddb.describe_continuous_backups(TableName=table)
-        backup_desc: dict[str, Any] = dict(backups.get("ContinuousBackupsDescription", {}))
+        backup_desc: dict[str, Any] = (
+            {}
+            if created
+            else dict(
+                (await ddb.describe_continuous_backups(TableName=table)).get(
+                    "ContinuousBackupsDescription", {}
+                )
+            )
+        )
         pitr = backup_desc.get("PointInTimeRecoveryDescription", {})
         if pitr.get("PointInTimeRecoveryStatus") == "ENABLED":
             report.add(table, "pitr", "unchanged", "ENABLED")
@@ -342,7 +371,8 @@ async def ensure_fleet_index(
         )
     else:
         report.add(table, "fleet-index", "unchanged", f"{keys.FLEET_INDEX} (KEYS_ONLY)")
-    await _wait_index_active(clients, table, wait_s)
+    if current is None or not _index_active(current):
+        await _wait_index_active(clients, table, wait_s)
     arn = str(desc["TableArn"])
     if empty:
         report.add(table, "fleet-index-backfill", "unchanged", "new table: nothing to backfill")
@@ -360,14 +390,19 @@ async def ensure_fleet_index(
         report.add(table, "fleet-index-backfill", "unchanged", f"generation {generation}")
 
 
+def _index_active(index: dict[str, Any]) -> bool:
+    # emulators may leave the status out
+    return index.get("IndexStatus", "ACTIVE") == "ACTIVE" and not index.get("Backfilling")
+
+
 async def _wait_index_active(clients: AwsClients, table: str, wait_s: float) -> None:
     deadline = asyncio.get_running_loop().time() + wait_s
     while True:
         with translated(f"describe table {table}"):
             desc = (await clients.dynamodb.describe_table(TableName=table))["Table"]
         index = _index_of(dict(desc), keys.FLEET_INDEX) or {}
-        status = index.get("IndexStatus", "ACTIVE")  # emulators may leave it out
-        if status == "ACTIVE" and not index.get("Backfilling"):
+        status = index.get("IndexStatus", "ACTIVE")
+        if _index_active(index):
             return
         if asyncio.get_running_loop().time() >= deadline:
             raise StorageError(
