@@ -71,10 +71,7 @@ class Pipeline(ServiceProcesses):
         try:
             await holds.held(name, within=within)
         except AssertionError as err:
-            tails = "".join(
-                f"\n--- {service}, last lines ---\n{self.log_tail(service, 60)}"
-                for service in sorted(self.procs)
-            )
+            tails = "".join(f"\n{self.log_tail(service, 60)}" for service in sorted(self.procs))
             raise AssertionError(f"{err}{tails}") from None
 
     def factories(self, n: int) -> list[str]:

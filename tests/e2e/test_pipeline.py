@@ -42,9 +42,7 @@ async def converged(p: Pipeline, total: int, within: float = 180) -> None:
     try:
         await eventually(all_processed, within=within, what=f"{total} processed messages")
     except AssertionError:
-        raise AssertionError(
-            f"ingest:\n{p.log_tail('ingest')}\nprocessor:\n{p.log_tail('processor')}"
-        ) from None
+        raise AssertionError(f"{p.log_tail('ingest')}\n{p.log_tail('processor')}") from None
 
 
 async def assert_exactly_once_in_effect(

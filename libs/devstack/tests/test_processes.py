@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from aegis_devstack.localservers import free_port
-from aegis_devstack.testing.processes import process_ready
+from aegis_devstack.testing.processes import ServiceProcesses, process_ready
 from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.health import HealthServer
 from aegis_runtime.metrics import Metrics
@@ -73,3 +73,17 @@ async def test_a_ready_service_ends_the_wait(tmp_path: Path, start: Start) -> No
     async with HealthServer(Metrics("svc")) as server:
         await process_ready(proc, server.port, tmp_path / "svc.log", within=30, what="svc")
     assert proc.poll() is None
+
+
+def test_the_blocking_wait_of_a_bench_fails_as_the_other_when_a_service_exits(
+    tmp_path: Path, start: Start
+) -> None:
+    proc = start("print('storage unreachable: giving up', flush=True); raise SystemExit(3)")
+    proc.wait(30)
+    services = ServiceProcesses({}, logs=tmp_path)
+    services.procs["svc"], services.health["svc"] = proc, free_port()
+    with pytest.raises(AssertionError) as failed:
+        services.wait_ready("svc", timeout=600)
+    assert "svc exited with 3 before it was ready" in str(failed.value)
+    assert "--- svc.log (last" in str(failed.value)
+    assert "storage unreachable: giving up" in str(failed.value)

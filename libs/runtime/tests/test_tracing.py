@@ -39,7 +39,7 @@ def silent_collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[socket.so
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "2")
     yield taken
     for thread in threading.enumerate():
-        if thread.name == "tracing-shutdown":
+        if thread.name == tracing.SHUTDOWN_THREAD:
             thread.join(60)
     done.set()
     accepting.join()

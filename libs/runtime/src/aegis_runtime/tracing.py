@@ -35,6 +35,8 @@ _OFF = NoOpTracerProvider()
 # 10 s an attempt, and the SDK waits up to 30 s in all: an unreachable collector would hold
 # every stop of a rolling update that long after its work was done)
 SHUTDOWN_TIMEOUT_S = 5.0
+# the thread that waits for them (a daemon: left behind when the bound passes)
+SHUTDOWN_THREAD = "tracing-shutdown"
 log = structlog.get_logger(__name__)
 
 
@@ -96,7 +98,7 @@ def shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:
         for provider in providers:
             provider.shutdown()
 
-    stopping = threading.Thread(target=stop_all, name="tracing-shutdown", daemon=True)
+    stopping = threading.Thread(target=stop_all, name=SHUTDOWN_THREAD, daemon=True)
     stopping.start()
     stopping.join(timeout_s)
     if stopping.is_alive():

@@ -69,12 +69,13 @@ class ServiceProcesses:
         return answers_ready(self.health[service])
 
     def wait_ready(self, *services: str, timeout: float = 30) -> None:
-        """Block until each of ``services`` (default: every one running) is ready."""
+        """Block until each of ``services`` (default: every one running) is ready; fails as
+        :meth:`ready` does."""
         deadline = time.monotonic() + timeout
         for service in services or tuple(self.procs):
-            while not self.answers_ready(service):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{service} not ready within {timeout:.0f}s")
+            log = (self.logs or Path()) / f"{service}.log"
+            proc, port = self.procs[service], self.health[service]
+            while not _ready_now(proc, port, log, deadline=deadline, within=timeout, what=service):
                 time.sleep(0.1)
 
     async def ready(self, *services: str, within: float = 30) -> None:
@@ -110,12 +111,8 @@ class ServiceProcesses:
                 proc.wait(5)
 
     def log_tail(self, service: str, lines: int = 30, logs: Path | None = None) -> str:
-        path = (logs or self.logs or Path()) / f"{service}.log"
-        return (
-            "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-            if path.exists()
-            else ""
-        )
+        """The last ``lines`` of ``service``'s log, under a line naming the log."""
+        return _tail((logs or self.logs or Path()) / f"{service}.log", lines)
 
     def log_tails(self, lines: int = 40) -> str:
         """The last lines of every service's log: what a failed wait shows, so a failure in CI
@@ -134,18 +131,35 @@ async def process_ready(
     what ``/readyz`` last said and the log's last lines, so a failure in CI (where the logs go
     away with the test's folder) says what the service was doing."""
     deadline = time.monotonic() + within
-    said = "not asked yet"
     while True:
-        if (code := proc.poll()) is not None:
-            raise AssertionError(f"{what} exited with {code} before it was ready\n{_tail(log)}")
-        ready, said = await asyncio.to_thread(probe_ready, port)
-        if ready:
+        if await asyncio.to_thread(
+            _ready_now, proc, port, log, deadline=deadline, within=within, what=what
+        ):
             return
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"{what} not ready within {within:.0f}s; /readyz: {said}\n{_tail(log)}"
-            )
         await asyncio.sleep(0.1)
+
+
+def _ready_now(
+    proc: subprocess.Popen[bytes],
+    port: int,
+    log: Path,
+    *,
+    deadline: float,
+    within: float,
+    what: str,
+) -> bool:
+    """One look at ``proc``: True when its ``/readyz`` answers 200, False while it may still
+    become ready; raises once it has exited or ``deadline`` has passed (a blocking call)."""
+    if (code := proc.poll()) is not None:
+        raise AssertionError(f"{what} exited with {code} before it was ready\n{_tail(log)}")
+    ready, said = probe_ready(port)
+    if ready:
+        return True
+    if time.monotonic() > deadline:
+        raise AssertionError(
+            f"{what} not ready within {within:.0f}s; /readyz: {said}\n{_tail(log)}"
+        )
+    return False
 
 
 def _tail(log: Path, lines: int = 40) -> str:
