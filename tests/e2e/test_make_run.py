@@ -635,6 +635,17 @@ async def test_aegis_up_pages_once_for_a_service_kept_down_and_never_while_it_st
             rolled = {o["service"]: o for o in await operate(tmp_path, env, "restart", within=240)}
             quiet = cloud_posts(webhook)
             new_pids = {name: int(o["pid"]) for name, o in rolled.items()}
+
+            async def new_collector_ran() -> bool:
+                """The new collector has made a run: the rolling restart's window (up to the
+                kill below) holds its runs too, wherever the roll put it (last, it may not have
+                run yet when the roll returns: ready is not a run done)."""
+                await snapshots.read()
+                return any(
+                    pid_of(s.collector) == new_pids["cloud-collector"] for s in snapshots.all
+                )
+
+            await waited(new_collector_ran, 30, "a run of the new collector")
             phases["rolled"] = time.monotonic()
 
             # then a service killed (as a crash: no last heartbeat) and kept down
