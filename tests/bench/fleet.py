@@ -1752,7 +1752,7 @@ async def collect(
 ) -> dict[str, Any]:
     """Every measurement, in an order that keeps the bench short: the slow cloud collector (it
     reads each factory's last hour of HISTORY) runs at the first depth, the aggregator window
-    (60 HISTORY items in it) at the second."""
+    at the second (60 HISTORY items in it with the default depths)."""
     depths = [int(d) for d in args.depths.split(",")]
     if len(depths) != 2 or not 0 < depths[0] < depths[1]:
         raise SystemExit("--depths takes two increasing numbers, e.g. 20,200")
@@ -1931,6 +1931,11 @@ def report(args: argparse.Namespace, got: dict[str, Any]) -> dict[str, Any]:
     per_message = Usage.of(msgs, 1 / n)
     scale = factories / sample
     agg_window = Usage.of(window, scale).plus(Usage.of(agg_overhead))
+    # HISTORY items the window's queries found per factory: 60 when the second depth reaches
+    # back past the window, fewer with a shallow one (then by where in its 5 minutes the bench
+    # started: the window's units, and the day's cost with them, move with it)
+    found = window.detail.get("Query[HISTORY]")
+    history_in_window = found.items / sample if found and sample else 0.0
     slow_prod, slow_note = slow_at_production(slow, factories)
     sources: dict[str, tuple[Usage, int]] = {
         "refresh (quiet tick)": (Usage.of(quiet), REFRESH_PER_DAY),
@@ -2147,8 +2152,11 @@ def report(args: argparse.Namespace, got: dict[str, Any]) -> dict[str, Any]:
         "twice the dashboard's requests and units shown.",
         f"Messages: one factory_state each for {n} factories whose LATEST the processor holds "
         "in its cache (a processor that keeps running); no infra_state or image messages.",
-        f"Aggregator: one window of {sample} factories, each with 60 HISTORY items and the 120 "
-        f"processed records of 60 messages in it, scaled x{scale:g}; the per-window work "
+        f"Aggregator: one window of {sample} factories, each with {history_in_window:g} HISTORY "
+        "items in it (60 when the second depth reaches back past the window; with a shallower "
+        "one, fewer, by where in its 5 minutes the bench started, and the window's units move "
+        f"with them) and the 120 processed records of 60 messages, scaled x{scale:g}; the "
+        "per-window work "
         "(24 h of claims read back, the claim, fleet ids, the finish) once for the fleet.",
         "Scan pages are moto's (it sizes items a little differently for its 1 MB pages); the "
         "units do not depend on the paging.",
@@ -2224,7 +2232,11 @@ def report(args: argparse.Namespace, got: dict[str, Any]) -> dict[str, Any]:
         "background": {
             "refresh_quiet": Usage.of(quiet).as_dict(),
             "refresh_due": Usage.of(due).as_dict(),
-            "aggregator_window_sample": {**Usage.of(window).as_dict(), "factories": sample},
+            "aggregator_window_sample": {
+                **Usage.of(window).as_dict(),
+                "factories": sample,
+                "history_items_per_factory": history_in_window,
+            },
             "aggregator_window_work": Usage.of(agg_overhead).as_dict(),
             "aggregator_window_scaled": {**agg_window.as_dict(), "scale": scale},
             "aggregator_window_start": format_ts(got["agg_start"]),
