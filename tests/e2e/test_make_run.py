@@ -415,7 +415,12 @@ async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_noth
     printed = log_path.read_text()
     stops = re.findall(r"^([\w-]+) *\| .*service_stopped .*$", printed, re.MULTILINE)
     assert {"ingest", "processor"} <= set(stops), printed[-3000:]
-    assert "reason=forced" not in printed and "exit_code=1" not in printed, printed[-3000:]
+    failed = sorted(
+        set(re.findall(r"^([\w-]+) *\| .*(?:reason=forced|exit_code=1)", printed, re.MULTILINE))
+    )
+    assert "reason=forced" not in printed and "exit_code=1" not in printed, (
+        "\n".join(service_lines(printed, name) for name in failed) or printed[-3000:]
+    )
     left = await outstanding(private_nats.url)
     print(f"work outstanding at Ctrl-C: {left}")
     assert sum(left.values()) > 0, left  # the fault hit while the queue held work
@@ -452,6 +457,18 @@ async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_noth
     printed = log_path.read_text()
     said = "aegis up: the store started empty, so the queue starts empty with it: messages purged:"
     assert said in printed, printed[-3000:]
+
+
+def service_lines(printed: str, service: str, lines: int = 60) -> str:
+    """The last ``lines`` that ``service`` printed in aegis up's output (each prefixed
+    ``service |``), with aegis up's own lines about it: what a failure shows of a service that
+    crashed or was forced to stop, whatever the others printed after it."""
+    own = [
+        line
+        for line in printed.splitlines()
+        if line.startswith(f"{service} ") or line.startswith(f"aegis up: {service} ")
+    ]
+    return f"--- {service}, its last {min(lines, len(own))} lines\n" + "\n".join(own[-lines:])
 
 
 # the cloud collector's rules, short for the stack of the paging test: a replica beats every 2 s
