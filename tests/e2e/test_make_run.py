@@ -654,9 +654,9 @@ async def test_aegis_up_pages_once_for_a_service_kept_down_and_never_while_it_st
             new_pids = {name: int(o["pid"]) for name, o in rolled.items()}
 
             async def new_collector_ran() -> bool:
-                """The new collector has made a run: the rolling restart's window (up to the
-                kill below) holds its runs too, wherever the roll put it (last, it may not have
-                run yet when the roll returns: ready is not a run done)."""
+                """The new collector has made a run, so the rolling restart's window (up to the
+                kill below) holds its runs too: the roll returns once each new process is
+                ready, and ready is not a run done."""
                 await snapshots.read()
                 return any(
                     pid_of(s.collector) == new_pids["cloud-collector"] for s in snapshots.all

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from aegis_devstack.localservers import free_port
-from aegis_runtime.health import answers_ready, probe_ready
+from aegis_runtime.health import probe_ready
 
 SCRIPTS = Path(sys.executable).parent
 # a service asked to stop is killed when it has not exited this long after SIGTERM
@@ -63,10 +63,6 @@ class ServiceProcesses:
             )
         self.procs[service] = proc
         return proc
-
-    def answers_ready(self, service: str) -> bool:
-        """True when ``service``'s ``/readyz`` answers 200 (it has what it needs)."""
-        return answers_ready(self.health[service])
 
     def wait_ready(self, *services: str, timeout: float = 30) -> None:
         """Block until each of ``services`` (default: every one running) is ready; fails as
