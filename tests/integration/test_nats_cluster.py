@@ -97,7 +97,8 @@ UNAVAILABLE_FOR_S = 10.0
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
-    started = start_cluster(tmp_path, PASSWORDS)
+    """With monitoring: a node says whom it follows (:func:`freeze_the_leader`)."""
+    started = start_cluster(tmp_path, PASSWORDS, monitor=True)
     try:
         yield started
     finally:
@@ -162,6 +163,28 @@ def peers(info: api.StreamInfo) -> tuple[str | None, list[api.PeerInfo]]:
     """The stream's leader and its other replicas."""
     assert info.cluster is not None
     return info.cluster.leader, list(info.cluster.replicas or [])
+
+
+async def freeze_the_leader(cluster: NatsCluster, admin: NatsBroker) -> Node:
+    """Stop (SIGSTOP) the raw stream's leader and return its node, once both other nodes, asked
+    after the signal, still name it the leader. On a loaded machine the leadership can move
+    between the question and the signal; a follower frozen instead is let go (SIGCONT) and the
+    leader asked again."""
+    seen: list[str | None] = []
+    for _ in range(5):
+        leader, _ = peers(await stream_info(admin))
+        assert leader is not None
+        node = cluster.node(leader)
+        assert node.server.process is not None
+        os.kill(node.server.process.pid, signal.SIGSTOP)
+        others = [other for other in cluster.nodes if other is not node]
+        seen = await asyncio.gather(
+            *(asyncio.to_thread(other.stream_leader, RAW.name) for other in others)
+        )
+        if set(seen) == {leader}:
+            return node
+        os.kill(node.server.process.pid, signal.SIGCONT)
+    raise AssertionError(f"the raw stream's leader kept moving: the others named {seen}")
 
 
 def new_leader(broker: NatsBroker, old: str | None) -> Callable[[], Awaitable[bool]]:
@@ -277,14 +300,11 @@ async def test_three_replicas_lose_nothing_when_the_leader_is_killed(
     tally = Tally()
     publishing = asyncio.create_task(publish_as_ingest(broker, settings, events, tally))
     await asyncio.wait_for(tally.halfway.wait(), 30)
-    leader, followers = peers(await stream_info(admin))
-    assert leader is not None
     # frozen first, so that the publishes sent to it now wait for an answer it never gives
     # (killed at once, it could have answered every one it had): then killed
-    doomed = cluster.node(leader).server
-    assert doomed.process is not None
-    os.kill(doomed.process.pid, signal.SIGSTOP)
+    doomed_node = await freeze_the_leader(cluster, admin)
     frozen_at = time.monotonic()
+    leader, doomed = doomed_node.name, doomed_node.server
     await asyncio.sleep(FROZEN_S)
     # and not before a publish was sent to it: on a busy machine the publishers may not have
     # run in those 0.3 s, and what was in flight then had been answered before the freeze
@@ -646,16 +666,20 @@ async def test_ingests_own_retries_carry_every_message_through_a_leader_kill_onc
         async with feeding(settings, broker, foundation) as feed:
             stop = asyncio.Event()
             device = asyncio.create_task(feed.device(rate=40, stop=stop, count=EVENTS))
-            leader, _ = peers(await stream_info(admin))
-            assert leader is not None
-            # killed with messages in the handler's hands: nothing awaited between look and kill
             await eventually(
-                lambda: len(feed.acked) >= EVENTS // 4 and feed.in_flight > 0,
+                lambda: len(feed.acked) >= EVENTS // 4,
                 within=20,
-                what="a quarter acknowledged, and messages in the handler's hands",
+                what="a quarter acknowledged",
+            )
+            # frozen, then killed with messages in the handler's hands (waiting on it): nothing
+            # awaited between look and kill
+            doomed = await freeze_the_leader(cluster, admin)
+            leader = doomed.name
+            await eventually(
+                lambda: feed.in_flight > 0, within=10, what="messages in the handler's hands"
             )
             acked_at_kill, in_flight_at_kill = len(feed.acked), feed.in_flight
-            cluster.node(leader).server.kill()
+            doomed.server.kill()
             killed_at = time.monotonic()
             await eventually(
                 new_leader(admin, leader), within=20, what="a new leader of the raw stream"
