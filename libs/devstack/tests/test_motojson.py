@@ -1,9 +1,11 @@
-"""The emulator's direct encoding of DynamoDB's item answers gives what moto's serializer gives,
-for results of every kind the item calls return, and leaves to moto what it cannot tell."""
+"""The emulator's direct encoding of DynamoDB's item answers and DynamoDB Streams' records gives
+what moto's serializer gives, for results of every kind these calls return, and leaves to moto
+what it cannot tell."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -12,17 +14,19 @@ from hypothesis import strategies as st
 from moto.core.serialize import JSONSerializer, XFormedAttributePicker
 from moto.core.utils import get_service_model
 
-from aegis_devstack.motojson import ITEM_OPERATIONS, NotPlain, encode
+from aegis_devstack.motojson import DIRECT, NotPlain, encode
 from aegis_devstack.testing.storage import Foundation
 
 
-def operation(name: str) -> Any:
-    return get_service_model("dynamodb").operation_model(name)
+def operation(name: str, service: str = "dynamodb") -> Any:
+    return get_service_model(service).operation_model(name)
 
 
-def by_moto(result: Any, name: str) -> Any:
+def by_moto(result: Any, name: str, service: str = "dynamodb") -> Any:
     serializer = JSONSerializer(
-        operation_model=operation(name), pretty_print=False, value_picker=XFormedAttributePicker()
+        operation_model=operation(name, service),
+        pretty_print=False,
+        value_picker=XFormedAttributePicker(),
     )
     return json.loads(serializer.serialize(result)["body"])
 
@@ -104,8 +108,10 @@ def test_an_item_answer_is_encoded_as_moto_encodes_it(name: str, result: dict[st
     assert json.loads(encode(result, operation(name))) == by_moto(result, name)
 
 
-def test_every_item_operation_has_a_result_compared() -> None:
-    assert {name for name, _ in RESULTS} == ITEM_OPERATIONS
+def test_every_call_answered_directly_has_a_result_compared() -> None:
+    compared = {("dynamodb", name) for name, _ in RESULTS}
+    compared.add(("dynamodbstreams", "GetRecords"))  # test_stream_records_are_encoded_as_...
+    assert compared == DIRECT
 
 
 scalars = st.one_of(
@@ -176,10 +182,62 @@ def test_what_the_encoder_cannot_tell_is_left_to_moto(name: str, result: Any) ->
         encode(result, operation(name))
 
 
-def test_a_shape_with_a_timestamp_is_left_to_moto() -> None:
-    description = {"Table": {"TableName": "AEGIS", "CreationDateTime": 1_700_000_000.0}}
-    with pytest.raises(NotPlain):
-        encode(description, operation("DescribeTable"))
+@pytest.mark.parametrize(
+    "created",
+    [
+        datetime(2026, 12, 4, 15, 0, 1, 234567, tzinfo=UTC),
+        datetime(2026, 12, 4, 15, 0, 1, tzinfo=UTC),
+        datetime(2026, 12, 4, 15, 0, 1, 500),  # naive, under a millisecond
+        1_700_000_000.25,
+        1_700_000_000,
+    ],
+    ids=["micro", "whole", "naive", "float", "int"],
+)
+def test_a_timestamp_is_encoded_as_moto_encodes_it(created: Any) -> None:
+    description = {"Table": {"TableName": "AEGIS", "CreationDateTime": created}}
+    encoded = json.loads(encode(description, operation("DescribeTable")))
+    assert encoded == by_moto(description, "DescribeTable")
+
+
+def stream_record(n: int, event: str, created: datetime) -> dict[str, Any]:
+    """A record as moto's StreamRecord builds it."""
+    images = {"NewImage": ITEM} if event == "INSERT" else {"NewImage": ITEM, "OldImage": ITEM}
+    if event == "REMOVE":
+        images = {"OldImage": ITEM}
+    return {
+        "eventID": f"{n:032x}",
+        "eventName": event,
+        "eventSource": "aws:dynamodb",
+        "eventVersion": "1.0",
+        "awsRegion": "us-east-1",
+        "dynamodb": {
+            "StreamViewType": "NEW_AND_OLD_IMAGES",
+            "ApproximateCreationDateTime": created,
+            "SequenceNumber": str(n),
+            "SizeBytes": 812,
+            "Keys": KEY,
+            **images,
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        [
+            stream_record(1, "INSERT", datetime(2026, 12, 4, 15, 0, 1, 234567)),
+            stream_record(2, "MODIFY", datetime(2026, 12, 4, 15, 0, 2)),
+            stream_record(3, "REMOVE", datetime(2026, 12, 4, 15, 0, 3, 999999)),
+        ],
+        [],
+    ],
+    ids=["three", "none"],
+)
+def test_stream_records_are_encoded_as_moto_encodes_them(records: list[dict[str, Any]]) -> None:
+    result = {"Records": records, "NextShardIterator": "arn:aws:dynamodb:x/stream/y|1|2"}
+    encoded = json.loads(encode(result, operation("GetRecords", "dynamodbstreams")))
+    assert encoded == by_moto(result, "GetRecords", "dynamodbstreams")
+    assert len(encoded["Records"]) == len(records)
 
 
 @pytest.mark.integration

@@ -1,18 +1,20 @@
-"""The emulator's answers to DynamoDB's item calls, encoded without moto's general serializer.
+"""The emulator's answers to DynamoDB's item calls and DynamoDB Streams' GetRecords, encoded
+without moto's general serializer.
 
 moto encodes every answer by walking the operation's output shape in botocore's model, and for
 each member of each structure asks a chain of alias providers which attribute or key of the
 result holds it. For the item calls (GetItem, PutItem, Query, BatchGetItem, TransactWriteItems
 and the rest), whose results are plain dicts already named as the model names them, that walk
 was a third of the emulator's CPU under the test suite (a sampling profile of the GIL holder).
+GetRecords' records (two images of ~60 attributes each) took ~45 ms apiece that way.
 
 :func:`encode` gives the same document for such a result: the same members, strings as strings
 (a number of an ``N`` value as its text), blobs in base64, integers and doubles as numbers,
-nothing for a member that holds None. It takes only what it can encode exactly as moto would:
-a structure whose keys are all members of its shape, lists and maps as they are given, no
-timestamp, no renamed member. Anything else (and every error) is left to moto's serializer,
-which :func:`answer_item_calls_directly` falls back to. ``tests`` compare both on results of
-every kind the item calls return.
+timestamps by moto's own timestamp serializer, nothing for a member that holds None. It takes
+only what it can encode exactly as moto would: a structure whose keys are all members of its
+shape, lists and maps as they are given, no renamed member. Anything else (and every error) is
+left to moto's serializer, which :func:`answer_item_calls_directly` falls back to. ``tests``
+compare both on results of every kind these calls return.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ ITEM_OPERATIONS = frozenset(
     }
 )
 
+# the calls answered directly: (service, operation)
+DIRECT = frozenset({("dynamodb", name) for name in ITEM_OPERATIONS}) | {
+    ("dynamodbstreams", "GetRecords")
+}
+
 Encoder = Callable[[Any], Any]
 
 
@@ -64,8 +71,10 @@ class _Encoders:
         nested = {"structure": self._structure, "list": self._list, "map": self._map}.get(kind)
         if nested is not None:
             return nested(shape)
+        if kind == "timestamp":
+            return _timestamp(shape)
         scalar = _SCALARS.get(kind)
-        if scalar is None:  # a timestamp (moto's own format), an event stream
+        if scalar is None:  # an event stream
             raise NotPlain(f"{shape.name}: {kind}")
         return scalar
 
@@ -148,6 +157,20 @@ def _as_is(value: Any) -> Any:
     return value
 
 
+def _timestamp(shape: Any) -> Encoder:
+    """moto's own conversion, with the JSON protocols' default format (or the shape's)."""
+    from moto.core.serialize import BaseJSONSerializer, TimestampSerializer  # noqa: PLC0415
+
+    serializer = TimestampSerializer(BaseJSONSerializer.DEFAULT_TIMESTAMP_FORMAT)
+
+    def encode_timestamp(value: Any) -> Any:
+        wrapper: dict[str, Any] = {}
+        serializer.serialize(wrapper, value, shape, "value")
+        return wrapper["value"]
+
+    return encode_timestamp
+
+
 # as moto encodes each scalar type for the JSON protocol
 _SCALARS: dict[str, Encoder] = {
     "string": _string,
@@ -176,15 +199,21 @@ def encode(result: Any, operation: Any) -> str:
 
 
 def answer_item_calls_directly() -> None:
-    """Answer the item calls through :func:`encode`, and everything else (and every result it
-    does not take) through moto's serializer."""
+    """Answer the calls of :data:`DIRECT` through :func:`encode`, and everything else (and
+    every result it does not take) through moto's serializer. (DynamoDB's results are
+    DynamoResults, DynamoDB Streams' plain ActionResults: both classes answer so.)"""
+    from moto.core.responses import ActionResult  # noqa: PLC0415
     from moto.dynamodb.responses import DynamoResult  # noqa: PLC0415
 
-    serialized = DynamoResult.execute_result
+    for kind in (DynamoResult, ActionResult):
+        kind.execute_result = _directly(kind.execute_result)  # type: ignore[method-assign,assignment]
 
+
+def _directly(serialized: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     def execute_result(self: Any, context: Any) -> Any:
         operation = context.operation_model
-        if operation.name in ITEM_OPERATIONS and not isinstance(self.result, Exception):
+        service = operation.service_model.service_name
+        if (service, operation.name) in DIRECT and not isinstance(self.result, Exception):
             try:
                 body = encode(self.result, operation)
             except NotPlain:
@@ -196,4 +225,4 @@ def answer_item_calls_directly() -> None:
                 return status, {"Content-Type": content_type}, body
         return serialized(self, context)
 
-    DynamoResult.execute_result = execute_result  # type: ignore[method-assign]
+    return execute_result
