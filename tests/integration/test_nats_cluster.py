@@ -302,9 +302,9 @@ async def test_three_replicas_lose_nothing_when_the_leader_is_killed(
     await asyncio.wait_for(tally.halfway.wait(), 30)
     # frozen first, so that the publishes sent to it now wait for an answer it never gives
     # (killed at once, it could have answered every one it had): then killed
-    doomed_node = await freeze_the_leader(cluster, admin)
+    frozen = await freeze_the_leader(cluster, admin)
     frozen_at = time.monotonic()
-    leader, doomed = doomed_node.name, doomed_node.server
+    leader, doomed = frozen.name, frozen.server
     await asyncio.sleep(FROZEN_S)
     # and not before a publish was sent to it: on a busy machine the publishers may not have
     # run in those 0.3 s, and what was in flight then had been answered before the freeze

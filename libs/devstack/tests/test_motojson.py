@@ -110,7 +110,7 @@ def test_an_item_answer_is_encoded_as_moto_encodes_it(name: str, result: dict[st
 
 def test_every_call_answered_directly_has_a_result_compared() -> None:
     compared = {("dynamodb", name) for name, _ in RESULTS}
-    compared.add(("dynamodbstreams", "GetRecords"))  # test_stream_records_are_encoded_as_...
+    compared |= {("dynamodbstreams", "GetRecords") for page in STREAM_PAGES if page}
     assert compared == DIRECT
 
 
@@ -199,11 +199,13 @@ def test_a_timestamp_is_encoded_as_moto_encodes_it(created: Any) -> None:
     assert encoded == by_moto(description, "DescribeTable")
 
 
+# the images a NEW_AND_OLD_IMAGES record of each event carries
+IMAGES = {"INSERT": ("NewImage",), "MODIFY": ("NewImage", "OldImage"), "REMOVE": ("OldImage",)}
+
+
 def stream_record(n: int, event: str, created: datetime) -> dict[str, Any]:
     """A record as moto's StreamRecord builds it."""
-    images = {"NewImage": ITEM} if event == "INSERT" else {"NewImage": ITEM, "OldImage": ITEM}
-    if event == "REMOVE":
-        images = {"OldImage": ITEM}
+    images = dict.fromkeys(IMAGES[event], ITEM)
     return {
         "eventID": f"{n:032x}",
         "eventName": event,
@@ -221,18 +223,18 @@ def stream_record(n: int, event: str, created: datetime) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize(
-    "records",
+# pages of GetRecords (fixed instants: the encoding depends on none being now)
+STREAM_PAGES = [
     [
-        [
-            stream_record(1, "INSERT", datetime(2026, 12, 4, 15, 0, 1, 234567)),
-            stream_record(2, "MODIFY", datetime(2026, 12, 4, 15, 0, 2)),
-            stream_record(3, "REMOVE", datetime(2026, 12, 4, 15, 0, 3, 999999)),
-        ],
-        [],
+        stream_record(1, "INSERT", datetime(2026, 12, 4, 15, 0, 1, 234567)),
+        stream_record(2, "MODIFY", datetime(2026, 12, 4, 15, 0, 2)),
+        stream_record(3, "REMOVE", datetime(2026, 12, 4, 15, 0, 3, 999999)),
     ],
-    ids=["three", "none"],
-)
+    [],
+]
+
+
+@pytest.mark.parametrize("records", STREAM_PAGES, ids=["three", "none"])
 def test_stream_records_are_encoded_as_moto_encodes_them(records: list[dict[str, Any]]) -> None:
     result = {"Records": records, "NextShardIterator": "arn:aws:dynamodb:x/stream/y|1|2"}
     encoded = json.loads(encode(result, operation("GetRecords", "dynamodbstreams")))

@@ -54,7 +54,7 @@ class ServiceProcesses:
         folder = logs or self.logs
         if folder is None:
             raise ValueError("no folder for the service's log")
-        with (folder / f"{service}.log").open("ab") as log:
+        with self.log_path(service, folder).open("ab") as log:
             proc = subprocess.Popen(  # noqa: S603 (a console script of ours, no shell)
                 self.command_for(service),
                 env=self.env_for(service),
@@ -69,8 +69,7 @@ class ServiceProcesses:
         :meth:`ready` does."""
         deadline = time.monotonic() + timeout
         for service in services or tuple(self.procs):
-            log = (self.logs or Path()) / f"{service}.log"
-            proc, port = self.procs[service], self.health[service]
+            proc, port, log = self.procs[service], self.health[service], self.log_path(service)
             while not _ready_now(proc, port, log, deadline=deadline, within=timeout, what=service):
                 time.sleep(0.1)
 
@@ -81,7 +80,7 @@ class ServiceProcesses:
             await process_ready(
                 self.procs[service],
                 self.health[service],
-                (self.logs or Path()) / f"{service}.log",
+                self.log_path(service),
                 within=within,
                 what=service,
             )
@@ -106,9 +105,13 @@ class ServiceProcesses:
                 proc.kill()
                 proc.wait(5)
 
+    def log_path(self, service: str, logs: Path | None = None) -> Path:
+        """Where ``service``'s output goes: ``<logs>/<service>.log``."""
+        return (logs or self.logs or Path()) / f"{service}.log"
+
     def log_tail(self, service: str, lines: int = 30, logs: Path | None = None) -> str:
         """The last ``lines`` of ``service``'s log, under a line naming the log."""
-        return _tail((logs or self.logs or Path()) / f"{service}.log", lines)
+        return _tail(self.log_path(service, logs), lines)
 
     def log_tails(self, lines: int = 40) -> str:
         """The last lines of every service's log: what a failed wait shows, so a failure in CI
