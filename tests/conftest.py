@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from playwright.async_api import BrowserContext, async_playwright
+from playwright.async_api import Browser, BrowserContext, async_playwright
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -26,19 +26,25 @@ def chromium_installed() -> bool:
     return Path(CHROMIUM).exists()
 
 
-@pytest.fixture
-async def browser(tmp_path: Path) -> AsyncIterator[BrowserContext]:
+@pytest.fixture(scope="module")
+async def chromium() -> AsyncIterator[Browser]:
+    """One Chromium for a test file: starting one takes longer than most page tests."""
     assert chromium_installed(), f"{CHROMIUM} is missing: `make test` installs Debian's chromium"
     async with async_playwright() as pw:
-        context = await pw.chromium.launch_persistent_context(
-            tmp_path / "chromium-profile",  # a new, empty user-data-dir
-            executable_path=CHROMIUM,
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1600, "height": 1000},
-            locale="en-US",
+        launched = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
         )
         try:
-            yield context
+            yield launched
         finally:
-            await context.close()
+            await launched.close()
+
+
+@pytest.fixture
+async def browser(chromium: Browser) -> AsyncIterator[BrowserContext]:
+    """A browser context of the test's own: no cookie, storage or cache of another test's."""
+    context = await chromium.new_context(viewport={"width": 1600, "height": 1000}, locale="en-US")
+    try:
+        yield context
+    finally:
+        await context.close()

@@ -58,6 +58,8 @@ class Pipeline(ServiceProcesses):
                 # an unacked message comes back quickly after a crash
                 "AEGIS_PROCESSOR_ACK_WAIT_S": "3",
                 "AEGIS_REFRESH_ENABLED": "false",
+                # a stop waits out each consumer's fetch in progress: short fetches, short stops
+                "AEGIS_FETCH_TIMEOUT_S": "0.2",
             },
             logs,
         )

@@ -109,6 +109,7 @@ def orchestrator_settings(
         orchestrator_durable=f"orch-{unique_id}",
         orchestrator_jobs_file="",
         orchestrator_schedule_tick_s=3600,
+        orchestrator_fetch_timeout_s=0.2,  # its stop waits out a fetch: a short one
         heartbeat_interval_s=60,
     )
 

@@ -18,8 +18,8 @@ def make_settings(
     nats_url: str, aws_endpoint: str, foundation: Foundation, unique_id: str
 ) -> Callable[..., OrchestratorSettings]:
     """Orchestrator settings on the session's servers and the test's bucket, table and durable
-    consumers; no jobs file, schedules ticking once an hour, the local webhook stand-in allowed;
-    ``extra`` settings instead of these."""
+    consumers; no jobs file, schedules ticking once an hour, fetches of 0.2 s, the local webhook
+    stand-in allowed; ``extra`` settings instead of these."""
 
     def make(**extra: Any) -> OrchestratorSettings:
         defaults: dict[str, Any] = {
@@ -30,6 +30,9 @@ def make_settings(
             "orchestrator_durable": f"orch-{unique_id}",
             "orchestrator_jobs_file": "",
             "orchestrator_schedule_tick_s": 3600,
+            # a stop waits out the fetch in progress (nothing delivered is dropped): a short
+            # fetch keeps each test's stop short; the default (1 s) is what production waits
+            "orchestrator_fetch_timeout_s": 0.2,
             "heartbeat_interval_s": 60,
             "job_egress_allow": ["127.0.0.1"],  # the webhook stand-in is local http
         }
