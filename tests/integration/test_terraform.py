@@ -905,7 +905,7 @@ async def deployed_model(endpoint: str, prefix: str) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the provider waits about a minute for the lifecycle rules to settle
 async def test_the_module_applies_on_the_emulator_as_the_template_and_bootstrap_say(
-    terraform, managed_policies_emulator, unique_id
+    terraform, managed_policies_emulator, unique_id, tmp_path
 ):
     endpoint = managed_policies_emulator
     inputs = {
@@ -915,9 +915,7 @@ async def test_the_module_applies_on_the_emulator_as_the_template_and_bootstrap_
     }
     services = ("s3", "dynamodb", "iam", "sts", "ecr", "cloudwatchlogs", "scheduler")
     endpoints = "\n".join(f'    {s} = "{endpoint}"' for s in services)
-    terraform.init(
-        TERRAFORM,
-        f"""provider "aws" {{
+    provider = f"""provider "aws" {{
   region                      = "{REGION}"
   access_key                  = "test"
   secret_key                  = "test"
@@ -928,13 +926,41 @@ async def test_the_module_applies_on_the_emulator_as_the_template_and_bootstrap_
   endpoints {{
 {endpoints}
   }}
-}}""",
-    )
+}}"""
+    terraform.init(TERRAFORM, provider)
     main = terraform.root / "main.tf"
     called = main.read_text()
     assignments = "".join(f"  {k} = {json.dumps(v)}\n" for k, v in inputs.items())
     main.write_text(called.replace("  source = ", assignments + "  source = ", 1))
-    await asyncio.to_thread(terraform, "apply", "-auto-approve")
+    scheduled = {
+        **inputs,
+        "ecs_cluster_arn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/aegis",
+        "scheduled_task_subnets": ["subnet-0b2", "subnet-0a1"],
+        "scheduled_task_security_groups": ["sg-0c3"],
+    }
+
+    async def refused_with_the_reason() -> None:
+        """A cluster without subnets, or an ARN that names no cluster, is refused with the
+        reason (a plan of another root module: nothing of the apply's is read or changed)."""
+        (tmp_path / "refusals").mkdir()
+        other = Terraform(terraform.binary, tmp_path / "refusals")
+        refused = {
+            "give the subnets the scheduled tasks run in": {
+                **scheduled,
+                "scheduled_task_subnets": [],
+            },
+            "must be empty or an ECS cluster's ARN": {**scheduled, "ecs_cluster_arn": "aegis"},
+        }
+        for reason, given in refused.items():
+            await asyncio.to_thread(other.init, TERRAFORM, provider, given)
+            done = await asyncio.to_thread(other, "plan", "-refresh=false", check=False)
+            assert done.returncode == 1 and reason in " ".join(done.stderr.split()), done.stderr
+
+    # the refusals are checked while the apply runs: most of the apply is the provider waiting
+    # for the lifecycle rules to settle (10 s, then ten reads 5 s apart)
+    await asyncio.gather(
+        asyncio.to_thread(terraform, "apply", "-auto-approve"), refused_with_the_reason()
+    )
 
     # the bucket and the table are what `aegis bootstrap` makes (versioning, lifecycle, public
     # access block, keys, index, TTL, PITR, stream: the provider calls each API, so the emulator
@@ -969,12 +995,6 @@ async def test_the_module_applies_on_the_emulator_as_the_template_and_bootstrap_
     # Given a cluster, Terraform plans the schedule and its scheduler role and nothing else, with
     # the template's values, and applies them (the emulator stores the role: its statements are
     # ones it never decides a request by, see aegis_devstack.motopolicy.NOT_EMULATED_SERVICES).
-    scheduled = {
-        **inputs,
-        "ecs_cluster_arn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/aegis",
-        "scheduled_task_subnets": ["subnet-0b2", "subnet-0a1"],
-        "scheduled_task_security_groups": ["sg-0c3"],
-    }
     assignments = "".join(f"  {k} = {json.dumps(v)}\n" for k, v in scheduled.items())
     main.write_text(called.replace("  source = ", assignments + "  source = ", 1))
     # (no refresh: the plan above read every resource, nothing changed since; a refresh costs
@@ -1009,14 +1029,3 @@ async def test_the_module_applies_on_the_emulator_as_the_template_and_bootstrap_
     await asyncio.to_thread(terraform, "apply", "-auto-approve", "scheduled.plan")
     again = await asyncio.to_thread(terraform, "plan", "-detailed-exitcode", check=False)
     assert again.returncode == 0, again.stdout
-
-    # a cluster without subnets, or an ARN that names no cluster, is refused with the reason
-    refused = {
-        "give the subnets the scheduled tasks run in": {**scheduled, "scheduled_task_subnets": []},
-        "must be empty or an ECS cluster's ARN": {**scheduled, "ecs_cluster_arn": "aegis"},
-    }
-    for reason, given in refused.items():
-        assignments = "".join(f"  {k} = {json.dumps(v)}\n" for k, v in given.items())
-        main.write_text(called.replace("  source = ", assignments + "  source = ", 1))
-        done = await asyncio.to_thread(terraform, "plan", "-refresh=false", check=False)
-        assert done.returncode == 1 and reason in " ".join(done.stderr.split()), done.stderr
