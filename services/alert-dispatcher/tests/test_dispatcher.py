@@ -814,6 +814,18 @@ def process_env(
     }
 
 
+# what `make test-at` puts on every process's PYTHONPATH: a wall clock moved by an offset
+CLOCKSHIFT = Path(__file__).resolve().parents[3] / "tests" / "tools" / "clockshift"
+
+
+def clock_moved(env: dict[str, str], seconds: float) -> dict[str, str]:
+    """``env`` for a process whose wall clock runs ``seconds`` ahead of this one's (on top of
+    the offset `make test-at` gave this one); its monotonic clock is the machine's."""
+    offset = float(os.environ.get("TEST_CLOCK_OFFSET_S") or 0) + seconds
+    path = os.pathsep.join(p for p in (str(CLOCKSHIFT), env.get("PYTHONPATH", "")) if p)
+    return env | {"TEST_CLOCK_OFFSET_S": str(offset), "PYTHONPATH": path}
+
+
 def spawn(script: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen([str(script)], env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -1124,8 +1136,8 @@ async def test_an_escalation_due_while_its_only_replica_was_killed_is_sent_once_
 ) -> None:
     """The escalation timer is the incident itself, not a replica's: the only dispatcher is
     SIGKILLed while an unacknowledged CRITICAL waits for its level 1 (20 s after the trigger, a
-    file of the test's: a loaded machine may take seconds to send level 0), a new process
-    started after it fell due sends it once."""
+    file of the test's: a loaded machine may take seconds to send level 0); the next process
+    starts with its wall clock past that (no replica ran while it fell due) and sends it once."""
     policies = tmp_path / "escalation.toml"
     policies.write_text(
         load_escalation_text()
@@ -1165,13 +1177,14 @@ async def test_an_escalation_due_while_its_only_replica_was_killed_is_sent_once_
         assert now is not None and now.level == 0 and now.outbox is None
         due = waiting.triggered_at + timedelta(seconds=LEVEL_1_AFTER_S)
         assert utc_now() < due
-        await eventually(
-            lambda: utc_now() > due,
-            within=LEVEL_1_AFTER_S + 5,
-            what="level 1 due while no dispatcher runs",
-        )
         assert len(webhook.delivered) == 1
-        second = spawn(script, env | {"AEGIS_HEALTH_PORT": str(free_port())}, tmp_path / "b.log")
+        # level 1 falls due while no dispatcher runs: the next one's clock starts past it
+        ahead = (due - utc_now()).total_seconds() + 1
+        second = spawn(
+            script,
+            clock_moved(env, ahead) | {"AEGIS_HEALTH_PORT": str(free_port())},
+            tmp_path / "b.log",
+        )
         procs.append(second)
         await eventually(lambda: len(webhook.delivered) == 2, within=30, what="level 1")
         for _ in range(3):  # more sweeps: nothing more
