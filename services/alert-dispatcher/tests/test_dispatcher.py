@@ -45,7 +45,7 @@ from aegis_contracts.subjects import change_subject, object_created_subject
 from aegis_contracts.times import format_ts, utc_now
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port
-from aegis_devstack.testing.builders import FakeClock, fire_reason
+from aegis_devstack.testing.builders import FakeClock, clock_moved, fire_reason
 from aegis_devstack.testing.emulator import arequest_counts
 from aegis_devstack.testing.processes import process_ready
 from aegis_devstack.testing.storage import Foundation
@@ -812,18 +812,6 @@ def process_env(
         "AEGIS_LOG_FORMAT": "json",
         **more,
     }
-
-
-# what `make test-at` puts on every process's PYTHONPATH: a wall clock moved by an offset
-CLOCKSHIFT = Path(__file__).resolve().parents[3] / "tests" / "tools" / "clockshift"
-
-
-def clock_moved(env: dict[str, str], seconds: float) -> dict[str, str]:
-    """``env`` for a process whose wall clock runs ``seconds`` ahead of this one's (on top of
-    the offset `make test-at` gave this one); its monotonic clock is the machine's."""
-    offset = float(os.environ.get("TEST_CLOCK_OFFSET_S") or 0) + seconds
-    path = os.pathsep.join(p for p in (str(CLOCKSHIFT), env.get("PYTHONPATH", "")) if p)
-    return env | {"TEST_CLOCK_OFFSET_S": str(offset), "PYTHONPATH": path}
 
 
 def spawn(script: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

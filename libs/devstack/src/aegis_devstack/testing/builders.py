@@ -1,6 +1,7 @@
-"""What tests build again and again, built one way: a clock the test moves by hand, the
-``meta`` block every processed object carries, read-model items to seed a table with, the fire
-reason alert tests raise and the incident a first alert message leaves.
+"""What tests build again and again, built one way: a clock the test moves by hand (and the
+environment of a process whose wall clock runs ahead), the ``meta`` block every processed
+object carries, read-model items to seed a table with, the fire reason alert tests raise and
+the incident a first alert message leaves.
 
 Services take ``clock=`` (a callable returning an aware UTC ``datetime``), so a test passes a
 :class:`FakeClock` and moves it instead of sleeping; nothing here reads the calendar.
@@ -8,8 +9,10 @@ Services take ``clock=`` (a callable returning an aware UTC ``datetime``), so a 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -36,6 +39,22 @@ class FakeClock:
     def advance(self, delta: timedelta | float) -> datetime:
         self.now += delta if isinstance(delta, timedelta) else timedelta(seconds=delta)
         return self.now
+
+
+# what `make test-at` puts on every Python process's PYTHONPATH: a sitecustomize that moves the
+# wall clock by TEST_CLOCK_OFFSET_S seconds (the checkout's tests/tools/clockshift)
+CLOCKSHIFT = Path(__file__).resolve().parents[5] / "tests" / "tools" / "clockshift"
+
+
+def clock_moved(env: Mapping[str, str], seconds: float) -> dict[str, str]:
+    """``env`` for a process whose wall clock runs ``seconds`` ahead of this one's (on top of
+    the offset `make test-at` gave this one); its monotonic clock is the machine's. What a test
+    would otherwise wait for in real time (something falling due) is already past for it."""
+    if not (CLOCKSHIFT / "sitecustomize.py").is_file():
+        raise FileNotFoundError(f"no {CLOCKSHIFT / 'sitecustomize.py'}: run from a checkout")
+    offset = float(os.environ.get("TEST_CLOCK_OFFSET_S") or 0) + seconds
+    path = os.pathsep.join(p for p in (str(CLOCKSHIFT), env.get("PYTHONPATH", "")) if p)
+    return {**env, "TEST_CLOCK_OFFSET_S": str(offset), "PYTHONPATH": path}
 
 
 def meta(
