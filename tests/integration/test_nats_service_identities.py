@@ -455,15 +455,17 @@ async def test_what_each_service_may_not_do_is_refused(
         await connect("cloud-collector"),
     )
     factory = f"f-{unique_id}"
-    # another service's announcements, a change of LATEST, a device message
-    await refused(aggregator, object_created_subject("reports"))
-    await refused(aggregator, change_subject("factory_latest"))
-    await refused(reporter, object_created_subject("metrics_5m"))
-    await refused(reporter, system_subject("alert_sent"))
-    await refused(collector, object_created_subject("state_snapshot"))  # would page the on-call
-    await refused(collector, raw_subject(factory, "factory_state"))
-    # nobody's dead letters but its own
-    await refused(reporter, "aegis.dlq.processor.forged")
+    # another service's announcements, a change of LATEST, a device message; nobody's dead
+    # letters but its own (each refused publish waits out its acknowledgement: all at once)
+    await asyncio.gather(
+        refused(aggregator, object_created_subject("reports")),
+        refused(aggregator, change_subject("factory_latest")),
+        refused(reporter, object_created_subject("metrics_5m")),
+        refused(reporter, system_subject("alert_sent")),
+        refused(collector, object_created_subject("state_snapshot")),  # would page the on-call
+        refused(collector, raw_subject(factory, "factory_state")),
+        refused(reporter, "aegis.dlq.processor.forged"),
+    )
     # the collector looks at the queue; it cannot purge it, drop a service's consumer, or
     # re-configure a stream
     js = collector.config.connection_state.stream
