@@ -200,16 +200,16 @@ def encode(result: Any, operation: Any) -> str:
 
 def answer_item_calls_directly() -> None:
     """Answer the calls of :data:`DIRECT` through :func:`encode`, and everything else (and
-    every result it does not take) through moto's serializer. (DynamoDB's results are
-    DynamoResults, DynamoDB Streams' plain ActionResults: both classes answer so.)"""
+    every result it does not take) through moto's serializer. Both services' results answer
+    through ``ActionResult.execute_result`` (DynamoDB's DynamoResult inherits it); a moto in
+    which DynamoResult answers on its own is refused at start, not left slow."""
     from moto.core.responses import ActionResult  # noqa: PLC0415
     from moto.dynamodb.responses import DynamoResult  # noqa: PLC0415
 
-    for kind in (DynamoResult, ActionResult):
-        kind.execute_result = _directly(kind.execute_result)  # type: ignore[method-assign,assignment]
+    if "execute_result" in vars(DynamoResult):
+        raise RuntimeError("moto's DynamoResult has an execute_result of its own: patch it too")
+    serialized = ActionResult.execute_result
 
-
-def _directly(serialized: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     def execute_result(self: Any, context: Any) -> Any:
         operation = context.operation_model
         service = operation.service_model.service_name
@@ -225,4 +225,4 @@ def _directly(serialized: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any
                 return status, {"Content-Type": content_type}, body
         return serialized(self, context)
 
-    return execute_result
+    ActionResult.execute_result = execute_result  # type: ignore[method-assign]
