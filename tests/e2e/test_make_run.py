@@ -31,9 +31,9 @@ import pytest
 from playwright.async_api import BrowserContext, expect
 
 from aegis_contracts.cloud import CheckState, CloudCheck, CloudSnapshot
-from aegis_contracts.events import Heartbeat
+from aegis_contracts.events import Heartbeat, ObjectCreated
 from aegis_contracts.ids import topic_for
-from aegis_contracts.keys import CLOUD_INFRA, CLOUD_INFRA_TARGET
+from aegis_contracts.keys import CLOUD_INFRA, CLOUD_INFRA_TARGET, cloud_infra_prefix
 from aegis_contracts.state import Level
 from aegis_contracts.subjects import HEARTBEAT, STREAMS, object_created_subject
 from aegis_contracts.times import parse_ts
@@ -525,11 +525,29 @@ async def heartbeats(nats_url: str) -> list[Heartbeat]:
 
 async def cloud_event(nats_url: str) -> int:
     """The stream sequence of the last ObjectCreated of a cloud snapshot (what the alert
-    dispatcher decides on)."""
+    dispatcher decides on); both tiers announce on one subject."""
     nc = await nats.connect(nats_url)
     try:
         subject = object_created_subject(CLOUD_INFRA)
         return int((await nc.jetstream().get_last_msg("AEGIS_EVENTS", subject)).seq or 0)
+    finally:
+        await nc.close()
+
+
+async def cloud_events_from(nats_url: str, start: int) -> list[tuple[int, ObjectCreated]]:
+    """The ObjectCreated events of cloud snapshots from stream sequence ``start`` on, each with
+    its sequence."""
+    nc = await nats.connect(nats_url)
+    try:
+        js, subject = nc.jetstream(), object_created_subject(CLOUD_INFRA)
+        events: list[tuple[int, ObjectCreated]] = []
+        with contextlib.suppress(nats.js.errors.NotFoundError):  # none from ``start`` on
+            while True:
+                msg = await js.get_msg("AEGIS_EVENTS", seq=start, subject=subject, next=True)
+                start = int(msg.seq or 0)
+                events.append((start, ObjectCreated.model_validate_json(msg.data or b"")))
+                start += 1
+        return events
     finally:
         await nc.close()
 
@@ -697,15 +715,27 @@ async def test_aegis_up_pages_once_for_a_service_kept_down_and_never_while_it_st
 
             await waited(paged, 60, "the SERVICE_DOWN page")
             phases["paged"] = time.monotonic()
-            # the dispatcher has decided on a later run too, the service still down
-            firing_event = later_event = await cloud_event(private_nats.url)
+            # the dispatcher has decided on a later fast run too, the service still down (its
+            # snapshot is in the history before its event is published)
+            fired_so_far = [
+                s for s in await snapshots.read() if s.updated_at > stopped_at and s.reasons
+            ]
+            assert fired_so_far, "paged, yet no fast run after the stop fired"
+            first_fired = fired_so_far[0]
+
+            from_seq = await cloud_event(private_nats.url)
 
             async def decided_on_a_later_run() -> bool:
-                nonlocal later_event
-                if later_event == firing_event:
-                    later_event = await cloud_event(private_nats.url)
-                    return False
-                return await dispatcher_acked(private_nats.url) >= later_event
+                """A fast run after the one that fired is announced (the slow tier's runs are
+                announced on the same subject, and may come last), and the dispatcher has
+                acknowledged it."""
+                later = [
+                    seq
+                    for seq, event in await cloud_events_from(private_nats.url, from_seq)
+                    if event.key.startswith(cloud_infra_prefix("fast"))
+                    and event.created_at > first_fired.updated_at
+                ]
+                return bool(later) and await dispatcher_acked(private_nats.url) >= later[0]
 
             # (its acknowledged floor waits for every event before it: slow on a busy machine)
             await waited(decided_on_a_later_run, 60, "the dispatcher on a later run")
