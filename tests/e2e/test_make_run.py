@@ -221,6 +221,8 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
     env = up_env(aws_endpoint, private_mosquitto, private_nats, unique_id, dashboard_port)
     # the example jobs, as `make run` registers them from the checkout
     env["AEGIS_ORCHESTRATOR_JOBS_FILE"] = str(EXAMPLE_JOBS)
+    # what the killed processor had taken and not acknowledged comes again after 3 s, not 30
+    env["AEGIS_PROCESSOR_ACK_WAIT_S"] = "3"
     log = (tmp_path / "up.log").open("wb")
     # in a directory of its own (its .run/), not the checkout's, where a `make run` may be
     up = subprocess.Popen(  # noqa: ASYNC220 - starting a process does not block
