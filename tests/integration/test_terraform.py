@@ -10,6 +10,7 @@ given a cluster plans the template's schedule and scheduler role (not applied: s
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import functools
 import json
@@ -803,18 +804,26 @@ def terraform(tmp_path: Path) -> Terraform:
 
 
 def test_terraform_validates_the_module_and_refuses_a_broken_copy(terraform, tmp_path):
-    terraform.init(TERRAFORM, 'provider "aws" {\n  region = "ap-south-1"\n}')
-    valid = json.loads(terraform("validate", "-json").stdout)
-    assert valid["valid"] and valid["warning_count"] == 0, valid
-    assert terraform("fmt", "-check", "-recursive", str(TERRAFORM)).returncode == 0
-    # the same validation on a copy with a misspelt argument
+    provider = 'provider "aws" {\n  region = "ap-south-1"\n}'
+    # a copy with a misspelt argument, validated in a root module of its own beside the module's
     copy_root = tmp_path / "copy" / "deploy"
     for part in ("terraform", "infra", "ecs", "k8s"):
         shutil.copytree(ROOT / "deploy" / part, copy_root / part)
     table = copy_root / "terraform" / "dynamodb.tf"
     table.write_text(table.read_text().replace("projection_type", "projection_typ"))
-    terraform.init(copy_root / "terraform", 'provider "aws" {\n  region = "ap-south-1"\n}')
-    broken = json.loads(terraform("validate", "-json", check=False).stdout)
+    (tmp_path / "of-the-copy").mkdir()
+    other = Terraform(terraform.binary, tmp_path / "of-the-copy")
+
+    def validated(tf: Terraform, source: Path) -> dict[str, Any]:
+        tf.init(source, provider)
+        return json.loads(tf("validate", "-json", check=False).stdout)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        ours = pool.submit(validated, terraform, TERRAFORM)
+        theirs = pool.submit(validated, other, copy_root / "terraform")
+        valid, broken = ours.result(), theirs.result()
+    assert valid["valid"] and valid["warning_count"] == 0, valid
+    assert terraform("fmt", "-check", "-recursive", str(TERRAFORM)).returncode == 0
     assert not broken["valid"]
     assert any(
         "projection_typ" in d["summary"] + d.get("detail", "") for d in broken["diagnostics"]
