@@ -28,15 +28,17 @@ from typing import Any
 import httpx
 import nats
 import pytest
+from botocore.exceptions import BotoCoreError
 from playwright.async_api import BrowserContext, expect
 
+from aegis_cli.status import cloud_view, fleet_rows, load_status, status_json
 from aegis_contracts.cloud import CheckState, CloudCheck, CloudSnapshot
 from aegis_contracts.events import Heartbeat, ObjectCreated
 from aegis_contracts.ids import topic_for
 from aegis_contracts.keys import CLOUD_INFRA, CLOUD_INFRA_TARGET, cloud_infra_prefix
 from aegis_contracts.state import Level
 from aegis_contracts.subjects import HEARTBEAT, STREAMS, object_created_subject
-from aegis_contracts.times import parse_ts
+from aegis_contracts.times import parse_ts, utc_now
 from aegis_devstack.control import installed_services
 from aegis_devstack.localservers import ManagedServer, free_port, start_moto_server
 from aegis_devstack.stack import DASHBOARD_TOKEN_FILE, local_dashboard_token
@@ -164,6 +166,21 @@ async def aegis_status(env: dict[str, str]) -> dict[str, Any] | None:
     return json.loads(status.stdout) if status.returncode == 0 else None
 
 
+async def status_read(env: dict[str, str]) -> dict[str, Any] | None:
+    """What ``aegis status --json`` would print, read here by the command's own functions: a
+    poll costs no process (each ``aegis`` start is ~0.7 s of CPU); None while the table is not
+    there or the store does not answer. A test polls with this and checks the command itself
+    once what it waits for is there."""
+    try:
+        items, cloud = await load_status(
+            AwsConfig(endpoint_url=env["AEGIS_AWS_ENDPOINT_URL"]), env["AEGIS_TABLE"]
+        )
+    except (StorageError, BotoCoreError):
+        return None
+    now = utc_now()
+    return status_json(fleet_rows(items, now), cloud_view(cloud, now))
+
+
 @pytest.fixture
 def own_emulator(tmp_path: Path) -> Iterator[ManagedServer]:
     """An S3/DynamoDB emulator for this test alone: its request counts are this run's."""
@@ -231,20 +248,21 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
     rows: list[dict[str, object]] = []
     cloud: dict[str, object] = {}
 
-    async def status_doc() -> dict[str, Any] | None:
-        return await aegis_status(env)
-
-    async def fleet_visible() -> bool:
+    def fleet_in(doc: dict[str, Any] | None) -> bool:
         nonlocal rows
-        doc = await status_doc()
         rows = doc["factories"] if doc else []
         return {"factory-a", "factory-b", "factory-c"} == {str(r["factory_id"]) for r in rows}
 
-    async def cloud_visible() -> bool:
+    def cloud_in(doc: dict[str, Any] | None) -> bool:
         nonlocal cloud
-        doc = await status_doc()
         cloud = doc["cloud_infra"] if doc else {}
         return bool(cloud) and all(tier["updated_at"] for tier in cloud["tiers"])
+
+    async def fleet_visible() -> bool:
+        return fleet_in(await status_read(env))
+
+    async def cloud_visible() -> bool:
+        return cloud_in(await status_read(env))
 
     started = time.monotonic()
     try:
@@ -259,6 +277,8 @@ async def test_aegis_up_shows_the_simulated_fleet_within_30_s(
         print(f"fleet visible after {time.monotonic() - started:.1f} s")
         # both collectors tick at start; on a loaded machine their first run may follow the fleet
         await eventually(cloud_visible, within=30, interval=1, what="cloud infra in aegis status")
+        said = await aegis_status(env)  # and the command says so
+        assert fleet_in(said) and cloud_in(said), said
         page = await dashboard_page(dashboard_port, tmp_path)
         assert all(f'data-factory="{f}"' in page for f in ("factory-a", "factory-b", "factory-c"))
         await gas_leak_runs_live_on_the_jobs_page(
@@ -390,7 +410,7 @@ async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_noth
             try:
 
                 async def data_flows() -> bool:
-                    doc = await aegis_status(env)
+                    doc = await status_read(env)
                     return doc is not None and len(doc["factories"]) >= 1
 
                 await eventually(data_flows, within=60, interval=1, what="the first run's data")
@@ -437,8 +457,7 @@ async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_noth
             )
             try:
 
-                async def current() -> bool:
-                    doc = await aegis_status(env)
+                def current_in(doc: dict[str, Any] | None) -> bool:
                     rows = doc["factories"] if doc else []
                     fresh = {
                         str(r["factory_id"])
@@ -447,8 +466,13 @@ async def test_a_second_aegis_up_after_ctrl_c_with_work_outstanding_replays_noth
                     }
                     return {"factory-a", "factory-b", "factory-c"} <= fresh
 
+                async def current() -> bool:
+                    return current_in(await status_read(env))
+
                 await eventually(current, within=60, interval=1, what="the fleet, current")
                 print(f"second run current after {time.monotonic() - begun:.1f} s")
+                said = await aegis_status(env)  # and the command says so
+                assert current_in(said), said
                 assert await dead_letters(private_nats.url) == 0
             finally:
                 up.send_signal(signal.SIGINT)
