@@ -835,11 +835,18 @@ def managed_policies_emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     """A moto_server of this test's own that knows AWS's managed policies (the execution roles
     attach AmazonECSTaskExecutionRolePolicy)."""
     monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
-    server = start_moto_server("127.0.0.1", free_port(), log_file=tmp_path / "moto.log")
+    log = tmp_path / "moto.log"
+    server = start_moto_server("127.0.0.1", free_port(), log_file=log)
     try:
         yield server.url
     finally:
         server.stop()
+        # what it logs past its start is a request it answered with a server error (the
+        # provider retries those: a failed apply's "already exists" may be a retried create);
+        # printed, a failure's report shows it
+        said = log.read_text(errors="replace")
+        if re.search(r'" 5\d\d |Traceback', said):
+            print("the emulator's server errors:", said[-8000:], sep="\n")
 
 
 def _doc(value: Any) -> Any:
