@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -26,7 +26,7 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
-from aegis_devstack.localservers import free_port, start_moto_server
+from aegis_devstack.localservers import ManagedServer, free_port, start_moto_server
 from aegis_devstack.testing.infra import cfn_lifecycle_rule, load_render, resolve
 from aegis_devstack.testing.terraform import Scope, Unsupported, load_module
 from aegis_storage.bootstrap import (
@@ -757,6 +757,8 @@ class Terraform:
         self.binary, self.root = binary, scratch / "root"
         self.root.mkdir()
         (scratch / "none.tfrc").write_text("")
+        # more for a failure's report (what the endpoint it talks to logged)
+        self.explain: Callable[[], str] = str
         self.env = os.environ | {
             "TF_DATA_DIR": str(scratch / "data"),
             "TF_IN_AUTOMATION": "1",
@@ -776,7 +778,9 @@ class Terraform:
             timeout=600,
         )
         if check and done.returncode != 0:
-            raise AssertionError(f"terraform {' '.join(args)}: {done.stdout}\n{done.stderr}")
+            raise AssertionError(
+                f"terraform {' '.join(args)}: {done.stdout}\n{done.stderr}{self.explain()}"
+            )
         return done
 
     def init(self, source: Path, provider: str, inputs: dict[str, Any] | None = None) -> None:
@@ -831,22 +835,28 @@ def test_terraform_validates_the_module_and_refuses_a_broken_copy(terraform, tmp
 
 
 @pytest.fixture
-def managed_policies_emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def managed_policies_emulator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ManagedServer]:
     """A moto_server of this test's own that knows AWS's managed policies (the execution roles
     attach AmazonECSTaskExecutionRolePolicy)."""
     monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
-    log = tmp_path / "moto.log"
-    server = start_moto_server("127.0.0.1", free_port(), log_file=log)
+    server = start_moto_server("127.0.0.1", free_port(), log_file=tmp_path / "moto.log")
     try:
-        yield server.url
+        yield server
     finally:
         server.stop()
-        # what it logs past its start is a request it answered with a server error (the
-        # provider retries those: a failed apply's "already exists" may be a retried create);
-        # printed, a failure's report shows it
-        said = log.read_text(errors="replace")
-        if re.search(r'" 5\d\d |Traceback', said):
-            print("the emulator's server errors:", said[-8000:], sep="\n")
+
+
+def server_errors(log: Path) -> str:
+    """What an emulator logged past its start: the requests it answered with a server error,
+    which the AWS provider retries (so a failed create's "already exists" may follow one)."""
+    said = log.read_text(errors="replace")
+    return (
+        f"\n--- the emulator's server errors:\n{said[-8000:]}"
+        if re.search(r'" 5\d\d |Traceback', said)
+        else ""
+    )
 
 
 def _doc(value: Any) -> Any:
@@ -923,7 +933,9 @@ async def deployed_model(endpoint: str, prefix: str) -> dict[str, Any]:
 async def test_the_module_applies_on_the_emulator_as_the_template_and_bootstrap_say(
     terraform, managed_policies_emulator, unique_id, tmp_path
 ):
-    endpoint = managed_policies_emulator
+    endpoint = managed_policies_emulator.url
+    assert managed_policies_emulator.log_file is not None
+    terraform.explain = functools.partial(server_errors, managed_policies_emulator.log_file)
     inputs = {
         "bucket_name": f"aegis-tf-{unique_id}",
         "table_name": f"AEGIS-tf-{unique_id}",
