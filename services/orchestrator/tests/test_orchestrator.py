@@ -505,10 +505,20 @@ def keys_by_path(webhook: FakeWebhook) -> dict[str, set[str]]:
 
 
 async def assert_freed(f: Foundation, job_id: str) -> None:
-    """No run slot taken and no execution lease left for the job."""
-    assert await f.readmodel.partition(keys.job_pk(job_id), now=T0) == []
-    active = await f.readmodel.partition(keys.EXEC_ACTIVE_PK, now=T0)
-    assert [a for a in active if str(a["sk"]).startswith(f"{job_id}#")] == []
+    """No run slot taken and no execution lease left for the job, soon after its outcome: a
+    replica writes the outcome first, then gives the slot back, then the lease."""
+    held: list[dict[str, Any]] = []
+
+    async def freed() -> bool:
+        held[:] = await f.readmodel.partition(keys.job_pk(job_id), now=T0)
+        active = await f.readmodel.partition(keys.EXEC_ACTIVE_PK, now=T0)
+        held.extend(a for a in active if str(a["sk"]).startswith(f"{job_id}#"))
+        return not held
+
+    try:
+        await eventually(freed, within=10, interval=0.1, what=f"{job_id}'s slot and lease freed")
+    except AssertionError:
+        raise AssertionError(f"still held: {held}") from None
 
 
 def parallel_job(job_id: str, factory: str) -> Job:
