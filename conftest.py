@@ -23,34 +23,24 @@ pytest_plugins = [
 
 # files that take minutes on one worker (whole stacks started, killed, restarted; a Terraform
 # apply; a NATS cluster partitioned; the emulator's memory measured): handed out first, so
-# that neither worker is left with one of them while the other has nothing left to do. In this
-# order: the `aegis up` runs, which keep a core busy, beside the Terraform apply, which mostly
-# waits (the provider's lifecycle-rule reads); the other end-to-end files; then the NATS
-# cluster's elections and partitions, which wait too, and the emulator's memory.
+# that neither worker is left with one of them while the other has nothing left to do
 FIRST = (
-    "tests/e2e/test_make_run.py",
-    "tests/integration/test_terraform.py",
     "tests/e2e/",
+    "tests/integration/test_terraform.py",
     "tests/integration/test_nats_cluster.py",
     "libs/devstack/tests/test_emulator_memory.py",
 )
 
 
-def _handed_out(path: str) -> int:
-    """Where a test file goes in the order: the first of FIRST it falls under, else after them."""
-    return next((i for i, prefix in enumerate(FIRST) if path.startswith(prefix)), len(FIRST))
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files of FIRST first, in its order (within one entry, and after them all, in the
-    order pytest-randomly gave them): a test file runs on one worker, so a file of minutes
-    handed out last keeps one worker busy while the other has nothing left (it made the suite
-    minutes longer). The Makefile tells pytest-xdist to keep this order
-    (--no-loadscope-reorder: by default it hands out the files with the most tests first, and an
-    end-to-end file has few)."""
+    """The end-to-end files first, in the order pytest-randomly gave them, then the rest in
+    theirs: a test file runs on one worker, so a file of minutes handed out last keeps one
+    worker busy while the other has nothing left (it made the suite minutes longer). The
+    Makefile tells pytest-xdist to keep this order (--no-loadscope-reorder: by default it hands
+    out the files with the most tests first, and an end-to-end file has few)."""
     root = str(items[0].config.rootpath) + "/" if items else ""
-    items.sort(key=lambda item: _handed_out(str(item.path).removeprefix(root)))
+    items.sort(key=lambda item: not str(item.path).removeprefix(root).startswith(FIRST))
 
 
 @pytest.fixture
