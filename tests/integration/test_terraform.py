@@ -10,7 +10,6 @@ given a cluster plans the template's schedule and scheduler role (not applied: s
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import copy
 import functools
 import json
@@ -758,7 +757,7 @@ class Terraform:
         self.root.mkdir()
         (scratch / "none.tfrc").write_text("")
         # more for a failure's report (what the endpoint it talks to logged)
-        self.explain: Callable[[], str] = str
+        self.explain: Callable[[], str] = lambda: ""
         self.env = os.environ | {
             "TF_DATA_DIR": str(scratch / "data"),
             "TF_IN_AUTOMATION": "1",
@@ -807,7 +806,7 @@ def terraform(tmp_path: Path) -> Terraform:
     return Terraform(binary, tmp_path)
 
 
-def test_terraform_validates_the_module_and_refuses_a_broken_copy(terraform, tmp_path):
+async def test_terraform_validates_the_module_and_refuses_a_broken_copy(terraform, tmp_path):
     provider = 'provider "aws" {\n  region = "ap-south-1"\n}'
     # a copy with a misspelt argument, validated in a root module of its own beside the module's
     copy_root = tmp_path / "copy" / "deploy"
@@ -822,10 +821,10 @@ def test_terraform_validates_the_module_and_refuses_a_broken_copy(terraform, tmp
         tf.init(source, provider)
         return json.loads(tf("validate", "-json", check=False).stdout)
 
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        ours = pool.submit(validated, terraform, TERRAFORM)
-        theirs = pool.submit(validated, other, copy_root / "terraform")
-        valid, broken = ours.result(), theirs.result()
+    valid, broken = await asyncio.gather(
+        asyncio.to_thread(validated, terraform, TERRAFORM),
+        asyncio.to_thread(validated, other, copy_root / "terraform"),
+    )
     assert valid["valid"] and valid["warning_count"] == 0, valid
     assert terraform("fmt", "-check", "-recursive", str(TERRAFORM)).returncode == 0
     assert not broken["valid"]
