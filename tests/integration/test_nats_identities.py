@@ -24,7 +24,7 @@ from aegis_contracts.bus import ADMIN
 from aegis_contracts.events import ObjectCreated, RawArchived
 from aegis_contracts.subjects import STREAMS, change_subject, object_created_subject
 from aegis_contracts.times import format_ts, utc_now
-from aegis_devstack.testing.natsbus import PASSWORDS, Bus, Connect, start_bus
+from aegis_devstack.testing.natsbus import PASSWORDS, TEST_BCRYPT_COST, Bus, Connect, start_bus
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_devstack.testing.webhook import FakeWebhook
@@ -227,7 +227,10 @@ async def test_a_service_whose_identity_is_revoked_exits_to_be_started_again(
         config = bus.folder / "nats.conf"
         text = config.read_text()
         head = text[: text.index("authorization {")]
-        config.write_text(head + server_authorization({**PASSWORDS, "processor": "rotated-pw"}))
+        config.write_text(
+            head
+            + server_authorization({**PASSWORDS, "processor": "rotated-pw"}, cost=TEST_BCRYPT_COST)
+        )
         assert bus.server.process is not None
         bus.server.process.send_signal(signal.SIGHUP)
         with pytest.raises(ConnectionClosed, match="Authorization"):

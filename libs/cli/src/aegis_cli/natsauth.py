@@ -19,22 +19,24 @@ import bcrypt
 
 from aegis_contracts.bus import ADMIN, IDENTITIES
 
+# the NATS CLI's (`nats server passwd`); a server pays it again at every connection's check
 BCRYPT_COST = 11
 PASSWORD_BYTES = 24  # 192 bits, 32 URL-safe characters
 
 
-def hash_password(password: str) -> str:
+def hash_password(password: str, cost: int = BCRYPT_COST) -> str:
     """A bcrypt hash nats-server accepts in place of a password."""
-    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(BCRYPT_COST)).decode()
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(cost)).decode()
 
 
-def server_authorization(passwords: Mapping[str, str]) -> str:
+def server_authorization(passwords: Mapping[str, str], *, cost: int = BCRYPT_COST) -> str:
     """The ``authorization`` block of a nats-server config: ``admin`` (may do anything) and each
     identity of ``passwords`` that :data:`IDENTITIES` knows, with its permissions. Values are
-    JSON, which the NATS config format reads as is."""
+    JSON, which the NATS config format reads as is. ``cost``: bcrypt's (4 to 31); a server pays
+    it again at every connection's check."""
     users = []
     for name, password in sorted(passwords.items()):
-        user: dict[str, object] = {"user": name, "password": hash_password(password)}
+        user: dict[str, object] = {"user": name, "password": hash_password(password, cost)}
         if name != ADMIN:
             if name not in IDENTITIES:
                 raise KeyError(

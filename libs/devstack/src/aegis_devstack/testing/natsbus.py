@@ -30,10 +30,14 @@ from aegis_devstack.localservers import (
 from aegis_runtime.bus import create_broker, ensure_streams
 from aegis_runtime.settings import AegisSettings
 
-__all__ = ["PASSWORDS", "Bus", "Connect", "bus", "connect"]
+__all__ = ["PASSWORDS", "TEST_BCRYPT_COST", "Bus", "Connect", "bus", "connect"]
 
 # one password per identity, and the admin's
 PASSWORDS = {name: f"{name}-pw" for name in (ADMIN, *IDENTITIES)}
+# bcrypt's least cost for the test servers' hashes: a server lives for a module or a test, and
+# it checks a hash again at every connection (at the deployed cost, ~0.1 s of CPU each, and
+# ~1.5 s to hash every identity's password when a server is made)
+TEST_BCRYPT_COST = 4
 Connect = Callable[[str], Awaitable[NatsBroker]]
 
 
@@ -68,7 +72,7 @@ def start_bus(folder: Path, extra_config: str = "", scheme: str = "nats") -> Bus
         f"listen: 127.0.0.1:{port}\n"
         f"jetstream {{ store_dir: {json.dumps(str(folder / 'js'))} }}\n"
         + extra_config
-        + server_authorization(PASSWORDS)
+        + server_authorization(PASSWORDS, cost=TEST_BCRYPT_COST)
     )
     url = f"{scheme}://127.0.0.1:{port}"
     server = start_managed_server(

@@ -30,6 +30,7 @@ from aegis_devstack.localservers import (
     port_open,
     start_managed_server,
 )
+from aegis_devstack.testing.natsbus import TEST_BCRYPT_COST
 from aegis_devstack.testing.netlab import Host
 from aegis_runtime.settings import AegisSettings
 
@@ -183,7 +184,7 @@ def start_cluster(
     places: list[Host | None] = list(hosts) if hosts is not None else [None] * size
     addresses = [place.address if place else "127.0.0.1" for place in places]
     # bcrypt is slow on purpose: one block for every node
-    authorization = server_authorization(passwords)
+    authorization = server_authorization(passwords, cost=TEST_BCRYPT_COST)
     ports = [(free_port(), free_port()) for _ in range(size)]
     cluster = NatsCluster(nodes=[], passwords=dict(passwords))
     try:
