@@ -119,7 +119,8 @@ async def test_drift_is_reported_then_repaired(aws_endpoint, aws, unique_id):
 
 
 def test_bootstrap_fails_clearly_when_the_endpoint_is_down():
-    result = run_cli("http://127.0.0.1:9", AEGIS_BUCKET="aegis-nowhere")
+    # two attempts a request, not five: the give-up, without the back-off of three more retries
+    result = run_cli("http://127.0.0.1:9", AEGIS_BUCKET="aegis-nowhere", AEGIS_AWS_MAX_ATTEMPTS="2")
     assert result.returncode == 5  # aegis_cli.exitcodes.UNAVAILABLE: nothing answered
     assert "bootstrap failed" in result.stderr and "http://127.0.0.1:9" in result.stderr
 

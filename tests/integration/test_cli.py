@@ -153,7 +153,8 @@ async def test_a_command_gives_up_when_nats_does_not_answer(
 )
 async def test_a_command_gives_up_when_storage_does_not_answer(args: list[str]) -> None:
     port = free_port()
-    env = environment(AEGIS_AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+    # two attempts a request, not five: the give-up, without the back-off of three more retries
+    env = environment(AEGIS_AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AEGIS_AWS_MAX_ATTEMPTS="2")
     code, out, err = await aegis(env, *args)
     assert code == UNAVAILABLE, err
     assert f"127.0.0.1:{port}" in err and "Traceback" not in err

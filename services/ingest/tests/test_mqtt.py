@@ -45,7 +45,7 @@ def test_settings_build_the_subscription_and_endpoint() -> None:
     assert IngestSettings(mqtt_share_group="").subscription == "aegis/+/+"  # one replica
     assert s.mqtt_endpoint() == ("broker", 1884, "user", "pw")
     assert s.mqtt_client_id.startswith("aegis-ingest-")
-    assert s.aws().max_attempts == s.aws_max_attempts
+    assert s.aws().max_attempts == s.aws_max_attempts == 3  # ingest retries each message too
 
 
 def test_broker_identity_and_tls_settings(tmp_path, monkeypatch) -> None:

@@ -8,7 +8,8 @@ without knowing the command:
   factory at the ``--fail-on`` level);
 * 4: ``aegis audit raw``: a partition differs from its seal;
 * 5: a server did not answer: NATS within ``AEGIS_NATS_CONNECT_TIMEOUT_S``, or S3/DynamoDB
-  within the client's connect timeout and retries. Nothing was done; run it again later.
+  within the client's connect timeout and ``AEGIS_AWS_MAX_ATTEMPTS``. Nothing was done; run it
+  again later.
 
 A few commands give 2 a meaning of their own as well (their ``--help`` says which). This module
 is import-light: ``aegis --help`` reads :data:`ROOT_EPILOG` without loading any SDK.

@@ -72,6 +72,14 @@ class AegisSettings(BaseSettings):
         "`AEGIS_REGION`; `make run` and the tests point it at an emulator.",
     )
     region: str = Field(default="ap-south-1", description="AWS region of the bucket and table.")
+    aws_max_attempts: int = Field(
+        default=5,
+        ge=1,
+        le=10,
+        description="Attempts at each S3 or DynamoDB request (the first and its retries, with "
+        "exponential back-off and jitter) before it is given up: a command then exits 5. Ingest "
+        "makes 3 by default: it retries each message itself (`AEGIS_INGEST_RETRY_ATTEMPTS`).",
+    )
     bucket: str = Field(default="aegis-bucket-data", description="The S3 data bucket.")
     table: str = Field(
         default="AEGIS-DynamoDB-FactoryStatus", description="The DynamoDB read-model table."
@@ -351,4 +359,5 @@ class AegisSettings(BaseSettings):
             region=self.region,
             endpoint_url=self.aws_endpoint_url,
             max_pool_connections=max(10, self.max_concurrency),
+            max_attempts=self.aws_max_attempts,
         )

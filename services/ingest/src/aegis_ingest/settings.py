@@ -4,7 +4,6 @@ and the limits of the image uploads it presigns for gateways."""
 from __future__ import annotations
 
 import socket
-from dataclasses import replace
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -13,7 +12,6 @@ from pydantic_settings import NoDecode
 
 from aegis_contracts.payloads import IMAGE_CONTENT_TYPES, MAX_IMAGE_BYTES, ImageContentType
 from aegis_runtime.settings import AegisSettings, comma_list
-from aegis_storage.clients import AwsConfig
 
 
 def _default_client_id() -> str:
@@ -206,6 +204,3 @@ class IngestSettings(AegisSettings):
         if not self.mqtt_share_group:
             return self.mqtt_topic_filter
         return f"$share/{self.mqtt_share_group}/{self.mqtt_topic_filter}"
-
-    def aws(self) -> AwsConfig:
-        return replace(super().aws(), max_attempts=self.aws_max_attempts)
