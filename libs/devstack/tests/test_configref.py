@@ -43,6 +43,7 @@ class PumpSettings(AegisSettings):
 class ValveSettings(AegisSettings):
     service: str = "valve"
     shared_gap_s: float = Field(default=60.0, gt=0, description="A gap, seconds.")
+    aws_max_attempts: int = Field(default=3, ge=1, le=10, description="Its own attempts.")
 
 
 def components(*pairs: tuple[str, type[AegisSettings]]) -> list[Component]:
@@ -62,6 +63,8 @@ def test_the_reference_lists_each_variable_once_with_who_reads_it() -> None:
     assert (
         "| `AEGIS_SERVICE` | text | `aegis`; in each component its own: `pump`, `valve` |" in text
     )
+    # a shared setting one component gives another default: named with it
+    assert "| `AEGIS_AWS_MAX_ATTEMPTS` | integer, 1 to 10 | 5; `valve`: 3 |" in text
     # declared by two classes with one meaning: once, under "Shared by some services"
     assert text.count("`AEGIS_SHARED_GAP_S`") == 1
     assert "| `AEGIS_SHARED_GAP_S` | `pump`, `valve` and `aegis cmd-x` | number, > 0 | 60 |" in text

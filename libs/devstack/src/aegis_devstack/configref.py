@@ -346,8 +346,9 @@ class Variable:
     meaning: str
     deprecated: tuple[str, ...]
     classes: list[type[AegisSettings]] = field(default_factory=list)
-    # a shared setting's defaults in the components that override it (``AEGIS_SERVICE``)
-    overridden: set[str] = field(default_factory=set)
+    # a shared setting's defaults in the components that override it: default -> their names
+    # (``AEGIS_SERVICE``: each component's own name; ``AEGIS_AWS_MAX_ATTEMPTS``: ingest's 3)
+    overridden: dict[str, list[str]] = field(default_factory=dict)
 
 
 # -- the model of the reference -----------------------------------------------------------------
@@ -421,7 +422,9 @@ def build(components: Sequence[Component]) -> Reference:
         for name, info in cls.model_fields.items():
             if name in base:
                 if (default := default_text(info)) != by_field[name].default:
-                    by_field[name].overridden.add(default)
+                    by_field[name].overridden.setdefault(default, []).extend(
+                        c.name for c in components if c.settings is cls
+                    )
                 continue
             var = _variable(cls, name, info)
             if (earlier := declared.get(name)) is None:
@@ -463,7 +466,13 @@ def _labels(components: Iterable[Component]) -> str:
 def _default_cell(v: Variable) -> str:
     if not v.overridden:
         return v.default
-    return f"{v.default}; in each component its own: {', '.join(sorted(v.overridden))}"
+    if v.attribute == "service":  # each component's own name
+        return f"{v.default}; in each component its own: {', '.join(sorted(v.overridden))}"
+    others = (
+        f"{', '.join(f'`{n}`' for n in sorted(set(names)))}: {default}"
+        for default, names in sorted(v.overridden.items())
+    )
+    return f"{v.default}; {'; '.join(others)}"
 
 
 def render_reference(ref: Reference) -> str:
