@@ -158,4 +158,5 @@ async def test_a_command_gives_up_when_storage_does_not_answer(args: list[str]) 
     code, out, err = await aegis(env, *args)
     assert code == UNAVAILABLE, err
     assert f"127.0.0.1:{port}" in err and "Traceback" not in err
+    assert "AEGIS_AWS_MAX_ATTEMPTS" in err  # it names its setting, as the NATS give-up does
     assert out == "" or not out.strip().startswith("{")

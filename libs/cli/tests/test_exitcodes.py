@@ -3,6 +3,7 @@ an S3/DynamoDB endpoint that refused or timed out), 1 for anything else."""
 
 from __future__ import annotations
 
+import pytest
 from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
 
 from aegis_cli import exitcodes
@@ -27,7 +28,8 @@ def test_an_endpoint_that_never_answered_is_unavailable() -> None:
         assert exitcodes.code_of(err) == exitcodes.UNAVAILABLE
         message = exitcodes.unavailable(err)
         assert message == (
-            f"S3/DynamoDB not reachable at http://127.0.0.1:4566 ({type(cause).__name__})"
+            f"S3/DynamoDB not reachable at http://127.0.0.1:4566 ({type(cause).__name__}; "
+            "each request was tried AEGIS_AWS_MAX_ATTEMPTS times)"
         )
 
 
@@ -47,3 +49,21 @@ def test_other_failures_are_failed() -> None:
     assert exitcodes.code_of(hidden) == exitcodes.FAILED
     hidden.__suppress_context__ = False  # raised while handling it: a traceback shows it
     assert exitcodes.code_of(hidden) == exitcodes.UNAVAILABLE
+
+
+def test_a_report_says_what_failed_and_for_storage_how_often_it_was_tried(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    storage = raised_from(
+        Transient("list s3://bucket/raw/"), EndpointConnectionError(endpoint_url=URL)
+    )
+    assert exitcodes.report("audit raw failed: list", storage) == exitcodes.UNAVAILABLE
+    assert capsys.readouterr().err == (
+        "audit raw failed: list (each request was tried AEGIS_AWS_MAX_ATTEMPTS times)\n"
+    )
+    nats = BrokerUnavailable("NATS not reachable at nats://127.0.0.1:4222 within 1 s")
+    assert exitcodes.report(f"streams failed: {nats}", nats) == exitcodes.UNAVAILABLE
+    assert capsys.readouterr().err == f"streams failed: {nats}\n"  # it names its setting
+    denied = StorageError("query: AccessDenied")
+    assert exitcodes.report("jobs: storage failed: query: AccessDenied", denied) == exitcodes.FAILED
+    assert capsys.readouterr().err == "jobs: storage failed: query: AccessDenied\n"

@@ -242,8 +242,7 @@ def bootstrap(
     try:
         outcome = asyncio.run(_bootstrap(settings, check=check, reindex=reindex))
     except StorageError as err:
-        typer.echo(f"bootstrap failed: {err}", err=True)
-        raise typer.Exit(exitcodes.code_of(err)) from None
+        raise typer.Exit(exitcodes.report(f"bootstrap failed: {err}", err)) from None
     if json_output:
         typer.echo(json.dumps(outcome))
     else:
@@ -393,8 +392,7 @@ def streams(
     try:
         outcome = asyncio.run(run())
     except BrokerError as err:
-        typer.echo(f"streams failed: {err}", err=True)
-        raise typer.Exit(exitcodes.code_of(err)) from None
+        raise typer.Exit(exitcodes.report(f"streams failed: {err}", err)) from None
     if json_output:
         typer.echo(json.dumps({"streams": outcome}))
         return

@@ -40,9 +40,19 @@ MEANINGS = {
 ROOT_EPILOG = "Exit codes: " + "; ".join(f"{code} {text}" for code, text in MEANINGS.items()) + "."
 
 
+# what a storage give-up adds: how often each request was tried, and the setting that says so
+STORAGE_ATTEMPTS = "each request was tried AEGIS_AWS_MAX_ATTEMPTS times"
+
+
 def unavailable(err: BaseException) -> str | None:
     """A one-line message when ``err`` means a server did not answer (else None): the NATS
     connect timeout, or an S3/DynamoDB endpoint that refused or timed out every attempt."""
+    found = _unreachable(err)
+    return None if found is None else found[1]
+
+
+def _unreachable(err: BaseException) -> tuple[str, str] | None:
+    """``("nats" | "storage", message)`` when ``err`` means a server did not answer."""
     from botocore.exceptions import (  # noqa: PLC0415 - only when something failed
         ConnectTimeoutError,
         EndpointConnectionError,
@@ -53,16 +63,31 @@ def unavailable(err: BaseException) -> str | None:
     aiohttp = sys.modules.get("aiohttp")  # likewise: no aiohttp error unless it was loaded
     for cause in _chain(err):
         if broker is not None and isinstance(cause, broker.BrokerUnavailable):
-            return str(cause)  # it names the URL and the setting
+            return "nats", str(cause)  # it names the URL and the setting
+        where = None
         if isinstance(cause, EndpointConnectionError | ConnectTimeoutError):
             url = urlsplit(str(cause.kwargs.get("endpoint_url", "")))  # the request's URL
             where = f"{url.scheme}://{url.netloc}" if url.netloc else "its endpoint"
-            return f"S3/DynamoDB not reachable at {where} ({type(cause).__name__})"
         # the read model's item client (aiodynamo on aiohttp) could not connect
-        if aiohttp is not None and isinstance(cause, aiohttp.ClientConnectorError):
+        elif aiohttp is not None and isinstance(cause, aiohttp.ClientConnectorError):
             where = f"{cause.host}:{cause.port}"
-            return f"S3/DynamoDB not reachable at {where} ({type(cause).__name__})"
+        if where is not None:
+            said = (
+                f"S3/DynamoDB not reachable at {where} ({type(cause).__name__}; {STORAGE_ATTEMPTS})"
+            )
+            return "storage", said
     return None
+
+
+def report(message: str, err: BaseException) -> int:
+    """Print ``message`` (what failed, with ``err``) on stderr, and return the exit code ``err``
+    means. When S3 or DynamoDB did not answer, the message also says how often each request was
+    tried and which setting says so (a NATS timeout's own message names its setting)."""
+    found = _unreachable(err)
+    if found is not None and found[0] == "storage":
+        message = f"{message} ({STORAGE_ATTEMPTS})"
+    print(message, file=sys.stderr)
+    return code_of(err)
 
 
 def code_of(err: BaseException) -> int:

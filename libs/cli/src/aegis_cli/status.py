@@ -266,8 +266,9 @@ def run_status(
         )
         return EXIT_FAILED
     except (StorageError, BotoCoreError) as err:
-        print(f"status: cannot read the read model at {_where(settings)}: {err}", file=sys.stderr)
-        return exitcodes.code_of(err)
+        return exitcodes.report(
+            f"status: cannot read the read model at {_where(settings)}: {err}", err
+        )
     return 0
 
 

@@ -84,8 +84,7 @@ def aggregate(
             )
         )
     except StorageError as err:
-        typer.echo(f"aggregate failed: {err}", err=True)
-        raise typer.Exit(exitcodes.code_of(err)) from None
+        raise typer.Exit(exitcodes.report(f"aggregate failed: {err}", err)) from None
     if json_output:
         typer.echo(json.dumps({"windows": rows, "written": len(rows)}))
     else:

@@ -74,8 +74,7 @@ def _run(work: Callable[[JobStore], Awaitable[T]], changes: list[Change] | None 
         typer.echo(f"jobs: no job {err}", err=True)
         raise typer.Exit(EXIT_NOT_FOUND) from None
     except StorageError as err:
-        typer.echo(f"jobs: storage failed: {err}", err=True)
-        raise typer.Exit(exitcodes.code_of(err)) from None
+        raise typer.Exit(exitcodes.report(f"jobs: storage failed: {err}", err)) from None
 
 
 def announce(

@@ -150,8 +150,7 @@ def report(  # noqa: PLR0917 - a Typer command: one parameter per option
         )
     except StorageError as err:
         where = f" on {done[-1]['date']}" if done and done[-1]["date"] else ""
-        typer.echo(f"report failed{where}: {err}", err=True)
-        raise typer.Exit(exitcodes.code_of(err)) from None
+        raise typer.Exit(exitcodes.report(f"report failed{where}: {err}", err)) from None
     written = sum(1 for d in done for t in d["targets"] if t["report_key"])
     if json_output:
         typer.echo(json.dumps({"days": done, "written": written}))

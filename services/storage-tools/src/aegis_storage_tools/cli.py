@@ -125,8 +125,7 @@ def migrate_plan(  # noqa: PLR0917 - typer options are parameters
     try:
         the_plan = asyncio.run(go())
     except StorageError as err:
-        typer.echo(f"migrate plan failed: {err}", err=True)
-        raise typer.Exit(exitcodes.code_of(err)) from None
+        raise typer.Exit(exitcodes.report(f"migrate plan failed: {err}", err)) from None
     code = EXIT_CONFLICTS if the_plan.conflicts else exitcodes.OK
     if out is not None:
         out.write_text(json.dumps(the_plan.as_dict(), indent=1), encoding="utf-8")
@@ -246,8 +245,9 @@ def migrate_run(  # noqa: PLR0917 - typer options are parameters
         typer.echo(f"migrate run refused: {err}", err=True)
         raise typer.Exit(exitcodes.USAGE) from None
     except StorageError as err:
-        typer.echo(f"migrate run failed: {err} (journal: {journal})", err=True)
-        raise typer.Exit(exitcodes.code_of(err)) from None
+        raise typer.Exit(
+            exitcodes.report(f"migrate run failed: {err} (journal: {journal})", err)
+        ) from None
     typer.echo(json.dumps(asdict(summary) | {"journal": str(journal)}))
     if summary.handover:
         _print_handover(summary.handover, summary.kept)
@@ -368,8 +368,7 @@ def replay(  # noqa: PLR0917 - typer options are parameters
     try:
         summary = asyncio.run(go())
     except StorageError as err:
-        typer.echo(f"replay failed: {err}", err=True)
-        raise typer.Exit(exitcodes.code_of(err)) from None
+        raise typer.Exit(exitcodes.report(f"replay failed: {err}", err)) from None
     typer.echo(json.dumps(asdict(summary) | {"dry_run": dry_run, "notify": notify}))
     raise typer.Exit(EXIT_FAILED if summary.failed else 0)
 
@@ -534,8 +533,7 @@ def run_seal(
     try:
         results = asyncio.run(go())
     except StorageError as err:
-        typer.echo(f"seal raw failed: {err}", err=True)
-        return exitcodes.code_of(err)
+        return exitcodes.report(f"seal raw failed: {err}", err)
     shown = [r for r in results if r.outcome is not Outcome.EMPTY]
     counts = Counter(r.outcome.value for r in results)
     looked_at = "every due day" if days is None else f"{len(days)} days"
@@ -644,8 +642,7 @@ def audit_raw(  # noqa: PLR0917 - typer options are parameters
     try:
         audits = asyncio.run(go())
     except StorageError as err:
-        typer.echo(f"audit raw failed: {err}", err=True)
-        raise typer.Exit(exitcodes.code_of(err)) from None
+        raise typer.Exit(exitcodes.report(f"audit raw failed: {err}", err)) from None
     code = exit_code(audits)
     if json_output:
         typer.echo(json.dumps({"partitions": [a.as_dict() for a in audits], "exit_code": code}))
