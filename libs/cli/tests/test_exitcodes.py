@@ -13,6 +13,11 @@ from aegis_storage.errors import StorageError, Transient
 URL = "http://127.0.0.1:4566/bucket?list-type=2&prefix=raw%2F"
 
 
+def code_of(err: BaseException) -> int:
+    """The exit code a command's handler returns for ``err`` (what it prints aside)."""
+    return exitcodes.report("failed", err)
+
+
 def raised_from(error: BaseException, cause: BaseException) -> BaseException:
     """``error`` as ``raise error from cause`` leaves it."""
     error.__cause__, error.__suppress_context__ = cause, True
@@ -25,7 +30,7 @@ def test_an_endpoint_that_never_answered_is_unavailable() -> None:
         ConnectTimeoutError(endpoint_url=URL),
     ):
         err = raised_from(Transient("list s3://bucket/raw/"), cause)
-        assert exitcodes.code_of(err) == exitcodes.UNAVAILABLE
+        assert code_of(err) == exitcodes.UNAVAILABLE
         message = exitcodes.unavailable(err)
         assert message == (
             f"S3/DynamoDB not reachable at http://127.0.0.1:4566 ({type(cause).__name__}; "
@@ -36,19 +41,19 @@ def test_an_endpoint_that_never_answered_is_unavailable() -> None:
 def test_nats_not_answering_is_unavailable_with_its_own_message() -> None:
     err = BrokerUnavailable("NATS not reachable at nats://127.0.0.1:4222 within 1 s")
     assert exitcodes.unavailable(err) == str(err)
-    assert exitcodes.code_of(RuntimeError("wrapped")) == exitcodes.FAILED
-    assert exitcodes.code_of(raised_from(RuntimeError("wrapped"), err)) == exitcodes.UNAVAILABLE
+    assert code_of(RuntimeError("wrapped")) == exitcodes.FAILED
+    assert code_of(raised_from(RuntimeError("wrapped"), err)) == exitcodes.UNAVAILABLE
 
 
 def test_other_failures_are_failed() -> None:
-    assert exitcodes.code_of(StorageError("query: AccessDenied")) == exitcodes.FAILED
+    assert code_of(StorageError("query: AccessDenied")) == exitcodes.FAILED
     # a context the code chose to hide (raise ... from None) is not looked into
     hidden = StorageError("something else")
     hidden.__context__ = EndpointConnectionError(endpoint_url=URL)
     hidden.__suppress_context__ = True
-    assert exitcodes.code_of(hidden) == exitcodes.FAILED
+    assert code_of(hidden) == exitcodes.FAILED
     hidden.__suppress_context__ = False  # raised while handling it: a traceback shows it
-    assert exitcodes.code_of(hidden) == exitcodes.UNAVAILABLE
+    assert code_of(hidden) == exitcodes.UNAVAILABLE
 
 
 def test_a_report_says_what_failed_and_for_storage_how_often_it_was_tried(

@@ -81,18 +81,14 @@ def _unreachable(err: BaseException) -> tuple[str, str] | None:
 
 def report(message: str, err: BaseException) -> int:
     """Print ``message`` (what failed, with ``err``) on stderr, and return the exit code ``err``
-    means. When S3 or DynamoDB did not answer, the message also says how often each request was
-    tried and which setting says so (a NATS timeout's own message names its setting)."""
+    means: :data:`UNAVAILABLE` when a server did not answer, else :data:`FAILED`. When S3 or
+    DynamoDB did not answer, the message also says how often each request was tried and which
+    setting says so (a NATS timeout's own message names its setting)."""
     found = _unreachable(err)
     if found is not None and found[0] == "storage":
         message = f"{message} ({STORAGE_ATTEMPTS})"
     print(message, file=sys.stderr)
-    return code_of(err)
-
-
-def code_of(err: BaseException) -> int:
-    """:data:`UNAVAILABLE` when a server did not answer, else :data:`FAILED`."""
-    return UNAVAILABLE if unavailable(err) is not None else FAILED
+    return FAILED if found is None else UNAVAILABLE
 
 
 def _chain(err: BaseException) -> list[BaseException]:

@@ -348,7 +348,7 @@ class Variable:
     classes: list[type[AegisSettings]] = field(default_factory=list)
     # a shared setting's defaults in the components that override it: default -> their names
     # (``AEGIS_SERVICE``: each component's own name; ``AEGIS_AWS_MAX_ATTEMPTS``: ingest's 3)
-    overridden: dict[str, list[str]] = field(default_factory=dict)
+    overridden: dict[str, set[str]] = field(default_factory=dict)
 
 
 # -- the model of the reference -----------------------------------------------------------------
@@ -422,7 +422,7 @@ def build(components: Sequence[Component]) -> Reference:
         for name, info in cls.model_fields.items():
             if name in base:
                 if (default := default_text(info)) != by_field[name].default:
-                    by_field[name].overridden.setdefault(default, []).extend(
+                    by_field[name].overridden.setdefault(default, set()).update(
                         c.name for c in components if c.settings is cls
                     )
                 continue
@@ -469,7 +469,7 @@ def _default_cell(v: Variable) -> str:
     if v.attribute == "service":  # each component's own name
         return f"{v.default}; in each component its own: {', '.join(sorted(v.overridden))}"
     others = (
-        f"{', '.join(f'`{n}`' for n in sorted(set(names)))}: {default}"
+        f"{', '.join(f'`{n}`' for n in sorted(names))}: {default}"
         for default, names in sorted(v.overridden.items())
     )
     return f"{v.default}; {'; '.join(others)}"
