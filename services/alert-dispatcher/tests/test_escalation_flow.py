@@ -122,3 +122,52 @@ async def test_a_message_slack_could_not_take_goes_to_the_fallback_once() -> Non
         ("slack", "undeliverable"),
         ("pager", "sent"),
     ]
+
+
+class NotedBeforeTheFirstClaim(IncidentStore):
+    """The dispatcher noting its own post (Slack told) between the escalator's read of the
+    incident and its claim: the interleaving a busy replica meets as it posts."""
+
+    noted = False
+
+    async def save(self, new: incidents.Incident, old: incidents.Incident | None) -> None:
+        if old is not None and new.outbox is not None and not self.noted:
+            self.noted = True
+            told = functools.partial(incidents.notified, at=T0, receiver="slack", outcome="sent")
+            await self.change(old.incident_id, told)
+        await super().save(new, old)
+
+
+async def test_a_fire_noted_by_the_dispatcher_as_the_pager_is_claimed_still_reaches_the_pager_at_once() -> (
+    None
+):
+    table, clock, pager = MemoryTable(), FakeClock(T0), Heard("pager")
+    config = parse_escalation(
+        '[receivers.slack]\ntype = "slack_webhook"\nurl_env = "AEGIS_SLACK_WEBHOOK_URL"\n'
+        '[receivers.pager]\ntype = "slack_webhook"\nurl_env = "PAGER_URL"\n'
+        '[[policies.critical.levels]]\nafter = "0s"\nreceivers = ["slack", "pager"]\n'
+        '[defaults]\ncritical = "critical"\nwarning = "critical"\n'
+    )
+    opened = incidents.open_incident(
+        scope="factory-a", stream="STATE", reason="GAS_LEAK", severity="CRITICAL", at=T0
+    )
+    store = NotedBeforeTheFirstClaim(table, MemoryObjects())
+    await store.save(opened, None)  # the message is on its way to Slack
+    swept: list[Swept] = []
+    e = Escalator(
+        store=store,
+        config=config,
+        receivers={"slack": Heard("slack"), "pager": pager},
+        clock=clock,
+        dashboard_url="http://dash.example",
+        instance="host-a:1",
+        on_swept=swept.append,
+    )
+    await e.notify_now([opened.incident_id])
+    assert store.noted  # the note did land between the read and the claim
+    assert pager.titles == ["CRITICAL · factory-a · GAS_LEAK"]
+    assert [(s.outcome, s.receivers) for s in swept] == [("failover", ("pager",))]
+    now = await store.get(opened.incident_id)
+    assert now is not None and now.outbox is None
+    told = [(x.receiver, x.outcome) for x in now.timeline if x.kind == "notified"]
+    assert told == [("slack", "sent"), ("pager", "sent")]

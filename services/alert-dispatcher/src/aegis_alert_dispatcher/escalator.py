@@ -70,6 +70,8 @@ NOTIFICATION_KIND: dict[str, NotificationKind] = {
 # every receiver of a policy failed: all of them again after this, doubling, at most the cap
 RETRY_FIRST = timedelta(seconds=15)
 RETRY_CAP = timedelta(minutes=1)
+# how often notify_now decides again on an incident that changed under its claim
+NOTIFY_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,18 +168,33 @@ class Escalator:
         silences = await self.silences.listed(now=now)
         done: list[Swept] = []
         for incident_id in incident_ids:
-            incident = await self.store.get(incident_id)
-            if incident is None or incident.state != "triggered" or incident.outbox is not None:
-                continue
-            if silenced_by(silences, incidents.labels(incident), now):
-                continue  # held back: the dispatcher marked it, the sweep tells it when it ends
-            policy = escalation.policy_for(self.config, incident.scope, incident.severity)
-            outbox = self._failover(policy, incident, now) or self._unreached(policy, incident, now)
-            if outbox is not None:
-                swept = await self._claim(incident, outbox, now)
+            if (swept := await self._notify_one(incident_id, silences, now)) is not None:
                 done.append(swept)
                 self._report(swept)
         return done
+
+    async def _notify_one(
+        self, incident_id: str, silences: list[Silence], now: datetime
+    ) -> Swept | None:
+        """:meth:`notify_now` for one incident. It is called as the message is posted, so the
+        incident often changes between the read and the claim (the dispatcher noting its own
+        post): a claim refused for that is decided again on the incident as it is now; another
+        replica's claim then shows as the incident's outbox, and is left to it."""
+        swept: Swept | None = None
+        for _ in range(NOTIFY_ATTEMPTS):
+            incident = await self.store.get(incident_id)
+            if incident is None or incident.state != "triggered" or incident.outbox is not None:
+                return swept
+            if silenced_by(silences, incidents.labels(incident), now):
+                return swept  # held back: the dispatcher marked it, the sweep tells it when it ends
+            policy = escalation.policy_for(self.config, incident.scope, incident.severity)
+            outbox = self._failover(policy, incident, now) or self._unreached(policy, incident, now)
+            if outbox is None:
+                return swept
+            swept = await self._claim(incident, outbox, now)
+            if swept.outcome != "claimed_elsewhere":
+                return swept
+        return swept  # it kept changing: the next sweep decides
 
     def _report(self, swept: Swept) -> None:
         log.info(
