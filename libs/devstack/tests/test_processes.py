@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -87,3 +88,50 @@ def test_the_blocking_wait_of_a_bench_fails_as_the_other_when_a_service_exits(
     assert "svc exited with 3 before it was ready" in str(failed.value)
     assert "--- svc.log (last" in str(failed.value)
     assert "storage unreachable: giving up" in str(failed.value)
+
+
+# a stand-in service: the project's health server on AEGIS_HEALTH_PORT, as every service starts
+SERVE_HEALTH = """
+import asyncio, os, sys
+from aegis_runtime.health import HealthServer
+from aegis_runtime.metrics import Metrics
+async def main():
+    print("svc begins", flush=True)
+    if os.environ.get("FAIL"):
+        sys.exit(3)
+    async with HealthServer(Metrics("svc"), "127.0.0.1", int(os.environ["AEGIS_HEALTH_PORT"])):
+        await asyncio.sleep(60)
+asyncio.run(main())
+"""
+
+
+class StandIns(ServiceProcesses):
+    def command_for(self, service: str) -> list[str]:
+        return [sys.executable, "-c", SERVE_HEALTH]
+
+
+async def test_a_service_whose_health_port_was_taken_is_started_again_on_another_and_gets_ready(
+    tmp_path: Path,
+) -> None:
+    services = StandIns({}, logs=tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        services.health["svc"] = port  # as if another test's server bound it after the draw
+        services.start("svc")
+        try:
+            await services.ready("svc", within=60)
+        finally:
+            services.stop()
+    log = (tmp_path / "svc.log").read_text()
+    assert f"cannot serve health endpoints on 127.0.0.1:{port}" in log
+    assert log.count("svc begins") == 2 and services.health["svc"] != port
+
+
+def test_a_service_that_fails_otherwise_is_not_started_again(tmp_path: Path) -> None:
+    services = StandIns({"FAIL": "1"}, logs=tmp_path)
+    services.start("svc")
+    with pytest.raises(AssertionError, match="svc exited with 3 before it was ready"):
+        services.wait_ready("svc", timeout=60)
+    assert (tmp_path / "svc.log").read_text().count("svc begins") == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aegis_storage.clients import AwsConfig, new_session, open_client
+from aegis_storage.clients import AwsConfig, client_arguments, new_session, open_client
 
 
 def test_new_sessions_are_distinct_and_read_the_api_models_through_one_loader() -> None:
@@ -30,3 +30,19 @@ async def test_each_session_keeps_its_own_credentials(monkeypatch: pytest.Monkey
     # and a client is made from the shared models with this process's settings
     async with open_client("sts", AwsConfig(endpoint_url="http://127.0.0.1:9")) as sts:
         assert sts.meta.region_name == "ap-south-1"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "verified"),
+    [(None, True), ("https://s3.example.internal", True), ("http://127.0.0.1:4566", False)],
+)
+async def test_only_a_plain_http_endpoint_is_opened_without_certificate_checks(
+    endpoint: str | None, verified: bool
+) -> None:
+    """AWS and an https endpoint keep botocore's verification; a plain-http one (the local
+    emulator) has no TLS, and its clients build no CA store."""
+    arguments = client_arguments(AwsConfig(endpoint_url=endpoint))
+    assert arguments.get("verify", True) is verified
+    async with open_client("sts", AwsConfig(endpoint_url=endpoint)) as sts:
+        # True, or the CA bundle configured (AWS_CA_BUNDLE), when verifying
+        assert (sts._endpoint.http_session._verify is not False) is verified

@@ -6,12 +6,16 @@ while) or killed outright (a crash).
 A service keeps its health port across restarts, so a test that kills and starts it again
 reads the same address. Nothing here restarts a service on its own: a test decides when a
 process ends (``aegis up``'s supervisor, :mod:`aegis_devstack.stack`, is the one that restarts).
+The one exception is a start that could not bind its health port: a free port is drawn some time
+before the service binds it, and another test's server may take it meanwhile; that start is
+made again on a new port (see :meth:`ServiceProcesses.ready`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +29,8 @@ from aegis_runtime.health import probe_ready
 SCRIPTS = Path(sys.executable).parent
 # a service asked to stop is killed when it has not exited this long after SIGTERM
 STOP_TIMEOUT_S = 30.0
+# how often a start that found its health port taken is made again on another
+PORT_REDRAWS = 3
 
 
 class ServiceProcesses:
@@ -38,6 +44,8 @@ class ServiceProcesses:
         self.extra_env: dict[str, str] = {}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.health: dict[str, int] = {}
+        # where each service's last start wrote: its log folder and the log's size before it
+        self._started: dict[str, tuple[Path, int]] = {}
 
     def command_for(self, service: str) -> list[str]:
         """How ``service`` is started: its console script."""
@@ -55,6 +63,7 @@ class ServiceProcesses:
         if folder is None:
             raise ValueError("no folder for the service's log")
         with self.log_path(service, folder).open("ab") as log:
+            self._started[service] = (folder, log.tell())
             proc = subprocess.Popen(  # noqa: S603 (a console script of ours, no shell)
                 self.command_for(service),
                 env=self.env_for(service),
@@ -69,21 +78,58 @@ class ServiceProcesses:
         :meth:`ready` does."""
         deadline = time.monotonic() + timeout
         for service in services or tuple(self.procs):
-            proc, port, log = self.procs[service], self.health[service], self.log_path(service)
-            while not _ready_now(proc, port, log, deadline=deadline, within=timeout, what=service):
-                time.sleep(0.1)
+            for redraw in range(PORT_REDRAWS + 1):
+                proc, port = self.procs[service], self.health[service]
+                log = self._log_of(service)
+                try:
+                    while not _ready_now(
+                        proc, port, log, deadline=deadline, within=timeout, what=service
+                    ):
+                        time.sleep(0.1)
+                    break
+                except AssertionError:
+                    if redraw == PORT_REDRAWS or not self._start_on_another_port(service):
+                        raise
 
     async def ready(self, *services: str, within: float = 30) -> None:
         """Wait, without blocking the event loop, until each of ``services`` is ready; fail at
         once when one has exited, with its log's last lines (see :func:`process_ready`)."""
         for service in services:
-            await process_ready(
-                self.procs[service],
-                self.health[service],
-                self.log_path(service),
-                within=within,
-                what=service,
-            )
+            for redraw in range(PORT_REDRAWS + 1):
+                try:
+                    await process_ready(
+                        self.procs[service],
+                        self.health[service],
+                        self._log_of(service),
+                        within=within,
+                        what=service,
+                    )
+                    break
+                except AssertionError:
+                    if redraw == PORT_REDRAWS or not self._start_on_another_port(service):
+                        raise
+
+    def _start_on_another_port(self, service: str) -> bool:
+        """When ``service``'s last start exited because its health port was taken (another
+        test's server bound it between the draw and the service's bind), start it again on a
+        newly drawn port; False (nothing done) for any other failure."""
+        if service not in self._started or self.procs[service].poll() is None:
+            return False
+        folder, offset = self._started[service]
+        with self.log_path(service, folder).open("rb") as log:
+            log.seek(offset)
+            said = log.read().decode(errors="replace")
+        port = self.health[service]
+        if not re.search(rf"cannot serve health endpoints on \S+:{port}\b", said):
+            return False
+        self.health[service] = free_port()
+        self.start(service, folder)
+        return True
+
+    def _log_of(self, service: str) -> Path:
+        """The log ``service``'s last start writes."""
+        started = self._started.get(service)
+        return self.log_path(service, started[0] if started else None)
 
     def kill(self, service: str) -> None:
         """SIGKILL ``service`` (a crash: no graceful stop) and forget its process."""
