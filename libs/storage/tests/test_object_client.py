@@ -203,13 +203,19 @@ async def test_chain_credentials_are_asked_again_before_they_can_expire():
         await ChainCredentials(None)()
 
 
-def test_a_process_that_used_obstore_exits_by_itself(aws_endpoint, unique_id, tmp_path):
-    """obstore's threads keep nothing alive: a service's loop ends, the process exits."""
+def test_a_process_that_used_obstore_ends_its_loop_and_leaves_no_thread_to_wait_for(
+    aws_endpoint, unique_id, tmp_path
+):
+    """obstore's threads keep nothing alive: a service's loop ends, and no thread is left that
+    the interpreter would wait for. The process then ends as every AEGIS process does, through
+    exit_process (ending by finalizing the interpreter is the crash test_process.py shows)."""
     script = tmp_path / "exits.py"
     script.write_text(
         textwrap.dedent(
             f"""
             import asyncio
+            import threading
+            from aegis_runtime.process import exit_process
             from aegis_storage.clients import AwsConfig, open_clients
             from aegis_storage.s3 import ObjectStore
 
@@ -225,10 +231,14 @@ def test_a_process_that_used_obstore_exits_by_itself(aws_endpoint, unique_id, tm
                 print("closed")
 
             asyncio.run(main())
+            waited_for = [t.name for t in threading.enumerate() if not t.daemon]
+            print("threads left to wait for:", waited_for)
+            exit_process(0)
             """
         )
     )
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
     )
-    assert (done.returncode, done.stdout.strip()) == (0, "closed"), done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["closed", "threads left to wait for: ['MainThread']"]
