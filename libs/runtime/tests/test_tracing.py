@@ -1,9 +1,13 @@
-"""aegis_runtime.tracing at a process's end: the last spans go to the collector, and a collector
-that never answers holds the end no longer than the bound."""
+"""aegis_runtime.tracing: off, a service does not load the SDK at all; at a process's end, the last
+spans go to the collector, and a collector that never answers holds the end no longer than the
+bound."""
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -95,3 +99,32 @@ def test_spans_a_silent_collector_does_not_take_are_abandoned_at_the_bound_and_s
     assert taken is False
     (said,) = [e for e in logs if e["event"] == "tracing_export_abandoned"]
     assert said["waited_s"] == 1.0 and said["log_level"] == "warning"
+
+
+# what a service loads when tracing is on, and only then
+SDK = ("opentelemetry.sdk", "opentelemetry.exporter", "faststream.nats.opentelemetry")
+LOADED = f"""
+import json, sys
+import aegis_runtime.service
+from aegis_runtime.bus import create_broker
+from aegis_runtime.settings import AegisSettings
+create_broker(AegisSettings(service="processor", tracing=sys.argv[1]), name="processor")
+loaded = {{".".join(m.split(".")[:2]) for m in sys.modules if m.startswith({SDK!r})}}
+print(json.dumps(sorted(loaded)))
+"""
+
+
+@pytest.mark.parametrize(
+    ("tracing", "loaded"),
+    [
+        ("off", []),
+        ("otlp", ["faststream.nats", "opentelemetry.exporter", "opentelemetry.sdk"]),
+    ],
+)
+def test_a_service_loads_the_tracing_sdk_only_when_tracing_is_on(
+    tracing: str, loaded: list[str]
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED, tracing], capture_output=True, text=True, check=True
+    )
+    assert json.loads(done.stdout) == loaded

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from faststream.nats import NatsBroker
-from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.security import NatsSecurity, NatsUserPassword
 
 from aegis_contracts.backoff import spread_s
@@ -67,6 +66,9 @@ def create_broker(
     )
     provider = tracing.provider_for(settings)
     if provider is not None:  # outermost: the consumer span covers the whole handling
+        # imported only when tracing is on, as the SDK is (aegis_runtime.tracing)
+        from faststream.nats.opentelemetry import NatsTelemetryMiddleware  # noqa: PLC0415
+
         broker.add_middleware(
             NatsTelemetryMiddleware(tracer_provider=provider, include_messages_counters=False)
         )
