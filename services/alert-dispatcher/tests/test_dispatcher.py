@@ -418,7 +418,7 @@ async def replicas(s: DispatcherSettings) -> AsyncIterator[tuple[list[Dispatcher
         await client.stop()
 
 
-async def test_two_replicas_on_one_durable_send_each_alert_once_and_resend_recovers(
+async def test_two_replicas_on_one_durable_send_each_alert_once_and_resend_recovers_reporting_held_letters(
     foundation: Foundation,
     aws_endpoint: str,
     private_nats,
@@ -469,6 +469,25 @@ async def test_two_replicas_on_one_durable_send_each_alert_once_and_resend_recov
     )
     assert still_down.exit_code == 1 and "failed=1" in still_down.output
     webhook.up()
+    # another run holds the letter (read, not settled): this run sees it waiting, cannot read
+    # it within --wait, and says so instead of "nothing to resend"
+    holder = await nats.connect(private_nats.url)
+    try:
+        held = await holder.jetstream().pull_subscribe_bind(
+            durable="alerts-resend", stream="AEGIS_DLQ"
+        )
+        [letter] = await held.fetch(1, timeout=10)
+        assert b"factory-z" in letter.data
+        sent_before = len(webhook.delivered)
+        blocked = await asyncio.to_thread(
+            runner.invoke, cli_app, ["alerts", "resend", "--wait", "1"]
+        )
+        assert blocked.exit_code == 1, blocked.output
+        assert "delivered=0" in blocked.output and "unread=1" in blocked.output
+        assert len(webhook.delivered) == sent_before
+        await letter.nak()
+    finally:
+        await holder.close()
     resent = await asyncio.to_thread(runner.invoke, cli_app, ["alerts", "resend"])
     assert resent.exit_code == 0, resent.output
     assert "delivered=1" in resent.output

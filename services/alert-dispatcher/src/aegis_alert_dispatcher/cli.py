@@ -5,8 +5,12 @@ command reads them through its own durable consumer (``alerts-resend``), so each
 a delivered one is acknowledged, one that still fails stays for the next run. An alert whose
 ALERT# items all show a later delivery (newer snapshots fired them meanwhile) is skipped as
 superseded.
-Exit codes: 0 every alert delivered or skipped, 1 some still undeliverable, 2 no webhook set,
-5 NATS or S3/DynamoDB not reachable (:mod:`aegis_cli.exitcodes`).
+
+It first asks the consumer how many letters wait (not yet read, or read and not yet settled) and
+reads until it has seen that many, ``--wait`` seconds at most: a slow server or a letter another
+run still holds is reported as unread, never taken for "nothing to resend".
+Exit codes: 0 every alert delivered or skipped, 1 some still undeliverable or left unread, 2 no
+webhook set, 5 NATS or S3/DynamoDB not reachable (:mod:`aegis_cli.exitcodes`).
 
 Import-light: ``aegis --help`` imports this module, so the SDKs are imported in the command.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -42,6 +47,7 @@ class Summary:
     superseded: int = 0
     failed: int = 0
     unreadable: int = 0
+    unread: int = 0
     listed: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -52,20 +58,29 @@ def resend(
     ] = False,
     limit: Annotated[int, typer.Option(min=1, help="At most this many alerts.")] = 1000,
     attempts: Annotated[int, typer.Option(min=1, max=20, help="Attempts per alert.")] = 3,
+    wait: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Seconds to wait for letters the consumer counts as waiting but does not hand "
+            "out yet (a slow server, or letters another run holds); those still unread then are "
+            "reported and exit 1.",
+        ),
+    ] = 30.0,
     json_output: Annotated[
         bool,
         typer.Option(
             "--json",
             help='Print one JSON document: {"delivered", "superseded", "failed", "unreadable", '
-            '"listed": [...], "dry_run"}.',
+            '"unread", "listed": [...], "dry_run"}.',
         ),
     ] = False,
 ) -> None:
     """Resend dead-lettered Slack alerts (after the webhook is back).
 
-    Exit codes: 0 every alert delivered or skipped, 1 some still undeliverable, 2 no webhook
-    set (or bad options), 5 NATS (within AEGIS_NATS_CONNECT_TIMEOUT_S) or S3/DynamoDB not
-    reachable.
+    Exit codes: 0 every alert delivered or skipped, 1 some still undeliverable or left unread,
+    2 no webhook set (or bad options), 5 NATS (within AEGIS_NATS_CONNECT_TIMEOUT_S) or
+    S3/DynamoDB not reachable.
     """
     from aegis_alert_dispatcher.settings import DispatcherSettings  # noqa: PLC0415
 
@@ -73,8 +88,10 @@ def resend(
     if settings.slack_webhook_url is None and not dry_run:
         typer.echo("alerts resend: AEGIS_SLACK_WEBHOOK_URL is not set", err=True)
         raise typer.Exit(EXIT_NO_WEBHOOK)
-    summary = asyncio.run(_resend(settings, dry_run=dry_run, limit=limit, attempts=attempts))
-    code = EXIT_UNDELIVERED if summary.failed else exitcodes.OK
+    summary = asyncio.run(
+        _resend(settings, dry_run=dry_run, limit=limit, attempts=attempts, wait=wait)
+    )
+    code = EXIT_UNDELIVERED if summary.failed or summary.unread else exitcodes.OK
     if json_output:
         typer.echo(json.dumps(asdict(summary) | {"dry_run": dry_run}))
         raise typer.Exit(code)
@@ -85,13 +102,24 @@ def resend(
         )
     typer.echo(
         f"alerts resend: delivered={summary.delivered} superseded={summary.superseded} "
-        f"failed={summary.failed} unreadable={summary.unreadable}"
+        f"failed={summary.failed} unreadable={summary.unreadable} unread={summary.unread}"
         + (" (dry run)" if dry_run else "")
     )
+    if summary.unread:
+        typer.echo(
+            f"alerts resend: {summary.unread} waiting letter(s) were not handed out within "
+            f"{wait:g} s (another run may hold them); run it again",
+            err=True,
+        )
     raise typer.Exit(code)
 
 
-async def _resend(s: DispatcherSettings, *, dry_run: bool, limit: int, attempts: int) -> Summary:
+FETCH_TIMEOUT_S = 2.0
+
+
+async def _resend(
+    s: DispatcherSettings, *, dry_run: bool, limit: int, attempts: int, wait: float
+) -> Summary:
     import aiohttp  # noqa: PLC0415 - import-light module
 
     from aegis_alert_dispatcher.dispatcher import SERVICE, UNDELIVERABLE  # noqa: PLC0415
@@ -118,11 +146,21 @@ async def _resend(s: DispatcherSettings, *, dry_run: bool, limit: int, attempts:
             readmodel = ReadModel(clients.items, s.table)
             url = s.slack_webhook_url.get_secret_value() if s.slack_webhook_url else ""
             webhook = SlackWebhook(url, session, max_attempts=attempts, timeout=s.slack_timeout_s)
+            info = await sub.consumer_info()
+            # not yet read, and read by an earlier or another run but not yet settled
+            target = min(limit, (info.num_pending or 0) + (info.num_ack_pending or 0))
+            until = time.monotonic() + wait
             seen = 0
-            while seen < limit:
+            while seen < target:
+                left = until - time.monotonic()
                 try:
-                    batch = await sub.fetch(batch=min(50, limit - seen), timeout=2)
+                    batch = await sub.fetch(
+                        batch=min(50, target - seen), timeout=max(0.1, min(FETCH_TIMEOUT_S, left))
+                    )
                 except TimeoutError:  # nats-py's timeouts are TimeoutErrors too
+                    if time.monotonic() < until:
+                        continue
+                    summary.unread = target - seen
                     break
                 for msg in batch:
                     seen += 1
