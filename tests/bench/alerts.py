@@ -559,7 +559,7 @@ async def measure(args: argparse.Namespace, servers: list[ManagedServer], logs: 
         try:
             for service in SERVICES:
                 svc.start(service, logs)
-            await asyncio.to_thread(svc.wait_ready)
+            await svc.ready()
             async with aiomqtt.Client(
                 host, int(port), protocol=aiomqtt.ProtocolVersion.V5, max_inflight_messages=100
             ) as client:

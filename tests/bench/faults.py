@@ -254,7 +254,7 @@ async def _measure_fault(
     dead_before = await dead_letters(servers.nats.url)
     svc.start("ingest", logs)
     svc.start("processor", logs)
-    await asyncio.to_thread(svc.wait_ready)
+    await svc.ready()
     devices, stop = Devices(servers.mqtt.url), asyncio.Event()
     load = asyncio.create_task(devices.steady(steady, stop))
     try:
@@ -380,7 +380,7 @@ async def _measure_slack_fault(
     dead_before = await dead_letters(servers.nats.url)
     for service in ("ingest", "processor", "alert-dispatcher"):
         svc.start(service, logs)
-    await asyncio.to_thread(svc.wait_ready)
+    await svc.ready()
     devices, stop = Devices(servers.mqtt.url), asyncio.Event()
     load = asyncio.create_task(devices.steady(steady, stop))
     resent: str = ""

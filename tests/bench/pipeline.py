@@ -418,7 +418,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             await bootstrap(c, bucket=svc.bucket, table=svc.table)
         for service in ("ingest", "processor"):
             svc.start(service, logs)
-        svc.wait_ready()
+        await svc.ready()
         try:
             warm = await run_load(svc, messages=200, rate=None, factories=args.factories)
             samples = await samples_of(svc, warm["sample_factory"])

@@ -207,7 +207,7 @@ async def drain(
     await nc.subscribe("aegis.objects.created.factory_state", cb=on_object)
     began = time.perf_counter()
     svc.start("processor", logs)
-    await asyncio.to_thread(svc.wait_ready)
+    await svc.ready()
     await asyncio.wait_for(done.wait(), timeout=600)
     await nc.drain()
     (t0, s0), (t1, s1) = marks["from"], marks["to"]
@@ -251,7 +251,7 @@ async def measure_round(
     out: dict[str, Any] = {"variant": variant.name, "commit": variant.commit}
     try:
         svc.start("ingest", logs)
-        svc.wait_ready()
+        await svc.ready()
         out["imports"] = {"ingest": imports_of(logs / "ingest.log", variant)}
         await run_load(svc, messages=WARM_MESSAGES, rate=None, until="raw", **load)
         c0 = backend.counters()

@@ -76,20 +76,6 @@ async def test_a_ready_service_ends_the_wait(tmp_path: Path, start: Start) -> No
     assert proc.poll() is None
 
 
-def test_the_blocking_wait_of_a_bench_fails_as_the_other_when_a_service_exits(
-    tmp_path: Path, start: Start
-) -> None:
-    proc = start("print('storage unreachable: giving up', flush=True); raise SystemExit(3)")
-    proc.wait(30)
-    services = ServiceProcesses({}, logs=tmp_path)
-    services.procs["svc"], services.health["svc"] = proc, free_port()
-    with pytest.raises(AssertionError) as failed:
-        services.wait_ready("svc", timeout=600)
-    assert "svc exited with 3 before it was ready" in str(failed.value)
-    assert "--- svc.log (last" in str(failed.value)
-    assert "storage unreachable: giving up" in str(failed.value)
-
-
 # a stand-in service: the project's health server on AEGIS_HEALTH_PORT, as every service starts
 SERVE_HEALTH = """
 import asyncio, os, sys
@@ -129,9 +115,9 @@ async def test_a_service_whose_health_port_was_taken_is_started_again_on_another
     assert log.count("svc begins") == 2 and services.health["svc"] != port
 
 
-def test_a_service_that_fails_otherwise_is_not_started_again(tmp_path: Path) -> None:
+async def test_a_service_that_fails_otherwise_is_not_started_again(tmp_path: Path) -> None:
     services = StandIns({"FAIL": "1"}, logs=tmp_path)
     services.start("svc")
     with pytest.raises(AssertionError, match="svc exited with 3 before it was ready"):
-        services.wait_ready("svc", timeout=60)
+        await services.ready(within=60)
     assert (tmp_path / "svc.log").read_text().count("svc begins") == 1

@@ -73,28 +73,12 @@ class ServiceProcesses:
         self.procs[service] = proc
         return proc
 
-    def wait_ready(self, *services: str, timeout: float = 30) -> None:
-        """Block until each of ``services`` (default: every one running) is ready; fails as
-        :meth:`ready` does."""
-        deadline = time.monotonic() + timeout
-        for service in services or tuple(self.procs):
-            for redraw in range(PORT_REDRAWS + 1):
-                proc, port = self.procs[service], self.health[service]
-                log = self._log_of(service)
-                try:
-                    while not _ready_now(
-                        proc, port, log, deadline=deadline, within=timeout, what=service
-                    ):
-                        time.sleep(0.1)
-                    break
-                except AssertionError:
-                    if redraw == PORT_REDRAWS or not self._start_on_another_port(service):
-                        raise
-
     async def ready(self, *services: str, within: float = 30) -> None:
-        """Wait, without blocking the event loop, until each of ``services`` is ready; fail at
-        once when one has exited, with its log's last lines (see :func:`process_ready`)."""
-        for service in services:
+        """Wait, without blocking the event loop, until each of ``services`` (default: every one
+        running) is ready; fail at once when one has exited, with its log's last lines (see
+        :func:`process_ready`). A start that exited because its health port was taken is made
+        again on another (:data:`PORT_REDRAWS` times at most)."""
+        for service in services or tuple(self.procs):
             for redraw in range(PORT_REDRAWS + 1):
                 try:
                     await process_ready(
