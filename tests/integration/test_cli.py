@@ -160,3 +160,35 @@ async def test_a_command_gives_up_when_storage_does_not_answer(args: list[str]) 
     assert f"127.0.0.1:{port}" in err and "Traceback" not in err
     assert "AEGIS_AWS_MAX_ATTEMPTS" in err  # it names its setting, as the NATS give-up does
     assert out == "" or not out.strip().startswith("{")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status"],
+        ["incidents", "list"],
+        ["silences", "list"],
+        ["tokens", "list"],
+        ["jobs", "list"],
+        ["bootstrap", "--check"],
+        ["report", "--date", DAY, "--no-events"],
+    ],
+    ids=lambda args: " ".join(args[:2]),
+)
+async def test_a_command_without_aws_credentials_says_how_to_reach_the_emulator(
+    args: list[str], tmp_path: Path
+) -> None:
+    """A shell with no endpoint set reads AWS itself: with no credentials there (none in the
+    environment, no files, no instance role), one line says so and names the emulator's
+    setting, and no traceback."""
+    nowhere = str(tmp_path / "none")
+    env = {k: v for k, v in environment().items() if not k.startswith("AWS_")} | {
+        "AWS_SHARED_CREDENTIALS_FILE": nowhere,
+        "AWS_CONFIG_FILE": nowhere,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    code, out, err = await aegis(env, *args)
+    assert code == 1, err
+    assert out == ""  # nothing half-read
+    assert "no AWS credentials were found" in err, err
+    assert "AEGIS_AWS_ENDPOINT_URL=http://127.0.0.1:4566" in err and "Traceback" not in err

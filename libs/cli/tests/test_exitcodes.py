@@ -72,3 +72,35 @@ def test_a_report_says_what_failed_and_for_storage_how_often_it_was_tried(
     denied = StorageError("query: AccessDenied")
     assert exitcodes.report("jobs: storage failed: query: AccessDenied", denied) == exitcodes.FAILED
     assert capsys.readouterr().err == "jobs: storage failed: query: AccessDenied\n"
+
+
+def test_no_credentials_says_where_they_come_from_and_how_to_use_the_emulator(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from aiodynamo.errors import NoCredentialsFound  # noqa: PLC0415
+    from botocore.exceptions import NoCredentialsError  # noqa: PLC0415
+
+    for cause in (NoCredentialsFound(), NoCredentialsError()):
+        err = raised_from(StorageError(f"query TOKEN: {cause}"), cause)
+        assert exitcodes.report("tokens: storage failed: query TOKEN: ", err) == exitcodes.FAILED
+        assert capsys.readouterr().err == (
+            f"tokens: storage failed: query TOKEN ({exitcodes.NO_CREDENTIALS})\n"
+        )
+    assert "AEGIS_AWS_ENDPOINT_URL=http://127.0.0.1:4566" in exitcodes.NO_CREDENTIALS
+    exitcodes.report("jobs: storage failed: query: AccessDenied", StorageError("AccessDenied"))
+    assert "credentials" not in capsys.readouterr().err
+
+
+def test_a_command_failure_is_a_line_and_a_code_for_servers_and_storage_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    down = raised_from(Transient("query"), EndpointConnectionError(endpoint_url=URL))
+    assert exitcodes.report_failure("aegis silences", down) == exitcodes.UNAVAILABLE
+    assert capsys.readouterr().err.startswith("aegis silences: S3/DynamoDB not reachable at ")
+    denied = StorageError("query SILENCE: AccessDenied")
+    assert exitcodes.report_failure("aegis silences", denied) == exitcodes.FAILED
+    assert capsys.readouterr().err == (
+        "aegis silences: storage failed: query SILENCE: AccessDenied\n"
+    )
+    assert exitcodes.report_failure("aegis silences", KeyError("a fault")) is None
+    assert capsys.readouterr().err == ""

@@ -121,12 +121,13 @@ class PluginGroup(TyperGroup):
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise
         except Exception as err:
-            message = exitcodes.unavailable(err)
-            if message is None:
-                raise
+            # a server that did not answer, or storage that refused or failed, is said in one
+            # line with its exit code whatever the command; anything else is a fault: raised
             where = " ".join(["aegis", *filter(None, [ctx.invoked_subcommand])])
-            print(f"{where}: {message}", file=sys.stderr)
-            raise typer.Exit(exitcodes.UNAVAILABLE) from None
+            code = exitcodes.report_failure(where, err)
+            if code is None:
+                raise
+            raise typer.Exit(code) from None
 
 
 def command_names() -> list[str]:

@@ -79,16 +79,54 @@ def _unreachable(err: BaseException) -> tuple[str, str] | None:
     return None
 
 
+# what a command adds when it found no AWS credentials: without AEGIS_AWS_ENDPOINT_URL it reads
+# AWS itself, which is most often a shell meant for the emulator of `make run`
+NO_CREDENTIALS = (
+    "no AWS credentials were found: set AWS_PROFILE or AWS_ACCESS_KEY_ID, or, for the emulator "
+    "of `make run`, AEGIS_AWS_ENDPOINT_URL=http://127.0.0.1:4566"
+)
+
+
 def report(message: str, err: BaseException) -> int:
     """Print ``message`` (what failed, with ``err``) on stderr, and return the exit code ``err``
     means: :data:`UNAVAILABLE` when a server did not answer, else :data:`FAILED`. When S3 or
     DynamoDB did not answer, the message also says how often each request was tried and which
-    setting says so (a NATS timeout's own message names its setting)."""
+    setting says so (a NATS timeout's own message names its setting); when no AWS credentials
+    were found, where they come from and how to use the local emulator instead."""
     found = _unreachable(err)
     if found is not None and found[0] == "storage":
         message = f"{message} ({STORAGE_ATTEMPTS})"
+    elif _no_credentials(err):
+        message = f"{message.rstrip(': ')} ({NO_CREDENTIALS})"
     print(message, file=sys.stderr)
     return FAILED if found is None else UNAVAILABLE
+
+
+def report_failure(command: str, err: BaseException) -> int | None:
+    """For ``command`` ending with ``err``: when a server did not answer, or storage refused or
+    failed, print what failed on stderr (as :func:`report`) and return the exit code; None for
+    any other error (a fault of the command: let it raise, with its traceback)."""
+    found = _unreachable(err)
+    if found is not None:
+        print(f"{command}: {found[1]}", file=sys.stderr)
+        return UNAVAILABLE
+    errors = sys.modules.get("aegis_storage.errors")  # loaded by whatever raised one
+    if errors is not None and isinstance(err, errors.StorageError):
+        return report(f"{command}: storage failed: {err}", err)
+    return None
+
+
+def _no_credentials(err: BaseException) -> bool:
+    """Whether ``err`` came from an AWS client that found no credentials to sign with."""
+    kinds = tuple(
+        getattr(module, name)
+        for module, name in (
+            (sys.modules.get("botocore.exceptions"), "NoCredentialsError"),
+            (sys.modules.get("aiodynamo.errors"), "NoCredentialsFound"),
+        )
+        if module is not None
+    )
+    return bool(kinds) and any(isinstance(cause, kinds) for cause in _chain(err))
 
 
 def _chain(err: BaseException) -> list[BaseException]:

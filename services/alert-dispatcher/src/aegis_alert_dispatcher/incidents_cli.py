@@ -73,13 +73,8 @@ def _run(work: Callable[[IncidentStore], Awaitable[T]], *, announce: bool = Fals
             if broker is not None:
                 await broker.stop()
 
-    try:
-        return asyncio.run(run())
-    except Exception as err:
-        if exitcodes.unavailable(err) is None:
-            raise
-        typer.echo(f"incidents: {exitcodes.unavailable(err)}", err=True)
-        raise typer.Exit(exitcodes.UNAVAILABLE) from None
+    # a server that did not answer, or storage that failed, is said by `aegis` (exit 5 or 1)
+    return asyncio.run(run())
 
 
 def _line(i: Incident) -> str:

@@ -49,13 +49,8 @@ def _run(work: Callable[[SilenceStore], Awaitable[T]]) -> T:
         async with open_clients(settings.aws()) as clients:
             return await work(SilenceStore(ReadModel(clients.items, settings.table)))
 
-    try:
-        return asyncio.run(run())
-    except Exception as err:
-        if exitcodes.unavailable(err) is None:
-            raise
-        typer.echo(f"silences: {exitcodes.unavailable(err)}", err=True)
-        raise typer.Exit(exitcodes.UNAVAILABLE) from None
+    # a server that did not answer, or storage that failed, is said by `aegis` (exit 5 or 1)
+    return asyncio.run(run())
 
 
 def _now() -> datetime:

@@ -61,13 +61,8 @@ def _run(
                 await AuditLog(ObjectStore(clients, settings.bucket)).record(audited(done))
             return done
 
-    try:
-        return asyncio.run(run())
-    except Exception as err:
-        if exitcodes.unavailable(err) is None:
-            raise
-        typer.echo(f"tokens: {exitcodes.unavailable(err)}", err=True)
-        raise typer.Exit(exitcodes.UNAVAILABLE) from None
+    # a server that did not answer, or storage that failed, is said by `aegis` (exit 5 or 1)
+    return asyncio.run(run())
 
 
 def _now() -> datetime:
