@@ -192,3 +192,21 @@ async def test_a_command_without_aws_credentials_says_how_to_reach_the_emulator(
     assert out == ""  # nothing half-read
     assert "no AWS credentials were found" in err, err
     assert "AEGIS_AWS_ENDPOINT_URL=http://127.0.0.1:4566" in err and "Traceback" not in err
+
+
+async def test_alerts_resend_on_a_nats_without_the_aegis_streams_says_so(
+    private_nats, aws_endpoint: str
+) -> None:
+    """No dead-letter stream is no list of dead letters, not "nothing to resend": pointed at a
+    NATS that is not AEGIS's (or not set up yet), the command says which and fails."""
+    url = private_nats.url.replace("nats://", f"nats://operator:{SECRET}@")
+    env = environment(
+        AEGIS_AWS_ENDPOINT_URL=aws_endpoint,
+        AEGIS_NATS_URL=url,
+        AEGIS_SLACK_WEBHOOK_URL="http://127.0.0.1:9/hook",
+    )
+    for args in (["--dry-run"], []):
+        code, out, err = await aegis(env, "alerts", "resend", *args)
+        assert code == 1, err
+        assert out == "" and "Traceback" not in err and SECRET not in err
+        assert "has no stream AEGIS_DLQ" in err and "`aegis streams`" in err

@@ -104,3 +104,12 @@ def test_a_command_failure_is_a_line_and_a_code_for_servers_and_storage_only(
     )
     assert exitcodes.report_failure("aegis silences", KeyError("a fault")) is None
     assert capsys.readouterr().err == ""
+
+
+def test_a_nats_refusal_is_a_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    from nats.js.errors import NotFoundError  # noqa: PLC0415
+
+    refused = NotFoundError(code=404, err_code=10059, description="stream not found")
+    assert exitcodes.report_failure("aegis streams", refused) == exitcodes.FAILED
+    said = capsys.readouterr().err
+    assert said.startswith("aegis streams: NATS failed: ") and "stream not found" in said

@@ -103,16 +103,19 @@ def report(message: str, err: BaseException) -> int:
 
 
 def report_failure(command: str, err: BaseException) -> int | None:
-    """For ``command`` ending with ``err``: when a server did not answer, or storage refused or
-    failed, print what failed on stderr (as :func:`report`) and return the exit code; None for
-    any other error (a fault of the command: let it raise, with its traceback)."""
+    """For ``command`` ending with ``err``: when a server did not answer, or storage or NATS
+    refused or failed, print what failed on stderr (as :func:`report`) and return the exit code;
+    None for any other error (a fault of the command: let it raise, with its traceback)."""
     found = _unreachable(err)
     if found is not None:
         print(f"{command}: {found[1]}", file=sys.stderr)
         return UNAVAILABLE
-    errors = sys.modules.get("aegis_storage.errors")  # loaded by whatever raised one
-    if errors is not None and isinstance(err, errors.StorageError):
+    # each module is loaded by whatever raised one of its errors
+    storage, nats = sys.modules.get("aegis_storage.errors"), sys.modules.get("nats.errors")
+    if storage is not None and isinstance(err, storage.StorageError):
         return report(f"{command}: storage failed: {err}", err)
+    if nats is not None and isinstance(err, nats.Error):
+        return report(f"{command}: NATS failed: {err}", err)
     return None
 
 

@@ -121,12 +121,14 @@ async def _resend(
     s: DispatcherSettings, *, dry_run: bool, limit: int, attempts: int, wait: float
 ) -> Summary:
     import aiohttp  # noqa: PLC0415 - import-light module
+    from nats.js.errors import NotFoundError  # noqa: PLC0415
 
     from aegis_alert_dispatcher.dispatcher import SERVICE, UNDELIVERABLE  # noqa: PLC0415
     from aegis_alert_dispatcher.slack import SlackWebhook  # noqa: PLC0415
     from aegis_contracts.subjects import dead_letter_subject  # noqa: PLC0415
     from aegis_runtime import natsio  # noqa: PLC0415
     from aegis_runtime.bus import command_broker  # noqa: PLC0415
+    from aegis_runtime.redact import redact_url  # noqa: PLC0415
     from aegis_storage.clients import open_clients  # noqa: PLC0415
     from aegis_storage.readmodel import ReadModel  # noqa: PLC0415
 
@@ -134,14 +136,23 @@ async def _resend(
     broker = await command_broker(s, name="alerts-resend")
     held: list[Msg] = []
     try:
-        sub = await natsio.pull_durable(
-            broker,
-            dead_letter_subject(SERVICE, UNDELIVERABLE),
-            durable=RESEND.name,
-            stream=RESEND.stream,
-            ack_wait=120,
-            max_deliver=-1,
-        )
+        try:
+            sub = await natsio.pull_durable(
+                broker,
+                dead_letter_subject(SERVICE, UNDELIVERABLE),
+                durable=RESEND.name,
+                stream=RESEND.stream,
+                ack_wait=120,
+                max_deliver=-1,
+            )
+        except NotFoundError:
+            typer.echo(
+                f"alerts resend: the NATS at {redact_url(s.nats_url)} has no stream "
+                f"{RESEND.stream}, so no dead letter to read: is it AEGIS's? (`aegis streams` "
+                "makes the streams)",
+                err=True,
+            )
+            raise typer.Exit(exitcodes.FAILED) from None
         async with aiohttp.ClientSession() as session, open_clients(s.aws()) as clients:
             readmodel = ReadModel(clients.items, s.table)
             url = s.slack_webhook_url.get_secret_value() if s.slack_webhook_url else ""
