@@ -26,7 +26,10 @@ def users(block: str) -> dict[str, dict[str, object]]:
 def test_passwords_are_made_kept_private_and_only_their_hashes_reach_the_block(tmp_path: Path):
     passwords, out = tmp_path / "nats-passwords.env", tmp_path / "auth.conf"
     passwords.write_text("ingest=chosen-by-the-operator\n")
-    result = CliRunner().invoke(app, ["nats-auth", str(passwords), "--out", str(out)])
+    # bcrypt's cheapest cost: what is checked here does not depend on it (the default's below)
+    result = CliRunner().invoke(
+        app, ["nats-auth", str(passwords), "--out", str(out), "--cost", "4"]
+    )
     assert result.exit_code == 0, result.output
     made = read(passwords)
     assert set(made) == {ADMIN, *IDENTITIES} and made["ingest"] == "chosen-by-the-operator"
@@ -38,9 +41,12 @@ def test_passwords_are_made_kept_private_and_only_their_hashes_reach_the_block(t
         assert password not in block
         assert bcrypt.checkpw(password.encode(), str(found[name]["password"]).encode()), name
     assert "permissions" not in found[ADMIN] and "permissions" in found["ingest"]
-    # a second run keeps every password (services already hold them)
-    assert CliRunner().invoke(app, ["nats-auth", str(passwords)]).exit_code == 0
-    assert read(passwords) == made
+    assert all(str(u["password"]).startswith("$2b$04$") for u in found.values())
+    # a second run keeps every password (services already hold them), and hashes at the
+    # default cost, `nats server passwd`'s
+    again = CliRunner().invoke(app, ["nats-auth", str(passwords)])
+    assert again.exit_code == 0 and read(passwords) == made
+    assert {str(u["password"])[:7] for u in users(again.stdout).values()} == {"$2b$11$"}
 
 
 def test_an_unknown_identity_is_refused_not_locked_out(tmp_path: Path):

@@ -413,6 +413,15 @@ def nats_auth(
     out: Annotated[
         Path | None, typer.Option("--out", help="Write the block here instead of stdout.")
     ] = None,
+    cost: Annotated[
+        int | None,
+        typer.Option(
+            min=4,
+            max=31,
+            help="bcrypt's cost (each step doubles it). Default 11, as `nats server passwd`; the "
+            "server pays it again at every connection's check.",
+        ),
+    ] = None,
 ) -> None:
     """Write nats-server's authorization block: every NATS identity with its permissions
     (aegis_contracts.bus) and bcrypt hashes of the passwords file's passwords.
@@ -426,7 +435,8 @@ def nats_auth(
     )
 
     try:
-        block = server_authorization(ensure_passwords(passwords))
+        chosen = {} if cost is None else {"cost": cost}
+        block = server_authorization(ensure_passwords(passwords), **chosen)
     except ValueError as err:
         typer.echo(f"nats-auth: {err}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
