@@ -111,10 +111,10 @@ def report_failure(command: str, err: BaseException) -> int | None:
         print(f"{command}: {found[1]}", file=sys.stderr)
         return UNAVAILABLE
     # each module is loaded by whatever raised one of its errors
-    storage, nats = sys.modules.get("aegis_storage.errors"), sys.modules.get("nats.errors")
+    storage, nats = sys.modules.get("aegis_storage.errors"), sys.modules.get("aegis_runtime.natsio")
     if storage is not None and isinstance(err, storage.StorageError):
         return report(f"{command}: storage failed: {err}", err)
-    if nats is not None and isinstance(err, nats.Error):
+    if nats is not None and isinstance(err, nats.Error):  # nats-py's, named by the runtime
         return report(f"{command}: NATS failed: {err}", err)
     return None
 

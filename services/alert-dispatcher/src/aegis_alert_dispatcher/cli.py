@@ -121,7 +121,6 @@ async def _resend(
     s: DispatcherSettings, *, dry_run: bool, limit: int, attempts: int, wait: float
 ) -> Summary:
     import aiohttp  # noqa: PLC0415 - import-light module
-    from nats.js.errors import NotFoundError  # noqa: PLC0415
 
     from aegis_alert_dispatcher.dispatcher import SERVICE, UNDELIVERABLE  # noqa: PLC0415
     from aegis_alert_dispatcher.slack import SlackWebhook  # noqa: PLC0415
@@ -145,7 +144,7 @@ async def _resend(
                 ack_wait=120,
                 max_deliver=-1,
             )
-        except NotFoundError:
+        except natsio.NotFound:
             typer.echo(
                 f"alerts resend: the NATS at {redact_url(s.nats_url)} has no stream "
                 f"{RESEND.stream}, so no dead letter to read: is it AEGIS's? (`aegis streams` "
