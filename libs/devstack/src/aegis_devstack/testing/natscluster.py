@@ -170,7 +170,13 @@ def start_cluster(
 ) -> NatsCluster:
     """``size`` nats-servers on free ports of 127.0.0.1, routed to each other, JetStream in
     ``folder/<node>``, and the authorization block of ``passwords`` (``admin`` and identities of
-    :mod:`aegis_contracts.bus`). Returns once JetStream answers on every node.
+    :mod:`aegis_contracts.bus`). Returns once every node has bound its ports and JetStream
+    answers on each.
+
+    A port is drawn free some time before its node binds it, and another test's server may
+    take it meanwhile; that node then ends (its log says so) while the port answers for the
+    other server. The cluster is then started again on new ports (:data:`PORT_REDRAWS` times at
+    most), so a test never runs on a cluster short of a node.
 
     Like the NATS Helm chart the AWS overlay deploys, the nodes do not tell clients about each
     other (``no_advertise``) unless ``advertise``: clients then know only the URLs they were
@@ -182,49 +188,138 @@ def start_cluster(
     if hosts is not None and len(hosts) != size:
         raise ValueError(f"{len(hosts)} hosts for {size} nodes")
     places: list[Host | None] = list(hosts) if hosts is not None else [None] * size
-    addresses = [place.address if place else "127.0.0.1" for place in places]
     # bcrypt is slow on purpose: one block for every node
     authorization = server_authorization(passwords, cost=TEST_BCRYPT_COST)
-    ports = [(free_port(), free_port()) for _ in range(size)]
-    cluster = NatsCluster(nodes=[], passwords=dict(passwords))
-    try:
-        for index, ((port, route_port), place, host) in enumerate(
-            zip(ports, places, addresses, strict=True), 1
-        ):
-            node_name = f"n{index}"
-            home = folder / node_name
-            home.mkdir(parents=True, exist_ok=True)
-            routes = [
-                f"nats-route://{other}:{r}"
-                for (_, r), other in zip(ports, addresses, strict=True)
-                if r != route_port
-            ]
-            monitor_port = free_port() if monitor else None
-            config = home / "nats.conf"
-            config.write_text(
-                f"server_name: {node_name}\n"
-                f"listen: {host}:{port}\n"
-                + (f"http: {host}:{monitor_port}\n" if monitor_port else "")
-                + f"jetstream {{ store_dir: {json.dumps(str(home / 'js'))} }}\n"
-                f"cluster {{\n  name: {name}\n  listen: {host}:{route_port}\n"
-                f"  no_advertise: {json.dumps(not advertise)}\n"
-                f"  routes: {json.dumps(routes)}\n}}\n" + authorization
-            )
-            server = start_managed_server(
-                f"nats://{host}:{port}",
-                [*(place.prefix if place else []), binary, "-c", str(config)],
-                home / "nats.log",
-                # the client port; JetStream answers only once the nodes have elected a meta
-                # leader, which needs the others: checked for all at once below
-                ready=lambda url: port_open(*_address(url)),
+    for redraw in range(PORT_REDRAWS + 1):
+        cluster = NatsCluster(nodes=[], passwords=dict(passwords))
+        try:
+            _start_nodes(
+                cluster,
+                folder,
+                binary=binary,
+                authorization=authorization,
+                places=places,
+                name=name,
+                advertise=advertise,
                 timeout=timeout,
+                monitor=monitor,
             )
-            cluster.nodes.append(Node(node_name, port, server, host, place, monitor_port))
-        cluster.wait_for_jetstream(timeout)
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
+            taken = _nodes_whose_port_was_taken(cluster, timeout)
+        except LocalServerError:
+            cluster.stop()
+            # a node that ended before its client port opened (its route port was taken)
+            taken_logs = [log for log in _logs(folder, size) if _TAKEN in _read(log)]
+            if not taken_logs or redraw == PORT_REDRAWS:
+                raise
+        except BaseException:
+            cluster.stop()
+            raise
+        else:
+            if not taken:
+                return cluster
+            cluster.stop()
+            taken_logs = [node.server.log_file for node in taken if node.server.log_file]
+            if redraw == PORT_REDRAWS:
+                break
+        for index in range(1, size + 1):  # a store of a cluster that never formed: not kept
+            shutil.rmtree(folder / f"n{index}", ignore_errors=True)
+    raise LocalServerError(
+        f"nats cluster: a node's port was taken at each of {PORT_REDRAWS + 1} starts; see "
+        + ", ".join(str(log) for log in taken_logs)
+    )
+
+
+# how often a cluster one of whose ports was taken is started again on new ones
+PORT_REDRAWS = 3
+# what a node's log says once it listens on all its ports, and when a port of it was taken
+_READY = "Server is ready"
+_TAKEN = "address already in use"
+
+
+def _start_nodes(
+    cluster: NatsCluster,
+    folder: Path,
+    *,
+    binary: str,
+    authorization: str,
+    places: list[Host | None],
+    name: str,
+    advertise: bool,
+    timeout: float,
+    monitor: bool,
+) -> None:
+    """Start a node per place on newly drawn ports, and wait for JetStream to answer on each."""
+    addresses = [place.address if place else "127.0.0.1" for place in places]
+    ports = [(free_port(), free_port()) for _ in places]
+    for index, ((port, route_port), place, host) in enumerate(
+        zip(ports, places, addresses, strict=True), 1
+    ):
+        node_name = f"n{index}"
+        home = folder / node_name
+        home.mkdir(parents=True, exist_ok=True)
+        routes = [
+            f"nats-route://{other}:{r}"
+            for (_, r), other in zip(ports, addresses, strict=True)
+            if r != route_port
+        ]
+        monitor_port = free_port() if monitor else None
+        config = home / "nats.conf"
+        config.write_text(
+            f"server_name: {node_name}\n"
+            f"listen: {host}:{port}\n"
+            + (f"http: {host}:{monitor_port}\n" if monitor_port else "")
+            + f"jetstream {{ store_dir: {json.dumps(str(home / 'js'))} }}\n"
+            f"cluster {{\n  name: {name}\n  listen: {host}:{route_port}\n"
+            f"  no_advertise: {json.dumps(not advertise)}\n"
+            f"  routes: {json.dumps(routes)}\n}}\n" + authorization
+        )
+        server = start_managed_server(
+            f"nats://{host}:{port}",
+            [*(place.prefix if place else []), binary, "-c", str(config)],
+            home / "nats.log",
+            # the client port; JetStream answers only once the nodes have elected a meta
+            # leader, which needs the others: checked for all at once below
+            ready=lambda url: port_open(*_address(url)),
+            timeout=timeout,
+        )
+        cluster.nodes.append(Node(node_name, port, server, host, place, monitor_port))
+    cluster.wait_for_jetstream(timeout)
+
+
+def _nodes_whose_port_was_taken(cluster: NatsCluster, timeout: float) -> list[Node]:
+    """Once each node's own log says it listens on all its ports, none (JetStream answered
+    on those ports, so the nodes are the cluster); the nodes that ended because a port of
+    theirs was taken meanwhile (whoever took it may have answered for them). A node that ended
+    otherwise, or says neither within ``timeout``, fails the start."""
+    deadline = time.monotonic() + timeout
+    taken: list[Node] = []
+    for node in cluster.nodes:
+        assert node.server.process is not None and node.server.log_file is not None
+        while True:
+            said = node.server.log_file.read_text(errors="replace")
+            if node.server.process.poll() is None and _READY in said:
+                break
+            if node.server.process.poll() is not None:
+                if _TAKEN not in said:
+                    raise LocalServerError(
+                        f"nats cluster: {node.name} ended at its start; see {node.server.log_file}"
+                    )
+                taken.append(node)
+                break
+            if time.monotonic() >= deadline:
+                raise LocalServerError(
+                    f"nats cluster: {node.name} never said it is ready; see {node.server.log_file}"
+                )
+            time.sleep(0.05)
+    return taken
+
+
+def _logs(folder: Path, size: int) -> list[Path]:
+    return [folder / f"n{index}" / "nats.log" for index in range(1, size + 1)]
+
+
+def _read(log: Path) -> str:
+    return log.read_text(errors="replace") if log.exists() else ""
 
 
 def _address(url: str) -> tuple[str, int]:
