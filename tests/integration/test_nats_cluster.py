@@ -634,10 +634,17 @@ async def feeding(
             await delivering
 
 
+# how long the raw stream may answer 503 to its reading after a fault: a node back from a
+# partition may cost an election after the cluster looked whole (seen: over 10 s on two workers)
+READ_WITHIN_S = 60.0
+
+
 async def stored_message_ids(broker: NatsBroker, factory: str) -> Counter[str]:
-    """How many times each message id of ``factory`` is in the raw stream (read again when
-    JetStream is between leaders)."""
-    for _ in range(10):
+    """How many times each message id of ``factory`` is in the raw stream (read again while
+    JetStream is between leaders, for :data:`READ_WITHIN_S` at most)."""
+    deadline, reads = time.monotonic() + READ_WITHIN_S, 0
+    while time.monotonic() < deadline:
+        reads += 1
         try:
             info = await stream_info(broker, wait=5.0)
             keys = await stored_msg_ids(broker, info)
@@ -645,7 +652,9 @@ async def stored_message_ids(broker: NatsBroker, factory: str) -> Counter[str]:
             await asyncio.sleep(1.0)
             continue
         return Counter(message_id_of(k) for k in keys if k.startswith(f"raw/{factory}/"))
-    raise AssertionError("JetStream unavailable for 10 reads of the raw stream")
+    raise AssertionError(
+        f"JetStream unavailable for {READ_WITHIN_S:g} s of reading the raw stream ({reads} reads)"
+    )
 
 
 def ingest_settings(cluster: NatsCluster, foundation: Foundation, endpoint: str) -> IngestSettings:
