@@ -1449,8 +1449,8 @@ ITEM_SIZE_LIMIT = 405_000
 
 
 def serve_without_waste() -> None:
-    """Two things moto_server does per request that answer nothing, measured as a quarter of
-    its CPU under the test suite (a sampling profile of the session's emulator):
+    """What moto_server does per request that answers nothing, each measured under the test
+    suite (sampling profiles of the session's emulator):
 
     - it lists its own package's folders, a stat per folder, to tell a service's name from a
       host (twice per request): the list is read once, it never changes while running;
@@ -1491,7 +1491,8 @@ def serve_without_waste() -> None:
 
     Item.__init__ = sized_once  # type: ignore[method-assign]
 
-    # the DynamoDB requests that may have written so far, and whether the one served may
+    # how many DynamoDB requests that may write were served so far, and whether the one being
+    # served may write
     writes, writing = [0], [False]
     size, call_action = Item.size, DynamoHandler.call_action
 

@@ -204,29 +204,21 @@ def start_cluster(
                 timeout=timeout,
                 monitor=monitor,
             )
-            taken = _nodes_whose_port_was_taken(cluster, timeout)
+            _wait_until_each_says_ready(cluster, timeout)
         except LocalServerError:
             cluster.stop()
-            # a node that ended before its client port opened (its route port was taken)
-            taken_logs = [log for log in _logs(folder, size) if _TAKEN in _read(log)]
-            if not taken_logs or redraw == PORT_REDRAWS:
+            homes = [folder / f"n{index}" for index in range(1, size + 1)]
+            taken = any(_TAKEN in _read(home / "nats.log") for home in homes)
+            if not taken or redraw == PORT_REDRAWS:
                 raise
+            for home in homes:  # the store of a cluster that never formed: not kept
+                shutil.rmtree(home, ignore_errors=True)
         except BaseException:
             cluster.stop()
             raise
         else:
-            if not taken:
-                return cluster
-            cluster.stop()
-            taken_logs = [node.server.log_file for node in taken if node.server.log_file]
-            if redraw == PORT_REDRAWS:
-                break
-        for index in range(1, size + 1):  # a store of a cluster that never formed: not kept
-            shutil.rmtree(folder / f"n{index}", ignore_errors=True)
-    raise LocalServerError(
-        f"nats cluster: a node's port was taken at each of {PORT_REDRAWS + 1} starts; see "
-        + ", ".join(str(log) for log in taken_logs)
-    )
+            return cluster
+    raise AssertionError("unreachable: the last start returns or raises")
 
 
 # how often a cluster one of whose ports was taken is started again on new ones
@@ -286,36 +278,20 @@ def _start_nodes(
     cluster.wait_for_jetstream(timeout)
 
 
-def _nodes_whose_port_was_taken(cluster: NatsCluster, timeout: float) -> list[Node]:
-    """Once each node's own log says it listens on all its ports, none (JetStream answered
-    on those ports, so the nodes are the cluster); the nodes that ended because a port of
-    theirs was taken meanwhile (whoever took it may have answered for them). A node that ended
-    otherwise, or says neither within ``timeout``, fails the start."""
+def _wait_until_each_says_ready(cluster: NatsCluster, timeout: float) -> None:
+    """Return once each node's own log says it listens on all its ports (JetStream answered on
+    those ports, so these nodes are the cluster); :class:`LocalServerError` naming the node's
+    log when one has ended (a port of it taken meanwhile, whose new owner may have answered for
+    it) or has not said so within ``timeout``."""
     deadline = time.monotonic() + timeout
-    taken: list[Node] = []
     for node in cluster.nodes:
         assert node.server.process is not None and node.server.log_file is not None
-        while True:
-            said = node.server.log_file.read_text(errors="replace")
-            if node.server.process.poll() is None and _READY in said:
-                break
-            if node.server.process.poll() is not None:
-                if _TAKEN not in said:
-                    raise LocalServerError(
-                        f"nats cluster: {node.name} ended at its start; see {node.server.log_file}"
-                    )
-                taken.append(node)
-                break
-            if time.monotonic() >= deadline:
+        while _READY not in _read(node.server.log_file) or node.server.process.poll() is not None:
+            if node.server.process.poll() is not None or time.monotonic() >= deadline:
                 raise LocalServerError(
-                    f"nats cluster: {node.name} never said it is ready; see {node.server.log_file}"
+                    f"nats cluster: {node.name} did not start; see {node.server.log_file}"
                 )
             time.sleep(0.05)
-    return taken
-
-
-def _logs(folder: Path, size: int) -> list[Path]:
-    return [folder / f"n{index}" / "nats.log" for index in range(1, size + 1)]
 
 
 def _read(log: Path) -> str:
