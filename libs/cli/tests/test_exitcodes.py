@@ -24,23 +24,29 @@ def raised_from(error: BaseException, cause: BaseException) -> BaseException:
     return error
 
 
-def test_an_endpoint_that_never_answered_is_unavailable() -> None:
+def test_an_endpoint_that_never_answered_is_unavailable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     for cause in (
         EndpointConnectionError(endpoint_url=URL),
         ConnectTimeoutError(endpoint_url=URL),
     ):
         err = raised_from(Transient("list s3://bucket/raw/"), cause)
         assert code_of(err) == exitcodes.UNAVAILABLE
-        message = exitcodes.unavailable(err)
-        assert message == (
-            f"S3/DynamoDB not reachable at http://127.0.0.1:4566 ({type(cause).__name__}; "
-            "each request was tried AEGIS_AWS_MAX_ATTEMPTS times)"
+        capsys.readouterr()
+        assert exitcodes.report_failure("aegis audit", err) == exitcodes.UNAVAILABLE
+        assert capsys.readouterr().err == (
+            f"aegis audit: S3/DynamoDB not reachable at http://127.0.0.1:4566 "
+            f"({type(cause).__name__}; each request was tried AEGIS_AWS_MAX_ATTEMPTS times)\n"
         )
 
 
-def test_nats_not_answering_is_unavailable_with_its_own_message() -> None:
+def test_nats_not_answering_is_unavailable_with_its_own_message(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     err = BrokerUnavailable("NATS not reachable at nats://127.0.0.1:4222 within 1 s")
-    assert exitcodes.unavailable(err) == str(err)
+    assert exitcodes.report_failure("aegis streams", err) == exitcodes.UNAVAILABLE
+    assert capsys.readouterr().err == f"aegis streams: {err}\n"
     assert code_of(RuntimeError("wrapped")) == exitcodes.FAILED
     assert code_of(raised_from(RuntimeError("wrapped"), err)) == exitcodes.UNAVAILABLE
 

@@ -44,13 +44,6 @@ ROOT_EPILOG = "Exit codes: " + "; ".join(f"{code} {text}" for code, text in MEAN
 STORAGE_ATTEMPTS = "each request was tried AEGIS_AWS_MAX_ATTEMPTS times"
 
 
-def unavailable(err: BaseException) -> str | None:
-    """A one-line message when ``err`` means a server did not answer (else None): the NATS
-    connect timeout, or an S3/DynamoDB endpoint that refused or timed out every attempt."""
-    found = _unreachable(err)
-    return None if found is None else found[1]
-
-
 def _unreachable(err: BaseException) -> tuple[str, str] | None:
     """``("nats" | "storage", message)`` when ``err`` means a server did not answer."""
     from botocore.exceptions import (  # noqa: PLC0415 - only when something failed
