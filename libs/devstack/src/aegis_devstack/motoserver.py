@@ -1549,8 +1549,8 @@ def query_reads_only_what_it_may_answer() -> None:
     as they are, unsorted. moto's ``Table.query`` starts from ``all_items()``: every item of the
     table, sorted by its key (a comparison of two numbers makes two Decimals), of which it keeps
     the partition, or the index's matches, and sorts those again. A Query of one item in a
-    1,050-item table took 14 ms of the emulator's CPU, and every Query of a long ``make run``
-    grew with the whole table.
+    1,050-item table of 20 partitions took 10.5 ms of the emulator's CPU (2.2 ms now), and every
+    Query of a long ``make run`` grew with the whole table.
 
     The answer is the same item for item: the partition of a hash key is the table's
     ``items[hash_key]`` (the items it holds are those whose key equals it, by the same equality),
@@ -1569,6 +1569,7 @@ def reading_only_what_it_may_answer(query: Callable[..., Any]) -> Callable[..., 
 
     @functools.wraps(query)
     def partition_first(self: Any, hash_key: Any, *args: Any, **kwargs: Any) -> Any:
+        # moto passes the index's name by position, after the projection (None: the table's)
         index_name = args[6] if len(args) > 6 else kwargs.get("index_name")
         if index_name:
             held = list(self.items.values())
