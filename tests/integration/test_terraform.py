@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from aegis_devstack.localservers import ManagedServer, free_port, start_moto_server
+from aegis_devstack.motoserver import UNDELIVERED
 from aegis_devstack.testing.infra import cfn_lifecycle_rule, load_render, resolve
 from aegis_devstack.testing.terraform import Scope, Unsupported, load_module
 from aegis_storage.bootstrap import (
@@ -849,11 +850,12 @@ def managed_policies_emulator(
 
 def server_errors(log: Path) -> str:
     """What an emulator logged past its start: the requests it answered with a server error,
-    which the AWS provider retries (so a failed create's "already exists" may follow one)."""
+    or applied without delivering their answer; the AWS provider sends both again (so a failed
+    create's "already exists" may follow one)."""
     said = log.read_text(errors="replace")
     return (
-        f"\n--- the emulator's server errors:\n{said[-8000:]}"
-        if re.search(r'" 5\d\d |Traceback', said)
+        f"\n--- the emulator's server errors and undelivered answers:\n{said[-8000:]}"
+        if re.search(rf'" 5\d\d |Traceback|{UNDELIVERED}', said)
         else ""
     )
 

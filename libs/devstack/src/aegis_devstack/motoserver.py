@@ -235,7 +235,7 @@ def serialize_requests(
         return [body]
 
     def _served(self: Any, environ: dict[str, Any], start_response: Any) -> Any:
-        service, op = _classify(environ)
+        service, op = environ[OPERATION_KEY] = _classify(environ)
         response = dispatch(self, environ, start_response)
         if service != "dynamodb":
             counts.add(service, op)
@@ -1367,6 +1367,33 @@ class _BodyReader(io.RawIOBase):
         super().close()
 
 
+# the environ key of an AWS request's (service, operation), as counted
+OPERATION_KEY = "aegis.operation"
+# what the emulator logs when an answer could not be written (see log_undelivered_answers)
+UNDELIVERED = "answer not delivered"
+
+
+def log_undelivered_answers() -> None:
+    """Log each request whose answer could not be written, its connection gone (werkzeug
+    otherwise drops it silently): ``answer not delivered: <service> <operation> <method> <path>
+    (<error>)``. What was applied stands; the client never learned it was, and an AWS SDK sends
+    such a request again, so a create sent again finds what the first one made ("already
+    exists"). The line tells that case apart from a client that gave up on its own."""
+    from moto.moto_server.werkzeug_app import MotoRequestHandler  # noqa: PLC0415
+
+    def dropped(self: Any, error: BaseException, environ: Any = None) -> None:
+        if environ is None:  # between requests: a client that closed an idle connection
+            return
+        sys.stderr.write(
+            f"{UNDELIVERED}: {' '.join(environ.get(OPERATION_KEY, ('-',)))}"
+            f" {environ.get('REQUEST_METHOD')}"
+            f" {environ.get('PATH_INFO')} ({error!r})\n"
+        )
+        sys.stderr.flush()
+
+    MotoRequestHandler.connection_dropped = dropped  # type: ignore[method-assign]
+
+
 def keep_connections_alive() -> None:
     """Answer on the connection the request came on, as S3 and DynamoDB do, instead of closing
     it after every answer as werkzeug's development server does: each request then cost a TCP
@@ -1598,6 +1625,7 @@ def main(argv: list[str] | None = None) -> None:
     serve_without_waste()
     query_reads_only_what_it_may_answer()
     keep_connections_alive()
+    log_undelivered_answers()
     motojson.answer_item_calls_directly()
     bound_memory()
     clock = motopost.EmulatorClock()
