@@ -20,7 +20,9 @@ answer, at a cost that grows with the partition instead of the table.
 
 A client's connection is kept for its next request, as S3 and DynamoDB keep it
 (:func:`keep_connections_alive`); werkzeug's development server closed it after every answer, so
-each request cost a TCP connection, a server thread and the client's connection set-up.
+each request cost a TCP connection, a server thread and the client's connection set-up. A request
+whose answer could not be written, its connection gone, is logged (``answer not delivered``,
+:func:`log_undelivered_answers`): its client may send it again.
 
 ``AEGIS_MOTO_LATENCY_MS`` adds a round trip to every request (benchmarks only, default 0).
 
