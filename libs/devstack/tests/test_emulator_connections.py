@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import socket
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
 import pytest
 
-from aegis_devstack.localservers import free_port, start_moto_server
+from aegis_devstack.localservers import ManagedServer, free_port, start_moto_server
 from aegis_devstack.motoserver import UNDELIVERED
 from aegis_devstack.testing.holds import Holds
 from aegis_devstack.testing.waiting import eventually
@@ -83,53 +84,59 @@ def test_a_request_that_asks_to_close_is_answered_and_its_connection_closed(
         assert reader.read() == b""
 
 
+@pytest.fixture
+def logged_emulator(tmp_path: Path) -> Iterator[ManagedServer]:
+    """An emulator of the test's own, whose log the test reads."""
+    server = start_moto_server("127.0.0.1", free_port(), log_file=tmp_path / "moto.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def reset_on_close(sock: socket.socket) -> None:
+    """Close ``sock`` with a reset, not a FIN: a write to it then fails at once."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
 async def test_an_answer_whose_connection_is_gone_is_logged_with_its_request(
-    tmp_path: Path,
+    logged_emulator: ManagedServer,
 ) -> None:
     """A PutObject is applied and its answer held; the client resets the connection; released,
     the answer cannot be written. The write stands, and the emulator's log names the request
     whose answer was not delivered (a client sends such a request again)."""
-    log = tmp_path / "moto.log"
-    server = start_moto_server("127.0.0.1", free_port(), log_file=log)
-    try:
-        holds = Holds(server.url)
-        with connect(server.url) as sock, sock.makefile("rb") as reader:
-            sock.sendall(s3_request("PUT", "/dropped-answers"))
-            assert answer(reader)[0] == 200
-            holds.arm("lost", "s3", "PutObject", contains=["k-lost"], when="after")
-            sock.sendall(s3_request("PUT", "/dropped-answers/k-lost", b"hello"))
-            await holds.held("lost", within=10)
-            # closed with a reset, not a FIN: the answer's write fails at once
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        holds.release("lost")
-        await eventually(
-            lambda: UNDELIVERED in log.read_text(), within=10, what="the undelivered answer"
-        )
-        (line,) = [x for x in undelivered(log) if "k-lost" in x]
-        assert "s3 PutObject PUT /dropped-answers/k-lost (" in line, line
-        with connect(server.url) as sock, sock.makefile("rb") as reader:
-            sock.sendall(s3_request("GET", "/dropped-answers/k-lost"))
-            status, _, body = answer(reader)
-        assert (status, body) == (200, b"hello")  # the write stands
-    finally:
-        server.stop()
+    url, log = logged_emulator.url, logged_emulator.log_file
+    assert log is not None
+    holds = Holds(url)
+    with connect(url) as sock, sock.makefile("rb") as reader:
+        sock.sendall(s3_request("PUT", "/dropped-answers"))
+        assert answer(reader)[0] == 200
+        holds.arm("lost", "s3", "PutObject", contains=["k-lost"], when="after")
+        sock.sendall(s3_request("PUT", "/dropped-answers/k-lost", b"hello"))
+        await holds.held("lost", within=10)
+        reset_on_close(sock)
+    holds.release("lost")
+    await eventually(lambda: undelivered(log) != [], within=10, what="the undelivered answer")
+    (line,) = undelivered(log)
+    assert "s3 PutObject PUT /dropped-answers/k-lost (" in line, line
+    with connect(url) as sock, sock.makefile("rb") as reader:
+        sock.sendall(s3_request("GET", "/dropped-answers/k-lost"))
+        status, _, body = answer(reader)
+    assert (status, body) == (200, b"hello")  # the write stands
 
 
-def test_a_connection_reset_between_requests_logs_nothing(tmp_path: Path) -> None:
+def test_a_connection_reset_between_requests_logs_nothing(logged_emulator: ManagedServer) -> None:
     """A client that resets a kept connection after its answer lost nothing: no line."""
-    log = tmp_path / "moto.log"
-    server = start_moto_server("127.0.0.1", free_port(), log_file=log)
-    try:
-        with connect(server.url) as sock, sock.makefile("rb") as reader:
-            sock.sendall(s3_request("PUT", "/idle-resets"))
-            assert answer(reader)[0] == 200
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        # the emulator has seen the reset once it answers the next connection's request
-        with connect(server.url) as sock, sock.makefile("rb") as reader:
-            sock.sendall(s3_request("GET", "/idle-resets"))
-            assert answer(reader)[0] == 200
-    finally:
-        server.stop()
+    url, log = logged_emulator.url, logged_emulator.log_file
+    assert log is not None
+    with connect(url) as sock, sock.makefile("rb") as reader:
+        sock.sendall(s3_request("PUT", "/idle-resets"))
+        assert answer(reader)[0] == 200
+        reset_on_close(sock)
+    # the emulator has seen the reset once it answers the next connection's request
+    with connect(url) as sock, sock.makefile("rb") as reader:
+        sock.sendall(s3_request("GET", "/idle-resets"))
+        assert answer(reader)[0] == 200
     assert undelivered(log) == []
 
 
@@ -141,9 +148,9 @@ def undelivered(log: Path) -> list[str]:
 
 
 def s3_request(method: str, path: str, body: bytes = b"") -> bytes:
-    """A path-style S3 request (the emulator reads the service from the credential's scope and
-    checks no signature unless IAM is enforced)."""
-    credential = "Credential=test/20261205/us-east-1/s3/aws4_request"
+    """A path-style S3 request. The emulator reads the service from the credential's scope and,
+    unless IAM is enforced, checks no signature: the scope's date is any date."""
+    credential = "Credential=test/20000101/us-east-1/s3/aws4_request"
     return (
         f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
         f"Authorization: AWS4-HMAC-SHA256 {credential}, SignedHeaders=host, Signature=0\r\n\r\n"
