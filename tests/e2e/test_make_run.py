@@ -45,6 +45,7 @@ from aegis_devstack.control import installed_services
 from aegis_devstack.localservers import ManagedServer, free_port, start_moto_server
 from aegis_devstack.stack import DASHBOARD_TOKEN_FILE, local_dashboard_token
 from aegis_devstack.testing.emulator import arequest_counts
+from aegis_devstack.testing.processes import process_ready
 from aegis_devstack.testing.waiting import eventually
 from aegis_devstack.testing.webhook import FakeWebhook
 from aegis_storage.clients import AwsConfig, open_clients
@@ -289,6 +290,11 @@ async def test_aegis_up_shows_the_simulated_fleet(
         )
         said = await aegis_status(env)  # and the command says so
         assert fleet_in(said) and cloud_in(said), said
+        # the fleet in storage says nothing of the dashboard's own start (it may come last)
+        log.flush()
+        await process_ready(
+            up, dashboard_port, tmp_path / "up.log", within=FLEET_WITHIN_S, what="the dashboard"
+        )
         page = await dashboard_page(dashboard_port, tmp_path)
         assert all(f'data-factory="{f}"' in page for f in ("factory-a", "factory-b", "factory-c"))
         await gas_leak_runs_live_on_the_jobs_page(
