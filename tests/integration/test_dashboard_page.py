@@ -62,6 +62,7 @@ from aegis_orchestration.model import Job
 from aegis_orchestration.store import JobStore
 from aegis_orchestration.yamlio import load_jobs
 from aegis_runtime.bus import create_broker, ensure_streams, publish
+from aegis_runtime.health import PromptServer
 from aegis_runtime.service import change_message, change_sink
 from aegis_runtime.settings import AegisSettings
 from aegis_storage.incidents import IncidentStore
@@ -82,7 +83,7 @@ GRAPH_BUCKETS = 70  # 5 h 50 min: all inside the 6 h window
 class Dashboard:
     url: str
     app: Any
-    server: uvicorn.Server
+    server: PromptServer
 
 
 @pytest.fixture
@@ -124,14 +125,14 @@ async def serving(
         access_log=True,
         timeout_graceful_shutdown=2,
     )
-    server = uvicorn.Server(config)
+    server = PromptServer(config)
     task = asyncio.create_task(server.serve())
     await eventually(lambda: server.started, within=15, what="the dashboard serving")
     try:
         yield Dashboard(f"http://127.0.0.1:{port}", app, server)
     finally:
         app.state.hub.close()
-        server.should_exit = True
+        server.exit()
         await asyncio.wait_for(task, 30)
 
 

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
-from aegis_runtime.health import HealthServer, HealthServerError, probe_ready
+from aegis_runtime.health import HealthServer, HealthServerError, PromptServer, probe_ready
 from aegis_runtime.metrics import Metrics
 
 
@@ -137,6 +143,59 @@ async def test_a_taken_port_is_a_clear_error() -> None:
         # the first one is unaffected
         status, _, _ = await _get(first.port, "/healthz")
         assert status == 200
+
+
+def _lifespan_app(said: list[str]) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        said.append("shutdown")
+
+    return Starlette(routes=[Route("/", lambda _: PlainTextResponse("ok"))], lifespan=lifespan)
+
+
+@pytest.mark.parametrize("kept_alive", [False, True], ids=["nothing-open", "a-connection-open"])
+async def test_a_prompt_server_serves_and_stops_on_exit_without_a_sleep_and_runs_the_shutdown(
+    kept_alive: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From its start to the end of its stop, with nothing open at exit(), the server sleeps at
+    no point (uvicorn's own loop sleeps 0.1 s a tick, its shutdown 0.1 s more); with a
+    kept-alive connection open, uvicorn's shutdown closes it. The app's lifespan shutdown runs
+    in both."""
+    sleep = asyncio.sleep
+    slept: list[float] = []
+
+    async def counted(delay: float, result: Any = None) -> Any:
+        slept.append(delay)
+        return await sleep(delay, result)
+
+    monkeypatch.setattr(asyncio, "sleep", counted)
+    said: list[str] = []
+    server = PromptServer(
+        uvicorn.Config(_lifespan_app(said), host="127.0.0.1", port=0, log_config=None)
+    )
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await sleep(0.005)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n")  # keep-alive: HTTP/1.1's default
+    await writer.drain()
+    assert (await reader.readuntil(b"ok")).startswith(b"HTTP/1.1 200")
+    await sleep(0.3)  # a few of uvicorn's ticks
+    if not kept_alive:
+        writer.close()
+        await writer.wait_closed()
+        while server.server_state.connections:
+            await sleep(0.005)
+    server.exit()
+    await asyncio.wait_for(serving, 10)
+    assert said == ["shutdown"]
+    if kept_alive:
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+        writer.close()
+    else:
+        assert slept == []
 
 
 # -- lifecycle: a real child process, real signals ---------------------------------------------

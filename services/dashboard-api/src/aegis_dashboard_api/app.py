@@ -37,7 +37,7 @@ from aegis_dashboard_api.settings import DashboardSettings
 from aegis_runtime import logging as aegis_logging
 from aegis_runtime.bus import log_bus_identity
 from aegis_runtime.envcheck import report_environment
-from aegis_runtime.health import HealthServer
+from aegis_runtime.health import HealthServer, PromptServer
 from aegis_runtime.process import exit_process
 from aegis_storage.clients import AwsClients, open_clients
 from aegis_storage.errors import StorageError
@@ -288,7 +288,7 @@ def main() -> NoReturn:
         tokens=len(settings.token_grants),
         tokens_file=str(settings.dashboard_tokens_file or ""),
     )
-    server = uvicorn.Server(server_config(create_app(settings), settings))
+    server = PromptServer(server_config(create_app(settings), settings))
     server.run()
     exit_process(0 if server.started else 1)  # not finalized: see exit_process
 
