@@ -320,13 +320,15 @@ async def test_stop_mid_stream_loses_nothing_and_the_next_session_finishes(
     factory: str,
 ) -> None:
     """SIGTERM of the only replica while a stream is flowing: with no other replica alive to
-    take the group's messages it keeps its session and subscription, so in-flight messages are
-    acked, the rest (and what devices publish meanwhile) wait in the broker for the session,
-    and the next run of the same session archives every one."""
+    take the group's messages it keeps its session and subscription, at once (no other can be
+    stopping either: the wait for others to say so is an hour here, and the stop ends all the
+    same), so in-flight messages are acked, the rest (and what devices publish meanwhile) wait
+    in the broker for the session, and the next run of the same session archives every one."""
     count = 300  # twice this stays under a broker's default limit of 1,000 queued per session
     # slow archiving (two at a time): the replica is still busy when it stops
     slow = settings.model_copy(update={"mqtt_max_inflight": 2, "max_concurrency": 2})
     async with running(create_app(slow)) as app:
+        app.hand_over_settle_s = 3600
         publishing = asyncio.create_task(publish_burst(publisher, factory, "msg-stream", count))
 
         async def some_archived() -> bool:

@@ -181,27 +181,35 @@ class IngestApp:
         last heartbeat fresh and not stopping). Replicas stopping at the same time (a shutdown
         of the whole service) say so in their last heartbeat: after ``HAND_OVER_SETTLE_S`` each
         sees the others stopping and keeps its session, so the broker queues the group's
-        messages for the sessions until they return. Unknown (NATS down): keep it too."""
+        messages for the sessions until they return. A replica that sees no other alive keeps
+        it at once (no other can be stopping either). Unknown (NATS down): keep it too."""
         try:
             async with asyncio.timeout(5 * HAND_OVER_SETTLE_S):
                 await self.heartbeat.announce_stopping()
         except Exception as err:  # NATS down: the peers cannot be asked either; keep the session
             log.warning("mqtt_session_kept", reason="replicas unknown", error=str(err) or repr(err))
             return False
-        await asyncio.sleep(self.hand_over_settle_s)
+        others = await self._others_alive()
+        if others:  # one of them may be stopping too, and not have said so yet
+            await asyncio.sleep(self.hand_over_settle_s)
+            others = await self._others_alive()
+        if others == []:
+            log.info("mqtt_session_kept", reason="no other replica alive to take over")
+        return bool(others)
+
+    async def _others_alive(self) -> list[str] | None:
+        """The other replicas whose last heartbeat is fresh and not stopping; None when the
+        heartbeats cannot be read (said in the log)."""
         try:
             async with asyncio.timeout(5 * HAND_OVER_SETTLE_S):
                 beats = await last_heartbeats(self.broker, self.settings.service)
         except Exception as err:  # any failure: keep the session, the safe side
             log.warning("mqtt_session_kept", reason="replicas unknown", error=str(err) or repr(err))
-            return False
+            return None
         now = utc_now()
-        others = [
+        return [
             b.instance for b in beats if b.instance != self.heartbeat.instance and is_alive(b, now)
         ]
-        if not others:
-            log.info("mqtt_session_kept", reason="no other replica alive to take over")
-        return bool(others)
 
     async def _hand_over(self, client: aiomqtt.Client, reader: asyncio.Future[None]) -> None:
         """Leave the group without stranding messages: unsubscribe, so the broker routes the
