@@ -6,7 +6,6 @@ dead-lettered, and a message whose announcement failed (NATS down) is announced 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -267,20 +266,27 @@ async def test_a_notification_held_while_nats_is_down_is_announced_once_it_is_ba
         key = f"uploads/{unique_id}/during-outage.bin"
         await foundation.clients.s3.put_object(Bucket=foundation.bucket, Key=key, Body=b"x")
 
-        async def in_flight() -> bool:
+        async def queued() -> dict[str, str]:
             async with open_client("sqs", AwsConfig(endpoint_url=aws_endpoint)) as sqs:
                 answer = await sqs.get_queue_attributes(
-                    QueueUrl=queue, AttributeNames=["ApproximateNumberOfMessagesNotVisible"]
+                    QueueUrl=queue,
+                    AttributeNames=[
+                        "ApproximateNumberOfMessages",
+                        "ApproximateNumberOfMessagesNotVisible",
+                    ],
                 )
-            return answer["Attributes"]["ApproximateNumberOfMessagesNotVisible"] != "0"
+            return dict(answer["Attributes"])
 
         # the fault hit work outstanding: the bridge received the message and could not announce
         # it, so it stays in the queue (received, not deleted)
         await eventually(
             lambda: outcomes(app).get("failed", 0) >= 1, within=30, what="a failed announcement"
         )
-        assert await in_flight()
-        await asyncio.sleep(3)  # past its visibility timeout: received again, still no NATS
+        assert (await queued())["ApproximateNumberOfMessagesNotVisible"] != "0"
+        # past its visibility timeout it is received again, NATS still down
+        await eventually(
+            lambda: outcomes(app).get("failed", 0) >= 2, within=30, what="a second failure"
+        )
         private_nats.restart()
         nc = await nats.connect(private_nats.url)
         try:
@@ -291,7 +297,12 @@ async def test_a_notification_held_while_nats_is_down_is_announced_once_it_is_ba
                 return (info.state.subjects or {}).get(f"{OBJECT_CREATED}.external", 0) >= 1
 
             await eventually(stored, within=30, what="the held notification announced")
-            await asyncio.sleep(3)  # a second delivery would land by now
+
+            async def deleted() -> bool:
+                return set((await queued()).values()) == {"0"}
+
+            # deleted from the queue once announced: no delivery of it can follow
+            await eventually(deleted, within=30, what="the notification deleted")
             info = await js.stream_info("AEGIS_EVENTS", subjects_filter=f"{OBJECT_CREATED}.>")
             assert (info.state.subjects or {})[f"{OBJECT_CREATED}.external"] == 1
         finally:

@@ -18,6 +18,10 @@ A Query reads its partition (an index's Query, the table's items unsorted), not 
 the table sorted by key as moto's does (:func:`query_reads_only_what_it_may_answer`): the same
 answer, at a cost that grows with the partition instead of the table.
 
+An SQS long poll waits for its messages outside the lock (:func:`long_polls_wait_outside`):
+moto waits inside the request, which under the lock held every other request for the poll's
+whole wait.
+
 A client's connection is kept for its next request, as S3 and DynamoDB keep it
 (:func:`keep_connections_alive`); werkzeug's development server closed it after every answer, so
 each request cost a TCP connection, a server thread and the client's connection set-up. A request
@@ -160,10 +164,11 @@ def serialize_requests(
     functions: dict[str, str] | None = None,
     holds: motoholds.Holds | None = None,
     clock: motopost.EmulatorClock | None = None,
-) -> None:
-    """One request at a time; with ``latency_s``, each request first waits that long outside the
-        lock (concurrent requests wait together), as a remote S3/DynamoDB's round trip would: for
-        benchmarks that compare clients whose concurrency matters against a real endpoint.
+) -> threading.Lock:
+    """One request at a time (under the lock returned); with ``latency_s``, each request first
+        waits that long outside the lock (concurrent requests wait together), as a remote
+        S3/DynamoDB's round trip would: for benchmarks that compare clients whose concurrency
+        matters against a real endpoint.
 
         Each AWS request is counted in ``counter`` (a new one by default), which the server answers at
         :data:`COUNTS_PATH` and zeroes at :data:`RESET_PATH`.
@@ -247,6 +252,27 @@ def serialize_requests(
         return [body]
 
     DomainDispatcherApplication.__call__ = serialized  # type: ignore[method-assign]
+    return lock
+
+
+def long_polls_wait_outside(lock: threading.Lock) -> None:
+    """An SQS long poll (ReceiveMessage with WaitTimeSeconds) waits for its messages with the
+    request lock released, as SQS serves other requests while one waits. moto waits inside the
+    request (a second at a time, until a message is added): under the lock, that held every
+    other request of every service for the poll's whole wait, the SendMessage it waited for
+    among them. The queue is read again under the lock once the wait ends."""
+    from moto.sqs.models import Queue  # noqa: PLC0415
+
+    wait = Queue.wait_for_messages
+
+    def wait_outside_the_lock(self: Any, timeout: int) -> None:
+        lock.release()
+        try:
+            wait(self, timeout)
+        finally:
+            lock.acquire()
+
+    Queue.wait_for_messages = wait_outside_the_lock  # type: ignore[method-assign]
 
 
 def _hold_of(held: motoholds.Holds, environ: dict[str, Any], path: str) -> motoholds.Hold | None:
@@ -1631,7 +1657,8 @@ def main(argv: list[str] | None = None) -> None:
     motojson.answer_item_calls_directly()
     bound_memory()
     clock = motopost.EmulatorClock()
-    serialize_requests(float(os.environ.get(LATENCY_ENV, "0")) / 1000, clock=clock)
+    lock = serialize_requests(float(os.environ.get(LATENCY_ENV, "0")) / 1000, clock=clock)
+    long_polls_wait_outside(lock)
     enforce_post_policies(clock)
     honour_copy_if_none_match()
     keep_and_check_put_checksums()
