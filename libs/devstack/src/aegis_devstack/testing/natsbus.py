@@ -3,7 +3,8 @@
 
 Fixtures: ``bus`` (per module: the server, and the settings each identity gets), ``connect`` (per
 test: ``await connect(identity)``, a broker; the admin has created the streams first, as
-``aegis streams`` does).
+``aegis streams`` does). :func:`refused` and :func:`refused_publish` check a refusal; a refused
+publish waits out its acknowledgement, so a test gathers its refusals to wait once.
 """
 
 from __future__ import annotations
@@ -27,10 +28,19 @@ from aegis_devstack.localservers import (
     port_open,
     start_managed_server,
 )
-from aegis_runtime.bus import create_broker, ensure_streams
+from aegis_runtime.bus import PublishFailed, create_broker, ensure_streams, publish
 from aegis_runtime.settings import AegisSettings
 
-__all__ = ["PASSWORDS", "TEST_BCRYPT_COST", "Bus", "Connect", "bus", "connect"]
+__all__ = [
+    "PASSWORDS",
+    "TEST_BCRYPT_COST",
+    "Bus",
+    "Connect",
+    "bus",
+    "connect",
+    "refused",
+    "refused_publish",
+]
 
 # one password per identity, and the admin's
 PASSWORDS = {name: f"{name}-pw" for name in (ADMIN, *IDENTITIES)}
@@ -108,3 +118,19 @@ async def connect(bus: Bus) -> AsyncIterator[Connect]:
     yield as_identity
     for broker in brokers:
         await broker.stop()
+
+
+async def refused(
+    call: Awaitable[object], error: type[BaseException], match: str | None = None
+) -> None:
+    """``call`` fails with ``error``, its message matching ``match``."""
+    with pytest.raises(error, match=match):
+        await call
+
+
+async def refused_publish(broker: NatsBroker, subject: str) -> None:
+    """A publish the server must refuse (the stream never stores it): a failure once its
+    acknowledgement is a second late."""
+    await refused(
+        publish(broker, subject, b"{}", msg_id=f"forged:{subject}", ack_timeout=1), PublishFailed
+    )
