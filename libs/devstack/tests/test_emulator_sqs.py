@@ -41,7 +41,7 @@ async def test_a_long_poll_lets_others_be_served_and_takes_the_message_sent_whil
     await holds.held("poll", within=10)
     holds.release("poll")  # into its wait (the next request needs a round trip first)
     await sqs.create_queue(QueueName="made-while-it-waits")
+    assert not poll.done()  # still waiting: nothing ends it before a message
     await sqs.send_message(QueueUrl=queue, MessageBody="sent while it waits")
-    assert not poll.done()
     answer = await asyncio.wait_for(poll, 10)
     assert [m["Body"] for m in answer["Messages"]] == ["sent while it waits"]
