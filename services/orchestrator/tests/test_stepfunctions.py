@@ -42,7 +42,7 @@ from aegis_devstack.testing.emulator import register_lambda
 from aegis_devstack.testing.lambdaruntime import lambda_runtime
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
-from aegis_devstack.testing.webhook import FakeWebhook
+from aegis_devstack.testing.webhook import FakeWebhook, running_webhook
 from aegis_orchestration.asl import export_asl
 from aegis_orchestration.engine import Interpreter
 from aegis_orchestration.model import Job
@@ -132,56 +132,68 @@ async def test_the_exported_machine_runs_the_job_as_the_builtin_engine_does(
     await foundation.readmodel.put_item(
         {"pk": factory_pk, "sk": "LATEST", "risk": {"level": "CRITICAL"}}
     )
-    env = {"AEGIS_JOB_MAINTENANCE_URL": webhook.url + "/maintenance"}
-    s = make_settings(slack_webhook_url=webhook.url + "/slack")
     trigger = change(factory_pk)
+    s = make_settings()
     broker = await command_broker(s, name="test-streams")
     try:
         await ensure_streams(broker)  # the evacuation event's stream
     finally:
         await natsio.close(broker)
 
-    # the built-in engine: notify ok, the maintenance webhook fails all 3 attempts (caught)
-    webhook.script(200, 500, 500, 500)
-    async with contextlib.AsyncExitStack() as stack:
-        function = await open_function(stack, s, environment=env)
-        interpreter = Interpreter(
-            job,
-            function.tasks.executors(job, "builtin-run-0001"),
-            clock=lambda: datetime.now(UTC),
-            environment=env,
+    def configured(hook: FakeWebhook) -> tuple[OrchestratorSettings, dict[str, str]]:
+        """An engine's settings and environment: Slack and the maintenance webhook on ``hook``,
+        whose scripted answers are: notify ok, the maintenance webhook fails all 3 attempts
+        (caught)."""
+        hook.script(200, 500, 500, 500)
+        env = {"AEGIS_JOB_MAINTENANCE_URL": hook.url + "/maintenance"}
+        return make_settings(slack_webhook_url=hook.url + "/slack"), env
+
+    async def on_the_builtin_engine(hook: FakeWebhook) -> Any:
+        settings, env = configured(hook)
+        async with contextlib.AsyncExitStack() as stack:
+            function = await open_function(stack, settings, environment=env)
+            interpreter = Interpreter(
+                job,
+                function.tasks.executors(job, "builtin-run-0001"),
+                clock=lambda: datetime.now(UTC),
+                environment=env,
+            )
+            return await interpreter.run(trigger, {"execution_id": "builtin", "job_id": job.id})
+
+    async def on_step_functions(hook: FakeWebhook) -> tuple[dict[str, Any], list[Any]]:
+        """The same job on Step Functions, its tasks run by the task function."""
+        settings, env = configured(hook)
+        name = f"aegis-task-{unique_id}"
+        container = Container(lambda: settings, env)
+        try:
+            async with lambda_runtime(container.invoke) as runtime:
+                await register_lambda(aws_endpoint, name, runtime.url)
+                machine = await sfn.create_state_machine(
+                    name=f"aegis-job-{job.id}-{unique_id}",
+                    definition=json.dumps(export_asl(job, function_arn=function_arn(name))),
+                    roleArn=ROLE,
+                )
+                started = await sfn.start_execution(
+                    stateMachineArn=machine["stateMachineArn"],
+                    name=f"run-{unique_id}",
+                    input=json.dumps(
+                        {"trigger": trigger, "payload": {"execution_id": "sfn", "job_id": job.id}}
+                    ),
+                )
+                return await finished(sfn, started["executionArn"]), list(runtime.events)
+        finally:
+            await asyncio.to_thread(container.close)
+
+    # both at once, each with a webhook of its own (their retries and waits are real seconds)
+    async with running_webhook() as sfn_hook:
+        builtin, (result, events) = await asyncio.gather(
+            on_the_builtin_engine(webhook), on_step_functions(sfn_hook)
         )
-        builtin = await interpreter.run(trigger, {"execution_id": "builtin", "job_id": job.id})
     builtin_calls = [(r.path, r.body) for r in webhook.requests]
     assert builtin.status == "SUCCEEDED", (
         builtin.error,
         [(r.step_id, r.status, r.error) for r in builtin.records],
     )
-    webhook.requests.clear()
-
-    # the same job on Step Functions, its tasks run by the task function
-    name = f"aegis-task-{unique_id}"
-    container = Container(lambda: s, env)
-    try:
-        async with lambda_runtime(container.invoke) as runtime:
-            await register_lambda(aws_endpoint, name, runtime.url)
-            machine = await sfn.create_state_machine(
-                name=f"aegis-job-{job.id}-{unique_id}",
-                definition=json.dumps(export_asl(job, function_arn=function_arn(name))),
-                roleArn=ROLE,
-            )
-            webhook.script(200, 500, 500, 500)
-            started = await sfn.start_execution(
-                stateMachineArn=machine["stateMachineArn"],
-                name=f"run-{unique_id}",
-                input=json.dumps(
-                    {"trigger": trigger, "payload": {"execution_id": "sfn", "job_id": job.id}}
-                ),
-            )
-            result = await finished(sfn, started["executionArn"])
-            events = list(runtime.events)
-    finally:
-        await asyncio.to_thread(container.close)
     assert result["status"] == "SUCCEEDED", result
     output = json.loads(result["output"])
 
@@ -210,11 +222,11 @@ async def test_the_exported_machine_runs_the_job_as_the_builtin_engine_does(
     assert sfn_error["Error"] == builtin_error["Error"] == "TaskFailed"
     assert json.loads(sfn_error["Cause"])["errorMessage"] == builtin_error["Cause"]
     # and the same calls went out
-    assert sorted(map(json.dumps, ((r.path, r.body) for r in webhook.requests))) == sorted(
+    assert sorted(map(json.dumps, ((r.path, r.body) for r in sfn_hook.requests))) == sorted(
         map(json.dumps, builtin_calls)
     )
     # every retry of one run of a step sends the same idempotency key
-    keys = {r.headers.get("Idempotency-Key") for r in webhook.requests if "maint" in r.path}
+    keys = {r.headers.get("Idempotency-Key") for r in sfn_hook.requests if "maint" in r.path}
     assert len(keys) == 1
 
 
