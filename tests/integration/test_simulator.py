@@ -24,7 +24,7 @@ from aegis_simulator.domain import PNG_SIGNATURE
 
 pytestmark = pytest.mark.integration
 
-QUIET_S = 1.5  # no message for this long after the run ended: everything has arrived
+QUIET_S = 0.75  # no message for this long after the run ended: everything has arrived
 
 
 @dataclass
