@@ -23,24 +23,37 @@ pytest_plugins = [
 
 # files that take minutes on one worker (whole stacks started, killed, restarted; a Terraform
 # apply; a NATS cluster partitioned; the emulator's memory measured): handed out first, so
-# that neither worker is left with one of them while the other has nothing left to do
+# that neither worker is left with one of them while the other has nothing left to do; and in
+# this order, so that what computes runs beside what waits: the first two go to two workers at
+# once (the `aegis up` runs compute while the AWS provider waits a minute for the lifecycle
+# rules), the third (the pipeline's processes) and the fourth (the cluster's elections) to
+# whichever worker is free next. Handed out in collection order instead, the cluster's
+# elections came beside the provider's wait, and both cores idled for a minute and a half.
 FIRST = (
-    "tests/e2e/",
+    "tests/e2e/test_make_run.py",
     "tests/integration/test_terraform.py",
+    "tests/e2e/test_pipeline.py",
     "tests/integration/test_nats_cluster.py",
     "libs/devstack/tests/test_emulator_memory.py",
+    "tests/e2e/",
 )
+
+
+def _handed_out(item: pytest.Item, root: str) -> int:
+    """Where ``item``'s file comes in :data:`FIRST` (its first matching entry), or after."""
+    path = str(item.path).removeprefix(root)
+    return next((i for i, prefix in enumerate(FIRST) if path.startswith(prefix)), len(FIRST))
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The end-to-end files first, in the order pytest-randomly gave them, then the rest in
-    theirs: a test file runs on one worker, so a file of minutes handed out last keeps one
-    worker busy while the other has nothing left (it made the suite minutes longer). The
-    Makefile tells pytest-xdist to keep this order (--no-loadscope-reorder: by default it hands
-    out the files with the most tests first, and an end-to-end file has few)."""
+    """The files of :data:`FIRST` first, in its order, then the rest in collection order: a test
+    file runs on one worker, so a file of minutes handed out last keeps one worker busy while
+    the other has nothing left (it made the suite minutes longer). The Makefile tells
+    pytest-xdist to keep this order (--no-loadscope-reorder: by default it hands out the files
+    with the most tests first, and an end-to-end file has few)."""
     root = str(items[0].config.rootpath) + "/" if items else ""
-    items.sort(key=lambda item: not str(item.path).removeprefix(root).startswith(FIRST))
+    items.sort(key=lambda item: _handed_out(item, root))
 
 
 @pytest.fixture
