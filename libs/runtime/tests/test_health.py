@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -154,14 +155,18 @@ def _lifespan_app(said: list[str]) -> Starlette:
     return Starlette(routes=[Route("/", lambda _: PlainTextResponse("ok"))], lifespan=lifespan)
 
 
-@pytest.mark.parametrize("kept_alive", [False, True], ids=["nothing-open", "a-connection-open"])
-async def test_a_prompt_server_serves_and_stops_on_exit_without_a_sleep_and_runs_the_shutdown(
-    kept_alive: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """From its start to the end of its stop, with nothing open at exit(), the server sleeps at
-    no point (uvicorn's own loop sleeps 0.1 s a tick, its shutdown 0.1 s more); with a
-    kept-alive connection open, uvicorn's shutdown closes it. The app's lifespan shutdown runs
-    in both."""
+@dataclass
+class Served:
+    """A :class:`PromptServer` that answered one kept-alive request, stopped with ``exit()``."""
+
+    shutdown_ran: bool  # the app's lifespan shutdown
+    slept: list[float]  # every asyncio.sleep awaited from the server's start to its stop's end
+    reader: asyncio.StreamReader  # the request's connection, when kept open
+
+
+async def _served_until_exit(
+    monkeypatch: pytest.MonkeyPatch, *, close_first: bool
+) -> tuple[Served, asyncio.StreamWriter]:
     sleep = asyncio.sleep
     slept: list[float] = []
 
@@ -183,19 +188,36 @@ async def test_a_prompt_server_serves_and_stops_on_exit_without_a_sleep_and_runs
     await writer.drain()
     assert (await reader.readuntil(b"ok")).startswith(b"HTTP/1.1 200")
     await sleep(0.3)  # a few of uvicorn's ticks
-    if not kept_alive:
+    if close_first:
         writer.close()
         await writer.wait_closed()
         while server.server_state.connections:
             await sleep(0.005)
     server.exit()
     await asyncio.wait_for(serving, 10)
-    assert said == ["shutdown"]
-    if kept_alive:
-        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+    return Served(said == ["shutdown"], slept, reader), writer
+
+
+async def test_a_prompt_server_with_nothing_open_stops_on_exit_without_a_sleep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From its start to the end of its stop, the server sleeps at no point (uvicorn's own loop
+    sleeps 0.1 s a tick, and its shutdown 0.1 s more for connections, none open); the app's
+    lifespan shutdown runs."""
+    served, _ = await _served_until_exit(monkeypatch, close_first=True)
+    assert served.shutdown_ran
+    assert served.slept == []
+
+
+async def test_a_prompt_server_with_a_connection_open_closes_it_on_exit_and_runs_the_shutdown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    served, writer = await _served_until_exit(monkeypatch, close_first=False)
+    try:
+        assert served.shutdown_ran
+        assert await asyncio.wait_for(served.reader.read(), 5) == b""  # closed by the server
+    finally:
         writer.close()
-    else:
-        assert slept == []
 
 
 # -- lifecycle: a real child process, real signals ---------------------------------------------
