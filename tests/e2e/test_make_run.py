@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -185,16 +185,6 @@ async def status_read(env: dict[str, str]) -> dict[str, Any] | None:
         return None
     now = utc_now()
     return status_json(fleet_rows(items, now), cloud_view(cloud, now))
-
-
-@pytest.fixture
-def own_emulator(tmp_path: Path) -> Iterator[ManagedServer]:
-    """An S3/DynamoDB emulator for this test alone: its request counts are this run's."""
-    server = start_moto_server("127.0.0.1", free_port(), log_file=tmp_path / "moto.log")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def gas_leak_runs_live_on_the_jobs_page(

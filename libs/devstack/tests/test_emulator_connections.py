@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
 import pytest
 
-from aegis_devstack.localservers import ManagedServer, free_port, start_moto_server
+from aegis_devstack.localservers import ManagedServer
 from aegis_devstack.motoserver import UNDELIVERED
 from aegis_devstack.testing.holds import Holds
 from aegis_devstack.testing.waiting import eventually
@@ -84,28 +83,18 @@ def test_a_request_that_asks_to_close_is_answered_and_its_connection_closed(
         assert reader.read() == b""
 
 
-@pytest.fixture
-def logged_emulator(tmp_path: Path) -> Iterator[ManagedServer]:
-    """An emulator of the test's own, whose log the test reads."""
-    server = start_moto_server("127.0.0.1", free_port(), log_file=tmp_path / "moto.log")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def reset_on_close(sock: socket.socket) -> None:
     """Close ``sock`` with a reset, not a FIN: a write to it then fails at once."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 async def test_an_answer_whose_connection_is_gone_is_logged_with_its_request(
-    logged_emulator: ManagedServer,
+    own_emulator: ManagedServer,
 ) -> None:
     """A PutObject is applied and its answer held; the client resets the connection; released,
     the answer cannot be written. The write stands, and the emulator's log names the request
     whose answer was not delivered (a client sends such a request again)."""
-    url, log = logged_emulator.url, logged_emulator.log_file
+    url, log = own_emulator.url, own_emulator.log_file
     assert log is not None
     holds = Holds(url)
     with connect(url) as sock, sock.makefile("rb") as reader:
@@ -125,9 +114,9 @@ async def test_an_answer_whose_connection_is_gone_is_logged_with_its_request(
     assert (status, body) == (200, b"hello")  # the write stands
 
 
-def test_a_connection_reset_between_requests_logs_nothing(logged_emulator: ManagedServer) -> None:
+def test_a_connection_reset_between_requests_logs_nothing(own_emulator: ManagedServer) -> None:
     """A client that resets a kept connection after its answer lost nothing: no line."""
-    url, log = logged_emulator.url, logged_emulator.log_file
+    url, log = own_emulator.url, own_emulator.log_file
     assert log is not None
     with connect(url) as sock, sock.makefile("rb") as reader:
         sock.sendall(s3_request("PUT", "/idle-resets"))

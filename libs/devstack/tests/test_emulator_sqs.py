@@ -8,22 +8,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiobotocore.session import get_session
 
 from aegis_devstack.testing.holds import Holds
+from aegis_storage.clients import AwsConfig, open_client
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 async def sqs(private_emulator: str) -> AsyncIterator[Any]:
-    async with get_session().create_client(
-        "sqs",
-        endpoint_url=private_emulator,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    ) as client:
+    async with open_client("sqs", AwsConfig(endpoint_url=private_emulator)) as client:
         yield client
 
 

@@ -154,6 +154,17 @@ def private_emulator() -> Iterator[str]:
 
 
 @pytest.fixture
+def own_emulator(tmp_path: Path) -> Iterator[ManagedServer]:
+    """A moto_server of the test's own on a free port, its log at ``log_file`` in the test's
+    folder: what it logged and the requests it counted are this test's alone."""
+    server = start_moto_server("127.0.0.1", free_port(), log_file=tmp_path / "moto.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
 def private_mosquitto() -> Iterator[ManagedServer]:
     """A Mosquitto of the test's own, which it may ``restart()``."""
     server = start_private_mosquitto()
