@@ -1,7 +1,9 @@
-"""``aegis status`` formatting: items as stored in the read model → rows, table, JSON."""
+"""``aegis status``: its two reads, and the formatting of items as stored in the read model →
+rows, table, JSON."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -10,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from aegis_cli.status import (
+    _read,
     at_or_above,
     cloud_table,
     cloud_view,
@@ -211,3 +214,28 @@ def test_at_or_above_a_level() -> None:
     )
     assert [r.factory_id for r in at_or_above(rows, "CRITICAL")] == ["f-critical"]
     assert [r.factory_id for r in at_or_above(rows, "WARNING")] == ["f-critical", "f-warning"]
+
+
+async def test_when_one_read_fails_the_other_is_cancelled_before_the_command_returns() -> None:
+    """The fleet and the cloud are read together. When the cloud read fails, the fleet read must
+    not go on after the command has closed its clients and said what went wrong: it would fail
+    again against a closed session and print a traceback beside that message."""
+    fleet_started, fleet_cancelled = asyncio.Event(), asyncio.Event()
+
+    class Model:
+        async def factory_latest_items(self) -> list[dict[str, Any]]:
+            fleet_started.set()
+            try:
+                await asyncio.Event().wait()  # an endpoint still being retried
+            except asyncio.CancelledError:
+                fleet_cancelled.set()
+                raise
+            return []
+
+        async def get_cloud_latest(self) -> dict[str, Any] | None:
+            await fleet_started.wait()
+            raise ConnectionRefusedError("storage")
+
+    with pytest.raises(ConnectionRefusedError, match="storage"):
+        await _read(Model())  # type: ignore[arg-type]
+    assert fleet_cancelled.is_set()

@@ -1,4 +1,4 @@
-"""``map_bounded``: results in order, never more than ``limit`` calls at once, the first failure
+"""``all_of`` and ``map_bounded``: results in order, never more than ``limit`` calls at once, the first failure
 raised and the other calls cancelled."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from aegis_storage.tasks import map_bounded
+from aegis_storage.tasks import all_of, map_bounded
 
 
 async def test_results_come_in_order_with_at_most_limit_calls_at_once() -> None:
@@ -39,6 +39,27 @@ async def test_the_first_failure_is_raised_and_the_rest_cancelled() -> None:
     with pytest.raises(ValueError, match="two"):
         await map_bounded(call, range(100), 3)
     assert started == [0, 1, 2]  # nothing was started after the failure
+
+
+async def test_all_of_cancels_and_awaits_the_calls_still_running_when_one_fails() -> None:
+    running = asyncio.Event()
+    finished: list[str] = []
+
+    async def slow() -> int:
+        try:
+            running.set()
+            await asyncio.sleep(3600)
+        finally:
+            finished.append("slow")
+        return 1
+
+    async def failing() -> int:
+        await running.wait()
+        raise ValueError("failed")
+
+    with pytest.raises(ValueError, match="failed"):
+        await all_of(slow(), failing())
+    assert finished == ["slow"]  # over before all_of raised, not left running behind it
 
 
 async def test_the_failure_keeps_its_own_cause() -> None:

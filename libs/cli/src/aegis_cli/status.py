@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from botocore.exceptions import BotoCoreError
 from rich.console import Console, Group
@@ -27,6 +27,7 @@ from aegis_contracts.times import Clock, format_ts, parse_ts, utc_now
 from aegis_storage.clients import AwsConfig, open_clients
 from aegis_storage.errors import NotFound, StorageError
 from aegis_storage.readmodel import ReadModel
+from aegis_storage.tasks import all_of
 
 if TYPE_CHECKING:
     from aegis_runtime.settings import AegisSettings
@@ -228,8 +229,10 @@ async def load_status(
 
 
 async def _read(model: ReadModel) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    items, cloud = await asyncio.gather(model.factory_latest_items(), model.get_cloud_latest())
-    return items, cloud
+    # all_of: when one read fails the other is cancelled before the clients close, not left to
+    # fail against a closed session after the command has already said what went wrong
+    items, cloud = await all_of(model.factory_latest_items(), model.get_cloud_latest())
+    return cast("list[dict[str, Any]]", items), cast("dict[str, Any] | None", cloud)
 
 
 def run_status(

@@ -34,6 +34,7 @@ from aegis_contracts.times import floor_to
 from aegis_folds.folds import FactoryWindow, FoldParams, InputEntry, fold_factory_window
 from aegis_storage.errors import NotFound
 from aegis_storage.s3 import ObjectInfo, ObjectStore
+from aegis_storage.tasks import all_of
 
 log = structlog.get_logger(__name__)
 
@@ -156,7 +157,7 @@ async def current_windows(
                 log.warning("object_skipped", key=key, reason="does not parse")
                 return entry, None
 
-        return list(await asyncio.gather(*(one(k, e) for k, e in pairs)))
+        return await all_of(*(one(k, e) for k, e in pairs))
 
     records: defaultdict[datetime, list[tuple[InputEntry, Record | None]]] = defaultdict(list)
     for entry, record in await read(sorted(p for p in present if p not in owner)):

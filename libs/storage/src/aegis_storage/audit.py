@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import date
 
 from aegis_contracts import keys
 from aegis_contracts.audit import AuditEvent
 from aegis_storage.s3 import ObjectStore
+from aegis_storage.tasks import map_bounded
 
 DAY_LIMIT = 1000  # the events of a day an admin page reads at most (the newest)
 READS_AT_ONCE = 16
@@ -25,11 +25,5 @@ class AuditLog:
         """The newest ``limit`` events of a UTC day, newest first, and how many the day has."""
         listed = [info.key async for info in self.store.list_objects(keys.audit_day_prefix(day))]
         chosen = listed[-limit:][::-1]
-        gate = asyncio.Semaphore(READS_AT_ONCE)
-
-        async def read(key: str) -> bytes:
-            async with gate:
-                return await self.store.get_bytes(key)
-
-        bodies = await asyncio.gather(*(read(k) for k in chosen))
+        bodies = await map_bounded(self.store.get_bytes, chosen, READS_AT_ONCE)
         return [AuditEvent.model_validate_json(b) for b in bodies], len(listed)

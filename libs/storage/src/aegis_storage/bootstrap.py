@@ -15,6 +15,7 @@ from aegis_contracts import keys
 from aegis_storage import fleetindex
 from aegis_storage.clients import AwsClients
 from aegis_storage.errors import NotFound, StorageError, translated
+from aegis_storage.tasks import all_of
 
 # how long the orchestrator's claim checks are kept: the execution log's default ttl
 ORCHESTRATION_DAYS = 30
@@ -419,7 +420,7 @@ async def bootstrap(
     ``reindex``: ask the writers to backfill the fleet index again."""
     report = BootstrapReport()
     bucket_report, table_report = BootstrapReport(), BootstrapReport()
-    await asyncio.gather(
+    await all_of(
         ensure_bucket(clients, bucket, bucket_report),
         ensure_table(clients, table, table_report, reindex=reindex),
     )

@@ -61,6 +61,7 @@ from aegis_storage.errors import NotFound
 from aegis_storage.latemarks import LateMarks, TableLateMarks
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore, PutResult, to_json_bytes
+from aegis_storage.tasks import all_of
 
 log = structlog.get_logger(__name__)
 
@@ -234,7 +235,7 @@ class Aggregator:
             run.skipped_items += skipped
             run.keys.append(key)
 
-        await asyncio.gather(*(one(f) for f in factories))
+        await all_of(*(one(f) for f in factories))
         run.keys.sort()
         return run
 
@@ -355,7 +356,7 @@ class Aggregator:
             )
             return LateFold(factory_id, hour, [p.key for p in written], cleared)
 
-        return list(await asyncio.gather(*(one(m) for m in marked)))
+        return await all_of(*(one(m) for m in marked))
 
     async def history_snapshots(
         self, factory_id: str, start: datetime, end: datetime, *, now: datetime
@@ -389,7 +390,7 @@ class Aggregator:
                 prefix, prefix + format_ts(low), prefix + format_ts(high)
             )
             hour += HOUR
-        read = await asyncio.gather(*(self._object(factory_id, k, start, end) for k in selected))
+        read = await all_of(*(self._object(factory_id, k, start, end) for k in selected))
         snapshots = [s for s in read if s is not None]
         return snapshots, len(read) - len(snapshots)
 

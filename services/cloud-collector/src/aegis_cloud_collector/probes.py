@@ -28,6 +28,7 @@ from aegis_storage.clients import AwsClients
 from aegis_storage.errors import NotFound, StorageError
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore
+from aegis_storage.tasks import all_of
 
 if TYPE_CHECKING:
     from faststream.nats import NatsBroker
@@ -200,7 +201,7 @@ class ObjectCounter:
             self._day, self._closed = day, {}
         bases = [root]
         for _ in range(depth):
-            levels = await asyncio.gather(*(self.store.child_prefixes(b) for b in bases))
+            levels = await all_of(*(self.store.child_prefixes(b) for b in bases))
             self.listings += len(bases)
             bases = [child for level in levels for child in level]
         totals = [0, 0]
@@ -315,7 +316,7 @@ class SlowProbes:
             factory = str(item.get("factory_id") or str(item["pk"]).removeprefix("FACTORY#"))
             # one HISTORY item of the newest graded window (did it have any?) and the window
             # buckets: what it reads does not grow with the factory's message rate
-            newest_history, graph = await asyncio.gather(
+            newest_history, graph = await all_of(
                 self.readmodel.query_range(
                     keys.factory_pk(factory),
                     keys.HISTORY_STATE_PREFIX,

@@ -67,6 +67,7 @@ from aegis_storage.errors import NotFound
 from aegis_storage.incidents import IncidentStore
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectInfo, ObjectStore
+from aegis_storage.tasks import all_of
 
 log = structlog.get_logger(__name__)
 
@@ -471,7 +472,7 @@ class Reporter:
     ) -> Hour:
         utc_hour = window.utc_hour(kst_hour)
         if target == CLOUD_INFRA_TARGET:
-            read = await asyncio.gather(*(self._read(ds, o.key) for ds, o in entries))
+            read = await all_of(*(self._read(ds, o.key) for ds, o in entries))
             run.objects_read += len(read)
             return fold_cloud_hour(
                 target=target,
