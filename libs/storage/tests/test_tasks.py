@@ -1,5 +1,5 @@
-"""``all_of`` and ``map_bounded``: results in order, never more than ``limit`` calls at once, the first failure
-raised and the other calls cancelled."""
+"""``all_of`` and ``map_bounded``: results in order, never more than ``limit`` calls at once,
+the first failure raised and the other calls cancelled."""
 
 from __future__ import annotations
 
