@@ -730,20 +730,22 @@ WHOLE_FOR_S = 3.0
 PARTITION_RATE = 10
 
 
-async def lead_from(admin: NatsBroker, node: str) -> None:
-    """Make ``node`` the raw stream's leader: its leader steps down until the election falls
-    on ``node`` (each is won by one of the others at random)."""
-    for _ in range(12):
-        leader, _ = peers(await stream_info(admin))
-        if leader == node:
-            return
-        await natsio.client(admin).request(
-            f"$JS.API.STREAM.LEADER.STEPDOWN.{RAW.name}", b"", timeout=2
-        )
-        await eventually(
-            new_leader(admin, leader), within=15, what="a leader elected after a step-down"
-        )
-    raise AssertionError(f"{node} never won the raw stream's election")
+async def ingest_on_the_leader(
+    cluster: NatsCluster, admin: NatsBroker, settings: IngestSettings
+) -> tuple[NatsBroker, Node]:
+    """Ingest's broker, connected to the node that leads the raw stream. A client takes one of
+    the cluster's URLs at random, so brokers are started until one lands there: the leadership
+    is left where it is (a forced step-down's election is won by one of the others at random,
+    and may never fall on a given node)."""
+    leader, _ = peers(await stream_info(admin))
+    for _ in range(40):  # a third of them land on the leader: 40 misses are (2/3)**40 ~ 1e-7
+        broker = create_broker(settings, name=settings.service)
+        await ensure_deployed_streams(broker, settings)
+        node = connected_node(cluster, broker)
+        if node is not None and node.name == leader:
+            return broker, node
+        await broker.stop()
+    raise AssertionError(f"no ingest connected to {leader}, the raw stream's leader, in 40 tries")
 
 
 def connected_node(cluster: NatsCluster, broker: NatsBroker) -> Node | None:
@@ -840,14 +842,11 @@ async def test_a_partitioned_leader_steps_down_and_every_acked_message_is_stored
     settings = ingest_settings(cluster, foundation, aws_endpoint)
     async with contextlib.AsyncExitStack() as stack:
         admin = await stack.enter_async_context(deployed(cluster))
-        broker = create_broker(settings, name=settings.service)
-        stack.push_async_callback(broker.stop)
-        await ensure_deployed_streams(broker, settings)
         # the hard case: ingest is connected to the node that leads the raw stream, so the
         # partition cuts ingest's own connection too, and nothing closes it
-        cut = connected_node(cluster, broker)
-        assert cut is not None and cut.place is not None
-        await lead_from(admin, cut.name)
+        broker, cut = await ingest_on_the_leader(cluster, admin, settings)
+        stack.push_async_callback(broker.stop)
+        assert cut.place is not None
         majority = [node for node in cluster.nodes if node is not cut]
         observer = create_broker(
             AegisSettings(
