@@ -59,7 +59,13 @@ NAME: /[A-Za-z_][A-Za-z0-9_]*/
 """
 
 MAX_LENGTH = 8192
-_PARSER = Lark(GRAMMAR, parser="lalr", propagate_positions=True, maybe_placeholders=False)
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    """Built on the first expression parsed, not at import: a service or command that never
+    reads a workflow's condition does not pay for the parser's tables at start."""
+    return Lark(GRAMMAR, parser="lalr", propagate_positions=True, maybe_placeholders=False)
 
 
 class ConditionSyntaxError(ValueError):
@@ -274,7 +280,7 @@ def parse(text: str) -> Expression:
     if not text.strip():
         raise ConditionSyntaxError("empty expression", text, 1, 1)
     try:
-        tree = _PARSER.parse(text)
+        tree = _parser().parse(text)
     except UnexpectedInput as err:
         line, column = err.line, err.column
         if getattr(getattr(err, "token", None), "type", "") == "$END":
@@ -420,7 +426,7 @@ def canonical(text: str) -> str:
     sorted (their order does not change the meaning), literals re-rendered. Raises
     :class:`ConditionSyntaxError` like :func:`parse`."""
     parse(text)  # the same refusals, with positions
-    return _render(_PARSER.parse(text))
+    return _render(_parser().parse(text))
 
 
 def _render(node: Tree[Token] | Token) -> str:  # noqa: PLR0911
