@@ -765,6 +765,10 @@ class Terraform:
             "TF_INPUT": "0",
             "CHECKPOINT_DISABLE": "1",  # no version check over the network
             "TF_CLI_CONFIG_FILE": str(scratch / "none.tfrc"),
+            # Go collects garbage less often, for ~40 MB more of each AWS provider's ~600 MB:
+            # the provider builds its schema at every start, and the apply and validate tests
+            # took ~25% less CPU with it (94 -> 70 s, the mean of two runs each)
+            "GOGC": "400",
         }
 
     def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
