@@ -740,8 +740,12 @@ async def ingest_on_the_leader(
     leader, _ = peers(await stream_info(admin))
     for _ in range(40):  # a third of them land on the leader: 40 misses are (2/3)**40 ~ 1e-7
         broker = create_broker(settings, name=settings.service)
-        await ensure_deployed_streams(broker, settings)
-        node = connected_node(cluster, broker)
+        try:
+            await ensure_deployed_streams(broker, settings)
+            node = connected_node(cluster, broker)
+        except BaseException:
+            await broker.stop()
+            raise
         if node is not None and node.name == leader:
             return broker, node
         await broker.stop()
