@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 import pydantic
 import pytest
@@ -452,6 +453,45 @@ async def test_durable_pull_consumer_shares_work_between_replicas(
     info = await _consumer(js, stream, "workers")
     assert info.num_redelivered == 0
     assert (await js.stream_info(stream.name)).state.consumer_count == 1
+
+
+async def test_a_consumer_whose_first_fetch_says_empty_the_plain_way_keeps_its_one_pull_loop(
+    settings: AegisSettings,
+    stream: StreamSpec,
+    unique_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """nats-py says an empty fetch with a plain ``TimeoutError`` when the fetch's time ran out
+    before its second request (a busy start). FastStream's pull loop passes over nats-py's own
+    ``TimeoutError`` only: the plain one ended the loop, and FastStream started it again with an
+    ERROR and a traceback in the log. The consumer's very first fetch says it so here: the same
+    loop (one task) goes on and handles the message published afterwards."""
+    fetch = natsio.PullSubscription.fetch
+    callers: list[asyncio.Task[Any] | None] = []
+
+    async def first_fetch_plain_timeout(self: Any, *args: Any, **kwargs: Any) -> Any:
+        callers.append(asyncio.current_task())
+        if len(callers) == 1:
+            raise TimeoutError  # as nats-py's deadline path raises it
+        return await fetch(self, *args, **kwargs)
+
+    monkeypatch.setattr(natsio.PullSubscription, "fetch", first_fetch_plain_timeout)
+    subject = f"test.{unique_id}.first"
+    handled: list[bytes] = []
+    consumer = create_broker(settings, name="first-fetch")
+
+    @durable_pull(consumer, stream, "first", subject=subject, fetch_timeout=0.2)
+    async def handle(body: bytes) -> None:
+        handled.append(body)
+
+    await consumer.start()
+    try:
+        await eventually(lambda: len(callers) >= 2, what="a fetch after the first")
+        await publish(consumer, subject, b"after", msg_id=f"first-{unique_id}", stream=stream.name)
+        await eventually(lambda: handled == [b"after"], what="the message handled")
+    finally:
+        await consumer.stop()
+    assert len(set(callers)) == 1, "the pull loop was started again"
 
 
 @pytest.fixture

@@ -5,12 +5,13 @@ consumers' fetch."""
 from __future__ import annotations
 
 import ast
+import asyncio
 from pathlib import Path
 
 import nats.errors
 import pytest
 
-from aegis_runtime.natsio import pace_closed_fetches
+from aegis_runtime.natsio import pace_fetches
 
 ROOT = Path(__file__).resolve().parents[3]
 WRAPPER = ROOT / "libs" / "runtime" / "src" / "aegis_runtime" / "natsio.py"
@@ -54,23 +55,32 @@ class _Subscription:
         raise self.error
 
 
-class _Subscriber:
-    def __init__(self, subscription: _Subscription) -> None:
-        self.subscription = subscription
-
-
-class _Broker:
-    def __init__(self, *subscribers: _Subscriber) -> None:
-        self.subscribers = list(subscribers)
-
-
 async def test_an_empty_fetch_said_the_plain_way_reaches_the_pull_loop_as_nats_py_s_timeout() -> (
     None
 ):
     """FastStream's pull loop passes over ``nats.errors.TimeoutError`` (an empty fetch) and logs
     anything else as a crash of its task; nats-py also raises the plain one."""
     plain, own = _Subscription(TimeoutError()), _Subscription(nats.errors.TimeoutError())
-    assert pace_closed_fetches(_Broker(_Subscriber(plain), _Subscriber(own))) == 2  # type: ignore[arg-type]
     for subscription in (plain, own):
+        assert pace_fetches(subscription)  # type: ignore[arg-type]
+        assert not pace_fetches(subscription)  # type: ignore[arg-type]  # wrapped once
         with pytest.raises(nats.errors.TimeoutError):
             await subscription.fetch(batch=1, timeout=0.1)
+
+
+async def test_a_fetch_on_a_closed_connection_pauses_before_it_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Such a fetch fails without giving the event loop a turn, and FastStream's pull loop
+    fetches again at once: unpaced, it would spin at full CPU."""
+    paused: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        paused.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    closed = _Subscription(nats.errors.ConnectionClosedError())
+    assert pace_fetches(closed, pause=0.5)  # type: ignore[arg-type]
+    with pytest.raises(nats.errors.ConnectionClosedError):
+        await closed.fetch(batch=1, timeout=0.1)
+    assert paused == [0.5]

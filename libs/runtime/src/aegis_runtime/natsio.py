@@ -35,7 +35,7 @@ Why each use needs nats-py:
   reconnection running.
 * **JetStream's account info** (:func:`account_info`): the development stack's check that a
   server has JetStream before anything runs on it.
-* **Pacing a consumer on a closed connection** (:func:`pace_closed_fetches`): FastStream's pull
+* **Pacing a consumer on a closed connection** (:func:`pace_fetches`): FastStream's pull
   consumer fetches again at once when a fetch fails because the connection is closed, and such a
   fetch fails without ever giving the event loop a turn: once nats-py has given a connection up
   for good (the server refused it), the consumer would spin at full CPU and starve the process
@@ -43,7 +43,9 @@ Why each use needs nats-py:
   wrapper turns the plain ``asyncio.TimeoutError`` that nats-py raises when a fetch's deadline
   has run out before its second request into nats-py's own ``TimeoutError``: FastStream's pull
   loop expects that one for an empty fetch, and otherwise logs the plain one as a crash of its
-  consumer task (a traceback) and starts the task again.
+  consumer task (a traceback) and starts the task again. The wrapper is put on as the
+  subscription is made, before the consumer's first fetch: put on after the broker's start, it
+  came after the first fetches, which on a busy start could still crash that way.
 * **A silent server's connection given up** (:func:`give_up_unacknowledged`): the socket under
   each connection (FastStream's and the live feed's) gets a TCP_USER_TIMEOUT as long as its
   pings may go unanswered; nats-py does not expose its socket, and without it a reconnection
@@ -481,31 +483,29 @@ async def pull_durable(
 CLOSED_FETCH_PAUSE_S = 1.0
 
 
-def pace_closed_fetches(broker: NatsBroker, pause: float = CLOSED_FETCH_PAUSE_S) -> int:
-    """Make every started pull consumer of ``broker`` wait ``pause`` seconds before a fetch fails
-    for a closed connection (see the module docstring); returns the consumers paced."""
-    paced = 0
-    for subscriber in broker.subscribers:
-        subscription = getattr(subscriber, "subscription", None)
-        fetch = getattr(subscription, "fetch", None)
-        if fetch is None or getattr(fetch, "aegis_paced", False):
-            continue
+def pace_fetches(subscription: PullSubscription, pause: float = CLOSED_FETCH_PAUSE_S) -> bool:
+    """Make ``subscription``'s fetch wait ``pause`` seconds before it fails for a closed
+    connection, and say an empty fetch with nats-py's own ``TimeoutError`` (see the module
+    docstring); False when it already does. Called as the subscription is made, before its
+    consumer's first fetch (:func:`aegis_runtime.bus.durable_pull`)."""
+    fetch = subscription.fetch
+    if getattr(fetch, "aegis_paced", False):
+        return False
 
-        async def paced_fetch(*args: Any, _fetch: Any = fetch, **kwargs: Any) -> Any:
-            try:
-                return await _fetch(*args, **kwargs)
-            except nats.errors.ConnectionClosedError:
-                await asyncio.sleep(pause)
-                raise
-            except nats.errors.TimeoutError:
-                raise
-            except TimeoutError as err:  # an empty fetch, said the plain way
-                raise nats.errors.TimeoutError from err
+    async def paced_fetch(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fetch(*args, **kwargs)
+        except nats.errors.ConnectionClosedError:
+            await asyncio.sleep(pause)
+            raise
+        except nats.errors.TimeoutError:
+            raise
+        except TimeoutError as err:  # an empty fetch, said the plain way
+            raise nats.errors.TimeoutError from err
 
-        paced_fetch.aegis_paced = True  # type: ignore[attr-defined]
-        subscription.fetch = paced_fetch  # type: ignore[union-attr]
-        paced += 1
-    return paced
+    paced_fetch.aegis_paced = True  # type: ignore[attr-defined]
+    subscription.fetch = paced_fetch  # type: ignore[method-assign]
+    return True
 
 
 def take_buffered(subscription: PullSubscription) -> list[Msg]:

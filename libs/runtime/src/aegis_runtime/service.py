@@ -206,7 +206,6 @@ class ServiceApp:
             stack.push_async_callback(self._stop_broker)
             await self.setup(stack, self.clients)
             await self.broker.start()  # the consumers registered in __init__ start pulling
-            natsio.pace_closed_fetches(self.broker)
             if self.background:
                 start_background(stack, self.heartbeat.run, f"{self.settings.service}-heartbeat")
         except BaseException:

@@ -268,7 +268,7 @@ def durable_pull(
         max_deliver=max_deliver,
         max_ack_pending=max_ack_pending,
     )
-    return router.subscriber(
+    subscriber = router.subscriber(
         subject,
         stream=jstream(spec),
         durable=durable,
@@ -279,6 +279,23 @@ def durable_pull(
         # Fallback only: MessageOutcomes settles failures itself; without it an error still nacks.
         ack_policy=AckPolicy.NACK_ON_ERROR,
     )
+    _paced_from_the_first_fetch(subscriber)
+    return subscriber
+
+
+def _paced_from_the_first_fetch(subscriber: PullStreamSubscriber) -> None:
+    """Pace ``subscriber``'s fetches (:func:`aegis_runtime.natsio.pace_fetches`) as soon as
+    FastStream has made its subscription. FastStream makes it and starts the pull loop in one
+    step of the broker's start; the loop's first fetch runs at the next turn of the event loop,
+    so the subscription is wrapped before any fetch."""
+    create = subscriber._create_subscription
+
+    async def create_then_pace() -> None:
+        await create()
+        if subscriber.subscription is not None:
+            natsio.pace_fetches(subscriber.subscription)
+
+    subscriber._create_subscription = create_then_pace  # type: ignore[method-assign]
 
 
 async def stop_consuming(broker: NatsBroker) -> None:
