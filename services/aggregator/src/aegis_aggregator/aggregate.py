@@ -61,7 +61,7 @@ from aegis_storage.errors import NotFound
 from aegis_storage.latemarks import LateMarks, TableLateMarks
 from aegis_storage.readmodel import ReadModel
 from aegis_storage.s3 import ObjectStore, PutResult, to_json_bytes
-from aegis_storage.tasks import all_of
+from aegis_storage.tasks import all_of, map_bounded
 
 log = structlog.get_logger(__name__)
 
@@ -144,6 +144,7 @@ class Aggregator:
         # how far back a tick looks: ``catchup`` of windows, the newest due one included
         self.catchup = catchup
         self.claim_ttl_s = max(CLAIM_TTL_S, int(catchup.total_seconds()) + 86_400)
+        self.concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
         self._gets = asyncio.Semaphore(concurrency)
         self._reads = asyncio.Semaphore(read_concurrency)
@@ -235,7 +236,8 @@ class Aggregator:
             run.skipped_items += skipped
             run.keys.append(key)
 
-        await all_of(*(one(f) for f in factories))
+        # a worker per slot over the fleet, not a task per factory (thousands) waiting on a slot
+        await map_bounded(one, factories, self.concurrency)
         run.keys.sort()
         return run
 
