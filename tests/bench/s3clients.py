@@ -185,7 +185,7 @@ async def bench(
         **emulator_credentials(cfg),
     ) as s3:
         await seed(s3, bucket)
-        store = s3_store(cfg, bucket, None)
+        store = s3_store(cfg, bucket, emulator_credentials(cfg))
         clients = {
             "aiobotocore": aiobotocore_calls(s3, bucket, run),
             "obstore": obstore_calls(store, run),

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from aegis_storage.clients import AwsConfig, client_arguments, new_session, open_client
+from aegis_storage.clients import (
+    AwsConfig,
+    client_arguments,
+    emulator_credentials,
+    new_session,
+    open_client,
+)
+from aegis_storage.objectclient import s3_store
 
 
 def test_new_sessions_are_distinct_and_read_the_api_models_through_one_loader() -> None:
@@ -46,3 +53,21 @@ async def test_only_a_plain_http_endpoint_is_opened_without_certificate_checks(
     async with open_client("sts", AwsConfig(endpoint_url=endpoint)) as sts:
         # True, or the CA bundle configured (AWS_CA_BUNDLE), when verifying
         assert (sts._endpoint.http_session._verify is not False) is verified
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "keys"),
+    [
+        (None, {"aws_access_key_id": "test", "aws_secret_access_key": "test"}),
+        ("http://127.0.0.1:4566", {}),
+    ],
+    ids=["static-keys-against-aws", "an-emulator-without-keys"],
+)
+def test_an_object_store_signs_only_with_the_chain_or_an_emulators_keys(
+    endpoint: str | None, keys: dict[str, str]
+) -> None:
+    """Static keys are the emulator's alone: AWS itself is signed for by the credential chain."""
+    with pytest.raises(ValueError, match="needs an emulator's keys"):
+        s3_store(AwsConfig(endpoint_url=endpoint), "aegis-raw", keys)
+    emulator = AwsConfig(endpoint_url="http://127.0.0.1:4566")
+    s3_store(emulator, "aegis-raw", emulator_credentials(emulator))  # its keys make a store

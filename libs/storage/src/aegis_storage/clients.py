@@ -129,12 +129,10 @@ async def open_clients(cfg: AwsConfig) -> AsyncIterator[AwsClients]:
     async with AsyncExitStack() as stack:
         s3 = await stack.enter_async_context(session.create_client("s3", **kwargs))
         dynamodb = await stack.enter_async_context(session.create_client("dynamodb", **kwargs))
-        chain = (
-            None if emulator_credentials(cfg) else ChainCredentials(await session.get_credentials())
-        )
-        objects = ObjectClient(cfg, chain)
+        keys = emulator_credentials(cfg)
+        objects = ObjectClient(cfg, keys or ChainCredentials(await session.get_credentials()))
         stack.callback(objects.close)
-        items = await stack.enter_async_context(open_items(cfg, session, emulator_credentials(cfg)))
+        items = await stack.enter_async_context(open_items(cfg, session, keys))
         yield AwsClients(s3=s3, dynamodb=dynamodb, config=cfg, objects=objects, items=items)
 
 

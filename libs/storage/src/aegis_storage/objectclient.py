@@ -34,17 +34,18 @@ process ends through :func:`aegis_runtime.process.exit_process`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aegis_storage.clients import AwsConfig, emulator_credentials
 from aegis_storage.errors import Conflict, NotFound, StorageError, Transient
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Credential, S3Store
+
+    from aegis_storage.clients import AwsConfig
 
 # how long obstore may sign with one answer of the credential chain before it asks again;
 # botocore refreshes expiring credentials 15 minutes (at the latest 10) before they expire,
@@ -125,9 +126,12 @@ def retry_config(cfg: AwsConfig) -> RetryConfig:
     return {"max_retries": max(cfg.max_attempts - 1, 0)}
 
 
-def s3_store(cfg: AwsConfig, bucket: str, credentials: ChainCredentials | None) -> S3Store:
-    """An obstore S3 store of ``bucket`` with AEGIS's settings; ``credentials`` None: the
-    emulator's test keys (only with an endpoint override)."""
+def s3_store(
+    cfg: AwsConfig, bucket: str, credentials: ChainCredentials | Mapping[str, str]
+) -> S3Store:
+    """An obstore S3 store of ``bucket`` with AEGIS's settings, signing with ``credentials``:
+    the credential chain, or an emulator's static keys
+    (:func:`aegis_storage.clients.emulator_credentials`, only with an endpoint override)."""
     from obstore.store import S3Store  # noqa: PLC0415 - see aegis_storage.clients.aio_config
 
     config: dict[str, Any] = {
@@ -139,25 +143,27 @@ def s3_store(cfg: AwsConfig, bucket: str, credentials: ChainCredentials | None) 
     }
     if cfg.endpoint_url:
         config["endpoint"] = cfg.endpoint_url
-    if credentials is None:
-        keys = emulator_credentials(cfg)
-        if not keys:
-            raise ValueError("an obstore store without a credential chain needs an emulator")
-        config["access_key_id"] = keys["aws_access_key_id"]
-        config["secret_access_key"] = keys["aws_secret_access_key"]
+    chain = None
+    if isinstance(credentials, ChainCredentials):
+        chain = credentials
+    elif credentials and cfg.endpoint_url:
+        config["access_key_id"] = credentials["aws_access_key_id"]
+        config["secret_access_key"] = credentials["aws_secret_access_key"]
+    else:
+        raise ValueError("an obstore store without a credential chain needs an emulator's keys")
     return S3Store(
         bucket,
         config=config,  # type: ignore[arg-type]
         client_options=client_options(cfg),
         retry_config=retry_config(cfg),
-        credential_provider=credentials,
+        credential_provider=chain,
     )
 
 
 class ObjectClient:
     """obstore stores, one per bucket, made on first use and kept for the client's life."""
 
-    def __init__(self, cfg: AwsConfig, credentials: ChainCredentials | None) -> None:
+    def __init__(self, cfg: AwsConfig, credentials: ChainCredentials | Mapping[str, str]) -> None:
         self.config = cfg
         self._credentials = credentials
         self._stores: dict[str, S3Store] = {}
