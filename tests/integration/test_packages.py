@@ -2,7 +2,8 @@
 
 * Layering: contracts, then storage, then the service shell (aegis-runtime), then the operator
   CLI (aegis-cli), then services; the development stack (aegis-devstack) sits on top and only the
-  workspace's dev dependencies pull it in. A package imports only packages below it.
+  workspace's dev dependencies pull it in. A package imports only packages below it, and no
+  module of a package imports itself back through others of it.
 * Every import in a package's source is the standard library, the package itself, or a
   distribution it declares (so an image, which installs exactly the declared ones, can run it).
 * No production dependency set (``uv export --no-dev --package``, what the Dockerfile installs)
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import graphlib
 import os
 import re
 import shutil
@@ -47,29 +49,56 @@ def _rank(member: str) -> float:
     return 10  # a service
 
 
+def _runtime_imports(path: Path) -> set[str]:
+    """The modules a source file imports at run time, module-level or inside functions (not
+    those for the type checker only), as dotted names: ``from a.b import c`` gives ``a.b`` and
+    ``a.b.c`` (``c`` may be a module of its own)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for inner in ast.walk(node)
+    }  # imports for the type checker only: not needed at run time
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
 def _imports(member: Member) -> dict[str, set[str]]:
     """Top-level names imported anywhere in the member's source (module-level or inside
     functions), each with the files that import it."""
     found: dict[str, set[str]] = {}
     for path in sorted((member.path / "src").rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        typing_only = {
-            id(inner)
-            for node in ast.walk(tree)
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for inner in ast.walk(node)
-        }  # imports for the type checker only: not needed at run time
-        for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            for name in names:
-                found.setdefault(name.split(".")[0], set()).add(str(path.relative_to(ROOT)))
+        for name in _runtime_imports(path):
+            found.setdefault(name.split(".")[0], set()).add(str(path.relative_to(ROOT)))
     return found
+
+
+def _module_graph(member: Member) -> dict[str, set[str]]:
+    """Each module of the member's source with the member's modules it imports at run time."""
+    src = member.path / "src"
+    paths = {
+        ".".join(p.relative_to(src).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in sorted(src.rglob("*.py"))
+    }
+
+    def module_of(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {
+        module: {m for n in _runtime_imports(path) if (m := module_of(n)) not in (None, module)}
+        for module, path in paths.items()
+    }
 
 
 def test_the_libraries_form_layers_and_nothing_imports_upward() -> None:
@@ -87,6 +116,18 @@ def test_the_libraries_form_layers_and_nothing_imports_upward() -> None:
     assert DEV_ONLY not in {
         dep for member in WORKSPACE.members.values() for dep in member.requires
     }, "a workspace member depends on the development stack"
+
+
+@pytest.mark.parametrize("name", sorted(WORKSPACE.members))
+def test_no_module_of_a_package_imports_itself_back(name: str) -> None:
+    """No cycle among a package's modules, counting the imports made inside functions: an
+    import put off until a call hides a cycle from Python, not from a reader."""
+    graph = _module_graph(WORKSPACE.members[name])
+    assert graph, f"{name}: no module found"
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as err:
+        pytest.fail(f"{name}: its modules import each other in a cycle: {' -> '.join(err.args[1])}")
 
 
 @pytest.mark.parametrize("name", sorted(WORKSPACE.members))
