@@ -13,19 +13,10 @@ import pytest
 
 from aegis_contracts.times import format_ts
 from aegis_devstack.testing.builders import latest_fields, seed_latest
+from aegis_devstack.testing.cli import run_aegis
 from aegis_devstack.testing.storage import Foundation
 
 pytestmark = pytest.mark.integration
-
-
-async def _status(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aegis_cli.app", "status", *args,
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def _env(aws_endpoint: str, table: str) -> dict[str, str]:
@@ -73,7 +64,7 @@ async def test_status_lists_the_fleet_from_latest_items(
     )
     env = _env(aws_endpoint, foundation.table)
 
-    code, out, err = await _status(env, "--json")
+    code, out, err = await run_aegis(env, "status", "--json")
     assert code == 0, err
     doc = json.loads(out)
     rows = {r["factory_id"]: r for r in doc["factories"]}
@@ -86,7 +77,7 @@ async def test_status_lists_the_fleet_from_latest_items(
     assert rows[calm]["level"] == "NORMAL" and rows[calm]["freshness"] == "2m ago"
     assert rows[calm]["pipeline"] == "NO_DATA"
 
-    code, out, err = await _status(env)
+    code, out, err = await run_aegis(env, "status")
     assert code == 0, err
     line = next(line for line in out.splitlines() if hot in line)
     for cell in ("CRITICAL", "90", "CO_HIGH", "s ago", "OK"):
@@ -95,7 +86,7 @@ async def test_status_lists_the_fleet_from_latest_items(
 
 
 async def test_status_of_a_missing_table_says_what_to_do(aws_endpoint: str, unique_id: str) -> None:
-    code, _out, err = await _status(_env(aws_endpoint, f"AEGIS-missing-{unique_id}"))
+    code, _out, err = await run_aegis(_env(aws_endpoint, f"AEGIS-missing-{unique_id}"), "status")
     assert code == 1
     assert "not found" in err and "aegis bootstrap" in err and aws_endpoint in err
 
@@ -154,12 +145,12 @@ async def test_status_fail_on_exits_3_at_or_above_the_level(
             ),
         )
     env = _env(aws_endpoint, foundation.table)
-    code, out, err = await _status(env, "--fail-on", "critical", "--json")
+    code, out, err = await run_aegis(env, "status", "--fail-on", "critical", "--json")
     assert code == 0, err
     assert len(json.loads(out)["factories"]) == 2  # the output is the same with --fail-on
-    code, out, err = await _status(env, "--fail-on", "warning", "--json")
+    code, out, err = await run_aegis(env, "status", "--fail-on", "warning", "--json")
     assert code == 3, err
     assert len(json.loads(out)["factories"]) == 2
     assert f"at or above WARNING: f-{unique_id}-w (WARNING)" in err
-    code, _, err = await _status(env, "--fail-on", "warning", "--watch")
+    code, _, err = await run_aegis(env, "status", "--fail-on", "warning", "--watch")
     assert code == 2 and "--fail-on" in err
