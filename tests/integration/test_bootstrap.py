@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from aegis_contracts import keys
+from aegis_devstack.testing.cli import run_aegis
 from aegis_devstack.testing.emulator import arequest_counts, areset_request_counts
 from aegis_storage.bootstrap import (
     LIFECYCLE_RULES,
@@ -29,24 +29,19 @@ DEFAULT_BUCKET = "aegis-bucket-data"
 DEFAULT_TABLE = "AEGIS-DynamoDB-FactoryStatus"
 
 
-def run_cli(endpoint: str, *args: str, **settings: str) -> subprocess.CompletedProcess[str]:
+async def run_cli(endpoint: str, *args: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    """``aegis bootstrap ARGS`` as a process of its own, on ``endpoint`` with ``settings``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AEGIS_")}
     env |= {"AEGIS_AWS_ENDPOINT_URL": endpoint, "AEGIS_LOG_FORMAT": "console", **settings}
-    return subprocess.run(
-        [sys.executable, "-m", "aegis_cli.app", "bootstrap", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    code, out, err = await run_aegis(env, "bootstrap", *args)
+    return subprocess.CompletedProcess(["aegis", "bootstrap", *args], code, out, err)
 
 
 async def test_bootstrap_command_leaves_the_contract_and_is_idempotent(aws_endpoint, aws):
     # the default settings: exactly what `make run` creates
-    first = run_cli(aws_endpoint)
+    first = await run_cli(aws_endpoint)
     assert first.returncode == 0, first.stderr
-    second = run_cli(aws_endpoint)
+    second = await run_cli(aws_endpoint)
     assert second.returncode == 0, second.stderr
     assert "nothing to change" in second.stdout
     assert "created" not in second.stdout
@@ -85,7 +80,7 @@ async def test_bootstrap_command_leaves_the_contract_and_is_idempotent(aws_endpo
     assert actual["bucket"]["versioning"] == "Enabled"
     assert actual["bucket"]["region"] == "ap-south-1"
 
-    check = run_cli(aws_endpoint, "--check")
+    check = await run_cli(aws_endpoint, "--check")
     assert check.returncode == 0
     assert "matches the contract" in check.stdout
 
@@ -107,20 +102,24 @@ async def test_drift_is_reported_then_repaired(aws_endpoint, aws, unique_id):
     assert any(line.startswith("bucket.versioning") for line in found)
     assert any(line.startswith("bucket.lifecycle") for line in found)
 
-    check = run_cli(aws_endpoint, "--check", AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
+    check = await run_cli(aws_endpoint, "--check", AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
     assert check.returncode == 3
     assert "bucket.versioning" in check.stderr
 
-    repaired = run_cli(aws_endpoint, AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
+    repaired = await run_cli(aws_endpoint, AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
     assert repaired.returncode == 0, repaired.stderr
     assert "changes applied" in repaired.stdout
     assert "updated" in repaired.stdout
-    assert run_cli(aws_endpoint, "--check", AEGIS_BUCKET=bucket, AEGIS_TABLE=table).returncode == 0
+    assert (
+        await run_cli(aws_endpoint, "--check", AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
+    ).returncode == 0
 
 
-def test_bootstrap_fails_clearly_when_the_endpoint_is_down():
+async def test_bootstrap_fails_clearly_when_the_endpoint_is_down():
     # two attempts a request, not five: the give-up, without the back-off of three more retries
-    result = run_cli("http://127.0.0.1:9", AEGIS_BUCKET="aegis-nowhere", AEGIS_AWS_MAX_ATTEMPTS="2")
+    result = await run_cli(
+        "http://127.0.0.1:9", AEGIS_BUCKET="aegis-nowhere", AEGIS_AWS_MAX_ATTEMPTS="2"
+    )
     assert result.returncode == 5  # aegis_cli.exitcodes.UNAVAILABLE: nothing answered
     assert "bootstrap failed" in result.stderr and "http://127.0.0.1:9" in result.stderr
 
@@ -177,11 +176,11 @@ async def test_bootstrap_adds_the_index_to_a_previous_version_table_and_its_writ
         Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "ap-south-1"}
     )
 
-    check = run_cli(aws_endpoint, "--check", AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
+    check = await run_cli(aws_endpoint, "--check", AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
     assert check.returncode == 3
     assert "table.indexes.fleet" in check.stderr
 
-    first = run_cli(aws_endpoint, AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
+    first = await run_cli(aws_endpoint, AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
     assert first.returncode == 0, first.stderr
     assert "fleet-index" in first.stdout and "created" in first.stdout
     assert "generation 1 asked of the processor and the alert dispatcher" in first.stdout
@@ -208,12 +207,14 @@ async def test_bootstrap_adds_the_index_to_a_previous_version_table_and_its_writ
     )
     assert found == []
 
-    again = run_cli(aws_endpoint, AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
+    again = await run_cli(aws_endpoint, AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
     assert again.returncode == 0, again.stderr
     assert "nothing to change" in again.stdout
     assert "generation 1" in again.stdout and "asked" not in again.stdout
     assert [await b.check() for b in backfills.values()] == [None, None]  # no second scan
-    assert run_cli(aws_endpoint, "--check", AEGIS_BUCKET=bucket, AEGIS_TABLE=table).returncode == 0
+    assert (
+        await run_cli(aws_endpoint, "--check", AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
+    ).returncode == 0
     report = await bootstrap(aws, bucket=bucket, table=table)
     assert not report.changed
 
@@ -224,7 +225,7 @@ async def test_bootstrap_adds_the_index_to_a_previous_version_table_and_its_writ
         Item={"pk": {"S": "FACTORY#factory-late"}, "sk": {"S": "LATEST"}},
     )
     assert "factory-late" not in await rm.fleet_ids()
-    reindexed = run_cli(aws_endpoint, "--reindex", AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
+    reindexed = await run_cli(aws_endpoint, "--reindex", AEGIS_BUCKET=bucket, AEGIS_TABLE=table)
     assert reindexed.returncode == 0, reindexed.stderr
     assert "generation 2 asked" in reindexed.stdout
     assert await backfills["factory"].check() == Backfilled("factory", 2, 1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -18,6 +17,7 @@ import pytest
 from aegis_contracts.ids import SourceType, parse_topic
 from aegis_contracts.payloads import ImageSnapshotMessage, parse_device_message
 from aegis_devstack.localservers import free_port
+from aegis_devstack.testing.cli import run_aegis
 from aegis_devstack.testing.storage import Foundation
 from aegis_simulator.app import SimulatorSettings, serve
 from aegis_simulator.domain import PNG_SIGNATURE
@@ -54,18 +54,6 @@ async def _simulate_and_collect(
         url.hostname or "127.0.0.1", url.port or 1883, protocol=aiomqtt.ProtocolVersion.V5
     ) as sub:
         await sub.subscribe(f"aegis/{factory}/#", qos=1)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "aegis_cli.app",
-            "simulate",
-            "--factories",
-            factory,
-            *args,
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
         messages = sub.messages
 
         async def collect() -> None:
@@ -75,7 +63,7 @@ async def _simulate_and_collect(
 
         collector = asyncio.create_task(collect())
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+            code, out, err = await run_aegis(env, "simulate", "--factories", factory, *args)
             count = -1
             while count != len(received):  # until quiet
                 count = len(received)
@@ -83,11 +71,7 @@ async def _simulate_and_collect(
         finally:
             collector.cancel()
             await asyncio.gather(collector, return_exceptions=True)
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode(), received
+    return code, out, err, received
 
 
 async def test_simulate_publishes_valid_messages_and_uploads_images(
@@ -147,13 +131,9 @@ async def test_simulate_against_an_unreachable_broker_exits_2(
 ) -> None:
     url = f"mqtt://127.0.0.1:{free_port()}"
     env = _env(url, aws_endpoint, foundation)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aegis_cli.app", "simulate", "--duration", "2",
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
-    assert proc.returncode == 2
-    assert url in err.decode()
+    code, _, err = await run_aegis(env, "simulate", "--duration", "2")
+    assert code == 2
+    assert url in err
 
 
 async def test_service_publishes_until_stopped_and_reports_ready(

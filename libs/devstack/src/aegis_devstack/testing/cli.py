@@ -31,7 +31,8 @@ async def invoke_in_thread(*args: str) -> Result:
 
 async def run_aegis(env: Mapping[str, str], *args: str) -> tuple[int, str, str]:
     """``aegis ARGS`` as a process of its own with ``env``: exit code, stdout, stderr (given
-    up after :data:`RUN_LIMIT_S`)."""
+    up after :data:`RUN_LIMIT_S`; a command given up on, or whose test was cancelled, is killed,
+    not left running)."""
     process = await asyncio.create_subprocess_exec(
         AEGIS,
         *args,
@@ -39,6 +40,11 @@ async def run_aegis(env: Mapping[str, str], *args: str) -> tuple[int, str, str]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(process.communicate(), RUN_LIMIT_S)
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), RUN_LIMIT_S)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
