@@ -24,7 +24,6 @@ import nats
 import pytest
 from aiodynamo.errors import InternalDynamoError
 from faststream.nats import NatsBroker
-from typer.testing import CliRunner
 
 from aegis_alert_dispatcher.app import DispatcherApp
 from aegis_alert_dispatcher.decide import Policy
@@ -35,7 +34,6 @@ from aegis_alert_dispatcher.escalator import Escalator
 from aegis_alert_dispatcher.receivers import SlackWebhookReceiver
 from aegis_alert_dispatcher.settings import DispatcherSettings
 from aegis_alert_dispatcher.slack import SlackWebhook
-from aegis_cli.app import app as cli_app
 from aegis_contracts import incidents, keys
 from aegis_contracts.cloud import CloudCheck, CloudSnapshot
 from aegis_contracts.events import AlertBasis, ChangeEvent, ObjectCreated
@@ -46,6 +44,7 @@ from aegis_contracts.times import format_ts, utc_now
 from aegis_contracts.ttl import TtlSettings
 from aegis_devstack.localservers import free_port
 from aegis_devstack.testing.builders import FakeClock, clock_moved, fire_reason
+from aegis_devstack.testing.cli import invoke_in_thread
 from aegis_devstack.testing.emulator import arequest_counts
 from aegis_devstack.testing.processes import process_ready
 from aegis_devstack.testing.storage import Foundation
@@ -460,13 +459,10 @@ async def test_two_replicas_on_one_durable_send_each_alert_once_and_resend_recov
         "AEGIS_SLACK_WEBHOOK_URL": webhook.url,
     }.items():
         monkeypatch.setenv(name, value)
-    runner = CliRunner()
-    listed = await asyncio.to_thread(runner.invoke, cli_app, ["alerts", "resend", "--dry-run"])
+    listed = await invoke_in_thread("alerts", "resend", "--dry-run")
     assert listed.exit_code == 0, listed.output
     assert "pending" in listed.output and "factory-z" in listed.output
-    still_down = await asyncio.to_thread(
-        runner.invoke, cli_app, ["alerts", "resend", "--attempts", "1"]
-    )
+    still_down = await invoke_in_thread("alerts", "resend", "--attempts", "1")
     assert still_down.exit_code == 1 and "failed=1" in still_down.output
     webhook.up()
     # another run holds the letter (read, not settled): this run sees it waiting, cannot read
@@ -479,20 +475,18 @@ async def test_two_replicas_on_one_durable_send_each_alert_once_and_resend_recov
         [letter] = await held.fetch(1, timeout=10)
         assert b"factory-z" in letter.data
         sent_before = len(webhook.delivered)
-        blocked = await asyncio.to_thread(
-            runner.invoke, cli_app, ["alerts", "resend", "--wait", "1"]
-        )
+        blocked = await invoke_in_thread("alerts", "resend", "--wait", "1")
         assert blocked.exit_code == 1, blocked.output
         assert "delivered=0" in blocked.output and "unread=1" in blocked.output
         assert len(webhook.delivered) == sent_before
         await letter.nak()
     finally:
         await holder.close()
-    resent = await asyncio.to_thread(runner.invoke, cli_app, ["alerts", "resend"])
+    resent = await invoke_in_thread("alerts", "resend")
     assert resent.exit_code == 0, resent.output
     assert "delivered=1" in resent.output
     assert headlines(webhook)[-1] == "CRITICAL · factory-z · FIRE_DETECTED"
-    again = await asyncio.to_thread(runner.invoke, cli_app, ["alerts", "resend"])
+    again = await invoke_in_thread("alerts", "resend")
     assert "delivered=0" in again.output  # resent once, not twice
 
 
@@ -999,7 +993,6 @@ async def test_aegis_incidents_lists_shows_acknowledges_and_resolves_as_the_cli_
     d = make(foundation, webhook, session, Recorded())
     await d.handle(await put_state(foundation, "factory-c", T0, [FIRE]))
     monkeypatch.setenv("AEGIS_NATS_URL", nats_url)
-    runner = CliRunner()
     heard: list[ChangeEvent] = []
     streams = create_broker(DispatcherSettings(nats_url=nats_url), name="streams")
     await streams.connect()
@@ -1013,7 +1006,7 @@ async def test_aegis_incidents_lists_shows_acknowledges_and_resolves_as_the_cli_
     await listener.subscribe(change_subject("incident"), cb=on_change)
 
     async def aegis(*args: str) -> Any:
-        return await asyncio.to_thread(runner.invoke, cli_app, ["incidents", *args])
+        return await invoke_in_thread("incidents", *args)
 
     listed = await aegis("list", "--json", "--factory", "factory-c")
     assert listed.exit_code == 0, listed.output
@@ -1103,10 +1096,9 @@ async def test_a_silence_records_the_incident_without_a_message_and_its_end_noti
 async def test_aegis_silences_refuses_an_unbounded_critical_silence_and_ends_one_early(
     foundation_env,
 ) -> None:
-    runner = CliRunner()
 
     async def aegis(*args: str) -> Any:
-        return await asyncio.to_thread(runner.invoke, cli_app, ["silences", *args])
+        return await invoke_in_thread("silences", *args)
 
     no_reason = await aegis("add", "-m", "factory=plant-a-1", "--for", "2h")
     assert no_reason.exit_code == 1 and "reason" in no_reason.output

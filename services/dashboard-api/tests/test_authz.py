@@ -4,7 +4,6 @@ against factory B (out of scope), in the real S3/DynamoDB emulator. The pages to
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -16,9 +15,7 @@ import pytest
 from fastapi import Depends, FastAPI
 from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute, Mount
-from typer.testing import CliRunner
 
-from aegis_cli.app import app as cli_app
 from aegis_contracts import incidents, keys
 from aegis_contracts.items import Incident
 from aegis_contracts.keys import ReportArtifact
@@ -31,6 +28,7 @@ from aegis_dashboard_api.app import create_app
 from aegis_dashboard_api.authz import Permission, public
 from aegis_dashboard_api.settings import DashboardSettings
 from aegis_devstack.testing.builders import FakeClock, seed_latest
+from aegis_devstack.testing.cli import invoke_in_thread
 from aegis_devstack.testing.storage import Foundation
 from aegis_orchestration.model import Job
 from aegis_orchestration.store import JobStore
@@ -477,10 +475,9 @@ async def test_aegis_tokens_create_list_revoke_as_the_dashboard_takes_them(
     other); listed without the token; revoked, it is refused. A taken name, a bad role, a
     viewer without factories are refused before anything is written."""
     foundation = foundation_env
-    runner = CliRunner()
 
     async def aegis(*args: str) -> Any:
-        return await asyncio.to_thread(runner.invoke, cli_app, ["tokens", *args])
+        return await invoke_in_thread("tokens", *args)
 
     name = f"crew-{world.a}".lower()
     made = await aegis(
