@@ -13,6 +13,7 @@ from typing import Any
 
 from aegis_contracts import keys
 from aegis_contracts.times import format_ts
+from aegis_storage import cloudlatest
 from aegis_storage.encoding import (
     Encoded,
     condition_value,
@@ -35,7 +36,7 @@ from aegis_storage.items import (
 )
 
 
-class MemoryTable:
+class MemoryTable(cloudlatest.CloudOfTable):
     """:class:`Items` and :class:`Leases` in a dict of DynamoDB attribute values (the fleet
     index's keys included, as the table stores them). With ``changes``, announced entities'
     writes are handed to it as :class:`~aegis_storage.readmodel.ReadModel` hands them (not a
@@ -179,6 +180,37 @@ class MemoryTable:
         )
         live_items = [item for sk in found if (item := self._read(pk, sk)) and live(item, now)]
         return live_items if limit is None else live_items[:limit]
+
+    # -- the cloud's LATEST ---------------------------------------------------------------------
+
+    async def set_cloud_tier(self, write: cloudlatest.TierWrite) -> None:
+        """The update :class:`~aegis_storage.readmodel.ReadModel` makes, on its condition."""
+        await asyncio.sleep(0)  # a request's suspension point
+        key = (keys.CLOUD_PK, keys.LATEST_SK)
+        stored = self.items.get(key) or {}
+        other_holds = (
+            write.other_name not in stored
+            if write.other_at is None
+            else write.other_name in stored
+            and _same(stored[write.other_name], {"S": write.other_at})
+        )
+        own_holds = write.own_name not in stored or _less_than(stored, write.own_name, write.at)
+        if not (other_holds and own_holds):
+            raise Conflict("update CLOUD#infra/LATEST: the condition failed")
+        old = self._read(*key)  # what ``write.read`` was: the condition held both tiers' times
+        self.items[key] = {
+            **stored,
+            "pk": {"S": key[0]},
+            "sk": {"S": key[1]},
+            **to_attributes(
+                {
+                    write.tier: write.body,
+                    write.own_name: write.at,
+                    "overall_status": write.overall.value,
+                }
+            ),
+        }
+        await self._changed(key, old, self._read(*key), None)
 
     # -- late-data marks ------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The DynamoDB read model: whole-item and conditional writes, range queries, claims and leases,
 the fleet index. The aggregates services decide on are reached through repositories over it
-(:mod:`aegis_storage.states`: a factory's LATEST and HISTORY; :mod:`aegis_storage.latemarks`),
-each with an in-memory twin that refuses the same writes.
+(:mod:`aegis_storage.states`: a factory's LATEST and HISTORY; :mod:`aegis_storage.latemarks`;
+:mod:`aegis_storage.cloudlatest`: the cloud's LATEST), each with an in-memory twin that refuses
+the same writes.
 
 Rules this module keeps for every caller:
 - a factory's LATEST is written whole, and only while it is the version its writer read
@@ -29,10 +30,8 @@ from pydantic import BaseModel
 
 from aegis_contracts import keys
 from aegis_contracts.backoff import exponential_s
-from aegis_contracts.cloud import CloudSnapshot
-from aegis_contracts.items import CloudHistory
-from aegis_contracts.state import Level
 from aegis_contracts.times import format_ts, parse_ts
+from aegis_storage import cloudlatest
 from aegis_storage.encoding import (
     Encoded,
     condition_value,
@@ -40,7 +39,6 @@ from aegis_storage.encoding import (
     indexed,
     item_attributes,
     to_attributes,
-    to_plain,
 )
 from aegis_storage.errors import Conflict, Transient, translated
 from aegis_storage.items import (
@@ -92,7 +90,7 @@ def window_span(window: str) -> tuple[timedelta, str]:
         raise ValueError(f"unknown window {window!r}; one of {', '.join(WINDOWS)}") from None
 
 
-class ReadModel:
+class ReadModel(cloudlatest.CloudOfTable):
     """The table. With ``changes``, every write of an announced entity made through it (puts,
     deletes, the cloud LATEST, late-data markers; not a factory's LATEST, which the processor
     announces itself) is handed to ``changes`` once written, with its old and new images; a
@@ -504,12 +502,6 @@ class ReadModel:
             keys.factory_pk(factory_id), keys.GRAPH_5M_PREFIX, start, end, now=now
         )
 
-    async def cloud_history(
-        self, tier: str, start: datetime, end: datetime, *, now: datetime
-    ) -> list[dict[str, Any]]:
-        prefix = keys.HISTORY_FAST_PREFIX if tier == "fast" else keys.HISTORY_SLOW_PREFIX
-        return await self.query_range(keys.CLOUD_PK, prefix, start, end, now=now)
-
     # -- dashboard windows ----------------------------------------------------------------------
 
     async def factory_window(
@@ -533,75 +525,38 @@ class ReadModel:
 
     # -- CLOUD#infra ------------------------------------------------------------------------------
 
-    async def get_cloud_latest(self) -> dict[str, Any] | None:
-        return await self.get_item(keys.CLOUD_PK, keys.LATEST_SK)
-
-    async def apply_cloud(
-        self, snapshot: CloudSnapshot, *, ttl: int, max_attempts: int = 20
-    ) -> Level | None:
-        """File one collector run: HISTORY#{TIER}#{updated_at} (ttl), then the tier's own LATEST
-        fields (``{tier}``, ``{tier}_updated_at``) and ``overall_status``, the worse of this run's
-        status and the other tier's. Never touches the other tier's fields; never moves a tier
-        backwards (an older snapshot leaves LATEST alone: returns None). The other tier's status is
-        read and the write made conditional on it being unchanged, so two collectors writing at
-        once cannot leave a stale ``overall_status``. Returns the overall status written."""
-        tier, other = snapshot.tier, ("slow" if snapshot.tier == "fast" else "fast")
-        at = format_ts(snapshot.updated_at)
-        history = CloudHistory(
-            sk=keys.cloud_history_sk(tier, snapshot.updated_at),
-            tier=tier,
-            updated_at=snapshot.updated_at,
-            snapshot=snapshot,
-            status=snapshot.status,
-            ttl=ttl,
-        )
-        await self.put_item(history)  # same run, same item: a re-run rewrites it identically
-        body = to_plain(snapshot)
-        for _ in range(max_attempts):
-            current = await self.get_cloud_latest() or {}
-            own_at = current.get(f"{tier}_updated_at")
-            if own_at is not None and str(own_at) >= at:
-                return None
-            other_at = current.get(f"{other}_updated_at")
-            other_snapshot = current.get(other) or {}
-            overall = Level.worst(snapshot.status, Level(other_snapshot.get("status", "NORMAL")))
-            names = {
-                "#own": tier,
-                "#own_at": f"{tier}_updated_at",
-                "#other_at": f"{other}_updated_at",
-            }
-            values: dict[str, Any] = {
-                ":snap": _ser.serialize(body),
-                ":at": {"S": at},
-                ":overall": {"S": overall.value},
-            }
-            if other_at is None:
-                condition = "attribute_not_exists(#other_at)"
-            else:
-                condition = "#other_at = :other_at"
-                values[":other_at"] = {"S": str(other_at)}
-            try:
-                with translated("update CLOUD#infra/LATEST"):
-                    resp = await self._ddb.update_item(
-                        TableName=self.table,
-                        Key={"pk": {"S": keys.CLOUD_PK}, "sk": {"S": keys.LATEST_SK}},
-                        UpdateExpression="SET #own = :snap, #own_at = :at, overall_status = :overall",
-                        ConditionExpression=(
-                            f"({condition}) AND (attribute_not_exists(#own_at) OR #own_at < :at)"
-                        ),
-                        ExpressionAttributeNames=names,
-                        ExpressionAttributeValues=values,
-                        ReturnValues="ALL_NEW",
-                    )
-            except Conflict:
-                continue  # the other tier (or a newer run of this one) wrote in between: re-read
-            entity = self._tracked(keys.CLOUD_PK, keys.LATEST_SK)
-            if entity is not None:
-                # the write was conditional on both tiers' times: ``current`` is its old image
-                new = from_attributes(resp.get("Attributes", {}))
-                await self._changed(entity, keys.CLOUD_PK, keys.LATEST_SK, current or None, new)
-            return overall
-        raise Conflict(f"CLOUD#infra LATEST kept changing: {tier} run {at} not applied")
+    async def set_cloud_tier(self, write: cloudlatest.TierWrite) -> None:
+        """:meth:`aegis_storage.cloudlatest.CloudTable.set_cloud_tier`: one conditional update."""
+        names = {"#own": write.tier, "#own_at": write.own_name, "#other_at": write.other_name}
+        values: dict[str, Any] = {
+            ":snap": _ser.serialize(write.body),
+            ":at": {"S": write.at},
+            ":overall": {"S": write.overall.value},
+        }
+        if write.other_at is None:
+            condition = "attribute_not_exists(#other_at)"
+        else:
+            condition = "#other_at = :other_at"
+            values[":other_at"] = {"S": write.other_at}
+        with translated("update CLOUD#infra/LATEST"):
+            resp = await self._ddb.update_item(
+                TableName=self.table,
+                Key={"pk": {"S": keys.CLOUD_PK}, "sk": {"S": keys.LATEST_SK}},
+                UpdateExpression="SET #own = :snap, #own_at = :at, overall_status = :overall",
+                ConditionExpression=(
+                    f"({condition}) AND (attribute_not_exists(#own_at) OR #own_at < :at)"
+                ),
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+                ReturnValues="ALL_NEW",
+            )
+        entity = self._tracked(keys.CLOUD_PK, keys.LATEST_SK)
+        if entity is not None:
+            # the write was conditional on both tiers' times: what was read is its old image
+            new = from_attributes(resp.get("Attributes", {}))
+            await self._changed(
+                entity, keys.CLOUD_PK, keys.LATEST_SK, dict(write.read) or None, new
+            )
 
     # -- periodic work ------------------------------------------------------------------------
 
