@@ -16,7 +16,7 @@ import pytest
 from nats.js import api
 
 from aegis_cloud_collector.app import CollectorApp, create_app
-from aegis_cloud_collector.collector import Collector, Context, Probe, TierMetrics
+from aegis_cloud_collector.collector import Context
 from aegis_cloud_collector.probes import ObjectCounter, SlowProbes
 from aegis_cloud_collector.settings import CollectorSettings
 from aegis_contracts import keys
@@ -30,7 +30,6 @@ from aegis_devstack.testing.builders import FakeClock, seed_latest
 from aegis_devstack.testing.storage import Foundation
 from aegis_devstack.testing.waiting import eventually
 from aegis_runtime.heartbeat import HeartbeatPublisher
-from aegis_runtime.metrics import Metrics
 from aegis_storage.bootstrap import LIFECYCLE_RULES, bootstrap
 from aegis_storage.clients import AwsConfig, open_client
 
@@ -294,50 +293,6 @@ async def test_start_up_is_not_reported_and_a_restart_goes_on_from_the_read_mode
         fired = await fast.tick()
         assert watched(fired) == ("SERVICE_DOWN", "firing")
         assert ("CRITICAL", "SERVICE_DOWN") in [(r.severity, r.code) for r in fired.reasons]  # type: ignore[union-attr]
-
-
-async def test_a_failing_or_hanging_probe_does_not_kill_the_tick(foundation: Foundation) -> None:
-    async def fine(context: Context) -> list[CloudCheck]:
-        return [CloudCheck.ok("fine", 1)]
-
-    async def broken(context: Context) -> list[CloudCheck]:
-        raise RuntimeError("boom")
-
-    async def hanging(context: Context) -> list[CloudCheck]:
-        await asyncio.sleep(30)
-        return []
-
-    published: list[str] = []
-
-    async def publish(subject: str, event: Any, *, msg_id: str) -> bool:
-        published.append(msg_id)
-        return False
-
-    metrics = Metrics("cloud-collector-test")
-    collector = Collector(
-        "fast",
-        [Probe("fine", fine), Probe("broken", broken), Probe("hanging", hanging, Level.CRITICAL)],
-        readmodel=foundation.readmodel,
-        store=foundation.store,
-        publish=publish,
-        interval=timedelta(minutes=1),
-        ttl=lambda now: int(now.timestamp()) + 60,
-        clock=FakeClock(T0),
-        owner="test",
-        metrics=TierMetrics(metrics),
-        timeout=0.2,
-    )
-    snapshot = await collector.tick()
-    assert snapshot is not None
-    assert {c.name: (c.status, c.reason) for c in snapshot.checks} == {
-        "broken": (Level.WARNING, "CHECK_FAILED"),
-        "fine": (Level.NORMAL, "OK"),
-        "hanging": (Level.CRITICAL, "CHECK_FAILED"),
-    }
-    assert published == [f"oc:{keys.cloud_infra_key('fast', T0)}"]
-    rendered = metrics.render().decode()
-    assert 'aegis_cloud_check_status{check="hanging",tier="fast"} 2.0' in rendered
-    assert 'aegis_cloud_ticks_total{outcome="written",tier="fast"} 1.0' in rendered
 
 
 async def test_object_counts_cache_closed_hours(foundation: Foundation) -> None:

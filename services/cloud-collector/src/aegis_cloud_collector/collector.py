@@ -39,8 +39,9 @@ from aegis_contracts.times import Clock, floor_to, truncate_ms
 from aegis_contracts.ttl import expires_at
 from aegis_runtime.lifecycle import until_next_window
 from aegis_runtime.metrics import Metrics
-from aegis_storage.readmodel import ReadModel
-from aegis_storage.s3 import ObjectStore
+from aegis_storage.cloudlatest import CloudLatest
+from aegis_storage.items import Leases
+from aegis_storage.objects import Objects
 
 if TYPE_CHECKING:
     from prometheus_client import Gauge
@@ -157,14 +158,19 @@ class TierMetrics:
                 gauge.labels(tier=tier, check=check.name).set(check.value * scale)
 
 
+class CollectorTable(CloudLatest, Leases, Protocol):
+    """What a collector needs of the table: the cloud's LATEST and HISTORY, and the claims that
+    keep its replicas to one run a window (DynamoDB's, or the in-memory one in unit tests)."""
+
+
 class Collector:
     def __init__(
         self,
         tier: Tier,
         probes: list[Probe],
         *,
-        readmodel: ReadModel,
-        store: ObjectStore,
+        readmodel: CollectorTable,
+        store: Objects,
         publish: Publish,
         interval: timedelta,
         ttl: Callable[[datetime], int],
