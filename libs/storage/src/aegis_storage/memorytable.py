@@ -1,7 +1,8 @@
-"""The table in a dict: :class:`MemoryTable` keeps :class:`~aegis_storage.items.Items` and
-:class:`~aegis_storage.items.Leases` as :class:`~aegis_storage.readmodel.ReadModel` does in
-DynamoDB, refusing exactly the same writes (the contract in :mod:`aegis_storage.items`), for tests
-that need no server."""
+"""The table in a dict: :class:`MemoryTable` keeps :class:`~aegis_storage.items.Items`,
+:class:`~aegis_storage.items.Leases` and the cloud's LATEST
+(:class:`~aegis_storage.cloudlatest.CloudLatest`) as :class:`~aegis_storage.readmodel.ReadModel`
+does in DynamoDB, refusing exactly the same writes (the contracts in :mod:`aegis_storage.items`
+and :mod:`aegis_storage.cloudlatest`), for tests that need no server."""
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ from aegis_storage.items import (
 
 
 class MemoryTable(cloudlatest.CloudOfTable):
-    """:class:`Items` and :class:`Leases` in a dict of DynamoDB attribute values (the fleet
-    index's keys included, as the table stores them). With ``changes``, announced entities'
+    """:class:`Items`, :class:`Leases` and the cloud's LATEST
+    (:class:`~aegis_storage.cloudlatest.CloudLatest`) in a dict of DynamoDB attribute values (the
+    fleet index's keys included, as the table stores them). With ``changes``, announced entities'
     writes are handed to it as :class:`~aegis_storage.readmodel.ReadModel` hands them (not a
     factory's LATEST, nor leases and claims)."""
 
