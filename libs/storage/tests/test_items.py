@@ -5,6 +5,7 @@ the same changes."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,6 +16,7 @@ from aegis_contracts.times import floor_to, format_ts, utc_now
 from aegis_storage.errors import Conflict, StorageError
 from aegis_storage.items import Change, Put, Table
 from aegis_storage.memorytable import MemoryTable
+from aegis_storage.periodic import PeriodicWork
 from aegis_storage.readmodel import ReadModel
 
 # now, not a fixed day: live TTLs (a day ahead) stay ahead where the table deletes expired items
@@ -267,3 +269,51 @@ async def test_late_marks_are_announced_as_their_marker_changes(
     ]
     assert [(c.old_image or {}).get("marks") for c in seen] == [None, 1, 2]
     assert [(c.new_image or {}).get("marks") for c in seen] == [1, 2, None]
+
+
+async def test_the_first_window_of_a_job_is_recorded_once(items: PeriodicWork) -> None:
+    candidates = [NOW + timedelta(minutes=5 * i) for i in range(8)]
+    got = await asyncio.gather(*(items.first_window("graph-5m", c, now=c) for c in candidates))
+    assert len(set(got)) == 1 and got[0] in candidates  # every replica got the winner's
+    assert await items.first_window("graph-5m", NOW - timedelta(days=1), now=NOW) == got[0]
+    item = await items.get_item(keys.claim_pk("graph-5m"), keys.CLAIM_FIRST_SK)
+    assert item is not None and "ttl" not in item  # never expires
+    # window listings never see it
+    far = NOW + timedelta(days=3650)
+    assert await items.window_claims("graph-5m", NOW - timedelta(days=1), far, now=NOW) == {}
+
+
+async def test_a_pending_window_is_claimed_once_and_a_finished_one_never_again(
+    items: PeriodicWork,
+) -> None:
+    window, lease = NOW - timedelta(minutes=5), timedelta(minutes=2)
+    span = (window, window + timedelta(minutes=5))
+    claims = await items.window_claims("report", *span, now=NOW)
+    assert claims == {}
+    wins = await asyncio.gather(
+        *(
+            items.claim_pending(
+                "report", window, claims=claims, owner=f"r{i}", now=NOW, ttl=LIVE_TTL, lease=lease
+            )
+            for i in range(4)
+        )
+    )
+    assert wins.count(True) == 1
+    winner = f"r{wins.index(True)}"
+    assert await items.finish_window("report", window, owner=winner, now=NOW)
+    done = await items.window_claims("report", *span, now=NOW)
+    assert done[format_ts(window)]["owner"] == winner and done[format_ts(window)]["done_at"]
+    later = NOW + timedelta(hours=1)  # its lease long over: finished is finished
+    for listing in (done, claims):  # the listing that shows it done, and a stale one
+        assert not await items.claim_pending(
+            "report", window, claims=listing, owner="late", now=later, ttl=LIVE_TTL, lease=lease
+        )
+
+
+async def test_the_fleets_ids_are_the_factories_with_a_latest(items: PeriodicWork) -> None:
+    for factory in ("factory-b", "factory-a"):
+        await items.put_item(
+            {"pk": keys.factory_pk(factory), "sk": keys.LATEST_SK, "updated_at": format_ts(NOW)}
+        )
+    await items.put_item({"pk": PK, "sk": "WARNING#fire#FIRING", "ttl": LIVE_TTL})
+    assert await items.fleet_ids() == ["factory-a", "factory-b"]

@@ -121,19 +121,6 @@ async def test_a_key_range_is_listed_from_its_start_and_never_past_its_end(
     assert await lists() == 4  # the whole prefix: two pages
 
 
-async def test_the_first_window_of_a_job_is_recorded_once(foundation):
-    rm = foundation.readmodel
-    candidates = [T0 + timedelta(minutes=5 * i) for i in range(8)]
-    got = await asyncio.gather(*(rm.first_window("graph-5m", c, now=c) for c in candidates))
-    assert len(set(got)) == 1 and got[0] in candidates  # every replica got the winner's
-    assert await rm.first_window("graph-5m", T0 - timedelta(days=1), now=T0) == got[0]
-    item = await rm.get_item(keys.claim_pk("graph-5m"), keys.CLAIM_FIRST_SK)
-    assert item is not None and "ttl" not in item  # never expires
-    # window listings never see it
-    far = T0 + timedelta(days=3650)
-    assert await rm.window_claims("graph-5m", T0 - timedelta(days=1), far, now=T0) == {}
-
-
 async def test_delete_many_chunks_to_1000(foundation):
     store = foundation.store
     names = [f"tmp/{i:05d}.json" for i in range(1005)]

@@ -4,9 +4,9 @@ runs: ``CLOUD#infra`` / ``HISTORY#{TIER}#{updated_at}`` (one item a run, with a 
 
 :class:`CloudLatest` is the protocol; its two implementations are the tables themselves,
 DynamoDB's (:class:`~aegis_storage.readmodel.ReadModel`) and the in-memory one
-(:class:`~aegis_storage.memorytable.MemoryTable`). Both inherit the reads and the filing of a run
-(:class:`CloudOfTable`, :func:`apply_cloud`) and differ only in the one conditional write of a
-tier's fields (:meth:`CloudTable.set_cloud_tier`), which they refuse on the same conditions.
+(:class:`~aegis_storage.memorytable.MemoryTable`). Both subclass it and inherit the reads and
+the filing of a run (:func:`apply_cloud`); they differ only in the one conditional write of a
+tier's fields (:meth:`CloudLatest.set_cloud_tier`), which they refuse on the same conditions.
 One contract runs against both (libs/storage/tests/test_cloudlatest.py):
 
 - a run writes its tier's own fields (``{tier}``, ``{tier}_updated_at``) and never the other
@@ -35,24 +35,6 @@ from aegis_storage.errors import Conflict
 from aegis_storage.items import Items
 
 
-class CloudLatest(Protocol):
-    async def get_cloud_latest(self) -> dict[str, Any] | None:
-        """``CLOUD#infra`` / ``LATEST`` (a consistent read), None before the first run."""
-        ...
-
-    async def apply_cloud(
-        self, snapshot: CloudSnapshot, *, ttl: int, max_attempts: int = 20
-    ) -> Level | None:
-        """File one collector run (see :func:`apply_cloud`)."""
-        ...
-
-    async def cloud_history(
-        self, tier: str, start: datetime, end: datetime, *, now: datetime
-    ) -> list[dict[str, Any]]:
-        """The tier's live HISTORY items with ``start <= updated_at < end``, oldest first."""
-        ...
-
-
 @dataclass(frozen=True, slots=True)
 class TierWrite:
     """One tier's run as :func:`apply_cloud` writes it into LATEST: ``body`` (the snapshot) at
@@ -76,31 +58,28 @@ class TierWrite:
         return f"{other_tier(self.tier)}_updated_at"
 
 
-class CloudTable(Items, Protocol):
-    """What :class:`CloudOfTable` needs of a table: its items, and the one conditional write."""
+class CloudLatest(Items, Protocol):
+    """The cloud's LATEST and HISTORY on a table's keyed items: a table that subclasses it
+    inherits the reads and the filing of a run, and makes :meth:`set_cloud_tier` its own way."""
 
     async def set_cloud_tier(self, write: TierWrite) -> None:
         """Make ``write`` while its conditions hold; else raise :class:`Conflict`, writing
         nothing."""
         ...
 
-
-class CloudOfTable:
-    """:class:`CloudLatest` for a table (:class:`CloudTable`), which inherits it: the reads and
-    the run's loop are the same on every table; each makes :meth:`CloudTable.set_cloud_tier`
-    its own way."""
-
-    async def get_cloud_latest(self: CloudTable) -> dict[str, Any] | None:
+    async def get_cloud_latest(self) -> dict[str, Any] | None:
+        """``CLOUD#infra`` / ``LATEST`` (a consistent read), None before the first run."""
         return await self.get_item(keys.CLOUD_PK, keys.LATEST_SK)
 
     async def cloud_history(
-        self: CloudTable, tier: str, start: datetime, end: datetime, *, now: datetime
+        self, tier: str, start: datetime, end: datetime, *, now: datetime
     ) -> list[dict[str, Any]]:
+        """The tier's live HISTORY items with ``start <= updated_at < end``, oldest first."""
         prefix = keys.HISTORY_FAST_PREFIX if tier == "fast" else keys.HISTORY_SLOW_PREFIX
         return await self.query_range(keys.CLOUD_PK, prefix, start, end, now=now)
 
     async def apply_cloud(
-        self: CloudTable, snapshot: CloudSnapshot, *, ttl: int, max_attempts: int = 20
+        self, snapshot: CloudSnapshot, *, ttl: int, max_attempts: int = 20
     ) -> Level | None:
         """File one collector run (:func:`apply_cloud`)."""
         return await apply_cloud(self, snapshot, ttl=ttl, max_attempts=max_attempts)
@@ -111,7 +90,7 @@ def other_tier(tier: str) -> str:
 
 
 async def apply_cloud(
-    table: CloudTable, snapshot: CloudSnapshot, *, ttl: int, max_attempts: int = 20
+    table: CloudLatest, snapshot: CloudSnapshot, *, ttl: int, max_attempts: int = 20
 ) -> Level | None:
     """File one collector run in ``table``: its HISTORY item (``ttl``), then its tier's fields
     of LATEST with the ``overall_status`` of both tiers, read again and written again while

@@ -35,9 +35,10 @@ from aegis_storage.items import (
     lease_item,
     live,
 )
+from aegis_storage.periodic import PeriodicWork
 
 
-class MemoryTable(cloudlatest.CloudOfTable):
+class MemoryTable(cloudlatest.CloudLatest, PeriodicWork):
     """:class:`Items`, :class:`Leases` and the cloud's LATEST
     (:class:`~aegis_storage.cloudlatest.CloudLatest`) in a dict of DynamoDB attribute values (the
     fleet index's keys included, as the table stores them). With ``changes``, announced entities'

@@ -1,8 +1,8 @@
 """The DynamoDB read model: whole-item and conditional writes, range queries, claims and leases,
 the fleet index. The aggregates services decide on are reached through repositories over it
 (:mod:`aegis_storage.states`: a factory's LATEST and HISTORY; :mod:`aegis_storage.latemarks`;
-:mod:`aegis_storage.cloudlatest`: the cloud's LATEST), each with an in-memory twin that refuses
-the same writes.
+:mod:`aegis_storage.cloudlatest`: the cloud's LATEST; :mod:`aegis_storage.periodic`: periodic
+jobs' windows), each with an in-memory twin that refuses the same writes.
 
 Rules this module keeps for every caller:
 - a factory's LATEST is written whole, and only while it is the version its writer read
@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from aegis_contracts import keys
 from aegis_contracts.backoff import exponential_s
-from aegis_contracts.times import format_ts, parse_ts
+from aegis_contracts.times import format_ts
 from aegis_storage import cloudlatest
 from aegis_storage.encoding import (
     Encoded,
@@ -51,6 +51,7 @@ from aegis_storage.items import (
     lease_item,
     live,
 )
+from aegis_storage.periodic import PeriodicWork
 from aegis_storage.tasks import all_of
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def window_span(window: str) -> tuple[timedelta, str]:
         raise ValueError(f"unknown window {window!r}; one of {', '.join(WINDOWS)}") from None
 
 
-class ReadModel(cloudlatest.CloudOfTable):
+class ReadModel(cloudlatest.CloudLatest, PeriodicWork):
     """The table. With ``changes``, every write of an announced entity made through it (puts,
     deletes, the cloud LATEST, late-data markers; not a factory's LATEST, which the processor
     announces itself) is handed to ``changes`` once written, with its old and new images; a
@@ -101,8 +102,13 @@ class ReadModel(cloudlatest.CloudOfTable):
         self, dynamodb: DynamoItems, table: str, *, changes: ChangeSink | None = None
     ) -> None:
         self._ddb = dynamodb
-        self.table = table
+        self._table = table
         self.changes = changes
+
+    @property
+    def table(self) -> str:
+        """The table's name."""
+        return self._table
 
     def _tracked(self, pk: str | None, sk: str | None) -> str | None:
         if self.changes is None or pk is None or sk is None:
@@ -166,12 +172,6 @@ class ReadModel(cloudlatest.CloudOfTable):
         )
         found = await self.batch_get(members)
         return sorted(found, key=lambda i: str(i["pk"]))
-
-    async def fleet_ids(self) -> list[str]:
-        """The id of every factory with a LATEST, sorted: the fleet index's entries alone, for
-        callers that need no state (the aggregator, the reporter)."""
-        members = await self.index_members(keys.FLEET_LATEST)
-        return sorted(pk.removeprefix("FACTORY#") for pk, _ in members)
 
     async def firing_alerts(self, *, now: datetime) -> list[dict[str, Any]]:
         """Every live ALERT# state that is firing (the dashboard's open alerts), by scope then
@@ -526,7 +526,7 @@ class ReadModel(cloudlatest.CloudOfTable):
     # -- CLOUD#infra ------------------------------------------------------------------------------
 
     async def set_cloud_tier(self, write: cloudlatest.TierWrite) -> None:
-        """:meth:`aegis_storage.cloudlatest.CloudTable.set_cloud_tier`: one conditional update."""
+        """:meth:`aegis_storage.cloudlatest.CloudLatest.set_cloud_tier`: one conditional update."""
         names = {"#own": write.tier, "#own_at": write.own_name, "#other_at": write.other_name}
         values: dict[str, Any] = {
             ":snap": _ser.serialize(write.body),
@@ -652,26 +652,6 @@ class ReadModel(cloudlatest.CloudOfTable):
             return False
         return True
 
-    async def claim_pending(
-        self,
-        job: str,
-        window_start: datetime,
-        *,
-        claims: Mapping[str, Mapping[str, Any]],
-        owner: str,
-        now: datetime,
-        ttl: int,
-        lease: timedelta,
-    ) -> bool:
-        """Claim a window that :meth:`window_claims` (``claims``) does not show as done: the
-        periodic jobs that look back over their windows and mark each one finished."""
-        seen = claims.get(format_ts(window_start))
-        if seen is not None and seen.get("done_at"):
-            return False
-        return await self.claim_window(
-            job, window_start, owner=owner, now=now, ttl=ttl, lease=lease
-        )
-
     async def finish_window(
         self, job: str, window_start: datetime, *, owner: str, now: datetime
     ) -> bool:
@@ -692,37 +672,6 @@ class ReadModel(cloudlatest.CloudOfTable):
         except Conflict:
             return False
         return True
-
-    async def first_window(self, job: str, window_start: datetime, *, now: datetime) -> datetime:
-        """The oldest window ``job`` may ever run on this table (``CLAIM#{job}`` / ``FIRST``, no
-        ttl). The first caller records ``window_start`` with a conditional put; every later caller,
-        on any replica, gets that record back (``window_start`` is then ignored)."""
-        pk, sk = keys.claim_pk(job), keys.CLAIM_FIRST_SK
-        found = await self.get_item(pk, sk)
-        if found is None:
-            item = {
-                "pk": pk,
-                "sk": sk,
-                "job": job,
-                "window_start": format_ts(window_start),
-                "recorded_at": format_ts(now),
-            }
-            try:
-                await self.put_item(item, if_absent=True)
-            except Conflict:  # another replica recorded it first: its record holds
-                found = await self.get_item(pk, sk)
-            else:
-                return window_start
-        if found is None:  # pragma: no cover - a record that vanished after a conflict
-            raise Conflict(f"{pk}/{sk} disappeared after a conditional put failed on it")
-        return parse_ts(str(found["window_start"]))
-
-    async def window_claims(
-        self, job: str, start: datetime, end: datetime, *, now: datetime
-    ) -> dict[str, dict[str, Any]]:
-        """The claims of ``job`` for windows in ``[start, end)``, by window start (as stored)."""
-        items = await self.query_range(keys.claim_pk(job), "", start, end, now=now)
-        return {str(item["window_start"]): item for item in items}
 
     # -- late data: factory-hours whose windows must be folded again ---------------------------
 
