@@ -90,3 +90,23 @@ async def test_a_listing_names_the_keys_under_a_prefix_in_key_order(objects: Obj
         "incidents/b/2.json",
     ]
     assert await objects.list_keys("none/") == []
+
+
+async def test_a_listing_between_two_keys_leaves_out_both_ends(objects: Objects) -> None:
+    names = [f"processed/a/{i:02d}.json" for i in range(6)]
+    for key in [*reversed(names), "processed/b/00.json", "other/00.json"]:
+        await objects.put_bytes(key, b"{}")
+    assert await objects.list_keys_between("processed/a/", names[1], names[4]) == names[2:4]
+    # from before the prefix to past it: the prefix's keys alone
+    assert await objects.list_keys_between("processed/a/", "processed/", "processed/~") == names
+    assert await objects.list_keys_between("processed/a/", names[5], "processed/~") == []
+
+
+async def test_a_listing_of_objects_gives_each_ones_size_and_etag(objects: Objects) -> None:
+    bodies = {"processed/a/2.json": b'{"n": 2}', "processed/a/1.json": b"{}"}
+    puts = {key: await objects.put_bytes(key, body) for key, body in bodies.items()}
+    await objects.put_bytes("processed/b/1.json", b"{}")
+    listed = [info async for info in objects.list_objects("processed/a/")]
+    assert [(i.key, i.size_bytes, i.etag) for i in listed] == [
+        (key, len(bodies[key]), puts[key].etag) for key in sorted(bodies)
+    ]

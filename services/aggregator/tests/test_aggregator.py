@@ -12,14 +12,14 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import nats
 import pytest
 from nats.js.api import DeliverPolicy
 from typer.testing import CliRunner
 
-from aegis_aggregator.aggregate import JOB, WINDOW, Aggregator, Source
+from aegis_aggregator.aggregate import JOB, WINDOW, Aggregator, AggregatorTable, Source
 from aegis_aggregator.app import AggregatorApp
 from aegis_aggregator.cli import windows_between
 from aegis_aggregator.settings import AggregatorSettings
@@ -36,6 +36,8 @@ from aegis_devstack.testing.builders import FakeClock, meta, seed_latest
 from aegis_devstack.testing.emulator import request_counts
 from aegis_devstack.testing.storage import Foundation
 from aegis_runtime.bus import create_broker, ensure_streams
+from aegis_storage.memorytable import MemoryTable
+from aegis_storage.objects import MemoryObjects, Objects
 from aegis_storage.s3 import to_json_bytes
 
 T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
@@ -383,8 +385,33 @@ class Recorder:
         return [e.key for _, e, _ in self.events]
 
 
+class Storage(Protocol):
+    """A table and a bucket: a test's foundation on the emulator, or the in-memory twins."""
+
+    @property
+    def readmodel(self) -> AggregatorTable: ...
+
+    @property
+    def store(self) -> Objects: ...
+
+
+@dataclass
+class Twins:
+    readmodel: MemoryTable = field(default_factory=MemoryTable)
+    store: MemoryObjects = field(default_factory=MemoryObjects)
+
+
+@pytest.fixture(params=["memory", pytest.param("emulator", marks=pytest.mark.integration)])
+def site(request: pytest.FixtureRequest) -> Storage:
+    """The in-memory table and bucket (a unit test), or a foundation on the emulator."""
+    if request.param == "memory":
+        return Twins()
+    foundation: Foundation = request.getfixturevalue("foundation")
+    return foundation
+
+
 def aggregator(
-    foundation: Foundation, clock: FakeClock, recorder: Recorder, **kwargs: Any
+    foundation: Storage, clock: FakeClock, recorder: Recorder, **kwargs: Any
 ) -> Aggregator:
     return Aggregator(
         readmodel=foundation.readmodel,
@@ -396,13 +423,13 @@ def aggregator(
     )
 
 
-async def running_since(foundation: Foundation, first: datetime) -> None:
+async def running_since(foundation: Storage, first: datetime) -> None:
     """Record that aggregators have run on this table since the window ``first`` (what the
     first tick on a fresh table records), so a tick may look back that far."""
     assert await foundation.readmodel.first_window(JOB, first, now=first) == first
 
 
-async def seed(foundation: Foundation, snaps: list[Snap], factory: str, **item: Any) -> None:
+async def seed(foundation: Storage, snaps: list[Snap], factory: str, **item: Any) -> None:
     for s in snaps:
         await foundation.readmodel.put_item({**s.item(factory), **item})
     if await foundation.readmodel.get_latest(factory) is None:
@@ -410,7 +437,7 @@ async def seed(foundation: Foundation, snaps: list[Snap], factory: str, **item: 
 
 
 async def seed_objects(
-    foundation: Foundation, snaps: list[Snap], factory: str, *, concurrency: int = 16
+    foundation: Storage, snaps: list[Snap], factory: str, *, concurrency: int = 16
 ) -> None:
     """The state_snapshot objects of ``snaps``, as the processor writes them: the HISTORY item
     without ``ttl``, named by its updated_at."""
@@ -424,24 +451,23 @@ async def seed_objects(
     await asyncio.gather(*(put(s) for s in snaps))
 
 
-@pytest.mark.integration
 async def test_a_window_is_written_as_graph_item_and_processed_agg_object(
-    foundation: Foundation,
+    site: Storage,
 ) -> None:
     live = steady(0, 300)
     expired = [
         Snap(at=at(7), level="CRITICAL", score=100, fs_id="expired-1", sensors={"co_ppm": 999})
     ]
-    await seed(foundation, live, "factory-a")
-    await seed(foundation, expired, "factory-a", ttl=int((W0 + timedelta(minutes=6)).timestamp()))
-    await running_since(foundation, W0)
+    await seed(site, live, "factory-a")
+    await seed(site, expired, "factory-a", ttl=int((W0 + timedelta(minutes=6)).timestamp()))
+    await running_since(site, W0)
     clock, recorder = FakeClock(W1 + timedelta(minutes=2)), Recorder()
-    agg = aggregator(foundation, clock, recorder, catchup=WINDOW)
+    agg = aggregator(site, clock, recorder, catchup=WINDOW)
 
     runs = await agg.tick()
 
     assert [r.start for r in runs] == [W0]
-    item = await foundation.readmodel.get_item(keys.factory_pk("factory-a"), keys.graph_5m_sk(W0))
+    item = await site.readmodel.get_item(keys.factory_pk("factory-a"), keys.graph_5m_sk(W0))
     assert item is not None
     graph = Graph5m.model_validate(item)
     assert graph.bucket_start == W0 and graph.bucket_end == W1
@@ -451,7 +477,7 @@ async def test_a_window_is_written_as_graph_item_and_processed_agg_object(
     assert_equal(graph.stats, brute_force(live, W0, W1))
     key = keys.processed_agg_key("factory-a", W0)
     assert key == "processed_agg/factory-a/metrics_5m/yyyy=2026/mm=11/dd=30/hh=03/mm=00.json"
-    body = await foundation.store.get_json(key)
+    body = await site.store.get_json(key)
     assert body["factory_id"] == "factory-a"
     assert WindowStats.model_validate(body["stats"]) == graph.stats
     assert recorder.keys() == [key]
@@ -459,14 +485,13 @@ async def test_a_window_is_written_as_graph_item_and_processed_agg_object(
     assert subject == "aegis.objects.created.metrics_5m" and event.producer == "aggregator"
 
 
-@pytest.mark.integration
-async def test_two_replicas_produce_each_window_once(foundation: Foundation) -> None:
-    await seed(foundation, steady(0, 900), "factory-a")
-    await seed(foundation, steady(0, 900, every=10, factory="b"), "factory-b")
-    await running_since(foundation, W0 - timedelta(hours=1))
+async def test_two_replicas_produce_each_window_once(site: Storage) -> None:
+    await seed(site, steady(0, 900), "factory-a")
+    await seed(site, steady(0, 900, every=10, factory="b"), "factory-b")
+    await running_since(site, W0 - timedelta(hours=1))
     clock, recorder = FakeClock(W0 + timedelta(minutes=15, seconds=20)), Recorder()
-    one = aggregator(foundation, clock, recorder, catchup=6 * WINDOW, owner="replica-one")
-    two = aggregator(foundation, clock, recorder, catchup=6 * WINDOW, owner="replica-two")
+    one = aggregator(site, clock, recorder, catchup=6 * WINDOW, owner="replica-one")
+    two = aggregator(site, clock, recorder, catchup=6 * WINDOW, owner="replica-two")
 
     runs = await asyncio.gather(one.tick(), two.tick(), one.tick())
 
@@ -478,61 +503,56 @@ async def test_two_replicas_produce_each_window_once(foundation: Foundation) -> 
     assert await one.tick() == [] and await two.tick() == []
 
 
-@pytest.mark.integration
 async def test_a_restart_after_30_minutes_fills_the_six_missed_windows_oldest_first(
-    foundation: Foundation,
+    site: Storage,
 ) -> None:
-    await seed(foundation, steady(-300, 2400, every=15), "factory-a")
+    await seed(site, steady(-300, 2400, every=15), "factory-a")
     clock, recorder = FakeClock(W0 + timedelta(seconds=20)), Recorder()
-    before = aggregator(foundation, clock, recorder)
+    before = aggregator(site, clock, recorder)
     # the first tick on this table: windows already due then are never looked back at
     assert await before.tick() == []
 
     clock.advance(timedelta(minutes=30))  # down for 30 minutes, a new replica starts
-    after = aggregator(foundation, clock, recorder)  # default catch-up (24 h)
+    after = aggregator(site, clock, recorder)  # default catch-up (24 h)
     runs = await after.tick()
 
     assert [r.start for r in runs] == [W0 + i * WINDOW for i in range(6)]
     assert all(r.factories == 1 and r.samples == 20 for r in runs)
     for r in runs:
-        item = await foundation.readmodel.get_item(
+        item = await site.readmodel.get_item(
             keys.factory_pk("factory-a"), keys.graph_5m_sk(r.start)
         )
         assert item is not None and item["stats"]["samples"] == 20
 
 
-@pytest.mark.integration
-async def test_a_rerun_is_byte_identical(foundation: Foundation) -> None:
-    await seed(foundation, steady(0, 300, every=3), "factory-a")
-    await running_since(foundation, W0)
+async def test_a_rerun_is_byte_identical(site: Storage) -> None:
+    await seed(site, steady(0, 300, every=3), "factory-a")
+    await running_since(site, W0)
     clock, recorder = FakeClock(W1 + timedelta(seconds=30)), Recorder()
-    agg = aggregator(foundation, clock, recorder, catchup=WINDOW)
+    agg = aggregator(site, clock, recorder, catchup=WINDOW)
     await agg.tick()
     key = keys.processed_agg_key("factory-a", W0)
-    first_body = await foundation.store.get_bytes(key)
-    first_item = await foundation.readmodel.get_item(
-        keys.factory_pk("factory-a"), keys.graph_5m_sk(W0)
-    )
+    first_body = await site.store.get_bytes(key)
+    first_item = await site.readmodel.get_item(keys.factory_pk("factory-a"), keys.graph_5m_sk(W0))
 
     clock.advance(timedelta(minutes=40))  # an operator re-runs the window later
     await agg.run_window(W0, ["factory-a"], now=clock())
 
-    assert await foundation.store.get_bytes(key) == first_body
-    again = await foundation.readmodel.get_item(keys.factory_pk("factory-a"), keys.graph_5m_sk(W0))
+    assert await site.store.get_bytes(key) == first_body
+    again = await site.readmodel.get_item(keys.factory_pk("factory-a"), keys.graph_5m_sk(W0))
     assert again == first_item
 
 
-@pytest.mark.integration
 async def test_a_claim_left_unfinished_by_a_dead_replica_is_taken_over_after_the_lease(
-    foundation: Foundation,
+    site: Storage,
 ) -> None:
-    await seed(foundation, steady(0, 300), "factory-a")
+    await seed(site, steady(0, 300), "factory-a")
     clock, recorder = FakeClock(W1 + timedelta(seconds=30)), Recorder()
     # a replica claimed the window and died before writing anything
-    assert await foundation.readmodel.claim_window(
+    assert await site.readmodel.claim_window(
         "graph-5m", W0, owner="dead", now=clock(), ttl=2_000_000_000
     )
-    agg = aggregator(foundation, clock, recorder, catchup=WINDOW, lease=timedelta(minutes=2))
+    agg = aggregator(site, clock, recorder, catchup=WINDOW, lease=timedelta(minutes=2))
     assert await agg.tick() == []  # inside the lease: not yet
     clock.advance(timedelta(minutes=3))
     assert [r.start for r in await agg.tick()] == [W0]

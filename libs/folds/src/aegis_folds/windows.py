@@ -33,7 +33,8 @@ from aegis_contracts.state import FactoryState, ImageSnapshotRef, InfraState, Ri
 from aegis_contracts.times import floor_to
 from aegis_folds.folds import FactoryWindow, FoldParams, InputEntry, fold_factory_window
 from aegis_storage.errors import NotFound
-from aegis_storage.s3 import ObjectInfo, ObjectStore
+from aegis_storage.objects import Objects
+from aegis_storage.s3 import ObjectInfo
 from aegis_storage.tasks import all_of
 
 log = structlog.get_logger(__name__)
@@ -58,7 +59,7 @@ Record = FactoryState | RiskRecord | InfraState | ImageSnapshotRef
 
 
 async def hour_entries(
-    store: ObjectStore, factory_id: str, hour: datetime
+    store: Objects, factory_id: str, hour: datetime
 ) -> list[tuple[str, ObjectInfo]]:
     """The processed/ objects of one factory-hour, as ``(dataset, object)``, dataset by dataset."""
     entries: list[tuple[str, ObjectInfo]] = []
@@ -90,7 +91,7 @@ class HourWindows:
 
 
 async def stored_windows(
-    store: ObjectStore, factory_id: str, hour: datetime, params: FoldParams
+    store: Objects, factory_id: str, hour: datetime, params: FoldParams
 ) -> dict[datetime, StoredWindow]:
     """The processed_agg/ objects of the hour, by window start."""
     found: dict[datetime, StoredWindow] = {}
@@ -116,7 +117,7 @@ async def stored_windows(
 
 
 async def current_windows(
-    store: ObjectStore,
+    store: Objects,
     factory_id: str,
     hour: datetime,
     entries: Sequence[tuple[str, ObjectInfo]],

@@ -7,6 +7,8 @@ runs against both, libs/storage/tests/test_objects.py):
 - ``get_bytes`` (and ``get_json``) of a key nobody wrote raises
   :class:`~aegis_storage.errors.NotFound`;
 - ``list_keys`` returns the keys under a prefix in key order (S3's listing order);
+  ``list_keys_between`` those strictly between two keys; ``list_objects`` each with its size
+  and ETag;
 - ``put_bytes`` and ``put_json`` overwrite; ``put_immutable`` writes a key once: the same bytes
   again are a ``duplicate``, other bytes raise :class:`~aegis_storage.errors.Conflict` and
   leave the object as it was;
@@ -18,15 +20,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
-from datetime import datetime
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from pydantic import BaseModel
 
 from aegis_contracts.events import ObjectCreated
 from aegis_storage.errors import Conflict, NotFound
-from aegis_storage.s3 import JSON, PutOutcome, PutResult, object_created, to_json_bytes
+from aegis_storage.s3 import (
+    JSON,
+    ObjectInfo,
+    PutOutcome,
+    PutResult,
+    object_created,
+    to_json_bytes,
+)
 
 JsonValue = BaseModel | Mapping[str, Any] | Sequence[Any]
 
@@ -47,6 +56,14 @@ class Objects(Protocol):
     async def exists(self, key: str) -> bool: ...
 
     async def list_keys(self, prefix: str) -> list[str]: ...
+
+    async def list_keys_between(self, prefix: str, start_after: str, before: str) -> list[str]:
+        """The keys under ``prefix`` with ``start_after < key < before``, in key order."""
+        ...
+
+    def list_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        """Every object under ``prefix`` (key, size, etag, when it was stored), in key order."""
+        ...
 
     async def put_bytes(
         self,
@@ -77,6 +94,8 @@ class MemoryObjects:
     def __init__(self, bucket: str = "memory") -> None:
         self.bucket = bucket
         self.objects: dict[str, tuple[bytes, str, dict[str, str]]] = {}
+        # when each object was stored, by the store's own clock (as S3's LastModified)
+        self.stored_at: dict[str, datetime] = {}
 
     def created(
         self, put: PutResult, *, producer: str, at: datetime, replayed: bool = False
@@ -98,6 +117,14 @@ class MemoryObjects:
     async def list_keys(self, prefix: str) -> list[str]:
         return sorted(key for key in self.objects if key.startswith(prefix))
 
+    async def list_keys_between(self, prefix: str, start_after: str, before: str) -> list[str]:
+        return [key for key in await self.list_keys(prefix) if start_after < key < before]
+
+    async def list_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        for key in await self.list_keys(prefix):
+            body = self.objects[key][0]
+            yield ObjectInfo(key, len(body), _etag(body), self.stored_at[key])
+
     async def put_bytes(
         self,
         key: str,
@@ -107,6 +134,7 @@ class MemoryObjects:
         metadata: Mapping[str, str] | None = None,
     ) -> PutResult:
         self.objects[key] = (bytes(body), content_type, dict(metadata or {}))
+        self.stored_at[key] = datetime.now(UTC)
         return PutResult(key, PutOutcome.CREATED, _etag(body), len(body))
 
     async def put_json(

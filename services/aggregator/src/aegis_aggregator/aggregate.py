@@ -58,9 +58,11 @@ from aegis_folds.folds import FoldParams
 from aegis_folds.windows import REPORT_FIELD, current_windows, hour_entries
 from aegis_runtime.heartbeat import instance_id
 from aegis_storage.errors import NotFound
-from aegis_storage.latemarks import LateMarks, TableLateMarks
-from aegis_storage.readmodel import ReadModel
-from aegis_storage.s3 import ObjectStore, PutResult, to_json_bytes
+from aegis_storage.latemarks import LateMarks, LateTable, TableLateMarks
+from aegis_storage.objects import Objects
+from aegis_storage.periodic import PeriodicWork
+from aegis_storage.s3 import PutResult, to_json_bytes
+from aegis_storage.states import StatesTable
 from aegis_storage.tasks import all_of, map_bounded
 
 log = structlog.get_logger(__name__)
@@ -113,12 +115,17 @@ class WindowRun:
     keys: list[str] = field(default_factory=list)
 
 
+class AggregatorTable(PeriodicWork, StatesTable, LateTable, Protocol):
+    """What the aggregator needs of the table: its windows' claims, the factories' HISTORY and
+    its graphs, the late-data marks (DynamoDB's, or the in-memory one in unit tests)."""
+
+
 class Aggregator:
     def __init__(
         self,
         *,
-        readmodel: ReadModel,
-        store: ObjectStore,
+        readmodel: AggregatorTable,
+        store: Objects,
         publish: Publish,
         ttl: TtlSettings,
         clock: Clock,
