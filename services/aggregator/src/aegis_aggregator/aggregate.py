@@ -152,7 +152,6 @@ class Aggregator:
         self.catchup = catchup
         self.claim_ttl_s = max(CLAIM_TTL_S, int(catchup.total_seconds()) + 86_400)
         self.concurrency = concurrency
-        self._slots = asyncio.Semaphore(concurrency)
         self._gets = asyncio.Semaphore(concurrency)
         self._reads = asyncio.Semaphore(read_concurrency)
         self.owner = owner or instance_id()
@@ -235,15 +234,14 @@ class Aggregator:
         run = WindowRun(start=start, source=source)
 
         async def one(factory_id: str) -> None:
-            async with self._slots:
-                graph, skipped = await self.aggregate(factory_id, start, now=now, source=source)
+            graph, skipped = await self.aggregate(factory_id, start, now=now, source=source)
             key = keys.processed_agg_key(factory_id, start)
             run.factories += 1
             run.samples += graph.stats.samples
             run.skipped_items += skipped
             run.keys.append(key)
 
-        # a worker per slot over the fleet, not a task per factory (thousands) waiting on a slot
+        # ``concurrency`` workers over the fleet, not a task per factory (thousands)
         await map_bounded(one, factories, self.concurrency)
         run.keys.sort()
         return run
@@ -352,10 +350,9 @@ class Aggregator:
 
         async def one(marker: dict[str, Any]) -> LateFold:
             factory_id, hour = str(marker["factory_id"]), parse_ts(str(marker["hour_start"]))
-            async with self._slots:
-                written = await self._fold_hour(factory_id, hour, upto=hour + HOUR - WINDOW)
-                await self._announce(written, now=now)
-                cleared = await self.late.clear(factory_id, hour, marks=int(marker["marks"]))
+            written = await self._fold_hour(factory_id, hour, upto=hour + HOUR - WINDOW)
+            await self._announce(written, now=now)
+            cleared = await self.late.clear(factory_id, hour, marks=int(marker["marks"]))
             log.info(
                 "late_hour_folded",
                 factory_id=factory_id,
@@ -365,7 +362,7 @@ class Aggregator:
             )
             return LateFold(factory_id, hour, [p.key for p in written], cleared)
 
-        return await all_of(*(one(m) for m in marked))
+        return await map_bounded(one, marked, self.concurrency)
 
     async def history_snapshots(
         self, factory_id: str, start: datetime, end: datetime, *, now: datetime
